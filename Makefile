@@ -1,0 +1,35 @@
+# One entry point per job. Every target installs what it needs first, so each
+# works as the first command typed on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+MODEL  ?= llama-3.1-8b
+GPU    ?= H100-80GB
+ARGS   ?=
+
+.PHONY: install test lint tune bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+tune: install
+	$(BIN)/tuner plan --model '$(MODEL)' --gpu '$(GPU)' $(ARGS)
+
+bench: install
+	$(BIN)/python benchmarks/memory_accuracy.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

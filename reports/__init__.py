@@ -1,0 +1,1 @@
+"""Reports: HTML capacity-review reports and deployable configs."""

@@ -1,0 +1,116 @@
+"""The `tuner` command line: parses arguments and calls one entry point per command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tuner.errors import TunerError
+
+log = logging.getLogger(__name__)
+
+
+def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="predict vLLM's startup memory and KV cache without launching it",
+        description="Predict whether vLLM starts with these settings and how many KV-cache "
+        "tokens it will have, from vLLM's own startup accounting.",
+    )
+    p.add_argument("--model", required=True, help="preset name, Hugging Face id, or model directory")
+    p.add_argument("--gpu", required=True, help="GPU profile, e.g. H100-80GB")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--cpu-offload-gb", type=float, default=0.0)
+    p.add_argument("--kv-cache-memory-bytes", type=int)
+    p.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    p.add_argument("--vllm-version", help="emulated vLLM version X.Y (default: current release)")
+    p.add_argument("--calibrate-from", type=Path, metavar="LOG", help="a real vLLM startup log")
+    p.add_argument("--sweep", metavar="KNOB", help="find the startup edge along one knob")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_plan)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from tuner.gpus import get_gpu
+    from tuner.memory import ServingParams, plan
+    from tuner.models import resolve_model
+    from tuner.plan_text import format_plan, format_sweep
+    from tuner.startup_edge import SweepKnob, sweep
+    from tuner.versions import VllmVersion
+    from tuner.vllm_log import calibration_from_log
+
+    params = ServingParams(
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tensor_parallel_size,
+        enforce_eager=args.enforce_eager,
+        cpu_offload_gb=args.cpu_offload_gb,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+    ).checked()
+    knob = SweepKnob.parse(args.sweep) if args.sweep else None
+    version = VllmVersion.parse(args.vllm_version) if args.vllm_version else VllmVersion.current()
+    gpu = get_gpu(args.gpu)
+    model = resolve_model(args.model)
+    calibration = calibration_from_log(args.calibrate_from) if args.calibrate_from else None
+    if knob is not None:
+        result = sweep(model, gpu, params, knob, version, calibration)
+        if args.json:
+            print(result.model_dump_json(indent=2))
+        else:
+            print(format_sweep(result))
+        return 0
+    result_plan = plan(model, gpu, params, version, calibration)
+    if args.json:
+        print(json.dumps(result_plan.model_dump(mode="json"), indent=2))
+    else:
+        print(format_plan(result_plan))
+    return 0 if result_plan.fits else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tuner",
+        description="Tune vLLM for the most traffic within a latency SLO, find its "
+        "out-of-memory edge, and report it.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_plan_parser(sub)
+    return parser
+
+
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = args.func(args)
+    except TunerError as exc:
+        print(f"tuner: error: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Every error the tuner raises on purpose.
+
+    TunerError                      root: the CLI prints its message on one line, exit code 2
+    ├── ConfigError                 a setting is out of range or inconsistent
+    │   ├── UnknownModelError       model name is neither a preset nor a model directory
+    │   ├── UnknownGpuError         GPU name is not a known profile
+    │   └── UnknownVersionError     vLLM version this tuner cannot emulate
+    ├── ModelConfigError            a model directory's config.json or weights are unreadable
+    └── LogParseError               a vLLM log lacks the lines a calibration needs
+
+Each message says what was wrong, with the bad value, and what would be accepted.
+Third-party exceptions are wrapped where they enter (``raise ... from exc``).
+"""
+
+from __future__ import annotations
+
+
+class TunerError(Exception):
+    """Root of the tuner's own errors; shown to the user as one line."""
+
+
+class ConfigError(TunerError):
+    """A setting has a value the tuner or vLLM does not accept."""
+
+
+class UnknownModelError(ConfigError):
+    """The model is neither a shipped preset nor a directory with a config.json."""
+
+
+class UnknownGpuError(ConfigError):
+    """The GPU name matches no known profile."""
+
+
+class UnknownVersionError(ConfigError):
+    """The vLLM version is not one whose behaviour the tuner knows."""
+
+
+class ModelConfigError(TunerError):
+    """A model's config.json or safetensors metadata could not be read."""
+
+
+class LogParseError(TunerError):
+    """A vLLM log does not contain the lines needed."""

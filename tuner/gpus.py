@@ -1,0 +1,170 @@
+"""GPU profiles: memory as the driver reports it, bandwidth, FLOP/s, KV-cache dtypes.
+
+Two totals are kept because they differ and both matter:
+
+* ``nvml_total_bytes`` is what NVML (and ``nvidia-smi``) reports; the GPU sampler
+  compares peaks against it.
+* ``cuda_total_bytes`` is what ``cudaMemGetInfo`` reports (slightly less: the
+  driver reserves some memory). vLLM sizes its budget from this one:
+  ``requested = total x gpu_memory_utilization``.
+
+Figures are vendor datasheet values (dense, no sparsity) for bandwidth and FLOP/s;
+``cuda_total_bytes`` is taken from vLLM startup logs where one showed it
+(``total_gpu_memory (79.19GiB)`` on H100 SXM) and otherwise estimated as NVML's
+total less the driver's usual reservation; ``source`` says which.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.errors import UnknownGpuError
+
+MiB = 1024**2
+GiB = 1024**3
+
+
+class GpuSpec(BaseModel):
+    """One GPU model, as the tuner plans for it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    nvml_total_bytes: int
+    cuda_total_bytes: int
+    hbm_bandwidth_bytes_per_s: float
+    bf16_dense_flops: float
+    fp8_dense_flops: float | None
+    compute_capability: tuple[int, int]
+    kv_cache_dtypes: tuple[str, ...]
+    pcie_bandwidth_bytes_per_s: float
+    tdp_watts: float
+    source: str
+
+    @property
+    def supports_fp8(self) -> bool:
+        return self.fp8_dense_flops is not None
+
+
+_FP8_KV = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+_NO_FP8_KV = ("auto",)
+
+_PRESETS: tuple[GpuSpec, ...] = (
+    GpuSpec(
+        name="A100-40GB",
+        aliases=("a100", "a100-sxm4-40gb", "nvidia a100-sxm4-40gb", "a100-40g"),
+        nvml_total_bytes=40960 * MiB,
+        cuda_total_bytes=int(39.39 * GiB),
+        hbm_bandwidth_bytes_per_s=1.555e12,
+        bf16_dense_flops=312e12,
+        fp8_dense_flops=None,
+        compute_capability=(8, 0),
+        kv_cache_dtypes=_NO_FP8_KV,
+        pcie_bandwidth_bytes_per_s=25e9,
+        tdp_watts=400,
+        source="datasheet; cuda total from vLLM logs (39.39 GiB)",
+    ),
+    GpuSpec(
+        name="A100-80GB",
+        aliases=("a100-sxm4-80gb", "nvidia a100-sxm4-80gb", "a100-80g", "a100-pcie-80gb"),
+        nvml_total_bytes=81920 * MiB,
+        cuda_total_bytes=int(79.15 * GiB),
+        hbm_bandwidth_bytes_per_s=2.039e12,
+        bf16_dense_flops=312e12,
+        fp8_dense_flops=None,
+        compute_capability=(8, 0),
+        kv_cache_dtypes=_NO_FP8_KV,
+        pcie_bandwidth_bytes_per_s=25e9,
+        tdp_watts=400,
+        source="datasheet; cuda total from vLLM logs (79.15 GiB)",
+    ),
+    GpuSpec(
+        name="H100-80GB",
+        aliases=("h100", "h100-sxm", "h100-80gb-hbm3", "nvidia h100 80gb hbm3", "h100-sxm5-80gb"),
+        nvml_total_bytes=81559 * MiB,
+        cuda_total_bytes=int(79.19 * GiB),
+        hbm_bandwidth_bytes_per_s=3.35e12,
+        bf16_dense_flops=989e12,
+        fp8_dense_flops=1979e12,
+        compute_capability=(9, 0),
+        kv_cache_dtypes=_FP8_KV,
+        pcie_bandwidth_bytes_per_s=50e9,
+        tdp_watts=700,
+        source="datasheet; cuda total from vLLM logs (79.19 GiB)",
+    ),
+    GpuSpec(
+        name="H200-141GB",
+        aliases=("h200", "nvidia h200", "h200-sxm", "h200-141gb-hbm3e"),
+        nvml_total_bytes=143771 * MiB,
+        cuda_total_bytes=143771 * MiB - 600 * MiB,
+        hbm_bandwidth_bytes_per_s=4.8e12,
+        bf16_dense_flops=989e12,
+        fp8_dense_flops=1979e12,
+        compute_capability=(9, 0),
+        kv_cache_dtypes=_FP8_KV,
+        pcie_bandwidth_bytes_per_s=50e9,
+        tdp_watts=700,
+        source="datasheet; NVML total seen on an H200 (143771 MiB); cuda total estimated",
+    ),
+    GpuSpec(
+        name="L4-24GB",
+        aliases=("l4", "nvidia l4"),
+        nvml_total_bytes=23034 * MiB,
+        cuda_total_bytes=int(21.96 * GiB),
+        hbm_bandwidth_bytes_per_s=300e9,
+        bf16_dense_flops=121e12,
+        fp8_dense_flops=242e12,
+        compute_capability=(8, 9),
+        kv_cache_dtypes=_FP8_KV,
+        pcie_bandwidth_bytes_per_s=25e9,
+        tdp_watts=72,
+        source="datasheet; cuda total estimated",
+    ),
+    GpuSpec(
+        name="L40S-48GB",
+        aliases=("l40s", "nvidia l40s"),
+        nvml_total_bytes=46068 * MiB,
+        cuda_total_bytes=int(44.39 * GiB),
+        hbm_bandwidth_bytes_per_s=864e9,
+        bf16_dense_flops=362e12,
+        fp8_dense_flops=733e12,
+        compute_capability=(8, 9),
+        kv_cache_dtypes=_FP8_KV,
+        pcie_bandwidth_bytes_per_s=25e9,
+        tdp_watts=350,
+        source="datasheet; cuda total estimated",
+    ),
+    GpuSpec(
+        name="B200-180GB",
+        aliases=("b200", "nvidia b200"),
+        nvml_total_bytes=183359 * MiB,
+        cuda_total_bytes=183359 * MiB - 700 * MiB,
+        hbm_bandwidth_bytes_per_s=8.0e12,
+        bf16_dense_flops=2250e12,
+        fp8_dense_flops=4500e12,
+        compute_capability=(10, 0),
+        kv_cache_dtypes=_FP8_KV,
+        pcie_bandwidth_bytes_per_s=100e9,
+        tdp_watts=1000,
+        source="datasheet; NVML and cuda totals estimated",
+    ),
+)
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def known_gpus() -> tuple[GpuSpec, ...]:
+    return _PRESETS
+
+
+def get_gpu(name: str) -> GpuSpec:
+    """Look a GPU profile up by name or alias, case-insensitively."""
+    wanted = _key(name)
+    for spec in _PRESETS:
+        if wanted == _key(spec.name) or wanted in {_key(a) for a in spec.aliases}:
+            return spec
+    known = ", ".join(spec.name for spec in _PRESETS)
+    raise UnknownGpuError(f"unknown GPU {name!r}; known GPUs: {known}")

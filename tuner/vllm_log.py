@@ -1,0 +1,220 @@
+"""Parsers for the lines vLLM prints at startup, for calibration and failure reports.
+
+Covers the V1 engine's lines from 0.8 to the current release, including the
+``Memory profiling takes ...`` block some versions print and the per-worker
+prefixes of tensor-parallel runs (``(VllmWorker TP0 pid=...)``), of which the
+first rank's values are taken.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.errors import LogParseError
+from tuner.gpus import GiB
+from tuner.memory import Calibration
+
+_NUM = r"([0-9]+(?:\.[0-9]+)?)"
+
+RE_VERSION = re.compile(
+    r"(?:vLLM API server version|Initializing a V1 LLM engine \(v?|vLLM version|"
+    r"Initializing an LLM engine \(v?)\s*v?([0-9]+\.[0-9]+\.[0-9]+[^\s)]*)"
+)
+RE_WEIGHTS = re.compile(
+    rf"(?:Model loading took|Loading model weights took)\s+{_NUM}\s*(GiB|GB)"
+)
+RE_WEIGHTS_LOAD_TIME = re.compile(rf"Model loading took .*? and {_NUM} seconds")
+RE_AVAILABLE_KV = re.compile(rf"Available KV cache memory:\s*{_NUM}\s*GiB")
+RE_KV_TOKENS = re.compile(r"GPU KV cache size:\s*([0-9,]+)\s*tokens")
+RE_MAX_CONCURRENCY = re.compile(
+    rf"Maximum concurrency for\s*([0-9,]+)\s*tokens per request:\s*{_NUM}x"
+)
+RE_GRAPH = re.compile(rf"Graph capturing finished in\s*{_NUM}\s*secs?, took\s*(-?{_NUM})\s*GiB")
+RE_GRAPH_ESTIMATE = re.compile(
+    rf"(?:Estimated CUDA graph memory|CUDA graph memory profiling[^:]*|cudagraph memory[^:]*):\s*"
+    rf"{_NUM}\s*GiB",
+    re.IGNORECASE,
+)
+RE_PROFILE_TOTAL = re.compile(
+    rf"total_gpu_memory \({_NUM}\s*GiB\) x gpu_memory_utilization \({_NUM}\)"
+)
+RE_PROFILE_PARTS = re.compile(
+    rf"model weights take {_NUM}\s*GiB; non_torch_memory takes {_NUM}\s*GiB; "
+    rf"PyTorch activation peak memory takes {_NUM}\s*GiB; "
+    rf"the rest of the memory reserved for KV Cache is {_NUM}\s*GiB"
+)
+RE_USAGE_DETAIL = re.compile(
+    rf"Free memory on device \({_NUM}/{_NUM} GiB\) on startup\. Desired GPU memory utilization "
+    rf"is \({_NUM}, {_NUM} GiB\)\. Actual usage is {_NUM} GiB for weight, {_NUM} GiB for peak "
+    rf"activation, {_NUM} GiB for non-torch memory, and {_NUM} GiB for CUDAGraph memory"
+)
+RE_NON_DEFAULT_ARGS = re.compile(r"non-default args:\s*(\{.*\})\s*$")
+RE_ENGINE_CONFIG = re.compile(r"with config:\s*(.*)$")
+RE_READY = re.compile(r"Application startup complete\.|Starting vLLM API server")
+
+
+class StartupReport(BaseModel):
+    """What a vLLM startup log says about memory and settings (None: not in the log)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    vllm_version: str | None = None
+    weights_bytes: int | None = None
+    weights_load_s: float | None = None
+    total_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    activation_bytes: int | None = None
+    non_torch_bytes: int | None = None
+    cudagraph_bytes: int | None = None
+    cudagraph_estimate_bytes: int | None = None
+    available_kv_bytes: int | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_tokens: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    tensor_parallel_size: int | None = None
+    kv_cache_dtype: str | None = None
+    enforce_eager: bool | None = None
+    ready: bool = False
+
+
+def _gib_bytes(text: str) -> int:
+    return int(round(float(text) * GiB))
+
+
+def _engine_config_fields(text: str) -> dict[str, str]:
+    """``key=value, key=value`` of the engine config line; values may contain commas in braces."""
+    fields: dict[str, str] = {}
+    depth, start = 0, 0
+    parts: list[str] = []
+    for i, ch in enumerate(text):
+        if ch in "{[(":
+            depth += 1
+        elif ch in "}])":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    for part in parts:
+        key, sep, value = part.strip().partition("=")
+        if sep:
+            fields[key.strip()] = value.strip().strip("'\"")
+    return fields
+
+
+def _literal_dict(text: str) -> dict[str, Any]:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def parse_startup_log(text: str) -> StartupReport:
+    """Read every startup line vLLM printed; the first occurrence (rank 0) wins."""
+    found: dict[str, Any] = {}
+
+    def once(key: str, value: Any) -> None:
+        if key not in found and value is not None:
+            found[key] = value
+
+    for line in text.splitlines():
+        if m := RE_VERSION.search(line):
+            once("vllm_version", m[1])
+        if m := RE_WEIGHTS.search(line):
+            # Older releases print "GB" for what is computed in GiB.
+            once("weights_bytes", _gib_bytes(m[1]))
+        if m := RE_WEIGHTS_LOAD_TIME.search(line):
+            once("weights_load_s", float(m[1]))
+        if m := RE_AVAILABLE_KV.search(line):
+            once("available_kv_bytes", _gib_bytes(m[1]))
+        if m := RE_KV_TOKENS.search(line):
+            once("kv_cache_tokens", int(m[1].replace(",", "")))
+        if m := RE_MAX_CONCURRENCY.search(line):
+            once("max_concurrency_tokens", int(m[1].replace(",", "")))
+            once("max_concurrency", float(m[2]))
+        if m := RE_GRAPH.search(line):
+            once("cudagraph_bytes", _gib_bytes(m[2]))
+        if m := RE_GRAPH_ESTIMATE.search(line):
+            once("cudagraph_estimate_bytes", _gib_bytes(m[1]))
+        if m := RE_PROFILE_TOTAL.search(line):
+            once("total_bytes", _gib_bytes(m[1]))
+            once("gpu_memory_utilization", float(m[2]))
+        if m := RE_PROFILE_PARTS.search(line):
+            once("weights_bytes", _gib_bytes(m[1]))
+            once("non_torch_bytes", _gib_bytes(m[2]))
+            once("activation_bytes", _gib_bytes(m[3]))
+        if m := RE_USAGE_DETAIL.search(line):
+            once("total_bytes", _gib_bytes(m[2]))
+            once("gpu_memory_utilization", float(m[3]))
+            once("weights_bytes", _gib_bytes(m[5]))
+            once("activation_bytes", _gib_bytes(m[6]))
+            once("non_torch_bytes", _gib_bytes(m[7]))
+            once("cudagraph_estimate_bytes", _gib_bytes(m[8]))
+        if m := RE_NON_DEFAULT_ARGS.search(line):
+            args = _literal_dict(m[1])
+            for key in ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
+                        "max_model_len", "tensor_parallel_size", "kv_cache_dtype", "enforce_eager"):
+                once(key, args.get(key))
+        if m := RE_ENGINE_CONFIG.search(line):
+            cfg = _engine_config_fields(m[1])
+            if cfg.get("max_seq_len", "").isdigit():
+                once("max_model_len", int(cfg["max_seq_len"]))
+            if cfg.get("tensor_parallel_size", "").isdigit():
+                once("tensor_parallel_size", int(cfg["tensor_parallel_size"]))
+            once("kv_cache_dtype", cfg.get("kv_cache_dtype"))
+            if "enforce_eager" in cfg:
+                once("enforce_eager", cfg["enforce_eager"] == "True")
+        if RE_READY.search(line):
+            found["ready"] = True
+    return StartupReport(**found)
+
+
+def calibration_from_log(path: Path, *, cudagraph_in_budget: bool | None = None) -> Calibration:
+    """A Calibration from a real vLLM startup log file."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise LogParseError(f"cannot read vLLM log {str(path)!r}: {exc.strerror}") from exc
+    report = parse_startup_log(text)
+    return calibration_from_report(report, source=str(path), cudagraph_in_budget=cudagraph_in_budget)
+
+
+def calibration_from_report(
+    report: StartupReport, *, source: str, cudagraph_in_budget: bool | None = None
+) -> Calibration:
+    if report.available_kv_bytes is None and report.activation_bytes is None:
+        raise LogParseError(
+            f"{source}: no vLLM memory summary found; a calibration log needs "
+            "'Available KV cache memory: X GiB' or the 'Memory profiling takes' block"
+        )
+    if report.weights_bytes is None:
+        raise LogParseError(f"{source}: no 'Model loading took X GiB' line found")
+    return Calibration(
+        source=source,
+        weights_bytes=report.weights_bytes,
+        activation_bytes=report.activation_bytes,
+        non_torch_bytes=report.non_torch_bytes,
+        cudagraph_bytes=report.cudagraph_estimate_bytes or report.cudagraph_bytes,
+        available_kv_bytes=report.available_kv_bytes,
+        total_bytes=report.total_bytes,
+        gpu_memory_utilization=report.gpu_memory_utilization,
+        max_num_batched_tokens=report.max_num_batched_tokens,
+        max_num_seqs=report.max_num_seqs,
+        cudagraph_in_budget=cudagraph_in_budget,
+    )
+
+
+def read_log(path: Path) -> StartupReport:
+    try:
+        return parse_startup_log(path.read_text(encoding="utf-8", errors="replace"))
+    except OSError as exc:
+        raise LogParseError(f"cannot read vLLM log {str(path)!r}: {exc.strerror}") from exc

@@ -1,0 +1,1 @@
+"""Workloads: production-shaped load for vLLM endpoints."""
