@@ -8,20 +8,30 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from tuner.errors import TunerError
 
 log = logging.getLogger(__name__)
 
 
-def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+class _Parser(argparse.ArgumentParser):
+    """Argument errors as one line (no usage dump), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _add_plan_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "plan",
         help="predict vLLM's startup memory and KV cache without launching it",
         description="Predict whether vLLM starts with these settings and how many KV-cache "
         "tokens it will have, from vLLM's own startup accounting.",
     )
-    p.add_argument("--model", required=True, help="preset name, Hugging Face id, or model directory")
+    p.add_argument(
+        "--model", required=True, help="preset name, Hugging Face id, or model directory"
+    )
     p.add_argument("--gpu", required=True, help="GPU profile, e.g. H100-80GB")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-num-seqs", type=int)
@@ -33,7 +43,9 @@ def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--cpu-offload-gb", type=float, default=0.0)
     p.add_argument("--kv-cache-memory-bytes", type=int)
-    p.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    p.add_argument(
+        "--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false"
+    )
     p.add_argument("--vllm-version", help="emulated vLLM version X.Y (default: current release)")
     p.add_argument("--calibrate-from", type=Path, metavar="LOG", help="a real vLLM startup log")
     p.add_argument("--sweep", metavar="KNOB", help="find the startup edge along one knob")
@@ -84,7 +96,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tuner",
         description="Tune vLLM for the most traffic within a latency SLO, find its "
         "out-of-memory edge, and report it.",
@@ -93,8 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_plan_parser(sub)
     return parser
-
-
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 
-class StartupFailureKind(str, Enum):
+class StartupFailureKind(StrEnum):
     """The ways a vLLM startup fails, each with the knob that cures it."""
 
     BUDGET_ABOVE_FREE_MEMORY = "budget_above_free_memory"

@@ -29,11 +29,12 @@ model and GPU are exact.
 from __future__ import annotations
 
 import math
+
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.failures import StartupFailure, StartupFailureKind
-from tuner.gpus import GiB, MiB, GpuSpec
+from tuner.gpus import GiB, GpuSpec, MiB
 from tuner.models import AttentionKind, ModelSpec
 from tuner.versions import VllmVersion
 
@@ -101,7 +102,9 @@ class ServingParams(BaseModel):
         if self.cpu_offload_gb < 0:
             raise ConfigError(f"--cpu-offload-gb {self.cpu_offload_gb} is negative; accepted: >= 0")
         if self.other_process_bytes < 0:
-            raise ConfigError(f"memory used by other processes {self.other_process_bytes} is negative")
+            raise ConfigError(
+                f"memory used by other processes {self.other_process_bytes} is negative"
+            )
         return self
 
 
@@ -209,6 +212,16 @@ def weights_bytes(model: ModelSpec, tp: int, cpu_offload_gb: float = 0.0) -> int
     return max(int(total), 0)
 
 
+def parameter_count(model: ModelSpec) -> int:
+    """Parameters of the whole model (embeddings, attention, MLP/experts, norms)."""
+    h = model.hidden_size
+    embed = model.vocab_size * h * (1 if model.tie_word_embeddings else 2)
+    layers = sum(
+        _attention_params(model, 1) + _mlp_params(model, i) for i in range(model.num_layers)
+    )
+    return int(embed + layers + model.num_layers * 2 * h + h)
+
+
 def _attention_params(model: ModelSpec, tp: int) -> float:
     """Attention weights of one layer on one rank (KV heads replicate when fewer than ranks)."""
     h = model.hidden_size
@@ -242,7 +255,9 @@ def _mlp_params(model: ModelSpec, layer: int) -> float:
     return experts + shared + router
 
 
-def activation_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+def activation_bytes(
+    model: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int
+) -> int:
     """Torch peak increase of vLLM's profile run on one rank.
 
     The profile run is one forward pass of ``max_num_batched_tokens`` tokens, then
@@ -314,7 +329,7 @@ def kv_cache_groups(model: ModelSpec) -> list[_Group]:
     for kind in model.layer_attention:
         counts[kind] = counts.get(kind, 0) + 1
     if len(counts) == 1:
-        (kind, n), = counts.items()
+        ((kind, n),) = counts.items()
         return [_Group(kind=kind, num_layers=n)]
     group_size = min(counts.values())
     groups: list[_Group] = []
@@ -325,7 +340,11 @@ def kv_cache_groups(model: ModelSpec) -> list[_Group]:
 
 
 def _blocks_per_request(
-    model: ModelSpec, group: _Group, max_model_len: int, block_size: int, max_num_batched_tokens: int
+    model: ModelSpec,
+    group: _Group,
+    max_model_len: int,
+    block_size: int,
+    max_num_batched_tokens: int,
 ) -> int:
     if group.kind is AttentionKind.SLIDING and model.sliding_window:
         tokens = min(model.sliding_window - 1 + max_num_batched_tokens, max_model_len)
@@ -347,27 +366,41 @@ def _max_concurrency(
     per_request = 0
     for kind in kinds:
         per_request += _blocks_per_request(
-            model, _Group(kind=kind, num_layers=layers_per_group), max_model_len, block_size,
+            model,
+            _Group(kind=kind, num_layers=layers_per_group),
+            max_model_len,
+            block_size,
             max_num_batched_tokens,
         )
     return num_blocks / per_request if per_request else 0.0
 
 
 def _request_bytes(
-    model: ModelSpec, groups: list[_Group], page: int, max_model_len: int, block_size: int,
+    model: ModelSpec,
+    groups: list[_Group],
+    page: int,
+    max_model_len: int,
+    block_size: int,
     max_num_batched_tokens: int,
 ) -> int:
     """KV bytes one request of max_model_len tokens needs (vLLM's max_memory_usage_bytes)."""
     total = 0
     for group in groups:
-        blocks = _blocks_per_request(model, group, max_model_len, block_size, max_num_batched_tokens)
+        blocks = _blocks_per_request(
+            model, group, max_model_len, block_size, max_num_batched_tokens
+        )
         total += blocks * page * group.num_layers
     return total
 
 
 def _estimate_max_model_len(
-    model: ModelSpec, groups: list[_Group], page: int, block_size: int, kv_bytes: int,
-    upper: int, max_num_batched_tokens: int,
+    model: ModelSpec,
+    groups: list[_Group],
+    page: int,
+    block_size: int,
+    kv_bytes: int,
+    upper: int,
+    max_num_batched_tokens: int,
 ) -> int:
     """Largest max_model_len whose one request fits, by binary search as vLLM does."""
     lo, hi, best = 1, upper, 0
@@ -407,7 +440,9 @@ def plan(
         default_tokens if params.enable_chunked_prefill else max(max_model_len, default_tokens)
     )
     block_size = params.block_size or (64 if model.is_mla else 16)
-    total = calibration.total_bytes if calibration and calibration.total_bytes else gpu.cuda_total_bytes
+    total = (
+        calibration.total_bytes if calibration and calibration.total_bytes else gpu.cuda_total_bytes
+    )
     free = total - params.other_process_bytes
     requested = math.ceil(total * params.gpu_memory_utilization)
 
@@ -417,8 +452,18 @@ def plan(
     graphs = cudagraph_bytes(model, params.enforce_eager)
     if calibration is not None:
         weights, activation, non_torch, graphs = _apply_calibration(
-            calibration, model, tp, params, requested, max_num_batched_tokens, max_num_seqs,
-            weights, activation, non_torch, graphs, version,
+            calibration,
+            model,
+            tp,
+            params,
+            requested,
+            max_num_batched_tokens,
+            max_num_seqs,
+            weights,
+            activation,
+            non_torch,
+            graphs,
+            version,
         )
     graphs_in_budget = graphs if version.cudagraph_in_budget else 0
     if params.kv_cache_memory_bytes is not None:
@@ -431,7 +476,9 @@ def plan(
     layers_per_group = max(g.num_layers for g in groups)
     num_blocks = max(int(kv_bytes // page // layers_per_group), 0) if kv_bytes > 0 else 0
     tokens = num_blocks // len(groups) * block_size
-    concurrency = _max_concurrency(model, groups, num_blocks, max_model_len, block_size, max_num_batched_tokens)
+    concurrency = _max_concurrency(
+        model, groups, num_blocks, max_model_len, block_size, max_num_batched_tokens
+    )
 
     sized = MemoryPlan(
         fits=True,
@@ -497,15 +544,19 @@ def _apply_calibration(
         graphs = cal.cudagraph_bytes
     shift = 0
     if cal.max_num_batched_tokens and cal.max_num_seqs:
-        shift = activation - activation_bytes(model, tp, cal.max_num_batched_tokens, cal.max_num_seqs)
+        shift = activation - activation_bytes(
+            model, tp, cal.max_num_batched_tokens, cal.max_num_seqs
+        )
     if cal.activation_bytes is not None and cal.non_torch_bytes is not None:
         return weights, cal.activation_bytes + shift, cal.non_torch_bytes, graphs
     if cal.available_kv_bytes is not None and cal.weights_bytes is not None:
         util = cal.gpu_memory_utilization or params.gpu_memory_utilization
         total = cal.total_bytes or int(requested / params.gpu_memory_utilization)
         cal_requested = total * util
-        in_budget = cal.cudagraph_in_budget if cal.cudagraph_in_budget is not None else (
-            version.cudagraph_in_budget
+        in_budget = (
+            cal.cudagraph_in_budget
+            if cal.cudagraph_in_budget is not None
+            else (version.cudagraph_in_budget)
         )
         graph_part = graphs if in_budget else 0
         measured = cal_requested - cal.available_kv_bytes - cal.weights_bytes - graph_part
@@ -647,4 +698,3 @@ def _invalid_configuration(
             ),
         )
     return None
-

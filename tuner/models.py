@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
-from enum import Enum
+from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ SAFETENSORS_DTYPE_BYTES: dict[str, float] = {
 }
 
 
-class AttentionKind(str, Enum):
+class AttentionKind(StrEnum):
     """How a model's layers store their KV cache."""
 
     FULL = "full"
@@ -60,7 +60,7 @@ class AttentionKind(str, Enum):
     MLA = "mla"
 
 
-class Quantization(str, Enum):
+class Quantization(StrEnum):
     NONE = "none"
     FP8 = "fp8"
     AWQ = "awq"
@@ -132,7 +132,9 @@ class ModelSpec(BaseModel):
     def from_hf_config(
         cls, config: dict[str, Any], *, name: str, source: str, checkpoint_bytes: int | None = None
     ) -> ModelSpec:
-        return _spec_from_config(config, name=name, source=source, checkpoint_bytes=checkpoint_bytes)
+        return _spec_from_config(
+            config, name=name, source=source, checkpoint_bytes=checkpoint_bytes
+        )
 
 
 def _first(config: dict[str, Any], *keys: str, default: Any = None) -> Any:
@@ -143,9 +145,9 @@ def _first(config: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def _layer_kinds(config: dict[str, Any], num_layers: int, model_type: str) -> tuple[
-    tuple[AttentionKind, ...], int | None
-]:
+def _layer_kinds(
+    config: dict[str, Any], num_layers: int, model_type: str
+) -> tuple[tuple[AttentionKind, ...], int | None]:
     """Which layers use sliding-window attention, as vLLM's model code decides it."""
     window = config.get("sliding_window")
     if config.get("use_sliding_window") is False:
@@ -160,7 +162,10 @@ def _layer_kinds(config: dict[str, Any], num_layers: int, model_type: str) -> tu
     if window and model_type == "gemma2":
         # Gemma 2 alternates: even layers use the sliding window, odd ones are global.
         return (
-            tuple(AttentionKind.SLIDING if i % 2 == 0 else AttentionKind.FULL for i in range(num_layers)),
+            tuple(
+                AttentionKind.SLIDING if i % 2 == 0 else AttentionKind.FULL
+                for i in range(num_layers)
+            ),
             int(window),
         )
     pattern = config.get("sliding_window_pattern")
@@ -224,9 +229,13 @@ def _spec_from_config(
     if kv_lora_rank:
         kinds = tuple(AttentionKind.MLA for _ in range(layers))
         window = None
-    num_experts = int(_first(config, "num_local_experts", "num_experts", "n_routed_experts", default=0))
+    num_experts = int(
+        _first(config, "num_local_experts", "num_experts", "n_routed_experts", default=0)
+    )
     intermediate = int(_first(config, "intermediate_size", "ffn_dim", default=4 * hidden))
-    moe_intermediate = int(_first(config, "moe_intermediate_size", default=intermediate if num_experts else 0))
+    moe_intermediate = int(
+        _first(config, "moe_intermediate_size", default=intermediate if num_experts else 0)
+    )
     shared = int(config.get("shared_expert_intermediate_size") or 0)
     if not shared and config.get("n_shared_experts"):
         shared = int(config["n_shared_experts"]) * moe_intermediate
@@ -311,7 +320,9 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
         with path.open("rb") as fh:
             (length,) = struct.unpack("<Q", fh.read(8))
             if length > 100 * 1024 * 1024:
-                raise ModelConfigError(f"{path}: safetensors header of {length} bytes is not plausible")
+                raise ModelConfigError(
+                    f"{path}: safetensors header of {length} bytes is not plausible"
+                )
             header: dict[str, Any] = json.loads(fh.read(length))
     except (OSError, struct.error, json.JSONDecodeError) as exc:
         raise ModelConfigError(f"{path}: not a readable safetensors file ({exc})") from exc

@@ -43,7 +43,9 @@ def format_plan(p: MemoryPlan) -> str:
 
 
 def format_sweep(result: SweepResult) -> str:
-    lines = [f"{'--' + result.knob.value:>26}  {'starts':>6}  {'KV tokens':>12}  {'concurrency':>11}  failure"]
+    lines = [
+        f"{'--' + result.knob.value:>26}  {'starts':>6}  {'KV tokens':>12}  {'concurrency':>11}  failure"
+    ]
     for point in result.points:
         mark = " <- edge" if result.edge is not None and point.value == result.edge else ""
         lines.append(

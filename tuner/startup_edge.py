@@ -9,18 +9,18 @@ resolution; a coarse table of points shows the trend around it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
+from tuner.gpus import GpuSpec
 from tuner.memory import Calibration, MemoryPlan, ServingParams, plan
 from tuner.models import ModelSpec
-from tuner.gpus import GpuSpec
 from tuner.versions import VllmVersion
 
 
-class SweepKnob(str, Enum):
+class SweepKnob(StrEnum):
     GPU_MEMORY_UTILIZATION = "gpu-memory-utilization"
     MAX_MODEL_LEN = "max-model-len"
     MAX_NUM_SEQS = "max-num-seqs"
@@ -152,7 +152,9 @@ def _bisect(
     return round(low + lo * step, 6)
 
 
-def _sample_values(low: float, high: float, edge: float | None, points: int, is_int: bool) -> list[float]:
+def _sample_values(
+    low: float, high: float, edge: float | None, points: int, is_int: bool
+) -> list[float]:
     span_low, span_high = low, high
     if edge is not None:
         # Centre the table on the edge: half its width either side.

@@ -48,9 +48,7 @@ class VllmVersion(BaseModel):
     @classmethod
     def parse(cls, text: str) -> VllmVersion:
         match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+\-].*)?", text.strip())
-        supported = (
-            f"{OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]} to {CURRENT_RELEASE[0]}.{CURRENT_RELEASE[1]}"
-        )
+        supported = f"{OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]} to {CURRENT_RELEASE[0]}.{CURRENT_RELEASE[1]}"
         if match is None:
             raise UnknownVersionError(
                 f"vLLM version {text!r} is not a version number; give X.Y or X.Y.Z ({supported})"

@@ -25,9 +25,7 @@ RE_VERSION = re.compile(
     r"(?:vLLM API server version|Initializing a V1 LLM engine \(v?|vLLM version|"
     r"Initializing an LLM engine \(v?)\s*v?([0-9]+\.[0-9]+\.[0-9]+[^\s)]*)"
 )
-RE_WEIGHTS = re.compile(
-    rf"(?:Model loading took|Loading model weights took)\s+{_NUM}\s*(GiB|GB)"
-)
+RE_WEIGHTS = re.compile(rf"(?:Model loading took|Loading model weights took)\s+{_NUM}\s*(GiB|GB)")
 RE_WEIGHTS_LOAD_TIME = re.compile(rf"Model loading took .*? and {_NUM} seconds")
 RE_AVAILABLE_KV = re.compile(rf"Available KV cache memory:\s*{_NUM}\s*GiB")
 RE_KV_TOKENS = re.compile(r"GPU KV cache size:\s*([0-9,]+)\s*tokens")
@@ -86,7 +84,7 @@ class StartupReport(BaseModel):
 
 
 def _gib_bytes(text: str) -> int:
-    return int(round(float(text) * GiB))
+    return round(float(text) * GiB)
 
 
 def _engine_config_fields(text: str) -> dict[str, str]:
@@ -161,8 +159,15 @@ def parse_startup_log(text: str) -> StartupReport:
             once("cudagraph_estimate_bytes", _gib_bytes(m[8]))
         if m := RE_NON_DEFAULT_ARGS.search(line):
             args = _literal_dict(m[1])
-            for key in ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-                        "max_model_len", "tensor_parallel_size", "kv_cache_dtype", "enforce_eager"):
+            for key in (
+                "gpu_memory_utilization",
+                "max_num_seqs",
+                "max_num_batched_tokens",
+                "max_model_len",
+                "tensor_parallel_size",
+                "kv_cache_dtype",
+                "enforce_eager",
+            ):
                 once(key, args.get(key))
         if m := RE_ENGINE_CONFIG.search(line):
             cfg = _engine_config_fields(m[1])
@@ -185,7 +190,9 @@ def calibration_from_log(path: Path, *, cudagraph_in_budget: bool | None = None)
     except OSError as exc:
         raise LogParseError(f"cannot read vLLM log {str(path)!r}: {exc.strerror}") from exc
     report = parse_startup_log(text)
-    return calibration_from_report(report, source=str(path), cudagraph_in_budget=cudagraph_in_budget)
+    return calibration_from_report(
+        report, source=str(path), cudagraph_in_budget=cudagraph_in_budget
+    )
 
 
 def calibration_from_report(

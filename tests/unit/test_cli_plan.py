@@ -1,0 +1,164 @@
+"""`tuner plan` as a user runs it: a real subprocess, its stdout, stderr and exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PLAN_FIELDS = {
+    "fits",
+    "failure",
+    "requested_bytes",
+    "weights_bytes",
+    "activation_bytes",
+    "non_torch_bytes",
+    "cudagraph_bytes",
+    "kv_cache_bytes",
+    "num_gpu_blocks",
+    "kv_cache_tokens",
+    "max_concurrency",
+}
+
+
+def tuner(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_plan_json_has_the_documented_fields() -> None:
+    out = tuner("plan", "--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data.keys() >= PLAN_FIELDS
+    assert data["fits"] is True and data["failure"] is None
+    assert data["kv_cache_tokens"] == data["num_gpu_blocks"] * 16
+
+
+def test_plan_json_reports_a_failure_with_kind_and_message() -> None:
+    out = tuner("plan", "--model", "llama-3.1-8b", "--gpu", "L4-24GB", "--json")
+    assert out.returncode == 1
+    data = json.loads(out.stdout)
+    assert data["fits"] is False
+    assert data["failure"]["kind"] in {"no_memory_for_cache_blocks", "max_model_len_does_not_fit"}
+    assert data["failure"]["message"].startswith("ValueError:")
+
+
+def test_plan_table_is_readable() -> None:
+    out = tuner("plan", "--model", "qwen2.5-7b", "--gpu", "h100", "--max-model-len", "8192")
+    assert out.returncode == 0, out.stderr
+    assert "KV cache tokens" in out.stdout and "result           starts" in out.stdout
+
+
+def test_sweep_finds_the_lowest_utilization_that_starts() -> None:
+    out = tuner(
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100",
+        "--sweep",
+        "gpu-memory-utilization",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    edge = data["edge"]
+    assert 0.2 < edge < 0.9
+    below = tuner(
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100",
+        "--json",
+        "--gpu-memory-utilization",
+        f"{edge - 0.01:.2f}",
+    )
+    at = tuner(
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100",
+        "--json",
+        "--gpu-memory-utilization",
+        f"{edge:.2f}",
+    )
+    assert json.loads(below.stdout)["fits"] is False
+    assert json.loads(at.stdout)["fits"] is True
+
+
+def test_sweep_max_model_len_table_marks_the_edge() -> None:
+    out = tuner(
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100",
+        "--gpu-memory-utilization",
+        "0.3",
+        "--sweep",
+        "max-model-len",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "<- edge" in out.stdout and "largest --max-model-len that starts" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "nope-9b", "--gpu", "h100"], "unknown model 'nope-9b'"),
+        (["--model", "llama-3.1-8b", "--gpu", "V100"], "unknown GPU 'V100'"),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "h100", "--gpu-memory-utilization", "1.2"],
+            "--gpu-memory-utilization 1.2 is out of range",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "h100", "--max-num-seqs", "-4"],
+            "--max-num-seqs -4 is out of range",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "h100", "--vllm-version", "0.4"],
+            "vLLM version '0.4' is not emulated",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "h100", "--sweep", "temperature"],
+            "--sweep 'temperature' is not a knob",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "h100", "--calibrate-from", "/nonexistent.log"],
+            "cannot read vLLM log",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "h100", "--max-num-seqs", "many"],
+            "argument --max-num-seqs: invalid int value: 'many'",
+        ),
+        (["--gpu", "h100"], "the following arguments are required: --model"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args: list[str], needle: str) -> None:
+    out = tuner("plan", *args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert needle in lines[0]
+    assert out.stdout == ""
+
+
+def test_model_directory_without_config_json(tmp_path: Path) -> None:
+    out = tuner("plan", "--model", str(tmp_path), "--gpu", "h100")
+    assert out.returncode == 2
+    assert "has no config.json" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_calibrating_log_without_memory_lines(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("INFO 01-01 00:00:00 api_server.py:1] hello\n")
+    out = tuner("plan", "--model", "llama-3.1-8b", "--gpu", "h100", "--calibrate-from", str(log))
+    assert out.returncode == 2
+    assert "no vLLM memory summary found" in out.stderr
