@@ -34,4 +34,6 @@ class StartupFailure(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     kind: StartupFailureKind
+    # The exception vLLM raises it with, e.g. "ValueError" or "argparse".
+    error_type: str
     message: str

@@ -10,15 +10,16 @@ vLLM (V1 engine) sizes its KV cache at startup like this
    tokens through the model and samples ``max_num_seqs`` rows of logits. The
    torch peak increase is the *activation* memory; memory allocated outside torch
    (NCCL, CUDA context growth) is the *non-torch* memory.
-3. ``available_kv = requested - (weights + activation + non_torch)``; from 0.12 on
-   the CUDA-graph memory is estimated before this and subtracted too (0.10 and
-   0.11 captured graphs after allocating the KV cache, out of the headroom).
+3. ``available_kv = requested - (weights + activation + non_torch)``; from 0.20 on
+   the CUDA-graph memory is estimated before this and subtracted too (before,
+   graphs were captured after the KV cache was allocated, out of the headroom).
 4. Each attention layer needs a page of ``2 x block_size x kv_heads_per_rank x
    head_size x dtype_bytes`` per block (MLA: one latent vector of
    ``kv_lora_rank + qk_rope_head_dim`` per token); layers are grouped as vLLM
    groups them; ``num_blocks = available // (page x layers_per_group)``.
-5. ``GPU KV cache size: num_blocks // groups x block_size tokens`` and
-   ``Maximum concurrency = num_blocks / blocks one max-length request needs``.
+5. ``Maximum concurrency = num_blocks / blocks one max-length request needs`` and
+   ``GPU KV cache size`` = ``num_blocks // groups x block_size`` tokens (up to
+   0.20) or ``int(max_concurrency x max_model_len)`` (0.21 on).
 
 The components the model cannot know exactly (activation, non-torch, CUDA-graph
 memory) are estimated by the formulas below; a real startup log replaces them
@@ -32,14 +33,19 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner import vllm_messages as msg
 from tuner.errors import ConfigError
-from tuner.failures import StartupFailure, StartupFailureKind
+from tuner.failures import StartupFailure
 from tuner.gpus import GiB, GpuSpec, MiB
 from tuner.models import AttentionKind, ModelSpec
-from tuner.versions import VllmVersion
+from tuner.versions import (
+    BIG_GPU_TIER,
+    SLIDING_WINDOW_IN_FLIGHT,
+    TOKENS_FROM_CONCURRENCY,
+    VllmVersion,
+)
 
-KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
-BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 VOCAB_PADDING = 64
 
 # Estimation constants, in one place. Sources: fitted on the public startup logs in
@@ -58,7 +64,7 @@ class ServingParams(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     block_size: int | None = None
@@ -75,7 +81,7 @@ class ServingParams(BaseModel):
     def checked(self) -> ServingParams:
         """Raise ConfigError naming the first value no vLLM would take."""
         util = self.gpu_memory_utilization
-        if not (0.0 < util <= 1.0):
+        if util is not None and not (0.0 < util <= 1.0):
             raise ConfigError(
                 f"--gpu-memory-utilization {util} is out of range; accepted: 0 < value <= 1"
             )
@@ -84,16 +90,12 @@ class ServingParams(BaseModel):
             "--max-num-batched-tokens": self.max_num_batched_tokens,
             "--max-model-len": self.max_model_len,
             "--tensor-parallel-size": self.tensor_parallel_size,
+            "--block-size": self.block_size,
             "--kv-cache-memory-bytes": self.kv_cache_memory_bytes,
         }
         for flag, value in positive.items():
             if value is not None and value < 1:
                 raise ConfigError(f"{flag} {value} is out of range; accepted: an integer >= 1")
-        if self.block_size is not None and self.block_size not in BLOCK_SIZES:
-            raise ConfigError(
-                f"--block-size {self.block_size} is not accepted; accepted: "
-                + ", ".join(str(b) for b in BLOCK_SIZES)
-            )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(
                 f"--kv-cache-dtype {self.kv_cache_dtype!r} is not accepted; accepted: "
@@ -157,6 +159,7 @@ class MemoryPlan(BaseModel):
     block_size: int
     kv_cache_dtype: str
     tensor_parallel_size: int
+    gpu_memory_utilization: float
     estimated_max_model_len: int | None = None
 
     @property
@@ -168,13 +171,26 @@ class MemoryPlan(BaseModel):
 # --- defaults ---------------------------------------------------------------------------
 
 
-def default_limits(gpu: GpuSpec) -> tuple[int, int]:
+def default_limits(gpu: GpuSpec, version: VllmVersion) -> tuple[int, int]:
     """vLLM's OpenAI-server defaults (max_num_seqs, max_num_batched_tokens) for a GPU.
 
-    vLLM uses larger defaults on GPUs with at least 70 GiB that are not A100s.
+    vLLM uses larger defaults on GPUs with at least 70 GiB that are not A100s, and
+    (from 0.28) 16384 batched tokens on GPUs with at least 160 GiB.
     """
-    big = gpu.cuda_total_bytes >= 70 * GiB and not gpu.name.startswith("A100")
-    return (1024, 8192) if big else (256, 2048)
+    if gpu.cuda_total_bytes >= 160 * GiB and version.at_least(BIG_GPU_TIER):
+        return 1024, 16384
+    if gpu.cuda_total_bytes >= 70 * GiB and "a100" not in gpu.name.lower():
+        return 1024, 8192
+    return 256, 2048
+
+
+def default_block_size(model: ModelSpec, gpu: GpuSpec, requested: int | None) -> int:
+    """The block size vLLM uses: MLA backends force theirs (FlashMLA 64, CUTLASS MLA 128)."""
+    if model.is_mla and gpu.compute_capability[0] >= 10:
+        return 128
+    if model.is_mla and gpu.compute_capability[0] == 9:
+        return 64
+    return requested or 16
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, model: ModelSpec) -> float:
@@ -339,58 +355,36 @@ def kv_cache_groups(model: ModelSpec) -> list[_Group]:
     return groups
 
 
-def _blocks_per_request(
-    model: ModelSpec,
-    group: _Group,
-    max_model_len: int,
-    block_size: int,
-    max_num_batched_tokens: int,
+def _group_blocks(
+    model: ModelSpec, kind: AttentionKind, max_model_len: int, block_size: int, in_flight: int
 ) -> int:
-    if group.kind is AttentionKind.SLIDING and model.sliding_window:
-        tokens = min(model.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+    """Blocks one max-length request needs in one group (vLLM's max_memory_usage_bytes / page)."""
+    if kind is AttentionKind.SLIDING and model.sliding_window:
+        tokens = min(model.sliding_window - 1 + in_flight, max_model_len)
         return -(-tokens // block_size) + 1
     return -(-max_model_len // block_size)
 
 
-def _max_concurrency(
-    model: ModelSpec,
-    groups: list[_Group],
-    num_blocks: int,
-    max_model_len: int,
-    block_size: int,
-    max_num_batched_tokens: int,
-) -> float:
-    """vLLM's get_max_concurrency_for_kv_cache_config, in blocks of one group."""
-    layers_per_group = max(g.num_layers for g in groups)
-    kinds = {g.kind for g in groups}
-    per_request = 0
-    for kind in kinds:
-        per_request += _blocks_per_request(
-            model,
-            _Group(kind=kind, num_layers=layers_per_group),
-            max_model_len,
-            block_size,
-            max_num_batched_tokens,
-        )
-    return num_blocks / per_request if per_request else 0.0
+def _blocks_per_request(
+    model: ModelSpec, groups: list[_Group], max_model_len: int, block_size: int, in_flight: int
+) -> int:
+    """Blocks of the shared pool one max-length request needs, summed over groups."""
+    return sum(_group_blocks(model, g.kind, max_model_len, block_size, in_flight) for g in groups)
 
 
 def _request_bytes(
-    model: ModelSpec,
     groups: list[_Group],
     page: int,
+    model: ModelSpec,
     max_model_len: int,
     block_size: int,
-    max_num_batched_tokens: int,
+    in_flight: int,
 ) -> int:
-    """KV bytes one request of max_model_len tokens needs (vLLM's max_memory_usage_bytes)."""
-    total = 0
-    for group in groups:
-        blocks = _blocks_per_request(
-            model, group, max_model_len, block_size, max_num_batched_tokens
-        )
-        total += blocks * page * group.num_layers
-    return total
+    """KV bytes one request of max_model_len tokens needs, over every layer."""
+    return sum(
+        _group_blocks(model, g.kind, max_model_len, block_size, in_flight) * page * g.num_layers
+        for g in groups
+    )
 
 
 def _estimate_max_model_len(
@@ -400,14 +394,13 @@ def _estimate_max_model_len(
     block_size: int,
     kv_bytes: int,
     upper: int,
-    max_num_batched_tokens: int,
+    in_flight: int,
 ) -> int:
-    """Largest max_model_len whose one request fits, by binary search as vLLM does."""
+    """Largest max_model_len whose one request fits (0 if none), by binary search as vLLM does."""
     lo, hi, best = 1, upper, 0
     while lo <= hi:
         mid = (lo + hi) // 2
-        need = _request_bytes(model, groups, page, mid, block_size, max_num_batched_tokens)
-        if need <= kv_bytes:
+        if _request_bytes(groups, page, model, mid, block_size, in_flight) <= kv_bytes:
             best, lo = mid, mid + 1
         else:
             hi = mid - 1
@@ -415,10 +408,6 @@ def _estimate_max_model_len(
 
 
 # --- the plan ---------------------------------------------------------------------------
-
-
-def _gib(value: float) -> float:
-    return round(value / GiB, 2)
 
 
 def plan(
@@ -432,19 +421,20 @@ def plan(
     params = params.checked()
     version = version or VllmVersion.current()
     tp = params.tensor_parallel_size
-    default_seqs, default_tokens = default_limits(gpu)
-    derived_len = model.max_position_embeddings
-    max_model_len = params.max_model_len or derived_len
-    max_num_seqs = params.max_num_seqs or default_seqs
+    utilization = params.gpu_memory_utilization or version.default_gpu_memory_utilization
+    default_seqs, default_tokens = default_limits(gpu, version)
+    max_model_len = params.max_model_len or model.max_position_embeddings
     max_num_batched_tokens = params.max_num_batched_tokens or (
         default_tokens if params.enable_chunked_prefill else max(max_model_len, default_tokens)
     )
-    block_size = params.block_size or (64 if model.is_mla else 16)
+    # A defaulted max_num_seqs is capped at max_num_batched_tokens.
+    max_num_seqs = params.max_num_seqs or min(default_seqs, max_num_batched_tokens)
+    block_size = default_block_size(model, gpu, params.block_size)
     total = (
         calibration.total_bytes if calibration and calibration.total_bytes else gpu.cuda_total_bytes
     )
     free = total - params.other_process_bytes
-    requested = math.ceil(total * params.gpu_memory_utilization)
+    requested = math.ceil(total * utilization)
 
     weights = weights_bytes(model, tp, params.cpu_offload_gb)
     activation = activation_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
@@ -455,14 +445,12 @@ def plan(
             calibration,
             model,
             tp,
-            params,
-            requested,
+            params.cpu_offload_gb,
+            utilization,
+            total,
             max_num_batched_tokens,
             max_num_seqs,
-            weights,
-            activation,
-            non_torch,
-            graphs,
+            (weights, activation, non_torch, graphs),
             version,
         )
     graphs_in_budget = graphs if version.cudagraph_in_budget else 0
@@ -474,11 +462,14 @@ def plan(
     groups = kv_cache_groups(model)
     page = page_size_bytes(model, block_size, params.kv_cache_dtype, tp)
     layers_per_group = max(g.num_layers for g in groups)
-    num_blocks = max(int(kv_bytes // page // layers_per_group), 0) if kv_bytes > 0 else 0
-    tokens = num_blocks // len(groups) * block_size
-    concurrency = _max_concurrency(
-        model, groups, num_blocks, max_model_len, block_size, max_num_batched_tokens
-    )
+    num_blocks = int(kv_bytes // page // layers_per_group) if kv_bytes > 0 else 0
+    in_flight = max_num_batched_tokens * (2 if version.at_least(SLIDING_WINDOW_IN_FLIGHT) else 1)
+    per_request = _blocks_per_request(model, groups, max_model_len, block_size, in_flight)
+    concurrency = num_blocks / per_request
+    if version.at_least(TOKENS_FROM_CONCURRENCY):
+        tokens = int(concurrency * max_model_len)
+    else:
+        tokens = num_blocks // len(groups) * block_size
 
     sized = MemoryPlan(
         fits=True,
@@ -506,8 +497,12 @@ def plan(
         block_size=block_size,
         kv_cache_dtype=params.kv_cache_dtype,
         tensor_parallel_size=tp,
+        gpu_memory_utilization=utilization,
     )
-    failure, estimated = _first_failure(model, gpu, params, version, sized, groups, derived_len)
+    failure = _invalid_configuration(model, gpu, params, version, sized)
+    estimated = None
+    if failure is None:
+        failure, estimated = _memory_failure(model, version, sized, groups, in_flight)
     if failure is None:
         return sized
     return sized.model_copy(
@@ -519,182 +514,102 @@ def _apply_calibration(
     cal: Calibration,
     model: ModelSpec,
     tp: int,
-    params: ServingParams,
-    requested: int,
+    cpu_offload_gb: float,
+    utilization: float,
+    total: int,
     max_num_batched_tokens: int,
     max_num_seqs: int,
-    weights: int,
-    activation: int,
-    non_torch: int,
-    graphs: int,
+    predicted: tuple[int, int, int, int],
     version: VllmVersion,
 ) -> tuple[int, int, int, int]:
-    """Replace predicted components by measured ones.
+    """Replace predicted (weights, activation, non-torch, graphs) by measured ones.
 
-    A log that gives the components (weights, activation, non-torch) replaces each.
-    A log that gives only the weights and the KV memory fixes their sum: the rest of
-    the budget (activation plus non-torch, and CUDA graphs where counted) is
-    taken as measured. Activation measured at other batch limits is shifted by the
-    model's predicted difference.
+    A log that gives the components replaces each. A log that gives only the
+    weights and the KV memory fixes the rest of the budget: activation plus
+    non-torch is taken as measured (split as the model splits it). Activation
+    measured at other batch limits is shifted by the model's predicted difference.
     """
+    weights, activation, non_torch, graphs = predicted
     if cal.weights_bytes is not None:
-        offloaded = int(params.cpu_offload_gb * 1e9)
-        weights = max(cal.weights_bytes - offloaded, 0)
+        weights = max(cal.weights_bytes - int(cpu_offload_gb * 1e9), 0)
     if cal.cudagraph_bytes is not None:
         graphs = cal.cudagraph_bytes
     shift = 0
     if cal.max_num_batched_tokens and cal.max_num_seqs:
-        shift = activation - activation_bytes(
-            model, tp, cal.max_num_batched_tokens, cal.max_num_seqs
-        )
+        at_log = activation_bytes(model, tp, cal.max_num_batched_tokens, cal.max_num_seqs)
+        shift = activation - at_log
     if cal.activation_bytes is not None and cal.non_torch_bytes is not None:
         return weights, cal.activation_bytes + shift, cal.non_torch_bytes, graphs
     if cal.available_kv_bytes is not None and cal.weights_bytes is not None:
-        util = cal.gpu_memory_utilization or params.gpu_memory_utilization
-        total = cal.total_bytes or int(requested / params.gpu_memory_utilization)
-        cal_requested = total * util
+        cal_requested = (cal.total_bytes or total) * (cal.gpu_memory_utilization or utilization)
         in_budget = (
             cal.cudagraph_in_budget
             if cal.cudagraph_in_budget is not None
-            else (version.cudagraph_in_budget)
+            else version.cudagraph_in_budget
         )
-        graph_part = graphs if in_budget else 0
-        measured = cal_requested - cal.available_kv_bytes - cal.weights_bytes - graph_part
-        # Keep the model's split between activation and non-torch; the sum is measured.
-        return weights, int(measured - non_torch) + shift, non_torch, graphs
+        rest = (
+            cal_requested
+            - cal.available_kv_bytes
+            - cal.weights_bytes
+            - (graphs if in_budget else 0)
+        )
+        return weights, int(rest - non_torch) + shift, non_torch, graphs
     return weights, activation + shift, non_torch, graphs
 
 
-def _first_failure(
-    model: ModelSpec,
-    gpu: GpuSpec,
-    params: ServingParams,
-    version: VllmVersion,
-    p: MemoryPlan,
-    groups: list[_Group],
-    derived_len: int,
+def _invalid_configuration(
+    model: ModelSpec, gpu: GpuSpec, params: ServingParams, version: VllmVersion, p: MemoryPlan
+) -> StartupFailure | None:
+    """Checks vLLM makes on its flags and config before touching the GPU, in its order."""
+    choices = version.block_size_choices
+    if params.block_size is not None and choices is not None and params.block_size not in choices:
+        return msg.invalid_choice("--block-size", params.block_size, choices)
+    tp = params.tensor_parallel_size
+    if params.max_model_len is not None and p.max_model_len > model.max_position_embeddings:
+        return msg.max_model_len_above_derived(p.max_model_len, model.max_position_embeddings)
+    if (
+        params.max_num_seqs is not None
+        and params.max_num_batched_tokens is not None
+        and p.max_num_batched_tokens < p.max_num_seqs
+    ):
+        return msg.batched_tokens_below_seqs(p.max_num_batched_tokens, p.max_num_seqs)
+    if not params.enable_chunked_prefill and p.max_num_batched_tokens < p.max_model_len:
+        return msg.batched_tokens_below_model_len(p.max_num_batched_tokens, p.max_model_len)
+    if model.num_attention_heads % tp:
+        return msg.heads_not_divisible(model.num_attention_heads, tp)
+    if params.kv_cache_dtype not in gpu.kv_cache_dtypes and params.kv_cache_dtype.startswith("fp8"):
+        return msg.kv_dtype_unsupported(params.kv_cache_dtype, gpu.name, gpu.compute_capability)
+    if not model.is_mla and p.block_size % 16:
+        return msg.block_size_not_multiple_of_16()
+    return None
+
+
+def _memory_failure(
+    model: ModelSpec, version: VllmVersion, p: MemoryPlan, groups: list[_Group], in_flight: int
 ) -> tuple[StartupFailure | None, int | None]:
-    """The first failure vLLM would hit, in the order vLLM checks, with its message."""
-    invalid = _invalid_configuration(model, gpu, params, version, p, derived_len)
-    if invalid is not None:
-        return invalid, None
-    total, free, requested = p.total_bytes, p.free_bytes, p.requested_bytes
-    weights, kv_bytes = p.weights_bytes, p.kv_cache_bytes
-    if free < requested:
-        return StartupFailure(
-            kind=StartupFailureKind.BUDGET_ABOVE_FREE_MEMORY,
-            message=(
-                f"ValueError: Free memory on device ({_gib(free)}/{_gib(total)} GiB) on startup "
-                f"is less than desired GPU memory utilization "
-                f"({params.gpu_memory_utilization}, {_gib(requested)} GiB). Decrease GPU memory "
-                "utilization or reduce GPU memory used by other processes."
-            ),
+    """The first memory failure vLLM would hit at startup, in the order it checks."""
+    if p.free_bytes < p.requested_bytes:
+        return msg.budget_above_free(
+            version, p.free_bytes, p.total_bytes, p.gpu_memory_utilization, p.requested_bytes
         ), None
-    if weights > free:
-        return StartupFailure(
-            kind=StartupFailureKind.WEIGHTS_DO_NOT_FIT,
-            message=(
-                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                f"{_gib(weights - free) * 1024:.2f} MiB. GPU 0 has a total capacity of "
-                f"{_gib(total)} GiB of which {_gib(max(free - weights, 0))} GiB is free."
-            ),
-        ), None
-    if kv_bytes <= 0:
-        return StartupFailure(
-            kind=StartupFailureKind.NO_MEMORY_FOR_CACHE_BLOCKS,
-            message=(
-                "ValueError: No available memory for the cache blocks. Try increasing "
-                "`gpu_memory_utilization` when initializing the engine."
-            ),
-        ), None
-    max_model_len, block_size = p.max_model_len, p.block_size
-    page, tokens = p.page_size_bytes, p.max_num_batched_tokens
-    need = _request_bytes(model, groups, page, max_model_len, block_size, tokens)
-    if need > kv_bytes:
+    if p.weights_bytes > p.free_bytes:
+        return msg.cuda_oom(p.total_bytes, p.free_bytes, p.weights_bytes - p.free_bytes), None
+    if p.kv_cache_bytes <= 0:
+        return msg.no_cache_memory(version), None
+    need = _request_bytes(
+        groups, p.page_size_bytes, model, p.max_model_len, p.block_size, in_flight
+    )
+    if need > p.kv_cache_bytes:
         estimated = _estimate_max_model_len(
-            model, groups, page, block_size, kv_bytes, max_model_len, tokens
+            model,
+            groups,
+            p.page_size_bytes,
+            p.block_size,
+            p.kv_cache_bytes,
+            p.max_model_len,
+            in_flight,
         )
-        return StartupFailure(
-            kind=StartupFailureKind.MAX_MODEL_LEN_DOES_NOT_FIT,
-            message=(
-                f"ValueError: To serve at least one request with the models's max seq len "
-                f"({max_model_len}), ({_gib(need)} GiB KV cache is needed, which is larger than "
-                f"the available KV cache memory ({_gib(kv_bytes)} GiB). Based on the available "
-                f"memory, the estimated maximum model length is {estimated}. Try increasing "
-                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
-                "engine."
-            ),
+        return msg.max_model_len_too_large(
+            version, p.max_model_len, need, p.kv_cache_bytes, estimated
         ), estimated
     return None, None
-
-
-def _invalid_configuration(
-    model: ModelSpec,
-    gpu: GpuSpec,
-    params: ServingParams,
-    version: VllmVersion,
-    p: MemoryPlan,
-    derived_len: int,
-) -> StartupFailure | None:
-    max_num_seqs, tokens = p.max_num_seqs, p.max_num_batched_tokens
-    max_model_len, block_size = p.max_model_len, p.block_size
-    tp = params.tensor_parallel_size
-    invalid = StartupFailureKind.INVALID_CONFIGURATION
-    if model.num_attention_heads % tp:
-        return StartupFailure(
-            kind=invalid,
-            message=(
-                f"ValueError: Total number of attention heads ({model.num_attention_heads}) must "
-                f"be divisible by tensor parallel size ({tp})."
-            ),
-        )
-    if params.max_model_len is not None and max_model_len > derived_len:
-        return StartupFailure(
-            kind=invalid,
-            message=(
-                f"ValueError: User-specified max_model_len ({max_model_len}) is greater than the "
-                f"derived max_model_len (max_position_embeddings={derived_len} or model_max_length"
-                f"=None in model's config.json). To allow overriding this maximum, set the env var "
-                "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with "
-                "extreme caution. If the model uses relative position encoding (RoPE), positions "
-                "exceeding derived_max_model_len lead to nan. If the model uses absolute position "
-                "encoding, positions exceeding derived_max_model_len will cause a CUDA array "
-                "out-of-bounds error."
-            ),
-        )
-    if tokens < max_num_seqs:
-        return StartupFailure(
-            kind=invalid,
-            message=(
-                f"ValueError: max_num_batched_tokens ({tokens}) must be greater than or equal to "
-                f"max_num_seqs ({max_num_seqs})."
-            ),
-        )
-    if not params.enable_chunked_prefill and tokens < max_model_len:
-        return StartupFailure(
-            kind=invalid,
-            message=(
-                f"ValueError: max_num_batched_tokens ({tokens}) is smaller than max_model_len "
-                f"({max_model_len}). This effectively limits the maximum sequence length to "
-                "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
-                "max_num_batched_tokens or decrease max_model_len."
-            ),
-        )
-    if model.is_mla and block_size != 64 and version.key >= (0, 10):
-        return StartupFailure(
-            kind=StartupFailureKind.BLOCK_SIZE_UNSUPPORTED,
-            message=(
-                f"ValueError: Block size {block_size} is not supported by the MLA attention "
-                "backend on this GPU (FlashMLA requires block size 64)."
-            ),
-        )
-    if params.kv_cache_dtype not in gpu.kv_cache_dtypes and params.kv_cache_dtype != "bfloat16":
-        return StartupFailure(
-            kind=StartupFailureKind.KV_CACHE_DTYPE_UNSUPPORTED,
-            message=(
-                f"ValueError: kv_cache_dtype {params.kv_cache_dtype!r} is not supported on "
-                f"{gpu.name} (compute capability {gpu.compute_capability[0]}."
-                f"{gpu.compute_capability[1]}); supported: {', '.join(gpu.kv_cache_dtypes)}."
-            ),
-        )
-    return None

@@ -38,7 +38,7 @@ def format_plan(p: MemoryPlan) -> str:
         f"result           {status}",
     ]
     if p.failure is not None:
-        lines.append(f"vLLM would say    {p.failure.message}")
+        lines.append(f"vLLM would say    {p.failure.error_type}: {p.failure.message}")
     return "\n".join(lines)
 
 

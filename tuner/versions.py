@@ -1,7 +1,10 @@
 """The vLLM versions the tuner can emulate, and what changed between them.
 
 Only behaviour the tuner depends on is recorded: how startup memory is
-accounted, which flags exist, and the defaults the OpenAI server applies.
+accounted and logged, which flags exist, and the defaults the OpenAI server
+applies. Each boundary was read in the released vLLM wheels (see the README's
+design notes); where a change landed between two releases that were not both
+read, the later one is given.
 """
 
 from __future__ import annotations
@@ -13,16 +16,30 @@ from pydantic import BaseModel, ConfigDict
 from tuner.errors import UnknownVersionError
 
 OLDEST_SUPPORTED = (0, 10)
-CURRENT_RELEASE = (0, 19)
-# `--swap-space` is an unrecognized argument from this release on.
-SWAP_SPACE_REMOVED = (0, 18)
-# From this release vLLM profiles CUDA-graph memory before sizing the KV cache and
-# subtracts it; 0.10 and 0.11 captured graphs after the KV cache was allocated.
-CUDAGRAPH_IN_BUDGET = (0, 12)
+CURRENT_RELEASE = (0, 33)
+
+# Each boundary is the first release with the new behaviour.
+SWAP_SPACE_REMOVED = (0, 18)  # `--swap-space` is an unrecognized argument
+BLOCK_SIZE_256_ACCEPTED = (0, 11, 2)  # argparse choices gain 256
+BLOCK_SIZE_ANY_INT = (0, 18)  # --block-size is a plain positive int, no choices
+KV_CACHE_MEMORY_BYTES_FLAG = (0, 10, 2)
+CUDAGRAPH_IN_BUDGET = (0, 20)  # CUDA-graph estimate subtracted from the KV budget
+DEFAULT_UTILIZATION_092 = (0, 20)  # default gpu_memory_utilization 0.9 -> 0.92
+TOKENS_FROM_CONCURRENCY = (0, 21)  # "GPU KV cache size" = int(max_concurrency * max_model_len)
+DOCS_LINK_IN_KV_ERRORS = (0, 13)
+FORMAT_GIB = (0, 14)  # "cuda:0" in the free-memory error; "%s GiB" without padding
+MODEL_S_TYPO_FIXED = (0, 25)  # "models's" -> "model's"; CPU-backend note in KV errors
+SLIDING_WINDOW_IN_FLIGHT = (0, 26)  # sliding-window need uses 2 x max_num_batched_tokens
+COMBINED_KV_LOG_LINE = (0, 28)  # one "GPU KV cache size: ..., Maximum concurrency ..." line
+BIG_GPU_TIER = (0, 28)  # >= 160 GiB GPUs default to 16384 batched tokens
+STARTING_SERVER_LINE = (
+    0,
+    33,
+)  # "Starting vLLM server on" (before: "Starting vLLM API server 0 on")
 
 
 class VllmVersion(BaseModel):
-    """A vLLM release as (major, minor[, patch]) with the traits the tuner needs."""
+    """A vLLM release as (major, minor, patch) with the traits the tuner needs."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -31,16 +48,32 @@ class VllmVersion(BaseModel):
     patch: int = 0
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (self.major, self.minor)
+    def key(self) -> tuple[int, int, int]:
+        return (self.major, self.minor, self.patch)
+
+    def at_least(self, boundary: tuple[int, ...]) -> bool:
+        return self.key >= tuple(boundary) + (0,) * (3 - len(boundary))
 
     @property
     def has_swap_space(self) -> bool:
-        return self.key < SWAP_SPACE_REMOVED
+        return not self.at_least(SWAP_SPACE_REMOVED)
 
     @property
     def cudagraph_in_budget(self) -> bool:
-        return self.key >= CUDAGRAPH_IN_BUDGET
+        return self.at_least(CUDAGRAPH_IN_BUDGET)
+
+    @property
+    def default_gpu_memory_utilization(self) -> float:
+        return 0.92 if self.at_least(DEFAULT_UTILIZATION_092) else 0.9
+
+    @property
+    def block_size_choices(self) -> tuple[int, ...] | None:
+        """argparse choices for --block-size; None once any positive int is accepted."""
+        if self.at_least(BLOCK_SIZE_ANY_INT):
+            return None
+        if self.at_least(BLOCK_SIZE_256_ACCEPTED):
+            return (1, 8, 16, 32, 64, 128, 256)
+        return (1, 8, 16, 32, 64, 128)
 
     def __str__(self) -> str:
         return f"{self.major}.{self.minor}.{self.patch}"
@@ -54,7 +87,7 @@ class VllmVersion(BaseModel):
                 f"vLLM version {text!r} is not a version number; give X.Y or X.Y.Z ({supported})"
             )
         version = cls(major=int(match[1]), minor=int(match[2]), patch=int(match[3] or 0))
-        if not (OLDEST_SUPPORTED <= version.key <= CURRENT_RELEASE):
+        if not (OLDEST_SUPPORTED <= (version.major, version.minor) <= CURRENT_RELEASE):
             raise UnknownVersionError(
                 f"vLLM version {text!r} is not emulated; supported versions: {supported}"
             )

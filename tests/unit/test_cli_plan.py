@@ -45,7 +45,8 @@ def test_plan_json_reports_a_failure_with_kind_and_message() -> None:
     data = json.loads(out.stdout)
     assert data["fits"] is False
     assert data["failure"]["kind"] in {"no_memory_for_cache_blocks", "max_model_len_does_not_fit"}
-    assert data["failure"]["message"].startswith("ValueError:")
+    assert data["failure"]["error_type"] == "ValueError"
+    assert "gpu_memory_utilization" in data["failure"]["message"]
 
 
 def test_plan_table_is_readable() -> None:

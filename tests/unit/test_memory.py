@@ -49,12 +49,15 @@ def test_blocks_and_tokens_follow_from_the_kv_budget() -> None:
     assert p.kv_cache_bytes == expected_kv  # 0.10 does not subtract CUDA graphs
 
 
-def test_cudagraph_memory_is_in_the_budget_from_0_12() -> None:
-    old = plan(LLAMA, H100, ServingParams(), VllmVersion.parse("0.11"))
-    new = plan(LLAMA, H100, ServingParams(), VllmVersion.parse("0.12"))
+def test_cudagraph_memory_is_in_the_budget_from_0_20() -> None:
+    same = ServingParams(gpu_memory_utilization=0.9)
+    old = plan(LLAMA, H100, same, VllmVersion.parse("0.19"))
+    new = plan(LLAMA, H100, same, VllmVersion.parse("0.20"))
     assert new.cudagraph_bytes > 0
     assert old.kv_cache_bytes - new.kv_cache_bytes == new.cudagraph_bytes
-    eager = plan(LLAMA, H100, ServingParams(enforce_eager=True), VllmVersion.parse("0.12"))
+    eager = plan(
+        LLAMA, H100, same.model_copy(update={"enforce_eager": True}), VllmVersion.parse("0.20")
+    )
     assert eager.cudagraph_bytes == 0 and eager.kv_cache_bytes > new.kv_cache_bytes
 
 
@@ -102,8 +105,14 @@ def test_budget_above_free_memory_fails_with_vllms_message() -> None:
     p = plan(LLAMA, H100, ServingParams(other_process_bytes=20 * GiB), V10)
     assert not p.fits and p.failure is not None
     assert p.failure.kind is StartupFailureKind.BUDGET_ABOVE_FREE_MEMORY
-    assert p.failure.message.startswith("ValueError: Free memory on device (59.19/79.19 GiB)")
+    assert p.failure.error_type == "ValueError"
+    assert p.failure.message.startswith("Free memory on device (59.19/79.19 GiB) on startup")
     assert "desired GPU memory utilization (0.9, 71.27 GiB)" in p.failure.message
+    # From 0.14 vLLM names the device; 0.20 raised the default utilization to 0.92.
+    current = plan(LLAMA, H100, ServingParams(other_process_bytes=20 * GiB))
+    assert current.failure is not None
+    assert current.failure.message.startswith("Free memory on device cuda:0 (59.19/79.19 GiB)")
+    assert "(0.92, 72.85 GiB)" in current.failure.message
 
 
 def test_weights_that_do_not_fit_the_device() -> None:
@@ -169,12 +178,6 @@ def test_max_model_len_that_does_not_fit_gives_the_estimated_maximum() -> None:
             "A100-80GB",
             StartupFailureKind.KV_CACHE_DTYPE_UNSUPPORTED,
         ),
-        (
-            ServingParams(block_size=16),
-            "deepseek-v2-lite",
-            "H100-80GB",
-            StartupFailureKind.BLOCK_SIZE_UNSUPPORTED,
-        ),
     ],
 )
 def test_invalid_configurations_are_named(
@@ -182,7 +185,26 @@ def test_invalid_configurations_are_named(
 ) -> None:
     p = plan(resolve_model(model), get_gpu(gpu), params, V10)
     assert p.failure is not None and p.failure.kind is kind
-    assert p.failure.message.startswith("ValueError: ")
+    assert p.failure.message and p.failure.error_type
+
+
+def test_block_size_rules_follow_the_release() -> None:
+    odd = ServingParams(block_size=24)
+    old = plan(LLAMA, H100, odd, V10).failure
+    assert old is not None and old.error_type == "argparse"
+    assert old.message == (
+        "argument --block-size: invalid choice: 24 (choose from 1, 8, 16, 32, 64, 128)"
+    )
+    new = plan(LLAMA, H100, odd).failure
+    assert new is not None and new.kind is StartupFailureKind.BLOCK_SIZE_UNSUPPORTED
+    assert new.message == "Block size must be a multiple of 16."
+    assert plan(LLAMA, H100, ServingParams(block_size=48)).fits
+
+
+def test_mla_backends_force_their_block_size() -> None:
+    ds = resolve_model("deepseek-v2-lite")
+    assert plan(ds, H100, ServingParams(block_size=16)).block_size == 64
+    assert plan(ds, get_gpu("B200-180GB"), ServingParams(block_size=16)).block_size == 128
 
 
 @pytest.mark.parametrize(
@@ -191,7 +213,7 @@ def test_invalid_configurations_are_named(
         (ServingParams(gpu_memory_utilization=0.0), "--gpu-memory-utilization 0.0"),
         (ServingParams(gpu_memory_utilization=1.01), "--gpu-memory-utilization 1.01"),
         (ServingParams(max_num_seqs=-1), "--max-num-seqs -1"),
-        (ServingParams(block_size=24), "--block-size 24"),
+        (ServingParams(block_size=0), "--block-size 0"),
         (ServingParams(kv_cache_dtype="int3"), "--kv-cache-dtype 'int3'"),
         (ServingParams(cpu_offload_gb=-2), "--cpu-offload-gb -2"),
     ],
