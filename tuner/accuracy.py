@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from tuner.errors import ConfigError, UnknownGpuError
 from tuner.gpus import GiB, GpuSpec, get_gpu
 from tuner.memory import MemoryPlan, ServingParams, plan
-from tuner.models import ModelSpec
+from tuner.models import ModelSpec, Quantization
 from tuner.versions import VllmVersion
 from tuner.vllm_log import calibration_from_report, parse_startup_log
 
@@ -43,9 +43,13 @@ class LogCase(BaseModel):
     kv_cache_dtype: str = "auto"
     block_size: int | None = None
     enforce_eager: bool = False
+    # Weights quantized by vLLM at load time (``--quantization fp8``), if any.
+    quantization: str | None = None
     logged: dict[str, Any]
     model_config_: dict[str, Any]
     note: str | None = None
+    # Integrated GPUs share memory with the CPU: their budget is not a GPU's.
+    unified_memory: bool = False
 
 
 class AccuracyRow(BaseModel):
@@ -111,6 +115,10 @@ def _params(case: LogCase) -> ServingParams:
 
 def predict(case: LogCase, log_dir: Path, *, calibrated: bool) -> MemoryPlan:
     model = ModelSpec.from_hf_config(case.model_config_, name=case.model, source=case.file)
+    if case.quantization and model.quantization is Quantization.NONE:
+        model = model.model_copy(
+            update={"quantization": Quantization.from_method(case.quantization)}
+        )
     version = VllmVersion.parse(case.vllm_version)
     calibration = None
     if calibrated:

@@ -66,6 +66,18 @@ class Quantization(StrEnum):
     AWQ = "awq"
     GPTQ = "gptq"
 
+    @classmethod
+    def from_method(cls, method: str) -> Quantization:
+        """vLLM's ``--quantization`` / ``quant_method`` names, kernels variants included."""
+        name = method.strip().lower()
+        if name in {"fp8", "fbgemm_fp8", "modelopt", "ptpc_fp8"}:
+            return cls.FP8
+        if name in {"awq", "awq_marlin"}:
+            return cls.AWQ
+        if name in {"gptq", "gptq_marlin"}:
+            return cls.GPTQ
+        return cls.NONE
+
     @property
     def linear_bytes_per_param(self) -> float | None:
         """Bytes per weight of a quantized linear layer (None: the model dtype)."""
@@ -186,21 +198,18 @@ def _layer_kinds(
 
 
 def _quantization(config: dict[str, Any]) -> Quantization:
-    qcfg = config.get("quantization_config") or {}
+    qcfg = config.get("quantization_config")
+    if not isinstance(qcfg, dict):
+        return Quantization.NONE
     method = str(qcfg.get("quant_method", "")).lower()
-    if method in {"fp8", "fbgemm_fp8", "modelopt"}:
-        return Quantization.FP8
-    if method in {"awq", "awq_marlin"}:
-        return Quantization.AWQ
-    if method in {"gptq", "gptq_marlin"}:
-        return Quantization.GPTQ
     if method == "compressed-tensors":
         text = json.dumps(qcfg).lower()
         if '"num_bits": 4' in text:
             return Quantization.GPTQ
         if '"num_bits": 8' in text and '"type": "float"' in text:
             return Quantization.FP8
-    return Quantization.NONE
+        return Quantization.NONE
+    return Quantization.from_method(method)
 
 
 def _spec_from_config(

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import UnknownVersionError
 
-OLDEST_SUPPORTED = (0, 10)
+OLDEST_SUPPORTED = (0, 9)  # the V1 engine; 0.9 accounts memory as 0.10 does
 CURRENT_RELEASE = (0, 33)
 
 # Each boundary is the first release with the new behaviour.

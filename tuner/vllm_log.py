@@ -51,6 +51,16 @@ RE_USAGE_DETAIL = re.compile(
     rf"is \({_NUM}, {_NUM} GiB\)\. Actual usage is {_NUM} GiB for weight, {_NUM} GiB for peak "
     rf"activation, {_NUM} GiB for non-torch memory, and {_NUM} GiB for CUDAGraph memory"
 )
+RE_CONSUMED_DETAIL = re.compile(
+    rf"Free memory on device \({_NUM}/{_NUM} GiB\) on startup\. Desired GPU memory utilization "
+    rf"is \({_NUM}, {_NUM} GiB\)\. Actual usage is {_NUM} GiB for consumed memory "
+    rf"\(weights \+ non-torch\), {_NUM} GiB for peak activation, and {_NUM} GiB for CUDAGraph memory"
+)
+RE_PROFILE_RESULT = re.compile(
+    rf"Total non KV cache memory: {_NUM}\s*GiB; torch peak memory increase: {_NUM}\s*GiB; "
+    rf"non-torch forward increase memory: {_NUM}\s*GiB; weights memory: {_NUM}\s*GiB"
+)
+RE_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 RE_NON_DEFAULT_ARGS = re.compile(r"non-default args:\s*(\{.*\})\s*$")
 RE_ENGINE_CONFIG = re.compile(r"with config:\s*(.*)$")
 RE_READY = re.compile(r"Application startup complete\.|Starting vLLM API server")
@@ -124,7 +134,8 @@ def parse_startup_log(text: str) -> StartupReport:
         if key not in found and value is not None:
             found[key] = value
 
-    for line in text.splitlines():
+    for raw in text.splitlines():
+        line = RE_ANSI.sub("", raw)
         if m := RE_VERSION.search(line):
             once("vllm_version", m[1])
         if m := RE_WEIGHTS.search(line):
@@ -157,6 +168,15 @@ def parse_startup_log(text: str) -> StartupReport:
             once("activation_bytes", _gib_bytes(m[6]))
             once("non_torch_bytes", _gib_bytes(m[7]))
             once("cudagraph_estimate_bytes", _gib_bytes(m[8]))
+        if m := RE_CONSUMED_DETAIL.search(line):
+            once("total_bytes", _gib_bytes(m[2]))
+            once("gpu_memory_utilization", float(m[3]))
+            once("activation_bytes", _gib_bytes(m[6]))
+            once("cudagraph_estimate_bytes", _gib_bytes(m[7]))
+        if m := RE_PROFILE_RESULT.search(line):
+            once("activation_bytes", _gib_bytes(m[2]))
+            once("non_torch_bytes", _gib_bytes(m[3]))
+            once("weights_bytes", _gib_bytes(m[4]))
         if m := RE_NON_DEFAULT_ARGS.search(line):
             args = _literal_dict(m[1])
             for key in (
