@@ -57,6 +57,9 @@ NON_TORCH_PER_EXTRA_RANK_BYTES = int(0.25 * GiB)  # NCCL and custom all-reduce b
 NON_TORCH_TP_BASE_BYTES = int(0.80 * GiB)
 CUDAGRAPH_BASE_BYTES = int(0.15 * GiB)
 CUDAGRAPH_PER_LAYER_BYTES = 6 * MiB
+# What must still be free once the KV cache is allocated: vLLM's own 150 MiB
+# allowance for allocator slack, sampler warm-up and graph-pool growth.
+RUNTIME_RESERVE_BYTES = 150 * MiB
 
 
 class ServingParams(BaseModel):
@@ -612,4 +615,19 @@ def _memory_failure(
         return msg.max_model_len_too_large(
             version, p.max_model_len, need, p.kv_cache_bytes, estimated
         ), estimated
+    left = runtime_headroom_bytes(p)
+    if left < RUNTIME_RESERVE_BYTES:
+        graphs_after = 0 if version.cudagraph_in_budget else p.cudagraph_bytes
+        wanted = graphs_after + RUNTIME_RESERVE_BYTES
+        return msg.cuda_oom_after_kv_cache(p.total_bytes, left + graphs_after, wanted), None
     return None, None
+
+
+def runtime_headroom_bytes(p: MemoryPlan) -> int:
+    """Device memory left once the engine is up: KV cache allocated, CUDA graphs captured.
+
+    From 0.20 the graphs come out of the budget, so this is the memory beyond it;
+    before, the graphs were captured on top of the budget and eat into it.
+    """
+    used = p.weights_bytes + p.activation_bytes + p.non_torch_bytes + p.kv_cache_bytes
+    return p.free_bytes - used - p.cudagraph_bytes

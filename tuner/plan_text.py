@@ -47,7 +47,7 @@ def format_sweep(result: SweepResult) -> str:
         f"{'--' + result.knob.value:>26}  {'starts':>6}  {'KV tokens':>12}  {'concurrency':>11}  failure"
     ]
     for point in result.points:
-        mark = " <- edge" if result.edge is not None and point.value == result.edge else ""
+        mark = " <- edge" if point.value in (result.edge, result.upper_edge) else ""
         lines.append(
             f"{point.value:>26g}  {'yes' if point.fits else 'no':>6}  {point.kv_cache_tokens:>12,}  "
             f"{point.max_concurrency:>10.2f}x  {point.failure_kind or ''}{mark}"

@@ -62,6 +62,8 @@ class SweepResult(BaseModel):
 
     knob: SweepKnob
     edge: float | None
+    # Utilization also has an upper edge: too much leaves no room for CUDA graphs.
+    upper_edge: float | None = None
     edge_plan: MemoryPlan | None
     points: list[SweepPoint]
     note: str
@@ -100,9 +102,19 @@ def sweep(
             update["max_num_batched_tokens"] = max(int(v), default_tokens)
         return plan(model, gpu, params.model_copy(update=update), version, calibration)
 
-    edge = _bisect(at, low, high, step, lowest=knob.edge_is_lowest)
+    upper: float | None = None
+    if knob.edge_is_lowest:
+        # Utilization fails at both ends; a scan at the resolution finds both edges.
+        grid = [round(low + i * step, 6) for i in range(round((high - low) / step) + 1)]
+        starting = [v for v in grid if at(v).fits]
+        edge = starting[0] if starting else None
+        upper = starting[-1] if starting else None
+    else:
+        edge = _bisect(at, low, high, step)
     edge_plan = at(edge) if edge is not None else None
     samples = _sample_values(low, high, edge, points, is_int)
+    if upper is not None:
+        samples = sorted({*samples, upper, min(high, round(upper + step, 6))})
     rows = [
         SweepPoint(
             value=v,
@@ -116,31 +128,23 @@ def sweep(
     if edge is None:
         note = f"no value of --{knob.value} in [{low}, {high}] starts with the other settings"
     elif knob.edge_is_lowest:
-        note = f"lowest --{knob.value} that starts: {edge:g}"
+        note = f"lowest --{knob.value} that starts: {edge:g}; highest: {upper:g}"
     else:
         note = f"largest --{knob.value} that starts: {edge:g}"
-    return SweepResult(knob=knob, edge=edge, edge_plan=edge_plan, points=rows, note=note)
+    return SweepResult(
+        knob=knob, edge=edge, upper_edge=upper, edge_plan=edge_plan, points=rows, note=note
+    )
 
 
 def _bisect(
-    fits_at: Callable[[float], MemoryPlan], low: float, high: float, step: float, *, lowest: bool
+    fits_at: Callable[[float], MemoryPlan], low: float, high: float, step: float
 ) -> float | None:
-    """The edge between failing and fitting, to the step's resolution."""
+    """The largest value that starts, to the step's resolution (starting is monotone)."""
     n = round((high - low) / step)
 
     def ok(i: int) -> bool:
         return fits_at(low + i * step).fits
 
-    if lowest:
-        if not ok(n):
-            return None
-        lo, hi = 0, n
-        if ok(lo):
-            return low
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-        return round(low + hi * step, 6)
     if not ok(0):
         return None
     lo, hi = 0, n

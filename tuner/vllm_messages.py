@@ -9,7 +9,7 @@ whose ``error_type`` is the exception vLLM raises it with.
 from __future__ import annotations
 
 from tuner.failures import StartupFailure, StartupFailureKind
-from tuner.gpus import GiB
+from tuner.gpus import GiB, MiB
 from tuner.versions import (
     DOCS_LINK_IN_KV_ERRORS,
     FORMAT_GIB,
@@ -47,6 +47,18 @@ def cuda_oom(total: int, free: int, wanted: int) -> StartupFailure:
         message=(
             f"CUDA out of memory. Tried to allocate {wanted / GiB:.2f} GiB. GPU 0 has a total "
             f"capacity of {total / GiB:.2f} GiB of which {max(free, 0) / GiB:.2f} GiB is free."
+        ),
+    )
+
+
+def cuda_oom_after_kv_cache(total: int, free: int, wanted: int) -> StartupFailure:
+    """Out of memory once the KV cache is allocated: graph capture or sampler warm-up."""
+    return StartupFailure(
+        kind=StartupFailureKind.CUDA_OOM_WARMUP,
+        error_type="torch.OutOfMemoryError",
+        message=(
+            f"CUDA out of memory. Tried to allocate {wanted / MiB:.2f} MiB. GPU 0 has a total "
+            f"capacity of {total / GiB:.2f} GiB of which {max(free, 0) / MiB:.2f} MiB is free."
         ),
     )
 

@@ -163,3 +163,33 @@ def test_calibrating_log_without_memory_lines(tmp_path: Path) -> None:
     out = tuner("plan", "--model", "llama-3.1-8b", "--gpu", "h100", "--calibrate-from", str(log))
     assert out.returncode == 2
     assert "no vLLM memory summary found" in out.stderr
+
+
+def test_utilization_sweep_reports_both_edges() -> None:
+    out = tuner(
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100",
+        "--vllm-version",
+        "0.11",
+        "--sweep",
+        "gpu-memory-utilization",
+        "--json",
+    )
+    data = json.loads(out.stdout)
+    assert data["edge"] < data["upper_edge"] < 1.0
+    above = tuner(
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100",
+        "--vllm-version",
+        "0.11",
+        "--json",
+        "--gpu-memory-utilization",
+        f"{data['upper_edge'] + 0.01:.2f}",
+    )
+    assert json.loads(above.stdout)["failure"]["kind"] == "cuda_oom_in_warmup_or_graph_capture"

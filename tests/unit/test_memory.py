@@ -254,3 +254,13 @@ def test_calibration_from_available_kv_reproduces_the_logged_budget() -> None:
     # At a higher utilization the extra budget goes to the KV cache one for one.
     higher = plan(LLAMA, H100, ServingParams(gpu_memory_utilization=0.95), V10, cal)
     assert higher.kv_cache_bytes - same.kv_cache_bytes == pytest.approx(0.05 * 79.19 * GiB, abs=8)
+
+
+def test_utilization_too_high_leaves_no_room_after_the_kv_cache() -> None:
+    # 0.11 captures CUDA graphs after allocating the KV cache: 1.0 cannot start.
+    full = plan(LLAMA, H100, ServingParams(gpu_memory_utilization=1.0), VllmVersion.parse("0.11"))
+    assert full.failure is not None
+    assert full.failure.kind is StartupFailureKind.CUDA_OOM_WARMUP
+    assert full.failure.error_type == "torch.OutOfMemoryError"
+    near = plan(LLAMA, H100, ServingParams(gpu_memory_utilization=0.97), VllmVersion.parse("0.11"))
+    assert near.fits
