@@ -1,0 +1,1 @@
+"""The simulated vLLM engine: scheduler, KV blocks, step timing, HTTP front end."""

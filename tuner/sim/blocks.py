@@ -1,0 +1,162 @@
+"""The simulated engine's KV-cache blocks: a pool with hash-chained prefix caching.
+
+As in vLLM V1 (``vllm/v1/core/block_pool.py``): a full block's hash chains the
+parent block's hash with the block's token ids, so two requests sharing a prefix
+share its blocks. Freed blocks that hold a cached prefix stay reusable until the
+pool needs them; which cached block is evicted first is the eviction policy's
+choice (vLLM: least recently used).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict
+from enum import StrEnum
+
+
+class EvictionPolicy(StrEnum):
+    """Which free cached block to reuse first. Only LRU is vLLM's; the rest are what-ifs."""
+
+    LRU = "lru"
+    LFU = "lfu"
+    FIFO = "fifo"
+    TIERED = "tiered"
+
+
+class _Block:
+    __slots__ = ("block_id", "depth", "first_cached_s", "hash", "hits", "last_used_s", "ref_count")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: int | None = None
+        self.hits = 0
+        self.last_used_s = 0.0
+        self.first_cached_s = 0.0
+        self.depth = 0  # position of the block in its prompt (0: the first block)
+
+
+class BlockPool:
+    """Fixed pool of KV blocks; every method is O(1) or O(log n) per block."""
+
+    def __init__(self, num_blocks: int, policy: EvictionPolicy = EvictionPolicy.LRU) -> None:
+        self.num_blocks = num_blocks
+        self.policy = policy
+        self._blocks = [_Block(i) for i in range(num_blocks)]
+        self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))
+        # Free blocks that still hold a cached prefix, in eviction order (LRU / FIFO).
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
+        # LFU / tiered: a heap of (priority..., counter, block_id) with lazy deletion.
+        self._heap: list[tuple[float, float, int, int]] = []
+        self._counter = itertools.count()
+        self._by_hash: dict[int, int] = {}
+        self.cache_queries_tokens = 0
+        self.cache_hits_tokens = 0
+
+    # -- accounting -------------------------------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_plain) + len(self._free_cached)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use, as vLLM's kv_cache_usage_perc (cached free blocks count free)."""
+        return 1.0 - self.num_free / self.num_blocks if self.num_blocks else 0.0
+
+    # -- prefix cache -----------------------------------------------------------------------
+
+    def lookup(self, block_hashes: list[int], now_s: float) -> list[int]:
+        """Longest run of cached blocks for these hashes; the blocks are taken (ref +1)."""
+        found: list[int] = []
+        for h in block_hashes:
+            block_id = self._by_hash.get(h)
+            if block_id is None:
+                break
+            found.append(block_id)
+        for block_id in found:
+            block = self._blocks[block_id]
+            if block.ref_count == 0:
+                self._free_cached.pop(block_id, None)
+            block.ref_count += 1
+            block.hits += 1
+            block.last_used_s = now_s
+        return found
+
+    def cache_block(self, block_id: int, block_hash: int, depth: int, now_s: float) -> None:
+        """Register a block that just became full under its chained hash."""
+        if block_hash in self._by_hash:
+            return
+        block = self._blocks[block_id]
+        block.hash = block_hash
+        block.depth = depth
+        block.first_cached_s = now_s
+        block.last_used_s = now_s
+        self._by_hash[block_hash] = block_id
+
+    # -- allocation -------------------------------------------------------------------------
+
+    def allocate(self, n: int, now_s: float) -> list[int] | None:
+        """n fresh blocks, evicting cached free blocks if needed; None if there are not enough."""
+        if n > self.num_free:
+            return None
+        out: list[int] = []
+        for _ in range(n):
+            block_id = self._free_plain.pop() if self._free_plain else self._evict()
+            block = self._blocks[block_id]
+            block.ref_count = 1
+            block.hits = 0
+            block.last_used_s = now_s
+            out.append(block_id)
+        return out
+
+    def free(self, block_ids: list[int], now_s: float) -> None:
+        """Release a request's blocks; the tail is released first, so it is evicted first."""
+        for block_id in reversed(block_ids):
+            block = self._blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count > 0:
+                continue
+            block.last_used_s = now_s
+            if block.hash is None:
+                self._free_plain.append(block_id)
+            else:
+                self._free_cached[block_id] = None
+                if self.policy is not EvictionPolicy.LRU:
+                    heapq.heappush(
+                        self._heap, (*self._priority(block), next(self._counter), block_id)
+                    )
+
+    def _priority(self, block: _Block) -> tuple[float, float]:
+        if self.policy is EvictionPolicy.FIFO:
+            return block.first_cached_s, 0.0
+        if self.policy is EvictionPolicy.LFU:
+            return float(block.hits), block.last_used_s
+        # Tiered: one-off blocks first (FIFO), then short hot prefixes (LRU), and long
+        # prefixes that were reused (LFU) last.
+        if block.hits == 0:
+            return 0.0, block.first_cached_s
+        if block.depth < 4:
+            return 1.0, block.last_used_s
+        return 2.0 + block.hits, block.last_used_s
+
+    def _evict(self) -> int:
+        if self.policy is not EvictionPolicy.LRU:
+            while self._heap:
+                first, second, _, block_id = heapq.heappop(self._heap)
+                block = self._blocks[block_id]
+                # Entries go stale when a block is reused and freed again: skip those.
+                current = block_id in self._free_cached and self._priority(block) == (first, second)
+                if current:
+                    del self._free_cached[block_id]
+                    break
+            else:  # every entry was stale: fall back to LRU order
+                block_id, _ = self._free_cached.popitem(last=False)
+        else:
+            block_id, _ = self._free_cached.popitem(last=False)
+        block = self._blocks[block_id]
+        if block.hash is not None and self._by_hash.get(block.hash) == block_id:
+            del self._by_hash[block.hash]
+        block.hash = None
+        return block_id

@@ -1,0 +1,67 @@
+"""Build a simulated engine from the same inputs vLLM gets: model, GPU, flags, version.
+
+The memory model decides whether it starts and how many KV blocks it has, so the
+simulator's startup and the `tuner plan` prediction can never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.gpus import GiB, GpuSpec
+from tuner.memory import MemoryPlan, ServingParams, plan, runtime_headroom_bytes
+from tuner.models import ModelSpec
+from tuner.sim.blocks import EvictionPolicy
+from tuner.sim.engine import EngineConfig, SimEngine
+from tuner.sim.timing import StepTimer
+from tuner.versions import VllmVersion
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Engine options beyond the memory flags (names as in ``vllm serve`` where vLLM has them)."""
+
+    enable_prefix_caching: bool = True
+    swap_space_gib: float = 0.0
+    eviction_policy: EvictionPolicy = EvictionPolicy.LRU
+    seed: int = 0
+
+
+def build_engine(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    params: ServingParams,
+    version: VllmVersion,
+    options: SimOptions | None = None,
+) -> tuple[MemoryPlan, SimEngine | None]:
+    """The startup plan, and the engine when the plan says vLLM would start."""
+    options = options or SimOptions()
+    startup = plan(model, gpu, params, version)
+    if not startup.fits:
+        return startup, None
+    bytes_per_block = startup.page_size_bytes * model.num_layers
+    swap_blocks = 0
+    if version.has_swap_space and options.swap_space_gib > 0:
+        swap_blocks = int(options.swap_space_gib * GiB // bytes_per_block)
+    config = EngineConfig(
+        num_gpu_blocks=startup.num_gpu_blocks,
+        block_size=startup.block_size,
+        max_num_seqs=startup.max_num_seqs,
+        max_num_batched_tokens=startup.max_num_batched_tokens,
+        max_model_len=startup.max_model_len,
+        vocab_size=model.vocab_size,
+        enable_prefix_caching=options.enable_prefix_caching,
+        eviction_policy=options.eviction_policy,
+        swap_blocks=swap_blocks,
+        pcie_bytes_per_s=gpu.pcie_bandwidth_bytes_per_s,
+        runtime_headroom_bytes=runtime_headroom_bytes(startup),
+        seed=options.seed,
+    )
+    timer = StepTimer(
+        model,
+        gpu,
+        startup,
+        enforce_eager=params.enforce_eager,
+        cpu_offload_bytes=int(params.cpu_offload_gb * 1e9),
+    )
+    return startup, SimEngine(config, timer)

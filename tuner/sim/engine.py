@@ -1,0 +1,391 @@
+"""The simulated engine: vLLM V1's scheduler over a virtual GPU, independent of any clock.
+
+``SimEngine.step(now_s)`` schedules one batch the way vLLM V1 does and returns
+what it produced and how long it took on the virtual GPU; whoever drives it (the
+HTTP server on the wall clock, ``tuner simulate`` on a virtual clock) decides
+when ``now_s`` is. Scheduling follows ``vllm/v1/core/sched/scheduler.py``:
+
+* running requests first (a decode token each, or their next prefill chunk),
+  then waiting ones, within ``max_num_batched_tokens`` and ``max_num_seqs``;
+* prompts longer than the budget are prefilled in chunks (chunked prefill);
+* KV blocks of ``block_size`` tokens are allocated as tokens are computed; when
+  none is free the newest running request is preempted and recomputed later
+  (or, under an emulated version with ``--swap-space``, swapped to host memory
+  at PCIe speed while the host pool has room);
+* full prompt blocks are cached by chained hash and reused by later requests.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from tuner.sim.blocks import BlockPool, EvictionPolicy
+from tuner.sim.timing import StepTimer, StepWork
+
+
+class RequestStatus(StrEnum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+class FinishReason(StrEnum):
+    LENGTH = "length"
+    STOP = "stop"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request inside the engine, with its timings for metrics."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    arrival_s: float
+    min_tokens: int = 0
+    ignore_eos: bool = True
+    logprobs: int = 0
+    stop_after: int | None = None  # sampled EOS position when ignore_eos is false
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    token_times_s: list[float] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    num_preemptions: int = 0
+    cached_prompt_tokens: int = 0
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_s: float | None = None
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A token a request produced in a step (``token_id`` None when it only finished)."""
+
+    request: SimRequest
+    token_id: int | None
+    finished: bool
+
+
+@dataclass(frozen=True)
+class StepResult:
+    duration_s: float
+    events: list[TokenEvent]
+    num_scheduled_tokens: int
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+    kv_usage: float
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The scheduler's settings, as vLLM resolves them."""
+
+    num_gpu_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    vocab_size: int
+    enable_prefix_caching: bool = True
+    eviction_policy: EvictionPolicy = EvictionPolicy.LRU
+    swap_blocks: int = 0  # host blocks for swapped-out requests (0: recompute)
+    pcie_bytes_per_s: float = 25e9
+    runtime_headroom_bytes: int = 1 << 62  # device memory left while running
+    seed: int = 0
+
+
+class EngineDead(Exception):
+    """The engine hit an unrecoverable error (a CUDA out-of-memory under load)."""
+
+
+def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
+    """Chained hashes of the full blocks of a token sequence, as vLLM's prefix cache keys them."""
+    hashes: list[int] = []
+    parent = 0
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        chunk = token_ids[start : start + block_size]
+        parent = hash((parent, tuple(chunk)))
+        hashes.append(parent)
+    return hashes
+
+
+class SimEngine:
+    """Continuous batching over a pool of KV blocks; one ``step`` is one model forward."""
+
+    def __init__(self, config: EngineConfig, timer: StepTimer) -> None:
+        self.config = config
+        self.timer = timer
+        self.pool = BlockPool(config.num_gpu_blocks, config.eviction_policy)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.requests: dict[str, SimRequest] = {}
+        self.rng = random.Random(config.seed)
+        self.swap_used_blocks = 0
+        self.num_preemptions = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.prefix_queries_tokens = 0
+        self.prefix_hits_tokens = 0
+        self.dead: str | None = None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(self, request: SimRequest) -> None:
+        if self.dead:
+            raise EngineDead(self.dead)
+        if not request.ignore_eos and request.stop_after is None:
+            low = max(request.min_tokens, 1)
+            request.stop_after = self.rng.randint(low, max(low, request.max_tokens))
+        if self.config.enable_prefix_caching:
+            request.block_hashes = block_hashes(request.prompt_token_ids, self.config.block_size)
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str, now_s: float) -> None:
+        request = self.requests.pop(request_id, None)
+        if request is None or request.status in (RequestStatus.FINISHED, RequestStatus.ABORTED):
+            return
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._release(request, now_s)
+        request.status = RequestStatus.ABORTED
+        request.finish_reason = FinishReason.ABORT
+        request.finish_s = now_s
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def step(self, now_s: float) -> StepResult:
+        """Schedule and run one batch starting at now_s."""
+        if self.dead:
+            raise EngineDead(self.dead)
+        preempted_before = self.num_preemptions
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[SimRequest, int]] = []
+        extra_s = 0.0
+        preempted = False
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self._grow(request, n, now_s):
+                victim = self.running.pop()
+                extra_s += self._preempt(victim, now_s)
+                preempted = True
+                if victim is request:
+                    n = 0
+                    break
+            if n == 0:
+                break
+            scheduled.append((request, n))
+            budget -= n
+            i += 1
+
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                request = self.waiting[0]
+                admitted = self._admit(request, budget, now_s)
+                if admitted is None:
+                    break
+                n, swap_in_s = admitted
+                extra_s += swap_in_s
+                self.waiting.popleft()
+                request.status = RequestStatus.RUNNING
+                if request.first_scheduled_s is None:
+                    request.first_scheduled_s = now_s
+                self.running.append(request)
+                scheduled.append((request, n))
+                budget -= n
+
+        work = self._work(scheduled)
+        self._check_runtime_memory(scheduled)
+        duration = self.timer.step_s(work) + extra_s if scheduled else extra_s
+        end_s = now_s + duration
+        events = self._advance(scheduled, end_s)
+        return StepResult(
+            duration_s=duration,
+            events=events,
+            num_scheduled_tokens=work.num_tokens,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_preemptions=self.num_preemptions - preempted_before,
+            kv_usage=self.pool.usage,
+        )
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _blocks_needed(self, request: SimRequest, num_new: int) -> int:
+        size = self.config.block_size
+        total = -(-(request.num_computed_tokens + num_new) // size)
+        return max(total - len(request.block_ids), 0)
+
+    def _grow(self, request: SimRequest, num_new: int, now_s: float) -> bool:
+        need = self._blocks_needed(request, num_new)
+        if need == 0:
+            return True
+        blocks = self.pool.allocate(need, now_s)
+        if blocks is None:
+            return False
+        request.block_ids.extend(blocks)
+        return True
+
+    def _admit(self, request: SimRequest, budget: int, now_s: float) -> tuple[int, float] | None:
+        """Take a waiting request in: prefix-cache hits, blocks for its first chunk."""
+        swap_in_s = 0.0
+        if request.status is RequestStatus.SWAPPED:
+            swapped = request.num_computed_tokens
+            need = -(-swapped // self.config.block_size)
+            blocks = self.pool.allocate(need, now_s)
+            if blocks is None:
+                return None
+            request.block_ids = blocks
+            self.swap_used_blocks -= need
+            swap_in_s = self.timer.swap_s(swapped, self.config.pcie_bytes_per_s)
+        elif request.num_computed_tokens == 0 and self.config.enable_prefix_caching:
+            # At least the last token is always computed, so its logits exist.
+            usable = (request.num_tokens - 1) // self.config.block_size
+            hits = self.pool.lookup(request.block_hashes[:usable], now_s)
+            request.block_ids = hits
+            request.num_cached_blocks = len(hits)
+            request.num_computed_tokens = len(hits) * self.config.block_size
+            if request.num_preemptions == 0:
+                self.prefix_queries_tokens += request.num_prompt_tokens
+                self.prefix_hits_tokens += request.num_computed_tokens
+                request.cached_prompt_tokens = request.num_computed_tokens
+        n = min(request.num_tokens - request.num_computed_tokens, budget)
+        if not self._grow(request, n, now_s):
+            if request.status is RequestStatus.SWAPPED:
+                self.swap_used_blocks += len(request.block_ids)
+            self.pool.free(request.block_ids, now_s)
+            request.block_ids = []
+            if request.status is not RequestStatus.SWAPPED:
+                request.num_computed_tokens = 0
+                request.num_cached_blocks = 0
+            return None
+        return n, swap_in_s
+
+    def _preempt(self, request: SimRequest, now_s: float) -> float:
+        """Preempt: swap out if the host pool has room, else free and recompute later."""
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        held = len(request.block_ids)
+        cost_s = 0.0
+        if self.config.swap_blocks and self.swap_used_blocks + held <= self.config.swap_blocks:
+            self.swap_used_blocks += held
+            cost_s = self.timer.swap_s(request.num_computed_tokens, self.config.pcie_bytes_per_s)
+            self.pool.free(request.block_ids, now_s)
+            request.block_ids = []
+            request.status = RequestStatus.SWAPPED
+        else:
+            self._release(request, now_s)
+            request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+        return cost_s
+
+    def _release(self, request: SimRequest, now_s: float) -> None:
+        self.pool.free(request.block_ids, now_s)
+        request.block_ids = []
+        request.num_computed_tokens = 0
+        request.num_cached_blocks = 0
+
+    def _work(self, scheduled: list[tuple[SimRequest, int]]) -> StepWork:
+        tokens = context = 0
+        pairs = 0.0
+        for request, n in scheduled:
+            tokens += n
+            context += request.num_computed_tokens + n
+            pairs += n * (request.num_computed_tokens + n / 2)
+        return StepWork(
+            num_tokens=tokens,
+            num_seqs=len(scheduled),
+            context_tokens=context,
+            attention_pairs=pairs,
+        )
+
+    def _check_runtime_memory(self, scheduled: list[tuple[SimRequest, int]]) -> None:
+        """Logprobs materialise fp32 rows of the vocabulary that the profile run never saw."""
+        rows = sum(1 for request, _ in scheduled if request.logprobs)
+        transient = rows * self.config.vocab_size * 4 * 2
+        if transient > self.config.runtime_headroom_bytes:
+            self.dead = (
+                f"CUDA out of memory. Tried to allocate {transient / (1 << 20):.2f} MiB while "
+                f"sampling {rows} requests with logprobs; "
+                f"{max(self.config.runtime_headroom_bytes, 0) / (1 << 20):.2f} MiB free."
+            )
+            raise EngineDead(self.dead)
+
+    def _advance(self, scheduled: list[tuple[SimRequest, int]], end_s: float) -> list[TokenEvent]:
+        size = self.config.block_size
+        events: list[TokenEvent] = []
+        for request, n in scheduled:
+            request.num_computed_tokens += n
+            if self.config.enable_prefix_caching:
+                full = min(request.num_computed_tokens, request.num_prompt_tokens) // size
+                for j in range(request.num_cached_blocks, min(full, len(request.block_hashes))):
+                    self.pool.cache_block(request.block_ids[j], request.block_hashes[j], j, end_s)
+                request.num_cached_blocks = max(request.num_cached_blocks, full)
+            if request.num_computed_tokens < request.num_tokens:
+                continue  # a prefill chunk that has not reached the end of the prompt
+            token = self._next_token(request)
+            request.output_token_ids.append(token)
+            request.token_times_s.append(end_s)
+            self.generation_tokens_total += 1
+            if request.first_token_s is None:
+                # vLLM counts a request's prompt once, when it yields its first token.
+                request.first_token_s = end_s
+                self.prompt_tokens_total += request.num_prompt_tokens
+            request.last_token_s = end_s
+            reason = self._finish_reason(request)
+            if reason is not None:
+                self.running.remove(request)
+                self.pool.free(request.block_ids, end_s)
+                request.block_ids = []
+                request.status = RequestStatus.FINISHED
+                request.finish_reason = reason
+                request.finish_s = end_s
+                self.requests.pop(request.request_id, None)
+            events.append(TokenEvent(request=request, token_id=token, finished=reason is not None))
+        return events
+
+    def _next_token(self, request: SimRequest) -> int:
+        seed = zlib.crc32(request.request_id.encode()) + len(request.output_token_ids) * 7919
+        return seed % max(self.config.vocab_size - 1, 1)
+
+    def _finish_reason(self, request: SimRequest) -> FinishReason | None:
+        produced = len(request.output_token_ids)
+        if produced >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        if request.stop_after is not None and produced >= max(
+            request.stop_after, request.min_tokens
+        ):
+            return FinishReason.STOP
+        return None

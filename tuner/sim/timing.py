@@ -1,0 +1,106 @@
+"""How long one engine step takes on the virtual GPU: a roofline.
+
+A step runs the model once over every scheduled token. Its time is the larger of
+
+* compute: ``2 x active parameters x tokens`` plus attention's
+  ``4 x layers x heads x head_dim x (query tokens x context)`` FLOPs, at the GPU's
+  dense bf16 (or fp8 for fp8 weights) rate times ``MFU``;
+* memory: the weights once, plus the KV cache of every scheduled request, read
+  from HBM at the GPU's bandwidth times ``MBU`` (an fp8 KV cache halves its bytes);
+
+plus a fixed per-step overhead (scheduling, sampling, kernel launches; larger in
+eager mode), tensor-parallel all-reduces, and weights offloaded with
+``--cpu-offload-gb`` crossing PCIe every step.
+
+Efficiency factors are stated here and nowhere else. They are typical of
+published vLLM measurements on Hopper: decode of an 8B model in bf16 on one H100
+runs at about 6-7 ms per step at small batch (80% of HBM bandwidth), and large
+prefills reach about half of peak FLOP/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.gpus import GpuSpec
+from tuner.memory import MemoryPlan, kv_dtype_bytes, parameter_count
+from tuner.models import ModelSpec, Quantization
+
+MFU = 0.50  # achieved fraction of dense peak FLOP/s
+MBU = 0.80  # achieved fraction of HBM bandwidth
+STEP_OVERHEAD_S = 0.0015  # scheduler, sampler, input preparation, CUDA-graph replay
+EAGER_OVERHEAD_PER_LAYER_S = 0.00004  # kernel launches without CUDA graphs
+PER_SEQ_OVERHEAD_S = 0.000004  # per scheduled request: detokenize, output processing
+ALLREDUCE_LATENCY_S = 0.000008  # per all-reduce; two per layer with tensor parallelism
+NVLINK_BYTES_PER_S = 300e9
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one step computes: query tokens and KV context tokens over all requests."""
+
+    num_tokens: int
+    num_seqs: int
+    context_tokens: int  # KV tokens read (sum over requests of their context)
+    attention_pairs: float  # query x key pairs (for attention FLOPs)
+
+
+class StepTimer:
+    """Step duration for a model on a GPU with given settings."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        plan: MemoryPlan,
+        *,
+        enforce_eager: bool,
+        cpu_offload_bytes: int = 0,
+    ) -> None:
+        tp = plan.tensor_parallel_size
+        self.tp = tp
+        self.layers = model.num_layers
+        self.hidden = model.hidden_size
+        active = parameter_count(model)
+        if model.is_moe:
+            expert = 3 * model.hidden_size * model.moe_intermediate_size
+            moe_layers = model.num_layers - model.num_dense_layers
+            idle = (model.num_experts - model.num_experts_per_tok) * expert * moe_layers
+            active -= idle
+        self.active_params = active
+        fp8 = model.quantization is Quantization.FP8 and gpu.fp8_dense_flops is not None
+        self.flops = (
+            gpu.fp8_dense_flops if fp8 and gpu.fp8_dense_flops else gpu.bf16_dense_flops
+        ) * MFU
+        self.bandwidth = gpu.hbm_bandwidth_bytes_per_s * MBU
+        self.weights_bytes = plan.weights_bytes  # per rank
+        heads_dim = model.num_attention_heads * (
+            model.qk_nope_head_dim + model.qk_rope_head_dim if model.is_mla else model.head_dim
+        )
+        self.attn_dim = heads_dim
+        self.kv_bytes_per_token = plan.page_size_bytes * model.num_layers / plan.block_size
+        self.overhead_s = STEP_OVERHEAD_S + (
+            EAGER_OVERHEAD_PER_LAYER_S * model.num_layers if enforce_eager else 0.0
+        )
+        self.offload_s = cpu_offload_bytes / gpu.pcie_bandwidth_bytes_per_s
+        self.dtype_bytes = model.dtype_bytes
+        self.kv_dtype_bytes = kv_dtype_bytes(plan.kv_cache_dtype, model)
+
+    def step_s(self, work: StepWork) -> float:
+        if work.num_tokens == 0:
+            return 0.0
+        linear = 2.0 * self.active_params * work.num_tokens / self.tp
+        attention = 4.0 * self.layers * self.attn_dim * work.attention_pairs / self.tp
+        compute_s = (linear + attention) / self.flops
+        memory_s = (
+            self.weights_bytes + work.context_tokens * self.kv_bytes_per_token
+        ) / self.bandwidth
+        step = max(compute_s, memory_s) + self.overhead_s + PER_SEQ_OVERHEAD_S * work.num_seqs
+        if self.tp > 1:
+            volume = 2 * work.num_tokens * self.hidden * self.dtype_bytes * self.layers * 2
+            step += 2 * self.layers * ALLREDUCE_LATENCY_S + volume / NVLINK_BYTES_PER_S
+        return step + self.offload_s
+
+    def swap_s(self, num_tokens: int, pcie_bytes_per_s: float) -> float:
+        """Time to move num_tokens of KV cache between GPU and host memory."""
+        return num_tokens * self.kv_bytes_per_token / pcie_bytes_per_s
