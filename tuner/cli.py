@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from tuner.errors import TunerError
+from tuner.sim import simulate_cli
+from tuner.vllm_flags import add_memory_flags, params_from_args
 
 log = logging.getLogger(__name__)
 
@@ -33,24 +35,7 @@ def _add_plan_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--model", required=True, help="preset name, Hugging Face id, or model directory"
     )
     p.add_argument("--gpu", required=True, help="GPU profile, e.g. H100-80GB")
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        help="default: the emulated release's (0.92 from 0.20, 0.9 before)",
-    )
-    p.add_argument("--max-num-seqs", type=int)
-    p.add_argument("--max-num-batched-tokens", type=int)
-    p.add_argument("--block-size", type=int)
-    p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--max-model-len", type=int)
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--cpu-offload-gb", type=float, default=0.0)
-    p.add_argument("--kv-cache-memory-bytes", type=int)
-    p.add_argument(
-        "--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false"
-    )
-    p.add_argument("--vllm-version", help="emulated vLLM version X.Y (default: current release)")
+    add_memory_flags(p)
     p.add_argument("--calibrate-from", type=Path, metavar="LOG", help="a real vLLM startup log")
     p.add_argument("--sweep", metavar="KNOB", help="find the startup edge along one knob")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -59,26 +44,14 @@ def _add_plan_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from tuner.gpus import get_gpu
-    from tuner.memory import ServingParams, plan
+    from tuner.memory import plan
     from tuner.models import resolve_model
     from tuner.plan_text import format_plan, format_sweep
     from tuner.startup_edge import SweepKnob, sweep
     from tuner.versions import VllmVersion
     from tuner.vllm_log import calibration_from_log
 
-    params = ServingParams(
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.max_model_len,
-        tensor_parallel_size=args.tensor_parallel_size,
-        enforce_eager=args.enforce_eager,
-        cpu_offload_gb=args.cpu_offload_gb,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-    ).checked()
+    params = params_from_args(args)
     knob = SweepKnob.parse(args.sweep) if args.sweep else None
     version = VllmVersion.parse(args.vllm_version) if args.vllm_version else VllmVersion.current()
     gpu = get_gpu(args.gpu)
@@ -108,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_plan_parser(sub)
+    simulate_cli.add_parser(sub)
     return parser
 
 

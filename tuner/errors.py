@@ -6,6 +6,7 @@
     │   ├── UnknownGpuError         GPU name is not a known profile
     │   └── UnknownVersionError     vLLM version this tuner cannot emulate
     ├── ModelConfigError            a model directory's config.json or weights are unreadable
+    ├── TraceReadError              a trace file is unreadable or has a malformed row
     └── LogParseError               a vLLM log lacks the lines a calibration needs
 
 Each message says what was wrong, with the bad value, and what would be accepted.
@@ -41,3 +42,7 @@ class ModelConfigError(TunerError):
 
 class LogParseError(TunerError):
     """A vLLM log does not contain the lines needed."""
+
+
+class TraceReadError(TunerError):
+    """A trace file could not be read; the message names the file and line."""

@@ -53,7 +53,7 @@ _NO_FP8_KV = ("auto",)
 _PRESETS: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="A100-40GB",
-        aliases=("a100", "a100-sxm4-40gb", "nvidia a100-sxm4-40gb", "a100-40g"),
+        aliases=("a100", "a100-sxm4-40gb", "nvidia a100-sxm4-40gb", "a100-40g", "nvidia a100 40gb"),
         nvml_total_bytes=40960 * MiB,
         cuda_total_bytes=int(39.39 * GiB),
         hbm_bandwidth_bytes_per_s=1.555e12,
@@ -67,7 +67,14 @@ _PRESETS: tuple[GpuSpec, ...] = (
     ),
     GpuSpec(
         name="A100-80GB",
-        aliases=("a100-sxm4-80gb", "nvidia a100-sxm4-80gb", "a100-80g", "a100-pcie-80gb"),
+        aliases=(
+            "a100-sxm4-80gb",
+            "nvidia a100-sxm4-80gb",
+            "a100-80g",
+            "a100-pcie-80gb",
+            "nvidia a100 80gb",
+            "nvidia a100 80gb pcie",
+        ),
         nvml_total_bytes=81920 * MiB,
         cuda_total_bytes=int(79.15 * GiB),
         hbm_bandwidth_bytes_per_s=2.039e12,
@@ -147,6 +154,20 @@ _PRESETS: tuple[GpuSpec, ...] = (
         kv_cache_dtypes=_FP8_KV,
         pcie_bandwidth_bytes_per_s=25e9,
         tdp_watts=350,
+        source="datasheet; cuda total estimated",
+    ),
+    GpuSpec(
+        name="RTX-6000-Ada-48GB",
+        aliases=("rtx6000ada", "rtx-6000-ada", "nvidia rtx 6000 ada generation"),
+        nvml_total_bytes=49140 * MiB,
+        cuda_total_bytes=int(47.4 * GiB),
+        hbm_bandwidth_bytes_per_s=960e9,
+        bf16_dense_flops=364e12,
+        fp8_dense_flops=728e12,
+        compute_capability=(8, 9),
+        kv_cache_dtypes=_FP8_KV,
+        pcie_bandwidth_bytes_per_s=25e9,
+        tdp_watts=300,
         source="datasheet; cuda total estimated",
     ),
     GpuSpec(

@@ -53,9 +53,9 @@ VOCAB_PADDING = 64
 SAMPLER_FP32_COPIES = 3.0  # logits, probabilities and sampling noise, fp32, max_num_seqs rows
 HIDDEN_COPIES = 3.0  # residual, hidden states and norm output during the forward pass
 NON_TORCH_TP1_BYTES = int(0.20 * GiB)  # CUDA context growth, cuBLAS workspaces
-NON_TORCH_PER_EXTRA_RANK_BYTES = int(0.25 * GiB)  # NCCL and custom all-reduce buffers
-NON_TORCH_TP_BASE_BYTES = int(0.80 * GiB)
-CUDAGRAPH_BASE_BYTES = int(0.15 * GiB)
+NON_TORCH_PER_EXTRA_RANK_BYTES = int(0.05 * GiB)  # NCCL and custom all-reduce buffers
+NON_TORCH_TP_BASE_BYTES = int(0.35 * GiB)
+CUDAGRAPH_BASE_BYTES = int(0.25 * GiB)
 CUDAGRAPH_PER_LAYER_BYTES = 6 * MiB
 # What must still be free once the KV cache is allocated: vLLM's own 150 MiB
 # allowance for allocator slack, sampler warm-up and graph-pool growth.

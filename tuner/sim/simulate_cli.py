@@ -1,0 +1,131 @@
+"""`tuner simulate`: run a workload through the simulated engine on a virtual clock."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import ConfigError, TraceReadError
+from tuner.vllm_flags import add_memory_flags, params_from_args
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="run a workload through the simulated vLLM engine on a virtual clock",
+        description="Simulate vLLM serving a workload (a trace, or Poisson arrivals) on a "
+        "virtual GPU, as fast as the CPU allows, and print the metrics a load test would.",
+    )
+    p.add_argument(
+        "--model", required=True, help="preset name, Hugging Face id, or model directory"
+    )
+    p.add_argument("--gpu", default="H100-80GB", help="GPU profile (default H100-80GB)")
+    add_memory_flags(p)
+    p.add_argument("--swap-space", type=float, default=0.0, help="GiB of host swap (vLLM < 0.18)")
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    p.add_argument(
+        "--prefix-cache-eviction",
+        default="lru",
+        help="simulator-only what-if: lru (vLLM's), lfu, fifo, tiered",
+    )
+    p.add_argument("--compare-eviction", action="store_true", help="run once per eviction policy")
+    source = p.add_argument_group("workload")
+    source.add_argument("--trace", type=Path, help="Azure CSV or Mooncake JSONL trace")
+    source.add_argument(
+        "--rate", type=float, help="requests/s (Poisson, or the trace scaled to it)"
+    )
+    source.add_argument(
+        "--duration", type=float, default=60.0, help="seconds of arrivals (Poisson)"
+    )
+    source.add_argument("--prompt-tokens", type=int, default=512)
+    source.add_argument("--output-tokens", type=int, default=128)
+    source.add_argument("--shared-prefix-tokens", type=int, default=0)
+    source.add_argument("--shared-fraction", type=float, default=0.0)
+    source.add_argument("--max-requests", type=int, help="only the first N requests of the trace")
+    p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
+    p.add_argument("--slo-tpot-ms", type=float, default=100.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from tuner.gpus import get_gpu
+    from tuner.models import resolve_model
+    from tuner.sim.blocks import EvictionPolicy
+    from tuner.sim.build import SimOptions, build_engine
+    from tuner.sim.simulate import Slo, run, synthetic_arrivals
+    from tuner.sim.simulate_text import format_result
+    from tuner.versions import VllmVersion
+    from workloads.traces import TraceError, read_trace, scale_to_rate
+
+    params = params_from_args(args)
+    policies = [p.value for p in EvictionPolicy]
+    if args.prefix_cache_eviction not in policies:
+        raise ConfigError(
+            f"--prefix-cache-eviction {args.prefix_cache_eviction!r} is not a policy; "
+            f"accepted: {', '.join(policies)}"
+        )
+    if args.trace is None and (args.rate is None or args.rate <= 0):
+        raise ConfigError("give --trace FILE, or --rate R (> 0 requests/s) for Poisson arrivals")
+    if args.shared_fraction < 0 or args.shared_fraction > 1:
+        raise ConfigError(
+            f"--shared-fraction {args.shared_fraction} is out of range; accepted: 0 to 1"
+        )
+    version = VllmVersion.parse(args.vllm_version) if args.vllm_version else VllmVersion.current()
+    gpu = get_gpu(args.gpu)
+    model = resolve_model(args.model)
+    if args.trace is not None:
+        try:
+            records = read_trace(args.trace)
+        except TraceError as exc:
+            raise TraceReadError(str(exc)) from exc
+        if args.max_requests:
+            records = records[: args.max_requests]
+        if args.rate:
+            records = scale_to_rate(records, args.rate)
+    else:
+        records = synthetic_arrivals(
+            rate_per_s=args.rate,
+            duration_s=args.duration,
+            prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens,
+            shared_prefix_tokens=args.shared_prefix_tokens,
+            shared_fraction=args.shared_fraction,
+            seed=args.seed,
+        )
+    chosen = policies if args.compare_eviction else [args.prefix_cache_eviction]
+    slo = Slo(ttft_s=args.slo_ttft_ms / 1000, tpot_s=args.slo_tpot_ms / 1000)
+    results = {}
+    for policy in chosen:
+        options = SimOptions(
+            enable_prefix_caching=args.enable_prefix_caching,
+            swap_space_gib=args.swap_space,
+            eviction_policy=EvictionPolicy(policy),
+            seed=args.seed,
+        )
+        startup, engine = build_engine(model, gpu, params, version, options)
+        if engine is None:
+            assert startup.failure is not None
+            raise ConfigError(
+                f"vLLM would not start with these settings: {startup.failure.error_type}: "
+                f"{startup.failure.message}"
+            )
+        results[policy] = run(
+            engine,
+            records,
+            slo=slo,
+            vocab=model.vocab_size,
+            seed=args.seed,
+            max_model_len=startup.max_model_len,
+        )
+    if args.json:
+        payload = {k: v.model_dump(mode="json") for k, v in results.items()}
+        print(json.dumps(payload if args.compare_eviction else payload[chosen[0]], indent=2))
+    else:
+        for policy, result in results.items():
+            title = f"{model.name} on {gpu.name} (simulated, vLLM {version}, eviction {policy})"
+            print(format_result(title, result))
+    return 0

@@ -1,0 +1,29 @@
+"""Plain-text rendering of a simulation result."""
+
+from __future__ import annotations
+
+from tuner.sim.simulate import Percentiles, SimulationResult
+
+
+def _row(name: str, p: Percentiles) -> str:
+    return f"  {name:<6} p50 {p.p50:9.1f}   p90 {p.p90:9.1f}   p99 {p.p99:9.1f}  ms"
+
+
+def format_result(title: str, r: SimulationResult) -> str:
+    lines = [
+        title,
+        f"  requests          {r.num_finished} finished, {r.num_failed} failed, of {r.num_requests}",
+        f"  duration          {r.duration_s:.1f} s (simulated), {r.engine_steps} engine steps",
+        f"  throughput        {r.request_throughput:.2f} req/s, {r.output_token_throughput:.0f} output tok/s",
+        f"  goodput at SLO    {r.goodput:.2f} req/s",
+        _row("TTFT", r.ttft_ms),
+        _row("ITL", r.itl_ms),
+        _row("TPOT", r.tpot_ms),
+        _row("e2e", r.e2e_ms),
+        f"  preemptions       {r.num_preemptions}",
+        f"  peak KV usage     {r.peak_kv_cache_usage:.1%}",
+        f"  prefix hit rate   {r.prefix_cache_hit_rate:.1%}",
+    ]
+    if r.engine_died:
+        lines.append(f"  ENGINE DIED       {r.engine_died}")
+    return "\n".join(lines)

@@ -1,0 +1,164 @@
+"""Trace readers: Azure LLM inference CSV, Mooncake JSONL, and our own JSONL.
+
+Every reader returns ``TraceRecord``s sorted by arrival, with arrival times in
+seconds from the first request. A malformed row is an error naming the file and
+line number; nothing is silently skipped.
+
+* Azure (Patel et al., "Splitwise", ISCA 2024; CC-BY 4.0):
+  ``TIMESTAMP,ContextTokens,GeneratedTokens``.
+* Mooncake: one JSON object per line with ``timestamp`` (ms), ``input_length``,
+  ``output_length`` and ``hash_ids`` (one id per 512-token block of the prompt;
+  equal ids mean equal prompt blocks, which is what prefix caching reuses).
+* Own JSONL: ``arrival_s``, ``prompt_tokens``, ``output_tokens`` and optional
+  ``prefix_id`` / ``prefix_tokens`` (a shared prefix of that many tokens).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+class TraceError(ValueError):
+    """A trace file could not be read; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    # Ids of the prompt's shared blocks, each block_tokens long (empty: no sharing).
+    prefix_block_ids: tuple[int, ...] = ()
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+
+def _positive_int(value: object, what: str, where: str) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise TraceError(f"{where}: {what} {value!r} is not an integer") from None
+    if number < 0:
+        raise TraceError(f"{where}: {what} {number} is negative")
+    return number
+
+
+def read_azure_csv(path: Path) -> list[TraceRecord]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror}") from exc
+    rows = csv.DictReader(text.splitlines())
+    wanted = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+    if rows.fieldnames is None or not wanted <= set(rows.fieldnames):
+        raise TraceError(
+            f"{path}: not an Azure LLM inference trace; expected columns "
+            "TIMESTAMP,ContextTokens,GeneratedTokens"
+        )
+    records: list[tuple[datetime, int, int]] = []
+    for line, row in enumerate(rows, start=2):
+        where = f"{path}:{line}"
+        stamp = (row["TIMESTAMP"] or "").strip()
+        try:
+            # Seven fractional digits in the trace; datetime takes six.
+            head, _, frac = stamp.partition(".")
+            when = datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}" if frac else head)
+        except ValueError:
+            raise TraceError(f"{where}: TIMESTAMP {stamp!r} is not a date and time") from None
+        prompt = _positive_int(row["ContextTokens"], "ContextTokens", where)
+        output = _positive_int(row["GeneratedTokens"], "GeneratedTokens", where)
+        records.append((when, prompt, output))
+    if not records:
+        raise TraceError(f"{path}: the trace has no requests")
+    records.sort(key=lambda r: r[0])
+    start = records[0][0]
+    return [
+        TraceRecord(
+            arrival_s=(when - start).total_seconds(), prompt_tokens=p, output_tokens=max(o, 1)
+        )
+        for when, p, o in records
+    ]
+
+
+def read_mooncake_jsonl(path: Path) -> list[TraceRecord]:
+    out: list[TraceRecord] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror}") from exc
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{where}: not JSON ({exc.msg})") from None
+        if (
+            not isinstance(obj, dict)
+            or not {"timestamp", "input_length", "output_length"} <= obj.keys()
+        ):
+            raise TraceError(
+                f"{where}: a Mooncake row needs timestamp, input_length, output_length"
+            )
+        hash_ids = obj.get("hash_ids") or []
+        if not isinstance(hash_ids, list):
+            raise TraceError(f"{where}: hash_ids must be a list of integers")
+        out.append(
+            TraceRecord(
+                arrival_s=float(obj["timestamp"]) / 1000.0,
+                prompt_tokens=_positive_int(obj["input_length"], "input_length", where),
+                output_tokens=max(_positive_int(obj["output_length"], "output_length", where), 1),
+                prefix_block_ids=tuple(_positive_int(h, "hash id", where) for h in hash_ids),
+            )
+        )
+    if not out:
+        raise TraceError(f"{path}: the trace has no requests")
+    out.sort(key=lambda r: r.arrival_s)
+    start = out[0].arrival_s
+    return [
+        TraceRecord(r.arrival_s - start, r.prompt_tokens, r.output_tokens, r.prefix_block_ids)
+        for r in out
+    ]
+
+
+def read_trace(path: Path) -> list[TraceRecord]:
+    """Read a trace, choosing the reader by content: CSV header or Mooncake JSONL."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            first = fh.readline()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror}") from exc
+    if first.startswith("TIMESTAMP"):
+        return read_azure_csv(path)
+    if first.lstrip().startswith("{"):
+        return read_mooncake_jsonl(path)
+    raise TraceError(
+        f"{path}: unknown trace format; accepted: Azure CSV (TIMESTAMP,ContextTokens,"
+        "GeneratedTokens) or Mooncake JSONL (timestamp, input_length, output_length, hash_ids)"
+    )
+
+
+def scale_to_rate(records: list[TraceRecord], rate_per_s: float) -> list[TraceRecord]:
+    """Compress or stretch inter-arrival times so the trace's mean rate is rate_per_s."""
+    if len(records) < 2 or rate_per_s <= 0:
+        return records
+    span = records[-1].arrival_s - records[0].arrival_s
+    if span <= 0:
+        return records
+    factor = (len(records) - 1) / rate_per_s / span
+    return [
+        TraceRecord(
+            r.arrival_s * factor,
+            r.prompt_tokens,
+            r.output_tokens,
+            r.prefix_block_ids,
+            r.block_tokens,
+        )
+        for r in records
+    ]
