@@ -30,6 +30,8 @@ tune: install
 
 bench: install
 	$(BIN)/python benchmarks/memory_accuracy.py
+	$(BIN)/python benchmarks/sim_engine_speed.py
+	$(BIN)/python benchmarks/sim_vs_published.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
