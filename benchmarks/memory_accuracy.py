@@ -19,6 +19,14 @@ from tuner.accuracy import evaluate, load_cases, summary
 LOG_DIR = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm_logs"
 
 
+def _tokens(value: int | None) -> str:
+    return "n/a" if value is None else f"{value:,}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
@@ -37,14 +45,14 @@ def main() -> int:
     for r in rows:
         print(
             f"{r.file[:52]:<52} {r.vllm_version:>8} {r.tp:>2} {r.logged_tokens:>10,} "
-            f"{r.predicted_tokens:>10,} {r.error:>+7.1%} {r.calibrated_tokens:>10,} "
+            f"{_tokens(r.predicted_tokens):>10} {_pct(r.error):>7} {r.calibrated_tokens:>10,} "
             f"{r.calibrated_error:>+7.2%}"
         )
     print()
     if skipped:
         print(f"not scored (unified CPU/GPU memory): {', '.join(skipped)}")
     print(
-        f"{stats['cases']} logs; uncalibrated |error| median {stats['median_abs_error']:.1%}, "
+        f"{stats['cases']} logs ({stats['uncalibrated_cases']} with a known GPU); uncalibrated |error| median {stats['median_abs_error']:.1%}, "
         f"max {stats['max_abs_error']:.1%}; calibrated |error| median "
         f"{stats['median_abs_calibrated_error']:.2%}, max {stats['max_abs_calibrated_error']:.2%}"
     )

@@ -61,11 +61,14 @@ class AccuracyRow(BaseModel):
     tp: int
     vllm_version: str
     logged_tokens: int
-    predicted_tokens: int
+    # None when the log does not say which GPU it ran on: only calibration can tell.
+    predicted_tokens: int | None
     calibrated_tokens: int
 
     @property
-    def error(self) -> float:
+    def error(self) -> float | None:
+        if self.predicted_tokens is None:
+            return None
         return (self.predicted_tokens - self.logged_tokens) / self.logged_tokens
 
     @property
@@ -84,12 +87,16 @@ def load_cases(index: Path) -> list[LogCase]:
     return cases
 
 
-def _gpu_for(case: LogCase) -> GpuSpec:
-    """The GPU profile of the case; its logged total memory wins where it has one."""
+def _gpu_for(case: LogCase, *, calibrated: bool) -> GpuSpec:
+    """The GPU profile of the case; its logged total memory wins where it has one.
+
+    A calibrated prediction does not depend on the device total (the log's own
+    budget fixes the KV memory), so an unnamed GPU is taken as a stand-in there.
+    """
     try:
         gpu = get_gpu(case.gpu or "")
     except UnknownGpuError:
-        if case.gpu_total_gib is None:
+        if case.gpu_total_gib is None and not calibrated:
             raise ConfigError(
                 f"{case.file}: GPU {case.gpu!r} is not a known profile and no total memory is given"
             ) from None
@@ -115,7 +122,7 @@ def _params(case: LogCase) -> ServingParams:
 
 def predict(case: LogCase, log_dir: Path, *, calibrated: bool) -> MemoryPlan:
     model = ModelSpec.from_hf_config(case.model_config_, name=case.model, source=case.file)
-    if case.quantization and model.quantization is Quantization.NONE:
+    if case.quantization and Quantization.from_method(case.quantization) is not Quantization.NONE:
         model = model.model_copy(
             update={"quantization": Quantization.from_method(case.quantization)}
         )
@@ -126,7 +133,15 @@ def predict(case: LogCase, log_dir: Path, *, calibrated: bool) -> MemoryPlan:
         calibration = calibration_from_report(
             report, source=case.file, cudagraph_in_budget=version.cudagraph_in_budget
         ).model_copy(update={"gpu_memory_utilization": case.gpu_memory_utilization})
-    return plan(model, _gpu_for(case), _params(case), version, calibration)
+    return plan(model, _gpu_for(case, calibrated=calibrated), _params(case), version, calibration)
+
+
+def _gpu_known(case: LogCase) -> bool:
+    try:
+        get_gpu(case.gpu or "")
+    except UnknownGpuError:
+        return case.gpu_total_gib is not None
+    return True
 
 
 def evaluate(case: LogCase, log_dir: Path) -> AccuracyRow:
@@ -137,16 +152,19 @@ def evaluate(case: LogCase, log_dir: Path) -> AccuracyRow:
         tp=case.tensor_parallel_size,
         vllm_version=case.vllm_version,
         logged_tokens=int(case.logged["kv_cache_tokens"]),
-        predicted_tokens=predict(case, log_dir, calibrated=False).kv_cache_tokens,
+        predicted_tokens=(
+            predict(case, log_dir, calibrated=False).kv_cache_tokens if _gpu_known(case) else None
+        ),
         calibrated_tokens=predict(case, log_dir, calibrated=True).kv_cache_tokens,
     )
 
 
 def summary(rows: list[AccuracyRow]) -> dict[str, float]:
-    errors = [abs(r.error) for r in rows]
+    errors = [abs(r.error) for r in rows if r.error is not None]
     calibrated = [abs(r.calibrated_error) for r in rows]
     return {
         "cases": len(rows),
+        "uncalibrated_cases": len(errors),
         "median_abs_error": statistics.median(errors),
         "max_abs_error": max(errors),
         "median_abs_calibrated_error": statistics.median(calibrated),

@@ -65,6 +65,7 @@ class Quantization(StrEnum):
     FP8 = "fp8"
     AWQ = "awq"
     GPTQ = "gptq"
+    MXFP4 = "mxfp4"
 
     @classmethod
     def from_method(cls, method: str) -> Quantization:
@@ -76,6 +77,8 @@ class Quantization(StrEnum):
             return cls.AWQ
         if name in {"gptq", "gptq_marlin"}:
             return cls.GPTQ
+        if name == "mxfp4":
+            return cls.MXFP4
         return cls.NONE
 
     @property
@@ -86,6 +89,9 @@ class Quantization(StrEnum):
         if self in (Quantization.AWQ, Quantization.GPTQ):
             # 4-bit weights plus one fp16 scale and one 4-bit zero per group of 128.
             return 0.5 + 2.5 / 128
+        if self is Quantization.MXFP4:
+            # 4-bit values with one 8-bit shared exponent per block of 32.
+            return 0.5 + 1 / 32
         return None
 
 
@@ -204,9 +210,9 @@ def _quantization(config: dict[str, Any]) -> Quantization:
     method = str(qcfg.get("quant_method", "")).lower()
     if method == "compressed-tensors":
         text = json.dumps(qcfg).lower()
-        if '"num_bits": 4' in text:
+        if '"num_bits": 4' in text or qcfg.get("bits") == 4:
             return Quantization.GPTQ
-        if '"num_bits": 8' in text and '"type": "float"' in text:
+        if ('"num_bits": 8' in text and '"type": "float"' in text) or qcfg.get("bits") == 8:
             return Quantization.FP8
         return Quantization.NONE
     return Quantization.from_method(method)

@@ -127,12 +127,20 @@ def _literal_dict(text: str) -> dict[str, Any]:
 
 
 def parse_startup_log(text: str) -> StartupReport:
-    """Read every startup line vLLM printed; the first occurrence (rank 0) wins."""
+    """Read every startup line vLLM printed.
+
+    Most values are taken from their first occurrence (rank 0). The KV-cache size is
+    printed once per tensor-parallel rank in older releases and vLLM keeps the
+    smallest, so for those the minimum over ranks is taken.
+    """
     found: dict[str, Any] = {}
 
     def once(key: str, value: Any) -> None:
         if key not in found and value is not None:
             found[key] = value
+
+    def smallest(key: str, value: Any) -> None:
+        found[key] = value if key not in found else min(found[key], value)
 
     for raw in text.splitlines():
         line = RE_ANSI.sub("", raw)
@@ -144,12 +152,12 @@ def parse_startup_log(text: str) -> StartupReport:
         if m := RE_WEIGHTS_LOAD_TIME.search(line):
             once("weights_load_s", float(m[1]))
         if m := RE_AVAILABLE_KV.search(line):
-            once("available_kv_bytes", _gib_bytes(m[1]))
+            smallest("available_kv_bytes", _gib_bytes(m[1]))
         if m := RE_KV_TOKENS.search(line):
-            once("kv_cache_tokens", int(m[1].replace(",", "")))
+            smallest("kv_cache_tokens", int(m[1].replace(",", "")))
         if m := RE_MAX_CONCURRENCY.search(line):
             once("max_concurrency_tokens", int(m[1].replace(",", "")))
-            once("max_concurrency", float(m[2]))
+            smallest("max_concurrency", float(m[2]))
         if m := RE_GRAPH.search(line):
             once("cudagraph_bytes", _gib_bytes(m[2]))
         if m := RE_GRAPH_ESTIMATE.search(line):

@@ -44,5 +44,7 @@ def test_calibrated_prediction_is_within_half_a_percent(case: LogCase) -> None:
 
 
 def test_uncalibrated_median_error_is_within_five_percent() -> None:
-    errors = [abs(evaluate(case, LOG_DIR).error) for case in SCORED]
-    assert statistics.median(errors) <= 0.05
+    errors = [evaluate(case, LOG_DIR).error for case in SCORED]
+    known = [abs(e) for e in errors if e is not None]
+    assert len(known) >= 12
+    assert statistics.median(known) <= 0.05
