@@ -25,8 +25,10 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Until the tuning loop lands: the startup plan and the utilization edge for MODEL on GPU.
 tune: install
-	$(BIN)/tuner plan --model '$(MODEL)' --gpu '$(GPU)' $(ARGS)
+	$(BIN)/tuner plan --model '$(MODEL)' --gpu '$(GPU)' $(ARGS) || true
+	$(BIN)/tuner plan --model '$(MODEL)' --gpu '$(GPU)' $(ARGS) --sweep gpu-memory-utilization
 
 bench: install
 	$(BIN)/python benchmarks/memory_accuracy.py
