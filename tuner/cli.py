@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from tuner.errors import TunerError
-from tuner.sim import simulate_cli
+from tuner.sim import serve_cli, simulate_cli
 from tuner.vllm_flags import add_memory_flags, params_from_args
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_plan_parser(sub)
+    serve_cli.add_parser(sub)
     simulate_cli.add_parser(sub)
     return parser
 

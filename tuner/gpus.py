@@ -53,7 +53,8 @@ _NO_FP8_KV = ("auto",)
 _PRESETS: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="A100-40GB",
-        aliases=("a100",
+        aliases=(
+            "a100",
             "a100-sxm4-40gb",
             "nvidia a100-sxm4-40gb",
             "a100-40g",

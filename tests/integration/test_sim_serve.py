@@ -1,0 +1,386 @@
+"""`tuner sim-serve` as a launcher sees it: a subprocess, its log, its HTTP API and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tuner.vllm_log import parse_startup_log
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+SMALL = ("--model", "qwen2.5-7b", "--gpu", "H100-80GB", "--max-model-len", "4096")
+STARTUP_TIMEOUT_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class SimServer:
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"sim-serve exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        pytest.fail(f"sim-serve not healthy after {STARTUP_TIMEOUT_S} s:\n{self.tail()}")
+
+    def wait_exit(self, timeout_s: float = STARTUP_TIMEOUT_S) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"sim-serve still running after {timeout_s} s:\n{self.tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=5).text
+
+
+Launch = Callable[..., SimServer]
+
+
+def spawn(args: tuple[str, ...], log_path: Path) -> SimServer:
+    """sim-serve on a free port, in its own process group, its output in log_path."""
+    port = free_port()
+    command = [sys.executable, "-m", "tuner.cli", "sim-serve", "--port", str(port)]
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [*command, "--startup-delay", "0.1", *args],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return SimServer(proc, log_path, port)
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Launch]:
+    """Start sim-serve subprocesses (own process group, log in tmp_path); all stopped after."""
+    started: list[SimServer] = []
+
+    def start(*args: str, healthy: bool = True) -> SimServer:
+        server = spawn(args, tmp_path / f"sim-serve-{len(started)}.log")
+        started.append(server)
+        if healthy:
+            server.wait_healthy()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
+    """One default server for the tests that only send requests to it."""
+    log_path = tmp_path_factory.mktemp("shared") / "sim-serve.log"
+    server = spawn((*SMALL, "--time-scale", "0.2"), log_path)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of one metric whose labels include the given ones."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric_name, _, label_text = series.partition("{")
+        if metric_name != name:
+            continue
+        if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def words(n: int, stem: str = "w") -> str:
+    return " ".join(f"{stem}{i}" for i in range(n))
+
+
+def tuner_plan(*args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "plan", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    data: dict[str, Any] = json.loads(out.stdout)
+    return data
+
+
+# --- the OpenAI API -----------------------------------------------------------------------
+
+
+def test_openai_client_completions(shared: SimServer) -> None:
+    client = openai.OpenAI(base_url=f"{shared.url}/v1", api_key="unused", max_retries=0)
+    (model,) = [m.id for m in client.models.list().data]
+    assert model == "qwen2.5-7b"
+
+    done = client.completions.create(
+        model=model, prompt=words(7), max_tokens=5, extra_body={"ignore_eos": True}
+    )
+    assert done.usage is not None
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (7, 5)
+    assert len(done.choices[0].text.split()) == 5
+    assert done.choices[0].finish_reason == "length"
+
+    stream = client.completions.create(
+        model=model,
+        prompt=words(11),
+        max_tokens=9,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert len(texts) == 9
+    usage = chunks[-1].usage
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (11, 9)
+
+
+def test_openai_client_chat(shared: SimServer) -> None:
+    client = openai.OpenAI(base_url=f"{shared.url}/v1", api_key="unused", max_retries=0)
+    messages: list[openai.types.chat.ChatCompletionMessageParam] = [
+        {"role": "system", "content": "you are terse"},
+        {"role": "user", "content": "name four colours"},
+    ]
+    done = client.chat.completions.create(
+        model="qwen2.5-7b", messages=messages, max_tokens=6, extra_body={"ignore_eos": True}
+    )
+    assert done.usage is not None
+    # One role marker per message plus the words: (1 + 3) + (1 + 3).
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (8, 6)
+    assert done.choices[0].message.role == "assistant"
+    assert len((done.choices[0].message.content or "").split()) == 6
+
+    stream = client.chat.completions.create(
+        model="qwen2.5-7b",
+        messages=messages,
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    contents = [c.choices[0].delta.content for c in chunks if c.choices]
+    assert contents[0] == "" and len([c for c in contents if c]) == 4
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+
+
+def test_sse_events_are_one_per_token(shared: SimServer) -> None:
+    body = {"prompt": words(20), "max_tokens": 12, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{shared.url}/v1/completions", json=body, timeout=30) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        assert resp.headers["x-sim-time-scale"] == "0.2"
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) == 12
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-2:] == [None, "length"]
+
+
+def test_prompt_longer_than_max_model_len_is_rejected(shared: SimServer) -> None:
+    client = openai.OpenAI(base_url=f"{shared.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="qwen2.5-7b", prompt=words(5000), max_tokens=1)
+    assert err.value.status_code == 400
+    assert "maximum context length is 4096 tokens" in str(err.value)
+
+
+def test_client_disconnect_aborts_the_request(shared: SimServer) -> None:
+    before = metric(shared.metrics(), "vllm:request_success_total", finished_reason="abort")
+    body = {"prompt": words(10), "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{shared.url}/v1/completions", json=body, timeout=30) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                break
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        text = shared.metrics()
+        aborted = metric(text, "vllm:request_success_total", finished_reason="abort")
+        if aborted > before and metric(text, "vllm:num_requests_running") == 0:
+            break
+        time.sleep(0.05)
+    assert aborted == before + 1
+    assert metric(text, "vllm:num_requests_running") == 0
+
+
+def test_shared_prefix_hits_the_prefix_cache(shared: SimServer) -> None:
+    before = metric(shared.metrics(), "vllm:prefix_cache_hits_total")
+    prefix = words(256, stem="shared")
+    client = openai.OpenAI(base_url=f"{shared.url}/v1", api_key="unused", max_retries=0)
+    for i in range(3):
+        client.completions.create(
+            model="qwen2.5-7b", prompt=f"{prefix} {words(8, stem=f'q{i}x')}", max_tokens=1
+        )
+    hits = metric(shared.metrics(), "vllm:prefix_cache_hits_total") - before
+    assert hits >= 2 * 256  # the second and third requests reuse the whole shared prefix
+
+
+def test_sim_gpu_is_consistent(shared: SimServer) -> None:
+    plan = tuner_plan(*SMALL)
+    body = {"prompt": words(500), "max_tokens": 400, "ignore_eos": True, "stream": True}
+    busy: dict[str, float] = {}
+    with httpx.stream("POST", f"{shared.url}/v1/completions", json=body, timeout=30) as resp:
+        for line in resp.iter_lines():  # read to the end: leaving early would abort the request
+            if line.startswith("data: ") and not busy:
+                busy = httpx.get(f"{shared.url}/sim/gpu", timeout=5).json()
+    assert busy["used_bytes"] <= busy["total_bytes"]
+    assert busy["free_bytes"] == busy["total_bytes"] - busy["used_bytes"]
+    assert busy["process_used_bytes"] > plan["weights_bytes"] + plan["kv_cache_bytes"]
+    assert 0 < busy["kv_cache_usage"] <= 1
+    assert 0 < busy["utilization_percent"] <= 100
+    assert busy["power_watts"] > 70
+    assert busy["time_scale"] == 0.2
+
+
+# --- startup --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["0.11", "0.33"])
+def test_startup_log_parses_to_the_plan(launch: Launch, version: str) -> None:
+    server = launch(*SMALL, "--vllm-version", version, "--gpu-memory-utilization", "0.8")
+    report = parse_startup_log(server.log())
+    plan = tuner_plan(*SMALL, "--vllm-version", version, "--gpu-memory-utilization", "0.8")
+    assert report.ready
+    assert report.vllm_version == f"{version}.0"
+    assert report.kv_cache_tokens == plan["kv_cache_tokens"]
+    assert report.max_model_len == 4096
+    assert report.gpu_memory_utilization == 0.8
+    assert report.max_concurrency == plan["max_concurrency"]
+
+
+def test_startup_that_does_not_fit_fails_like_vllm(launch: Launch) -> None:
+    args = ("--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--gpu-memory-utilization", "0.15")
+    server = launch(*args, healthy=False)
+    assert server.wait_exit() == 1
+    failure = tuner_plan(*args)["failure"]
+    assert isinstance(failure, dict)
+    log = server.log()
+    assert f"ValueError: {failure['message']}" in log
+    assert "RuntimeError: Engine core initialization failed. See root cause above." in log
+    assert "Application startup complete" not in log
+
+
+def test_swap_space_is_rejected_where_vllm_removed_it(launch: Launch) -> None:
+    rejected = launch(*SMALL, "--swap-space", "4", healthy=False)
+    assert rejected.wait_exit() == 2
+    assert rejected.log().strip() == "vllm: error: unrecognized arguments: --swap-space 4"
+
+    accepted = launch(*SMALL, "--swap-space", "4", "--vllm-version", "0.17")
+    assert httpx.get(f"{accepted.url}/health", timeout=5).status_code == 200
+
+
+def test_block_size_outside_the_version_choices_is_rejected(launch: Launch) -> None:
+    server = launch(*SMALL, "--vllm-version", "0.11", "--block-size", "48", healthy=False)
+    assert server.wait_exit() == 2
+    assert "argument --block-size: invalid choice: 48 (choose from 1, 8, 16, 32, 64, 128" in (
+        server.log()
+    )
+
+
+def test_sigterm_stops_the_server_cleanly(launch: Launch) -> None:
+    server = launch(*SMALL)
+    os.killpg(server.proc.pid, signal.SIGTERM)
+    assert server.wait_exit(10) == 0
+    assert "Application shutdown complete." in server.log()
+
+
+# --- under load -----------------------------------------------------------------------------
+
+
+async def _post_all(url: str, bodies: list[dict[str, object]]) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=len(bodies))
+    async with httpx.AsyncClient(timeout=45, limits=limits) as client:
+        return await asyncio.gather(*(client.post(url, json=b) for b in bodies))
+
+
+def test_small_kv_cache_preempts(launch: Launch) -> None:
+    # 80 blocks of 16 tokens; requests growing to 700 tokens (44 blocks): two cannot both fit.
+    server = launch(
+        *("--model", "qwen2.5-7b", "--max-model-len", "1024"),
+        *("--kv-cache-memory-bytes", str(80 * 917504), "--time-scale", "0.05"),
+    )
+    body: dict[str, object] = {"prompt": words(200), "max_tokens": 500, "ignore_eos": True}
+    responses = asyncio.run(_post_all(f"{server.url}/v1/completions", [body] * 4))
+    assert [r.status_code for r in responses] == [200] * 4
+    assert all(r.json()["usage"]["completion_tokens"] == 500 for r in responses)
+    text = server.metrics()
+    assert metric(text, "vllm:num_preemptions_total") > 0
+    assert metric(text, "vllm:request_success_total", finished_reason="length") == 4
+    assert metric(text, "vllm:generation_tokens_total") == 4 * 500
+
+
+def test_logprobs_without_headroom_kill_the_engine(launch: Launch) -> None:
+    # 0.998 leaves ~162 MiB beyond the budget; logprobs rows of a 152k vocabulary need 1.2 MB each.
+    server = launch(*SMALL, "--gpu-memory-utilization", "0.998", "--time-scale", "0.2")
+    body: dict[str, object] = {
+        "prompt": words(10),
+        "max_tokens": 2000,  # long enough that all 200 overlap however slowly they arrive
+        "ignore_eos": True,
+        "logprobs": 1,
+    }
+    responses = asyncio.run(_post_all(f"{server.url}/v1/completions", [body] * 200))
+    statuses = {r.status_code for r in responses}
+    assert 500 in statuses
+    failed = next(r for r in responses if r.status_code == 500)
+    assert "EngineCore encountered an issue" in failed.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/health", timeout=5).status_code == 503
+    after = httpx.post(f"{server.url}/v1/completions", json=body, timeout=5)
+    assert after.status_code == 500
+    log = server.log()
+    assert "EngineCore encountered a fatal error." in log
+    assert "torch.OutOfMemoryError: CUDA out of memory." in log
+    assert "died unexpectedly" in log

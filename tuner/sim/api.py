@@ -1,0 +1,420 @@
+"""The simulated engine's HTTP server: vLLM's OpenAI endpoints, ``/health``, ``/metrics``.
+
+One ``SimServer`` wraps one SimEngine. Its aiohttp application answers what
+``vllm serve`` answers (``/health``, ``/version``, ``/v1/models``,
+``/v1/completions``, ``/v1/chat/completions``, ``/metrics``) plus ``/sim/gpu``,
+what NVML would report for the virtual device. The engine runs on the wall clock
+(``driver.EngineDriver``); every response carries ``x-sim-time-scale`` so a client
+can convert what it measured to the virtual GPU's seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web_request import BaseRequest
+from pydantic import BaseModel, ConfigDict
+
+from tuner.gpus import GpuSpec, MiB
+from tuner.memory import MemoryPlan
+from tuner.sim.driver import EngineDriver, EngineFailure, RequestStream
+from tuner.sim.engine import EngineDead, SimEngine, SimRequest
+from tuner.sim.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from tuner.sim.metrics import ServerMetrics
+from tuner.sim.openai_format import (
+    ApiError,
+    Endpoint,
+    GenerationRequest,
+    JsonObject,
+    error_body,
+    full_response,
+    parse_generation,
+    role_chunk,
+    token_chunk,
+    usage_chunk,
+)
+from tuner.sim.serve_log import (
+    ENGINE_DEAD_TEXT,
+    IntervalStats,
+    VllmLog,
+    log_access,
+    log_engine_dead,
+    log_stats,
+)
+from tuner.sim.tokenizer import decode_token
+
+log = logging.getLogger(__name__)
+
+TIME_SCALE_HEADER = "x-sim-time-scale"
+CUDA_CONTEXT_BYTES = 512 * MiB  # the CUDA context NVML counts for the process
+IDLE_POWER_WATTS = 70.0
+STATS_INTERVAL_S = 10.0  # vLLM's VLLM_LOG_STATS_INTERVAL
+
+ROUTES: tuple[tuple[str, str], ...] = (
+    ("/health", "GET"),
+    ("/version", "GET"),
+    ("/v1/models", "GET"),
+    ("/v1/completions", "POST"),
+    ("/v1/chat/completions", "POST"),
+    ("/metrics", "GET"),
+    ("/sim/gpu", "GET"),
+)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What the HTTP layer needs beyond the engine."""
+
+    model: str  # as given on the command line (the model's "root")
+    served_model_names: tuple[str, ...]  # the first one names the model in responses
+    max_model_len: int
+    vocab_size: int
+    time_scale: float
+    enable_prefix_caching: bool
+    stats_interval_s: float = STATS_INTERVAL_S
+
+
+class GpuReport(BaseModel):
+    """What NVML would report for the virtual device and the server's process."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    utilization_percent: float
+    power_watts: float
+    process_pid: int
+    process_used_bytes: int
+    kv_cache_usage: float
+    time_scale: float
+
+
+def process_used_bytes(plan: MemoryPlan) -> int:
+    """Device memory the server holds once running: vLLM's components plus the CUDA context."""
+    return (
+        plan.weights_bytes
+        + plan.activation_bytes
+        + plan.non_torch_bytes
+        + plan.kv_cache_bytes
+        + plan.cudagraph_bytes
+        + CUDA_CONTEXT_BYTES
+    )
+
+
+def power_watts(gpu: GpuSpec, utilization: float) -> float:
+    idle = min(IDLE_POWER_WATTS, 0.25 * gpu.tdp_watts)
+    return round(idle + (gpu.tdp_watts - idle) * utilization, 1)
+
+
+def _compact(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.json_response(obj, status=status, dumps=_compact)
+
+
+def _engine_dead_response() -> web.Response:
+    return _json(error_body(500, ENGINE_DEAD_TEXT, "InternalServerError"), status=500)
+
+
+def access_logger_class(vllm_log: VllmLog) -> type[AbstractAccessLogger]:
+    """uvicorn's access lines, written through the server's vLLM-format log."""
+
+    class UvicornAccessLogger(AbstractAccessLogger):
+        def log(self, request: BaseRequest, response: web.StreamResponse, time: float) -> None:
+            peer = request.transport.get_extra_info("peername") if request.transport else None
+            where = f"{peer[0]}:{peer[1]}" if peer else "-"
+            log_access(
+                vllm_log, where, request.method, request.path_qs, response.status, response.reason
+            )
+
+    return UvicornAccessLogger
+
+
+class SimServer:
+    """The HTTP application around one simulated engine."""
+
+    def __init__(
+        self,
+        engine: SimEngine,
+        plan: MemoryPlan,
+        gpu: GpuSpec,
+        settings: ServeSettings,
+        vllm_log: VllmLog,
+    ) -> None:
+        self.engine = engine
+        self.plan = plan
+        self.gpu = gpu
+        self.settings = settings
+        self.vllm_log = vllm_log
+        self.metrics = ServerMetrics(settings.served_model_names[0])
+        self._driver: EngineDriver | None = None
+
+    @property
+    def driver(self) -> EngineDriver:
+        if self._driver is None:
+            raise RuntimeError("the engine driver starts with the application")
+        return self._driver
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_fastapi_errors])
+        app.on_response_prepare.append(self._add_headers)
+        app.cleanup_ctx.append(self._lifecycle)
+        handlers: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
+            "/health": self.health,
+            "/version": self.version,
+            "/v1/models": self.models,
+            "/v1/completions": partial(self.generate, Endpoint.COMPLETIONS),
+            "/v1/chat/completions": partial(self.generate, Endpoint.CHAT),
+            "/metrics": self.prometheus,
+            "/sim/gpu": self.sim_gpu,
+        }
+        for path, method in ROUTES:
+            app.router.add_route(method, path, handlers[path])
+        return app
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:
+        self._driver = EngineDriver(
+            self.engine,
+            self.metrics,
+            time_scale=self.settings.time_scale,
+            on_dead=partial(log_engine_dead, self.vllm_log),
+        )
+        tasks = [
+            asyncio.create_task(self._driver.run(), name="sim-engine"),
+            asyncio.create_task(self._log_stats(), name="sim-stats"),
+        ]
+        for task in tasks:
+            task.add_done_callback(_report_crash)
+        yield
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _add_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[TIME_SCALE_HEADER] = repr(self.settings.time_scale)
+        response.headers["server"] = "uvicorn"
+
+    async def _log_stats(self) -> None:
+        """vLLM's periodic "Engine 000: ..." line while there is activity."""
+        interval = self.settings.stats_interval_s
+        last = self.driver.snapshot()
+        last_s = self.driver.wall_s()
+        last_throughput = (0.0, 0.0)
+        while True:
+            await asyncio.sleep(interval)
+            now = self.driver.snapshot()
+            now_s = self.driver.wall_s()
+            elapsed = max(now_s - last_s, 1e-9)
+            throughput = (
+                (now.prompt_tokens - last.prompt_tokens) / elapsed,
+                (now.generation_tokens - last.generation_tokens) / elapsed,
+            )
+            if any((*throughput, *last_throughput)):
+                hit_rate = None
+                if self.settings.enable_prefix_caching:
+                    queries = now.prefix_cache_queries
+                    hit_rate = now.prefix_cache_hits / queries if queries else 0.0
+                log_stats(
+                    self.vllm_log,
+                    IntervalStats(
+                        prompt_throughput=throughput[0],
+                        generation_throughput=throughput[1],
+                        num_running=now.num_running,
+                        num_waiting=now.num_waiting,
+                        num_preemptions=now.num_preemptions - last.num_preemptions,
+                        kv_cache_usage=now.kv_cache_usage,
+                        prefix_cache_hit_rate=hit_rate,
+                    ),
+                )
+            last, last_s, last_throughput = now, now_s, throughput
+
+    # -- small endpoints --------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self.driver.dead else 200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json({"version": str(self.vllm_log.version)})
+
+    async def models(self, request: web.Request) -> web.Response:
+        cards = [self._model_card(name) for name in self.settings.served_model_names]
+        return _json({"object": "list", "data": cards})
+
+    def _model_card(self, name: str) -> JsonObject:
+        created = int(self.metrics.created_s)
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": self.settings.model,
+            "parent": None,
+            "max_model_len": self.settings.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{os.getpid():x}{created:x}",
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        text = self.metrics.render(self.driver.snapshot())
+        return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def sim_gpu(self, request: web.Request) -> web.Response:
+        return _json(self.gpu_report().model_dump())
+
+    def gpu_report(self) -> GpuReport:
+        total = self.gpu.nvml_total_bytes
+        used = process_used_bytes(self.plan)
+        utilization = self.driver.busy.fraction(self.driver.wall_s())
+        return GpuReport(
+            name=self.gpu.name,
+            total_bytes=total,
+            used_bytes=used,
+            free_bytes=max(total - used, 0),
+            utilization_percent=round(utilization * 100, 1),
+            power_watts=power_watts(self.gpu, utilization),
+            process_pid=os.getpid(),
+            process_used_bytes=used,
+            kv_cache_usage=self.engine.pool.usage,
+            time_scale=self.settings.time_scale,
+        )
+
+    # -- generation -------------------------------------------------------------------------
+
+    async def generate(self, endpoint: Endpoint, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return _json(ApiError(400, f"Invalid JSON body: {exc}").body(), status=400)
+        if not isinstance(body, dict):
+            return _json(ApiError(400, "The request body must be a JSON object.").body(), 400)
+        try:
+            gen = parse_generation(
+                endpoint,
+                body,
+                served_model_names=self.settings.served_model_names,
+                max_model_len=self.settings.max_model_len,
+                vocab_size=self.settings.vocab_size,
+            )
+        except ApiError as exc:
+            return _json(exc.body(), status=exc.status)
+        engine_request = SimRequest(
+            request_id=gen.request_id,
+            prompt_token_ids=gen.prompt_token_ids,
+            max_tokens=gen.max_tokens,
+            arrival_s=self.driver.engine_now_s(),
+            min_tokens=gen.min_tokens,
+            ignore_eos=gen.ignore_eos,
+            logprobs=0 if gen.logprobs is None else max(gen.logprobs, 1),
+        )
+        try:
+            stream = self.driver.submit(engine_request)
+        except EngineDead:
+            return _engine_dead_response()
+        try:
+            if gen.stream:
+                return await self._stream(request, gen, stream)
+            return await self._collect(gen, stream)
+        finally:
+            # A no-op once the request finished; otherwise the client went away.
+            self.driver.abort(gen.request_id)
+
+    async def _collect(self, gen: GenerationRequest, stream: RequestStream) -> web.Response:
+        token_ids: list[int] = []
+        while True:
+            item = await stream.queue.get()
+            if isinstance(item, EngineFailure):
+                return _engine_dead_response()
+            token_ids.append(item.token_id)
+            if item.finish_reason is not None:
+                return _json(full_response(gen, token_ids, item.finish_reason))
+
+    async def _stream(
+        self, request: web.Request, gen: GenerationRequest, stream: RequestStream
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+            }
+        )
+
+        async def send(obj: JsonObject) -> None:
+            await response.write(f"data: {_compact(obj)}\n\n".encode())
+
+        try:
+            await response.prepare(request)
+            if gen.endpoint is Endpoint.CHAT:
+                await send(role_chunk(gen))
+            count = offset = 0
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, EngineFailure):
+                    await send(error_body(500, ENGINE_DEAD_TEXT, "InternalServerError"))
+                    break
+                count += 1
+                await send(
+                    token_chunk(
+                        gen,
+                        item.token_id,
+                        item.finish_reason,
+                        text_offset=offset,
+                        completion_tokens=count,
+                    )
+                )
+                offset += len(decode_token(item.token_id))
+                if item.finish_reason is not None:
+                    if gen.include_usage:
+                        await send(usage_chunk(gen, count))
+                    break
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            log.debug("client of %s went away", gen.request_id)
+        return response
+
+
+@web.middleware
+async def _fastapi_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Unknown paths and methods answered as FastAPI answers them."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return _json({"detail": "Not Found"}, status=404)
+    except web.HTTPMethodNotAllowed:
+        return _json({"detail": "Method Not Allowed"}, status=405)
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s stopped", task.get_name(), exc_info=task.exception())

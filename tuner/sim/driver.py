@@ -1,0 +1,190 @@
+"""Runs a SimEngine on the wall clock and hands each request its tokens as they are made.
+
+One asyncio task steps the engine: it runs ``engine.step(now)``, sleeps until the
+step's virtual duration (times ``time_scale``) has passed on the wall clock, then
+delivers the step's tokens to each request's queue at that moment. So what a
+client measures (time to first token, inter-token gaps) is what the virtual GPU
+would take, scaled. With no work the task waits on an event set by ``submit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tuner.sim.engine import EngineDead, FinishReason, SimEngine, SimRequest
+from tuner.sim.metrics import EngineSnapshot, FinishedRequest, ServerMetrics
+
+log = logging.getLogger(__name__)
+
+BUSY_WINDOW_S = 1.0
+IDLE_RETRY_S = 0.001  # when a step scheduled nothing (nothing fits yet), wait this long
+
+
+@dataclass(frozen=True)
+class Token:
+    """One output token of a request (``finish_reason`` set on its last)."""
+
+    token_id: int
+    finish_reason: FinishReason | None
+
+
+@dataclass(frozen=True)
+class EngineFailure:
+    """The engine died while the request was in flight."""
+
+    reason: str
+
+
+StreamItem = Token | EngineFailure
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """A request in flight: its queue of tokens and its wall-clock timings."""
+
+    request: SimRequest
+    arrival_s: float
+    queue: asyncio.Queue[StreamItem] = field(default_factory=asyncio.Queue)
+    token_times_s: list[float] = field(default_factory=list)
+
+
+class BusyTracker:
+    """Intervals the virtual GPU was computing, for a utilization over the last second."""
+
+    def __init__(self, window_s: float = BUSY_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._intervals: deque[tuple[float, float]] = deque()
+
+    def add(self, start_s: float, end_s: float) -> None:
+        if end_s > start_s:
+            self._intervals.append((start_s, end_s))
+
+    def fraction(self, now_s: float) -> float:
+        since = now_s - self.window_s
+        while self._intervals and self._intervals[0][1] <= since:
+            self._intervals.popleft()
+        busy = sum(max(0.0, min(end, now_s) - max(start, since)) for start, end in self._intervals)
+        return min(busy / self.window_s, 1.0)
+
+
+class EngineDriver:
+    """The only caller of the engine once the server runs (all on one event loop)."""
+
+    def __init__(
+        self,
+        engine: SimEngine,
+        metrics: ServerMetrics,
+        *,
+        time_scale: float,
+        on_dead: Callable[[str], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.time_scale = time_scale
+        self.on_dead = on_dead
+        self.busy = BusyTracker()
+        self.streams: dict[str, RequestStream] = {}
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._t0 = self._loop.time()
+
+    # -- clocks -----------------------------------------------------------------------------
+
+    def wall_s(self) -> float:
+        return self._loop.time()
+
+    def engine_now_s(self) -> float:
+        """The engine's clock: virtual seconds since the server started."""
+        return (self._loop.time() - self._t0) / self.time_scale
+
+    @property
+    def dead(self) -> str | None:
+        return self.engine.dead
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def submit(self, request: SimRequest) -> RequestStream:
+        """Queue a request in the engine; raises EngineDead once the engine has died."""
+        self.engine.add_request(request)
+        stream = RequestStream(request=request, arrival_s=self.wall_s())
+        self.streams[request.request_id] = stream
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """The client went away: free the request's blocks and count it as aborted."""
+        stream = self.streams.pop(request_id, None)
+        if stream is None:
+            return
+        if not self.engine.dead:
+            self.engine.abort(request_id, self.engine_now_s())
+        self._finish(stream, FinishReason.ABORT)
+
+    def snapshot(self) -> EngineSnapshot:
+        engine = self.engine
+        return EngineSnapshot(
+            num_running=len(engine.running),
+            num_waiting=len(engine.waiting),
+            kv_cache_usage=engine.pool.usage,
+            num_preemptions=engine.num_preemptions,
+            prompt_tokens=engine.prompt_tokens_total,
+            generation_tokens=engine.generation_tokens_total,
+            prefix_cache_queries=engine.prefix_queries_tokens,
+            prefix_cache_hits=engine.prefix_hits_tokens,
+        )
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Step the engine until it dies or the task is cancelled."""
+        while True:
+            if not self.engine.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            start = self.wall_s()
+            try:
+                result = self.engine.step(self.engine_now_s())
+            except EngineDead as exc:
+                self._die(str(exc))
+                return
+            end = start + result.duration_s * self.time_scale
+            self.busy.add(start, end)
+            if not result.events and result.duration_s == 0:
+                await asyncio.sleep(IDLE_RETRY_S)
+                continue
+            await asyncio.sleep(max(end - self.wall_s(), 0.0))
+            now = self.wall_s()
+            for event in result.events:
+                stream = self.streams.get(event.request.request_id)
+                if stream is None or event.token_id is None:
+                    continue
+                stream.token_times_s.append(now)
+                reason = event.request.finish_reason if event.finished else None
+                stream.queue.put_nowait(Token(event.token_id, reason))
+                if reason is not None:
+                    self.streams.pop(event.request.request_id, None)
+                    self._finish(stream, reason)
+
+    def _finish(self, stream: RequestStream, reason: FinishReason) -> None:
+        self.metrics.observe_finished(
+            FinishedRequest(
+                arrival_s=stream.arrival_s,
+                token_times_s=tuple(stream.token_times_s),
+                finish_s=self.wall_s(),
+                finish_reason=reason,
+            )
+        )
+
+    def _die(self, reason: str) -> None:
+        log.debug("simulated engine died: %s", reason)
+        if self.on_dead is not None:
+            self.on_dead(reason)
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            stream.queue.put_nowait(EngineFailure(reason))
+            self._finish(stream, FinishReason.ERROR)

@@ -1,0 +1,416 @@
+"""``tuner sim-serve``: the simulated engine behind the command line and log of ``vllm serve``.
+
+Takes ``vllm serve``'s flags, rejects what the emulated release's argparse
+rejects (exit 2, its message on stderr), prints that release's startup lines with
+the numbers of ``tuner.memory.plan`` (so they match ``tuner plan``), fails with
+vLLM's own message and exit code 1 when the plan does not fit, and otherwise
+serves the OpenAI API until SIGTERM or SIGINT (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import re
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from tuner import vllm_messages as msg
+from tuner.errors import ConfigError
+from tuner.failures import StartupFailure, StartupFailureKind
+from tuner.gpus import GpuSpec, get_gpu
+from tuner.memory import KV_CACHE_DTYPES, MemoryPlan, ServingParams
+from tuner.models import ModelSpec, resolve_model
+from tuner.sim.blocks import EvictionPolicy
+from tuner.sim.build import SimOptions, build_engine
+from tuner.sim.engine import SimEngine
+from tuner.sim.serve_log import (
+    Process,
+    ServerIdentity,
+    VllmLog,
+    log_banner,
+    log_engine_config,
+    log_graph_capture,
+    log_init_engine,
+    log_kv_cache_size,
+    log_model_config,
+    log_model_loading,
+    log_profile_result,
+    log_server_start,
+    log_server_stop,
+    log_startup_failure,
+)
+from tuner.versions import KV_CACHE_MEMORY_BYTES_FLAG, VllmVersion
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+LOADING_SHARE = 0.6  # of --startup-delay spent loading weights; the rest profiling and graphs
+SHUTDOWN_GRACE_S = 0.5  # in-flight requests may finish this long after SIGTERM
+
+# vLLM flags whose value is printed in "non-default args" when given, in parser order.
+_VLLM_FLAGS = (
+    "host",
+    "port",
+    "model",
+    "served_model_name",
+    "max_model_len",
+    "tensor_parallel_size",
+    "block_size",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "swap_space",
+    "kv_cache_dtype",
+    "cpu_offload_gb",
+    "enforce_eager",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "seed",
+)
+
+
+def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    """Register ``sim-serve`` on the tuner's subcommands."""
+    p = sub.add_parser(
+        "sim-serve",
+        help="serve a simulated vLLM engine with vllm serve's flags, log and HTTP API",
+        description="Start a simulated vLLM OpenAI server on a virtual GPU. It takes vllm "
+        "serve's flags, prints the emulated release's startup lines, fails as it would, and "
+        "serves /v1/completions, /v1/chat/completions, /health and /metrics.",
+    )
+    p.add_argument(
+        "--model", required=True, help="preset name, Hugging Face id, or model directory"
+    )
+    p.add_argument("--gpu", default="H100-80GB", help="virtual GPU profile (default: H100-80GB)")
+    p.add_argument("--host", help=f"address to listen on (default: {DEFAULT_HOST})")
+    p.add_argument("--port", type=int, help=f"port to listen on (default: {DEFAULT_PORT})")
+    p.add_argument("--served-model-name", nargs="+", help="model name(s) in the API")
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--swap-space", metavar="GIB", help="host swap space, GiB (vLLM < 0.18 only)")
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--tensor-parallel-size", type=int, default=None)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--kv-cache-memory-bytes", metavar="BYTES", help="e.g. 8589934592 or 8G")
+    p.add_argument("--cpu-offload-gb", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--vllm-version", help="emulated vLLM version X.Y (default: current release)")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true")
+    sim = p.add_argument_group("simulator")
+    sim.add_argument(
+        "--startup-delay",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds of weight loading and compilation before serving (default 1.0)",
+    )
+    sim.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="wall-clock seconds per virtual-GPU second (default 1.0; 0.1 runs 10x faster)",
+    )
+    sim.add_argument(
+        "--prefix-cache-eviction",
+        choices=[policy.value for policy in EvictionPolicy],
+        default=EvictionPolicy.LRU.value,
+        help="which cached prefix block is evicted first (vLLM: lru)",
+    )
+    p.set_defaults(func=run)
+
+
+class _VllmArgumentError(Exception):
+    """What vLLM's own argparse would reject: printed as vLLM prints it, exit code 2."""
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """Everything resolved from the command line."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    params: ServingParams
+    options: SimOptions
+    version: VllmVersion
+    identity: ServerIdentity
+    non_default_args: dict[str, object]
+    startup_delay_s: float
+    time_scale: float
+    access_log: bool
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``sim-serve`` command: exit 0 after a clean stop, 1 on a startup failure, 2 on bad flags."""
+    version = VllmVersion.parse(args.vllm_version) if args.vllm_version else VllmVersion.current()
+    try:
+        launch = _resolve(args, version)
+    except _VllmArgumentError as exc:
+        print(str(exc), file=sys.stderr, flush=True)
+        return 2
+    return asyncio.run(_serve(launch))
+
+
+def parse_bytes(text: str) -> int:
+    """vLLM's human-readable integers: ``8G`` is 8 GiB, ``8g`` 8e9, plain digits as they are."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)\s*", text)
+    if match is None:
+        raise ConfigError(
+            f"--kv-cache-memory-bytes {text!r} is not a size; accepted: an integer, optionally "
+            "with k/m/g/t (powers of 1000) or K/M/G/T (powers of 1024)"
+        )
+    number, unit = float(match[1]), match[2]
+    power = "kmgt".find(unit.lower()) + 1 if unit else 0
+    base = 1024 if unit.isupper() else 1000
+    return int(number * base**power)
+
+
+def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
+    if args.swap_space is not None and not version.has_swap_space:
+        raise _VllmArgumentError(
+            f"vllm: error: unrecognized arguments: --swap-space {args.swap_space}"
+        )
+    if args.kv_cache_memory_bytes is not None and not version.at_least(KV_CACHE_MEMORY_BYTES_FLAG):
+        raise _VllmArgumentError(
+            f"vllm: error: unrecognized arguments: --kv-cache-memory-bytes {args.kv_cache_memory_bytes}"
+        )
+    choices = version.block_size_choices
+    if args.block_size is not None and choices is not None and args.block_size not in choices:
+        failure = msg.invalid_choice("--block-size", args.block_size, choices)
+        raise _VllmArgumentError(f"vllm serve: error: {failure.message}")
+    if args.kv_cache_dtype not in KV_CACHE_DTYPES:
+        failure = msg.invalid_choice("--kv-cache-dtype", args.kv_cache_dtype, KV_CACHE_DTYPES)
+        raise _VllmArgumentError(f"vllm serve: error: {failure.message}")
+    swap_space_gib = 0.0
+    if args.swap_space is not None:
+        try:
+            swap_space_gib = float(args.swap_space)
+        except ValueError:
+            raise _VllmArgumentError(
+                f"vllm serve: error: argument --swap-space: invalid float value: {args.swap_space!r}"
+            ) from None
+    if args.time_scale <= 0:
+        raise ConfigError(f"--time-scale {args.time_scale} is out of range; accepted: > 0")
+    if args.startup_delay < 0:
+        raise ConfigError(f"--startup-delay {args.startup_delay} is negative; accepted: >= 0")
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port} is out of range; accepted: 0 to 65535")
+
+    gpu = get_gpu(args.gpu)
+    model = resolve_model(args.model)
+    kv_bytes = parse_bytes(args.kv_cache_memory_bytes) if args.kv_cache_memory_bytes else None
+    params = ServingParams(
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tensor_parallel_size or 1,
+        enforce_eager=args.enforce_eager,
+        cpu_offload_gb=args.cpu_offload_gb or 0.0,
+        kv_cache_memory_bytes=kv_bytes,
+        enable_chunked_prefill=args.enable_chunked_prefill is not False,
+    ).checked()
+    prefix_caching = args.enable_prefix_caching is not False
+    options = SimOptions(
+        enable_prefix_caching=prefix_caching,
+        swap_space_gib=swap_space_gib,
+        eviction_policy=EvictionPolicy(args.prefix_cache_eviction),
+        seed=args.seed or 0,
+    )
+    given = {name: getattr(args, name) for name in _VLLM_FLAGS}
+    given["swap_space"] = swap_space_gib if args.swap_space is not None else None
+    given["kv_cache_memory_bytes"] = kv_bytes
+    if given["kv_cache_dtype"] == "auto":
+        given["kv_cache_dtype"] = None
+    if not given["enforce_eager"]:
+        given["enforce_eager"] = None
+    non_default = {k: v for k, v in given.items() if v is not None}
+    served = tuple(args.served_model_name or [args.model])
+    identity = ServerIdentity(
+        model=args.model,
+        served_model_names=served,
+        host=args.host or DEFAULT_HOST,
+        port=DEFAULT_PORT if args.port is None else args.port,
+        enable_prefix_caching=prefix_caching,
+        enable_chunked_prefill=params.enable_chunked_prefill,
+        seed=options.seed,
+    )
+    return _Launch(
+        model=model,
+        gpu=gpu,
+        params=params,
+        options=options,
+        version=version,
+        identity=identity,
+        non_default_args=non_default,
+        startup_delay_s=args.startup_delay,
+        time_scale=args.time_scale,
+        access_log=not args.disable_uvicorn_access_log,
+    )
+
+
+# --- startup ----------------------------------------------------------------------------
+
+
+class _Stage(IntEnum):
+    """Where in vLLM's startup a failure surfaces."""
+
+    CONFIG = 0  # the API server's config validation, before any engine process
+    DEVICE = 1  # worker init: the free-memory check, attention backend selection
+    LOADING = 2  # loading the weights
+    PROFILING = 3  # after "Available KV cache memory", sizing the KV cache
+    WARMUP = 4  # graph capture and sampler warm-up, with the KV cache allocated
+
+
+def _failure_stage(failure: StartupFailure) -> _Stage:
+    if failure.error_type.startswith("pydantic ") or failure.error_type == "argparse":
+        return _Stage.CONFIG
+    stages = {
+        StartupFailureKind.WEIGHTS_DO_NOT_FIT: _Stage.LOADING,
+        StartupFailureKind.NO_MEMORY_FOR_CACHE_BLOCKS: _Stage.PROFILING,
+        StartupFailureKind.MAX_MODEL_LEN_DOES_NOT_FIT: _Stage.PROFILING,
+        StartupFailureKind.BLOCK_SIZE_UNSUPPORTED: _Stage.PROFILING,
+        StartupFailureKind.CUDA_OOM_WARMUP: _Stage.WARMUP,
+    }
+    return stages.get(failure.kind, _Stage.DEVICE)
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGINT arrived during startup."""
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    if seconds <= 0:
+        return
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        return
+    raise _Stopped
+
+
+async def _start_engine(
+    launch: _Launch, vllm_log: VllmLog, stop: asyncio.Event
+) -> tuple[MemoryPlan, SimEngine | None]:
+    """Print vLLM's startup lines up to "init engine"; the engine, or None after a failure."""
+    who = launch.identity
+    plan, engine = build_engine(
+        launch.model, launch.gpu, launch.params, launch.version, launch.options
+    )
+    failure = plan.failure
+    stage = _failure_stage(failure) if failure is not None else None
+    log_banner(vllm_log, who, launch.non_default_args)
+    if failure is not None and stage is _Stage.CONFIG:
+        log_startup_failure(vllm_log, failure)
+        return plan, None
+    log_model_config(vllm_log, launch.model, plan)
+    log_engine_config(vllm_log, who, launch.model, plan, launch.params.enforce_eager)
+    started = time.monotonic()
+    load_s = launch.startup_delay_s * LOADING_SHARE
+    if failure is not None and stage is not None and stage <= _Stage.LOADING:
+        await _pause(stop, load_s if stage is _Stage.LOADING else 0.0)
+        log_startup_failure(vllm_log, failure)
+        return plan, None
+    await _pause(stop, load_s)
+    log_model_loading(vllm_log, plan, time.monotonic() - started)
+    await _pause(stop, launch.startup_delay_s - load_s)
+    log_profile_result(vllm_log, plan, launch.params.kv_cache_memory_bytes)
+    if failure is not None and stage is _Stage.PROFILING:
+        log_startup_failure(vllm_log, failure)
+        return plan, None
+    log_kv_cache_size(vllm_log, plan)
+    if failure is not None:
+        log_startup_failure(vllm_log, failure)
+        return plan, None
+    if not launch.params.enforce_eager:
+        log_graph_capture(vllm_log, plan, 0.0)
+    log_init_engine(vllm_log, time.monotonic() - started, 0.0)
+    return plan, engine
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the engine starts as vLLM binds it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def _serve(launch: _Launch) -> int:
+    # aiohttp is imported here so that `tuner plan` does not pay for it.
+    from aiohttp import web
+
+    from tuner.sim.api import ROUTES, ServeSettings, SimServer, access_logger_class
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    vllm_log = VllmLog(launch.version)
+    who = launch.identity
+    try:
+        sock = _bind(who.host, who.port)
+    except OSError as exc:
+        vllm_log.emit(Process.API_SERVER, f"OSError: {exc}", stderr=True)
+        return 1
+    who = dataclasses.replace(who, port=sock.getsockname()[1])  # --port 0: the one chosen
+    try:
+        plan, engine = await _start_engine(launch, vllm_log, stop)
+    except _Stopped:
+        sock.close()
+        return 0
+    if engine is None:
+        sock.close()
+        return 1
+    settings = ServeSettings(
+        model=who.model,
+        served_model_names=who.served_model_names,
+        max_model_len=plan.max_model_len,
+        vocab_size=launch.model.vocab_size,
+        time_scale=launch.time_scale,
+        enable_prefix_caching=who.enable_prefix_caching,
+    )
+    server = SimServer(engine, plan, launch.gpu, settings, vllm_log)
+    runner_options: dict[str, Any] = {"access_log": None}
+    if launch.access_log:
+        runner_options = {"access_log": log, "access_log_class": access_logger_class(vllm_log)}
+    runner = web.AppRunner(
+        server.app(),
+        handle_signals=False,
+        handler_cancellation=True,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+        **runner_options,
+    )
+    await runner.setup()
+    try:
+        await web.SockSite(runner, sock).start()
+        log_server_start(vllm_log, who, ROUTES)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+    log_server_stop(vllm_log)
+    return 0

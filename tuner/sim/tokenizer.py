@@ -1,0 +1,52 @@
+"""The simulator's tokenizer: deterministic, and one token per word.
+
+A prompt's tokens are its whitespace-separated words, each mapped to
+``crc32(word) % vocab_size``; a chat message adds one token for its role marker.
+So a workload that sends N words is charged N prompt tokens, and the same text
+always gives the same ids (which the prefix cache depends on). An output token
+id detokenizes to the word ``t<id>`` preceded by a space.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Mapping
+
+
+def encode(text: str, vocab_size: int) -> list[int]:
+    """Token ids of a text: one per whitespace-separated word."""
+    return [zlib.crc32(word.encode()) % vocab_size for word in text.split()]
+
+
+def role_token(role: str, vocab_size: int) -> int:
+    return zlib.crc32(f"<|{role}|>".encode()) % vocab_size
+
+
+def message_text(content: object) -> str:
+    """A chat message's text: a string, or the text parts of a list of content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, Mapping) and part.get("type", "text") == "text"
+        ]
+        return " ".join(texts)
+    raise ValueError(f"message content must be a string or a list of parts, not {content!r}")
+
+
+def encode_chat(messages: Iterable[Mapping[str, object]], vocab_size: int) -> list[int]:
+    """Token ids of a conversation: per message, its role marker, then its content's words."""
+    ids: list[int] = []
+    for message in messages:
+        ids.append(role_token(str(message.get("role", "user")), vocab_size))
+        ids.extend(encode(message_text(message.get("content")), vocab_size))
+    return ids
+
+
+def decode_token(token_id: int) -> str:
+    """The text of one output token."""
+    return f" t{token_id}"
