@@ -21,7 +21,9 @@ from tuner.sim.simulate import Slo, run, synthetic_arrivals
 from tuner.versions import VllmVersion
 from workloads.traces import TraceRecord, read_trace
 
-AZURE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-inference-2023-code.csv"
+AZURE = (
+    Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-inference-2023-code.csv"
+)
 
 
 def measure(label: str, records: list[TraceRecord]) -> None:
@@ -31,7 +33,9 @@ def measure(label: str, records: list[TraceRecord]) -> None:
     )
     assert engine is not None, startup.failure
     t0 = time.perf_counter()
-    result = run(engine, records, slo=Slo(), vocab=model.vocab_size, max_model_len=startup.max_model_len)
+    result = run(
+        engine, records, slo=Slo(), vocab=model.vocab_size, max_model_len=startup.max_model_len
+    )
     wall = time.perf_counter() - t0
     tokens = engine.generation_tokens_total
     print(

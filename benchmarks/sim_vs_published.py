@@ -47,9 +47,13 @@ def main() -> None:
             model, get_gpu(gpu_name), ServingParams(max_model_len=2668), VllmVersion.parse("0.10.0")
         )
         assert engine is not None, startup.failure
-        result = run(engine, offline_records(), slo=Slo(), vocab=model.vocab_size, max_model_len=2668)
+        result = run(
+            engine, offline_records(), slo=Slo(), vocab=model.vocab_size, max_model_len=2668
+        )
         simulated = result.output_token_throughput
-        print(f"{gpu_name:<12} {published:>16.0f} {simulated:>16.0f} {simulated / published - 1:>+8.1%}")
+        print(
+            f"{gpu_name:<12} {published:>16.0f} {simulated:>16.0f} {simulated / published - 1:>+8.1%}"
+        )
 
 
 if __name__ == "__main__":
