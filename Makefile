@@ -34,6 +34,7 @@ bench: install
 	$(BIN)/python benchmarks/memory_accuracy.py
 	$(BIN)/python benchmarks/sim_engine_speed.py
 	$(BIN)/python benchmarks/sim_vs_published.py
+	$(BIN)/python benchmarks/sim_serve_event_rate.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

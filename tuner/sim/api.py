@@ -98,6 +98,9 @@ class GpuReport(BaseModel):
     process_used_bytes: int
     kv_cache_usage: float
     time_scale: float
+    # How far the virtual GPU's clock has fallen behind the wall clock: above a few
+    # milliseconds this machine cannot stream the scenario; raise --time-scale.
+    clock_lag_s: float
 
 
 def process_used_bytes(plan: MemoryPlan) -> int:
@@ -305,6 +308,7 @@ class SimServer:
             process_used_bytes=used,
             kv_cache_usage=self.engine.pool.usage,
             time_scale=self.settings.time_scale,
+            clock_lag_s=round(self.driver.lag_s, 4),
         )
 
     # -- generation -------------------------------------------------------------------------

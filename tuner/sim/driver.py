@@ -91,11 +91,17 @@ class EngineDriver:
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
+        self._timeline_s = self._t0
 
     # -- clocks -----------------------------------------------------------------------------
 
     def wall_s(self) -> float:
         return self._loop.time()
+
+    @property
+    def lag_s(self) -> float:
+        """How far the virtual GPU's timeline has fallen behind the wall clock."""
+        return max(self.wall_s() - self._timeline_s, 0.0) if self.engine.has_work else 0.0
 
     def engine_now_s(self) -> float:
         """The engine's clock: virtual seconds since the server started."""
@@ -145,14 +151,20 @@ class EngineDriver:
             if not self.engine.has_work:
                 self._wake.clear()
                 await self._wake.wait()
+                self._timeline_s = max(self._timeline_s, self.wall_s())
                 continue
-            start = self.wall_s()
+            # While there is work, steps follow each other on the virtual GPU's own
+            # timeline: the time spent delivering tokens and the sleep's overshoot
+            # delay a delivery but not the next step. If the core cannot keep up, the
+            # timeline falls behind the wall clock (``lag_s``) and deliveries run late.
+            start = self._timeline_s
             try:
-                result = self.engine.step(self.engine_now_s())
+                result = self.engine.step((start - self._t0) / self.time_scale)
             except EngineDead as exc:
                 self._die(str(exc))
                 return
             end = start + result.duration_s * self.time_scale
+            self._timeline_s = end
             self.busy.add(start, end)
             if not result.events and result.duration_s == 0:
                 await asyncio.sleep(IDLE_RETRY_S)
