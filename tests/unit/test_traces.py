@@ -24,6 +24,14 @@ def test_reads_the_azure_code_trace() -> None:
     assert (len(scaled) - 1) / scaled[-1].arrival_s == pytest.approx(10.0)
 
 
+def test_the_shipped_excerpt_is_the_head_of_the_trace() -> None:
+    excerpt = Path(__file__).resolve().parents[2] / "workloads" / "data"
+    records = read_trace(excerpt / "azure-llm-inference-2023-code-excerpt.csv")
+    assert len(records) == 1000
+    assert (records[0].prompt_tokens, records[0].output_tokens) == (4808, 10)
+    assert "CC-BY 4.0" in (excerpt / "README.md").read_text()
+
+
 def test_malformed_azure_row_names_its_line(tmp_path: Path) -> None:
     trace = tmp_path / "t.csv"
     trace.write_text(
