@@ -1,0 +1,200 @@
+"""ServerProcess against `tuner sim-serve`: outcomes, vLLM's messages, nothing left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tuner.failures import StartupFailureKind
+from tuner.gpus import get_gpu
+from tuner.memory import ServingParams, plan
+from tuner.models import resolve_model
+from tuner.processes import ChildRegistry, group_alive
+from tuner.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
+from tuner.versions import VllmVersion
+
+pytestmark = pytest.mark.integration
+
+
+def launch(
+    tmp_path: Path, *, adapt: bool = True, **kw: object
+) -> tuple[ServerProcess, ChildRegistry]:
+    registry = ChildRegistry(tmp_path)
+    spec = LaunchSpec(backend=Backend.SIM, sim_startup_delay_s=0.1, **kw)  # type: ignore[arg-type]
+    return ServerProcess(
+        spec, registry=registry, log_path=tmp_path / "server.log", adapt=adapt
+    ), registry
+
+
+def test_fitting_config_is_ready_and_its_report_matches_the_memory_model(tmp_path: Path) -> None:
+    params = ServingParams(max_model_len=4096, max_num_seqs=128)
+    server, _registry = launch(tmp_path, model="qwen2.5-7b", gpu="H100-80GB", params=params)
+    try:
+        result = server.wait_ready()
+        assert result.outcome is TrialOutcome.READY, result.log_excerpt
+        expected = plan(
+            resolve_model("qwen2.5-7b"), get_gpu("H100-80GB"), params, VllmVersion.current()
+        )
+        assert result.report is not None
+        assert result.report.kv_cache_tokens == expected.kv_cache_tokens
+        assert result.report.max_concurrency == expected.max_concurrency
+        assert result.ready_s is not None and result.ready_s < 30
+        assert server.engine_outcome() is None
+    finally:
+        server.stop()
+    assert server.pid is not None and not group_alive(server.pid)
+    assert json.loads((tmp_path / "children.json").read_text()) == []
+
+
+@pytest.mark.parametrize(
+    ("params", "kind"),
+    [
+        (ServingParams(gpu_memory_utilization=0.3), StartupFailureKind.MAX_MODEL_LEN_DOES_NOT_FIT),
+        (ServingParams(gpu_memory_utilization=0.2), StartupFailureKind.NO_MEMORY_FOR_CACHE_BLOCKS),
+        (ServingParams(gpu_memory_utilization=1.0), StartupFailureKind.CUDA_OOM_WARMUP),
+    ],
+)
+def test_past_the_edge_is_the_right_startup_oom_within_a_second(
+    tmp_path: Path, params: ServingParams, kind: StartupFailureKind
+) -> None:
+    server, _ = launch(tmp_path, model="llama-3.1-8b", gpu="H100-80GB", params=params)
+    server.start()
+    assert server._proc is not None
+    server._proc.wait(timeout=30)
+    exited = time.monotonic()
+    result = server.wait_ready()
+    assert time.monotonic() - exited < 1.0
+    assert result.outcome is TrialOutcome.STARTUP_OOM
+    assert result.failure is not None and result.failure.kind is kind
+    assert result.failure.message in server.log_text()
+    assert result.exit_code not in (None, 0)
+
+
+def test_a_rejected_flag_is_an_invalid_configuration_not_an_oom(tmp_path: Path) -> None:
+    server, _ = launch(tmp_path, adapt=False, model="qwen2.5-7b", swap_space_gib=4.0)
+    result = server.wait_ready()
+    assert result.outcome is TrialOutcome.INVALID_CONFIG
+    assert result.failure is not None and result.failure.kind is StartupFailureKind.FLAG_REJECTED
+    assert "unrecognized arguments: --swap-space" in result.failure.message
+
+
+def test_flags_the_target_version_lacks_are_left_out_with_the_reason(tmp_path: Path) -> None:
+    server, _ = launch(
+        tmp_path, model="qwen2.5-7b", swap_space_gib=4.0, params=ServingParams(max_model_len=4096)
+    )
+    assert "--swap-space" not in server.command
+    assert [d.flag for d in server.dropped] == ["--swap-space"]
+    assert "0.18" in server.dropped[0].reason
+    old, _ = launch(tmp_path, model="qwen2.5-7b", swap_space_gib=4.0, vllm_version="0.17")
+    assert "--swap-space" in old.command and old.dropped == []
+
+
+def test_invalid_block_size_for_the_release(tmp_path: Path) -> None:
+    server, _ = launch(
+        tmp_path, adapt=False, model="qwen2.5-7b", vllm_version="0.11",
+        params=ServingParams(block_size=48, max_model_len=4096),
+    )  # fmt: skip
+    result = server.wait_ready()
+    assert result.outcome is TrialOutcome.INVALID_CONFIG
+    assert result.failure is not None and "invalid choice: 48" in result.failure.message
+
+
+def test_engine_death_under_load_is_seen(tmp_path: Path) -> None:
+    # 0.998 leaves ~160 MiB beyond the budget; a logprobs row of Qwen's 152k vocabulary
+    # takes 1.2 MB, so ~140 requests sampled together run the device out of memory.
+    params = ServingParams(max_model_len=4096, gpu_memory_utilization=0.998)
+    server, _ = launch(tmp_path, model="qwen2.5-7b", params=params)
+    try:
+        assert server.wait_ready().outcome is TrialOutcome.READY
+
+        def ask(i: int) -> None:
+            body = json.dumps(
+                {"model": "qwen2.5-7b", "prompt": f"hello {i}", "max_tokens": 200, "logprobs": 1}
+            ).encode()
+            request = urllib.request.Request(
+                server.base_url + "/v1/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(request, timeout=30).read()
+
+        with ThreadPoolExecutor(max_workers=256) as pool:
+            list(pool.map(ask, range(512)))
+        died = server.engine_outcome()
+        assert died is not None
+        assert died.outcome is TrialOutcome.ENGINE_DIED
+        assert died.failure is not None and died.failure.kind is StartupFailureKind.RUNTIME_OOM
+    finally:
+        server.stop()
+
+
+# --- nothing outlives the harness -------------------------------------------------------
+
+
+def _harness(run_dir: Path) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable, "-m", "tuner.cli", "serve", "--model", "qwen2.5-7b", "--max-model-len", "4096",
+        "--sim-startup-delay", "0.1", "--run-dir", str(run_dir), "--hold",
+    ]  # fmt: skip
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def _server_group(run_dir: Path, timeout_s: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        log = run_dir / "server.log"
+        children = run_dir / "children.json"
+        if log.exists() and "Application startup complete" in log.read_text() and children.exists():
+            records = json.loads(children.read_text())
+            if records:
+                return int(records[0]["pgid"])
+        time.sleep(0.1)
+    raise AssertionError("the server did not come up")
+
+
+def _gone(pgid: int, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_no_server_survives_the_harness(tmp_path: Path, sig: signal.Signals) -> None:
+    harness = _harness(tmp_path)
+    try:
+        pgid = _server_group(tmp_path)
+        assert group_alive(pgid)
+        os.kill(harness.pid, sig)
+        harness.wait(timeout=30)
+        assert _gone(pgid), f"server group {pgid} survived {sig.name} of the harness"
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+
+
+def test_the_next_run_stops_leftovers_and_says_so(tmp_path: Path) -> None:
+    registry = ChildRegistry(tmp_path)
+    # A leftover: a process recorded by an earlier run that is still alive.
+    leftover = registry.spawn(["sleep", "60"], role="sim server", stdout_path=tmp_path / "x.log")
+    os.kill(os.getpid(), 0)
+    fresh = ChildRegistry(tmp_path)
+    notes = fresh.stop_leftovers()
+    leftover.wait(timeout=10)
+    assert len(notes) == 1 and "left running by an earlier run" in notes[0]
+    assert not group_alive(leftover.pid)

@@ -1,0 +1,214 @@
+"""Child processes that never outlive the harness.
+
+Every server and load generator the harness starts runs in its own process group
+and is recorded in ``<run dir>/children.json``. Three layers make sure none is
+left behind:
+
+1. normal stop: SIGTERM to the whole group, a grace period, then SIGKILL;
+2. the harness itself interrupted (SIGINT, SIGTERM, an exception): ``ChildRegistry``
+   stops every recorded group before the harness exits;
+3. the harness killed with SIGKILL: each child was started with a parent-death
+   signal (Linux ``PR_SET_PDEATHSIG``), and the next run in the same run directory
+   stops any recorded group that is still alive and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+REGISTRY_FILE = "children.json"
+
+
+def set_parent_death_signal() -> None:
+    """In the child, before exec: die with SIGKILL when the parent dies (Linux only)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the registry still stops leftovers on the next run
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(
+    pgid: int, *, grace_s: float = 10.0, leader: subprocess.Popen[bytes] | None = None
+) -> bool:
+    """SIGTERM the group, wait up to grace_s, SIGKILL what is left. True if anything was running.
+
+    ``leader`` is the group's first process when it is our child: it is reaped as it
+    exits, so the group does not linger as a zombie.
+    """
+
+    def reap() -> None:
+        if leader is not None:
+            leader.poll()
+
+    reap()
+    if not group_alive(pgid):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        reap()
+        if not group_alive(pgid):
+            return True
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        reap()
+        if not group_alive(pgid):
+            break
+        time.sleep(0.05)
+    return True
+
+
+@dataclass(frozen=True)
+class ChildRecord:
+    pgid: int
+    cmdline: str
+    started_at: float
+    role: str
+
+
+class ChildRegistry:
+    """The process groups this run started, on disk, so none outlives the harness."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / REGISTRY_FILE
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._children: dict[int, ChildRecord] = {}
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._previous: dict[
+            signal.Signals, Callable[[int, FrameType | None], object] | int | None
+        ] = {}
+
+    # -- leftovers of an earlier run --------------------------------------------------------
+
+    def stop_leftovers(self) -> list[str]:
+        """Stop groups an earlier harness in this run directory left alive; say which."""
+        notes: list[str] = []
+        for record in self._read():
+            if not group_alive(record.pgid):
+                continue
+            current = _cmdline(record.pgid)
+            if current and current != record.cmdline:
+                continue  # the pid was reused by an unrelated process
+            stop_group(record.pgid, grace_s=5.0)
+            notes.append(
+                f"stopped a {record.role} left running by an earlier run "
+                f"(process group {record.pgid}: {record.cmdline[:120]})"
+            )
+        self._children.clear()
+        self._write()
+        return notes
+
+    # -- this run ----------------------------------------------------------------------------
+
+    def spawn(
+        self,
+        cmd: list[str],
+        *,
+        role: str,
+        stdout_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start cmd in its own process group, output to a file, recorded until stopped."""
+        stdout_path.parent.mkdir(parents=True, exist_ok=True)
+        with stdout_path.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=set_parent_death_signal,
+            )
+        record = ChildRecord(
+            pgid=proc.pid,
+            cmdline=_cmdline(proc.pid) or " ".join(cmd),
+            started_at=time.time(),
+            role=role,
+        )
+        self._children[proc.pid] = record
+        self._procs[proc.pid] = proc
+        self._write()
+        return proc
+
+    def stop(self, pgid: int, *, grace_s: float = 10.0) -> None:
+        stop_group(pgid, grace_s=grace_s, leader=self._procs.get(pgid))
+        self._children.pop(pgid, None)
+        self._procs.pop(pgid, None)
+        self._write()
+
+    def stop_all(self) -> None:
+        for pgid in list(self._children):
+            self.stop(pgid, grace_s=5.0)
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[ChildRegistry]:
+        """Stop every child on exit, exception, SIGINT or SIGTERM (re-raised as KeyboardInterrupt)."""
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, on_signal)
+        try:
+            yield self
+        finally:
+            self.stop_all()
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    # -- the file ----------------------------------------------------------------------------
+
+    def _read(self) -> list[ChildRecord]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return []
+        return [ChildRecord(**item) for item in data if isinstance(item, dict)]
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps([asdict(r) for r in self._children.values()], indent=1), encoding="utf-8"
+        )
+        tmp.replace(self.path)
