@@ -48,6 +48,13 @@ def add_parser(sub: Any) -> None:
         help="pass every flag even if vLLM lacks it",
     )
     p.add_argument("--hold", action="store_true", help="keep serving until interrupted")
+    p.add_argument(
+        "--gpu-source",
+        default="auto",
+        help="GPU memory sampling while holding: nvml, sim, none, or auto (sim for the sim "
+        "backend, nvml for vllm)",
+    )
+    p.add_argument("--gpu-sample-hz", type=float, default=10.0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_serve)
 
@@ -70,6 +77,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if not vllm_cmd:
         raise ConfigError(
             "--vllm-cmd is empty; give the command that starts vLLM, e.g. 'vllm serve'"
+        )
+    if args.gpu_sample_hz <= 0:
+        raise ConfigError(f"--gpu-sample-hz {args.gpu_sample_hz} is out of range; accepted: > 0")
+    if args.gpu_source not in ("auto", "nvml", "sim", "none"):
+        raise ConfigError(
+            f"--gpu-source {args.gpu_source!r} is not a source; accepted: auto, nvml, sim, none"
         )
     if args.port and not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is out of range; accepted: 1 to 65535")
@@ -96,25 +109,60 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         server = ServerProcess(
             spec, registry=registry, log_path=args.run_dir / "server.log", adapt=args.adapt
         )
+        if args.hold and _gpu_source_kind(args) == "nvml":
+            from tuner.gpu_sampler import make_source
+
+            probe = make_source("nvml")
+            probe.open()  # no NVIDIA driver: one clear line before anything is launched
+            probe.close()
         for dropped in server.dropped:
             print(f"tuner: left out {dropped.flag}: {dropped.reason}", file=sys.stderr)
         result = server.wait_ready()
         _print(result, as_json=args.json)
         if result.outcome is TrialOutcome.READY and args.hold:
-            print(
-                f"serving at {result.base_url} until interrupted (Ctrl-C)",
-                file=sys.stderr,
-                flush=True,
-            )
-            try:
-                while (died := server.engine_outcome()) is None:
-                    time.sleep(1.0)
-                _print(died, as_json=args.json)
-                return 1
-            except KeyboardInterrupt:
-                pass
+            return _hold(server, args)
         server.stop()
     return 0 if result.outcome is TrialOutcome.READY else 1
+
+
+def _gpu_source_kind(args: argparse.Namespace) -> str:
+    if args.gpu_source == "auto":
+        return "sim" if args.backend == "sim" else "nvml"
+    return str(args.gpu_source)
+
+
+def _hold(server: Any, args: argparse.Namespace) -> int:
+    """Serve until interrupted or the engine dies, sampling GPU memory into gpu.csv."""
+    from tuner.gpu_sampler import GpuSampler, ProcessTree, make_source
+
+    source = make_source(_gpu_source_kind(args), base_url=server.base_url)
+    assert server.pid is not None
+    timeline = args.run_dir / "gpu.csv"
+    sampler = GpuSampler(
+        source,
+        interval_s=1.0 / args.gpu_sample_hz,
+        timeline_path=timeline,
+        pids=ProcessTree(server.pid),
+    )
+    sampler.start()
+    print(
+        f"serving at {server.base_url} until interrupted (Ctrl-C); GPU timeline in {timeline}",
+        file=sys.stderr,
+        flush=True,
+    )
+    code = 0
+    try:
+        while (died := server.engine_outcome()) is None:
+            time.sleep(1.0)
+        _print(died, as_json=args.json)
+        code = 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        summary = sampler.stop()
+        server.stop()
+        print(f"GPU: {summary.model_dump_json()}", file=sys.stderr, flush=True)
+    return code
 
 
 def _print(result: Any, *, as_json: bool) -> None:

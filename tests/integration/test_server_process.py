@@ -157,7 +157,13 @@ def _server_group(run_dir: Path, timeout_s: float = 30.0) -> int:
     while time.monotonic() < deadline:
         log = run_dir / "server.log"
         children = run_dir / "children.json"
-        if log.exists() and "Application startup complete" in log.read_text() and children.exists():
+        holding = (run_dir / "gpu.csv").exists()  # the harness is past startup, sampling
+        if (
+            holding
+            and log.exists()
+            and "Application startup complete" in log.read_text()
+            and children.exists()
+        ):
             records = json.loads(children.read_text())
             if records:
                 return int(records[0]["pgid"])
@@ -180,12 +186,28 @@ def test_no_server_survives_the_harness(tmp_path: Path, sig: signal.Signals) -> 
     try:
         pgid = _server_group(tmp_path)
         assert group_alive(pgid)
+        time.sleep(0.5)  # a few GPU samples at 10 Hz
         os.kill(harness.pid, sig)
         harness.wait(timeout=30)
         assert _gone(pgid), f"server group {pgid} survived {sig.name} of the harness"
+        if sig is not signal.SIGKILL:
+            # A clean stop also closes the GPU timeline sampled while holding.
+            rows = (tmp_path / "gpu.csv").read_text().splitlines()
+            assert rows[0].startswith("t_s,device_index") and len(rows) > 2
     finally:
         if harness.poll() is None:
             harness.kill()
+
+
+def test_nvml_without_a_driver_is_one_line_before_any_launch(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "tuner.cli", "serve", "--model", "qwen2.5-7b", "--hold",
+           "--gpu-source", "nvml", "--run-dir", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if done.returncode == 0:
+        pytest.skip("NVML is available on this machine")
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and "NVML" in done.stderr
+    assert not (tmp_path / "server.log").exists()
 
 
 def test_the_next_run_stops_leftovers_and_says_so(tmp_path: Path) -> None:

@@ -1,0 +1,135 @@
+"""The GPU sampler against a running `tuner sim-serve`, read through its /sim/gpu endpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tuner.gpu_sampler import GpuSampler, ProcessTree, SimSource, read_timeline, summarize
+from tuner.gpus import get_gpu
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+STARTUP_TIMEOUT_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture
+def sim_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """sim-serve on a free port, in its own process group, its output in a log file."""
+    port = free_port()
+    log_path = tmp_path / "sim-serve.log"
+    command = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "sim-serve",
+        "--model",
+        "qwen2.5-7b",
+        "--gpu",
+        "H100-80GB",
+        "--max-model-len",
+        "4096",
+        "--port",
+        str(port),
+        "--startup-delay",
+        "0.1",
+    ]
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"sim-serve exited with {proc.returncode}:\n{log_tail(log_path)}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"sim-serve not healthy after {STARTUP_TIMEOUT_S} s")
+            time.sleep(0.05)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def stream_completion(url: str, max_tokens: int) -> int:
+    body = {
+        "model": "qwen2.5-7b",
+        "prompt": " ".join(f"w{i}" for i in range(200)),
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    events = 0
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():  # read to the end: leaving early aborts the request
+            events += line.startswith("data: {")
+    return events
+
+
+def test_sim_source_samples_the_virtual_gpu(
+    sim_server: tuple[subprocess.Popen[bytes], str], tmp_path: Path
+) -> None:
+    proc, url = sim_server
+    timeline = tmp_path / "gpu.csv"
+    sampler = GpuSampler(
+        SimSource(url),
+        interval_s=0.05,  # 20 Hz
+        timeline_path=timeline,
+        pids=ProcessTree(proc.pid),
+    )
+    with sampler:
+        started = time.monotonic()
+        events = sum(stream_completion(url, 40) for _ in range(3))
+        time.sleep(max(0.0, 0.5 - (time.monotonic() - started)))
+    summary = sampler.stop()
+    reported = httpx.get(f"{url}/sim/gpu", timeout=5).json()
+
+    assert events >= 3 * 40
+    assert summary.errors == 0, summary.first_error
+    assert summary.samples > 5
+    samples = sampler.samples
+    assert all(s.used_bytes <= s.total_bytes for s in samples)
+    assert all(s.free_bytes == s.total_bytes - s.used_bytes for s in samples)
+    assert summary.peak_used_bytes == reported["used_bytes"]
+    assert summary.total_bytes == get_gpu("H100-80GB").nvml_total_bytes
+    assert summary.headroom_bytes == summary.total_bytes - reported["used_bytes"]
+    # The server is the watched process: NVML-style per-process memory is its own.
+    assert reported["process_pid"] == proc.pid
+    assert summary.peak_process_used_bytes == reported["process_used_bytes"]
+    assert summary.peak_utilization_percent is not None and summary.peak_utilization_percent > 0
+    assert summary.mean_power_watts is not None and summary.mean_power_watts >= 70
+    assert read_timeline(timeline) == samples
+    assert summarize(read_timeline(timeline), source="sim") == summary
