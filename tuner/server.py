@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.failures import StartupFailure, StartupFailureKind
+from tuner.gpu_sampler import GpuSource, wait_until_released
 from tuner.memory import ServingParams
 from tuner.processes import ChildRegistry
 from tuner.versions import KV_CACHE_MEMORY_BYTES_FLAG, VllmVersion
@@ -235,8 +236,14 @@ class ServerProcess:
         registry: ChildRegistry,
         log_path: Path,
         adapt: bool = True,
+        memory_source: GpuSource | None = None,
     ) -> None:
+        """``memory_source`` (NVML on a GPU host): after stop, wait until the device's
+        memory is back to what it was before the launch, so the next trial starts clean."""
         self.spec = spec
+        self.memory_source = memory_source
+        self.memory_released: bool | None = None
+        self._baseline_used: dict[int, int] = {}
         self.registry = registry
         self.log_path = log_path
         self.port = spec.port or free_port(spec.host)
@@ -305,6 +312,9 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w", encoding="utf-8") as out:
             out.write(f"# tuner: {shlex.join(self.command)}\n")
+        if self.memory_source is not None:
+            readings = self.memory_source.read(frozenset())
+            self._baseline_used = {r.device_index: r.used_bytes for r in readings}
         self._started_s = time.monotonic()
         self._proc = self.registry.spawn(
             self.command,
@@ -375,9 +385,21 @@ class ServerProcess:
         )
         return self._result(outcome, failure=failure, exit_code=code)
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        if self._proc is not None:
-            self.registry.stop(self._proc.pid, grace_s=grace_s)
+    def stop(self, grace_s: float = 10.0, release_timeout_s: float = 60.0) -> None:
+        if self._proc is None:
+            return
+        self.registry.stop(self._proc.pid, grace_s=grace_s)
+        if self.memory_source is not None and self.memory_released is None:
+            self.memory_released = wait_until_released(
+                self.memory_source,
+                baseline_used_bytes=self._baseline_used,
+                timeout_s=release_timeout_s,
+            )
+            if not self.memory_released:
+                log.warning(
+                    "GPU memory was not released within %.0f s of stopping the server",
+                    release_timeout_s,
+                )
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -220,3 +220,45 @@ def test_the_next_run_stops_leftovers_and_says_so(tmp_path: Path) -> None:
     leftover.wait(timeout=10)
     assert len(notes) == 1 and "left running by an earlier run" in notes[0]
     assert not group_alive(leftover.pid)
+
+
+class FakeNvml:
+    """A stand-in for NVML (no GPU here): device memory rises at launch, falls slowly after stop."""
+
+    name = "fake-nvml"
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.used = 1 << 30
+        self.release_after_reads: int | None = None
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def read(self, pids: frozenset[int]) -> list[object]:
+        from tuner.gpu_sampler import DeviceReading
+
+        self.reads += 1
+        if self.release_after_reads is not None and self.reads >= self.release_after_reads:
+            self.used = 1 << 30
+        total = 80 << 30
+        return [DeviceReading(0, total, self.used, total - self.used, 0.0, 0.0, None, 0)]
+
+
+def test_stop_waits_until_the_device_memory_is_released(tmp_path: Path) -> None:
+    fake = FakeNvml()
+    registry = ChildRegistry(tmp_path)
+    spec = LaunchSpec(backend=Backend.SIM, model="qwen2.5-7b", params=ServingParams(max_model_len=4096),
+                      sim_startup_delay_s=0.1)  # fmt: skip
+    server = ServerProcess(
+        spec, registry=registry, log_path=tmp_path / "server.log", memory_source=fake
+    )  # type: ignore[arg-type]
+    assert server.wait_ready().outcome is TrialOutcome.READY
+    fake.used = 70 << 30  # the server holds its budget
+    fake.release_after_reads = fake.reads + 4  # ...and releases it a moment after stopping
+    server.stop()
+    assert server.memory_released is True
+    assert fake.reads >= fake.release_after_reads
