@@ -262,3 +262,20 @@ def test_stop_waits_until_the_device_memory_is_released(tmp_path: Path) -> None:
     server.stop()
     assert server.memory_released is True
     assert fake.reads >= fake.release_after_reads
+
+
+def test_an_api_key_stays_in_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-test-7f3a9c0e-never-in-logs"
+    monkeypatch.setenv("VLLM_API_KEY", secret)
+    server, _ = launch(tmp_path, model="qwen2.5-7b", params=ServingParams(max_model_len=4096))
+    try:
+        result = server.wait_ready()
+        assert result.outcome is TrialOutcome.READY
+    finally:
+        server.stop()
+    assert secret not in " ".join(server.command)
+    assert secret not in server.log_text()
+    assert secret not in result.model_dump_json()
+    assert secret not in (tmp_path / "children.json").read_text()
