@@ -1,0 +1,102 @@
+"""The contract between workload generation and load generation: schedules in, records out.
+
+A *schedule* is the open-loop plan of one load run: every request with the offset
+(seconds from the start of the run) at which it must be sent, whatever the server
+is doing. A *record* is what the load generator measured for one request. Both are
+JSON Lines files, so Locust (its own process, gevent-patched) and the tuner never
+share memory, and every run leaves its evidence on disk.
+
+Times in records are Unix seconds (``time.time()``) of the load generator's clock;
+``scheduled_s`` is the run start plus the request's offset, and latencies are
+measured from it (no coordinated omission: a stalled server cannot delay the clock
+the latency is measured against).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+
+class Api(StrEnum):
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request of the plan."""
+
+    request_id: str
+    send_s: float  # offset from the start of the run
+    api: Api
+    prompt_tokens: int
+    max_tokens: int
+    prompt: str | None = None  # completions
+    messages: list[dict[str, str]] | None = None  # chat: [{"role": ..., "content": ...}]
+    warmup: bool = False  # sent before the measured window, excluded from results
+    session_id: str | None = None  # multi-turn conversation this request belongs to
+    turn: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str) -> ScheduledRequest:
+        data = json.loads(line)
+        data["api"] = Api(data["api"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What the load generator measured for one request (Unix seconds)."""
+
+    request_id: str
+    scheduled_s: float
+    sent_s: float
+    prompt_tokens: int  # as the server counted them (usage), else as scheduled
+    output_tokens: int  # from the usage chunk when present, else token events
+    status: int  # HTTP status; 0 when the connection failed
+    first_token_s: float | None = None
+    end_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    error: str | None = None
+    warmup: bool = False
+    worker: str = ""  # which load-generator process sent it
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str) -> RequestRecord:
+        return cls(**json.loads(line))
+
+
+def write_schedule(path: Path, requests: Iterable[ScheduledRequest]) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with path.open("w", encoding="utf-8") as out:
+        for request in sorted(requests, key=lambda r: r.send_s):
+            out.write(request.to_json() + "\n")
+            count += 1
+    return count
+
+
+def read_schedule(path: Path) -> list[ScheduledRequest]:
+    with path.open(encoding="utf-8") as fh:
+        return [ScheduledRequest.from_json(line) for line in fh if line.strip()]
+
+
+def read_records(path: Path) -> Iterator[RequestRecord]:
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                yield RequestRecord.from_json(line)
