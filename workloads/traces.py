@@ -10,18 +10,31 @@ line number; nothing is silently skipped.
   ``output_length`` and ``hash_ids`` (one id per 512-token block of the prompt;
   equal ids mean equal prompt blocks, which is what prefix caching reuses).
 * Own JSONL: ``arrival_s``, ``prompt_tokens``, ``output_tokens`` and optional
-  ``prefix_id`` / ``prefix_tokens`` (a shared prefix of that many tokens).
+  ``prefix_id`` / ``prefix_tokens``: the first ``prefix_tokens`` of the prompt are
+  identical in every row with the same ``prefix_id`` (a shared system prompt or
+  document). It becomes one shared block of ``prefix_tokens`` tokens.
+
+Shipped traces are named ``builtin:NAME`` (``resolve_trace`` turns a name into
+its file); ``load_trace`` reads and caches a trace by path.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 MOONCAKE_BLOCK_TOKENS = 512
+BUILTIN_PREFIX = "builtin:"
+_DATA_DIR = Path(__file__).resolve().parent / "data"
+# Shipped traces, by the name that follows "builtin:".
+BUILTIN_TRACES: dict[str, str] = {
+    "azure-code": "azure-llm-inference-2023-code-excerpt.csv",
+}
 
 
 class TraceError(ValueError):
@@ -111,7 +124,7 @@ def read_mooncake_jsonl(path: Path) -> list[TraceRecord]:
             raise TraceError(f"{where}: hash_ids must be a list of integers")
         out.append(
             TraceRecord(
-                arrival_s=float(obj["timestamp"]) / 1000.0,
+                arrival_s=_seconds(obj["timestamp"], "timestamp", where) / 1000.0,
                 prompt_tokens=_positive_int(obj["input_length"], "input_length", where),
                 output_tokens=max(_positive_int(obj["output_length"], "output_length", where), 1),
                 prefix_block_ids=tuple(_positive_int(h, "hash id", where) for h in hash_ids),
@@ -127,21 +140,146 @@ def read_mooncake_jsonl(path: Path) -> list[TraceRecord]:
     ]
 
 
+def _seconds(value: object, what: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TraceError(f"{where}: {what} {value!r} is not a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise TraceError(f"{where}: {what} {value!r} is not a number") from None
+    if not math.isfinite(number) or number < 0:
+        raise TraceError(f"{where}: {what} {value!r} is not a non-negative number")
+    return number
+
+
+OWN_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")
+
+
+def read_own_jsonl(path: Path) -> list[TraceRecord]:
+    """Our JSONL: arrival_s, prompt_tokens, output_tokens, optional prefix_id / prefix_tokens."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror}") from exc
+    out: list[TraceRecord] = []
+    prefix_ids: dict[str, int] = {}  # prefix_id -> block id (order of first appearance)
+    prefix_sizes: dict[str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{where}: a row must be a JSON object with {', '.join(OWN_FIELDS)}")
+        missing = [name for name in OWN_FIELDS if name not in obj]
+        if missing:
+            raise TraceError(
+                f"{where}: missing {', '.join(missing)}; a row needs {', '.join(OWN_FIELDS)}"
+                " (optional prefix_id, prefix_tokens)"
+            )
+        unknown = sorted(set(obj) - {*OWN_FIELDS, "prefix_id", "prefix_tokens"})
+        if unknown:
+            raise TraceError(
+                f"{where}: unknown field {unknown[0]!r}; accepted: {', '.join(OWN_FIELDS)},"
+                " prefix_id, prefix_tokens"
+            )
+        arrival = _seconds(obj["arrival_s"], "arrival_s", where)
+        prompt = _positive_int(obj["prompt_tokens"], "prompt_tokens", where)
+        output = _positive_int(obj["output_tokens"], "output_tokens", where)
+        blocks: tuple[int, ...] = ()
+        block_tokens = MOONCAKE_BLOCK_TOKENS
+        has_id, has_tokens = obj.get("prefix_id") is not None, "prefix_tokens" in obj
+        if has_id != has_tokens:
+            raise TraceError(f"{where}: prefix_id and prefix_tokens go together; one is missing")
+        if has_id:
+            key = str(obj["prefix_id"])
+            size = _positive_int(obj["prefix_tokens"], "prefix_tokens", where)
+            if size > prompt:
+                raise TraceError(
+                    f"{where}: prefix_tokens {size} is more than prompt_tokens {prompt}"
+                )
+            if prefix_sizes.setdefault(key, size) != size:
+                raise TraceError(
+                    f"{where}: prefix_id {key!r} has prefix_tokens {size} here and "
+                    f"{prefix_sizes[key]} before; a prefix has one length"
+                )
+            if size > 0:
+                blocks = (prefix_ids.setdefault(key, len(prefix_ids) + 1),)
+                block_tokens = size
+        out.append(TraceRecord(arrival, prompt, max(output, 1), blocks, block_tokens))
+    if not out:
+        raise TraceError(f"{path}: the trace has no requests")
+    out.sort(key=lambda r: r.arrival_s)
+    start = out[0].arrival_s
+    return [
+        TraceRecord(
+            r.arrival_s - start,
+            r.prompt_tokens,
+            r.output_tokens,
+            r.prefix_block_ids,
+            r.block_tokens,
+        )
+        for r in out
+    ]
+
+
 def read_trace(path: Path) -> list[TraceRecord]:
-    """Read a trace, choosing the reader by content: CSV header or Mooncake JSONL."""
+    """Read a trace, choosing the reader by content: CSV header, Mooncake or own JSONL."""
     try:
         with path.open(encoding="utf-8") as fh:
             first = fh.readline()
+            while first and not first.strip():
+                first = fh.readline()
     except OSError as exc:
         raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror}") from exc
     if first.startswith("TIMESTAMP"):
         return read_azure_csv(path)
     if first.lstrip().startswith("{"):
+        if '"arrival_s"' in first:
+            return read_own_jsonl(path)
         return read_mooncake_jsonl(path)
     raise TraceError(
         f"{path}: unknown trace format; accepted: Azure CSV (TIMESTAMP,ContextTokens,"
-        "GeneratedTokens) or Mooncake JSONL (timestamp, input_length, output_length, hash_ids)"
+        "GeneratedTokens), Mooncake JSONL (timestamp, input_length, output_length, hash_ids)"
+        " or JSONL with arrival_s, prompt_tokens, output_tokens"
     )
+
+
+def resolve_trace(ref: str, *, base_dir: Path | None = None) -> Path:
+    """The file of a trace reference: ``builtin:NAME`` or a path (relative to base_dir)."""
+    if ref.startswith(BUILTIN_PREFIX):
+        name = ref[len(BUILTIN_PREFIX) :].strip().lower()
+        if name not in BUILTIN_TRACES:
+            accepted = ", ".join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_TRACES))
+            raise TraceError(f"trace {ref!r} is not shipped; built-in traces: {accepted}")
+        return _DATA_DIR / BUILTIN_TRACES[name]
+    path = Path(ref).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if not path.is_file():
+        accepted = ", ".join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_TRACES))
+        raise TraceError(
+            f"trace {ref!r} is not a file (looked at {path}); or use one of {accepted}"
+        )
+    return path.resolve()
+
+
+def load_trace(path: Path) -> tuple[TraceRecord, ...]:
+    """Read a trace once per file version (path, size and mtime key a small cache)."""
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror}") from exc
+    return _load_trace_cached(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_trace_cached(path: str, size: int, mtime_ns: int) -> tuple[TraceRecord, ...]:
+    del size, mtime_ns  # cache key only
+    return tuple(read_trace(Path(path)))
 
 
 def scale_to_rate(records: list[TraceRecord], rate_per_s: float) -> list[TraceRecord]:

@@ -1,0 +1,242 @@
+"""From a WorkloadSpec to the open-loop schedule of one run.
+
+``build_schedule`` plans every request up front: its send offset (warm-up first,
+then the measured window), its lengths, its text (shared system prompt, Mooncake
+blocks, session history) and whether it is warm-up. The same spec and seed give
+the same schedule, byte for byte.
+
+How a request's text is made:
+
+* completions: ``[system prompt] [shared trace blocks] new text``, one string;
+* chat: an optional ``system`` message with the system prompt, then the user
+  message ``[shared trace blocks] new text``;
+* a session's turn n: completions extend turn n-1's prompt with its answer and
+  the new text; chat appends turn n-1's answer as an ``assistant`` message and the
+  new ``user`` message. Answers are placeholder text of turn n-1's ``max_tokens``
+  (the real answer is unknown when the plan is made; the history's shape is what
+  loads the server).
+
+``ScheduledRequest.prompt_tokens`` is the exact count under the prompt builder
+(the word rule by default: words, plus one per chat message).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from workloads.arrivals import ArrivalPlan, plan_arrivals
+from workloads.lengths import (
+    IntArray,
+    TraceColumn,
+    lengths_for_rows,
+    read_trace_ref,
+    sample_lengths,
+)
+from workloads.prompts import PromptBuilder, WordPromptBuilder, text_of
+from workloads.schedule import Api, ScheduledRequest
+from workloads.spec import TraceArrival, WorkloadSpec
+from workloads.traces import TraceRecord
+
+# Independent random streams of one spec's seed (changing one aspect keeps the others).
+_ARRIVALS, _PROMPT_LEN, _OUTPUT_LEN, _PREFIX, _TURNS = 1, 10, 11, 12, 13
+_SYSTEM_TEXT, _BLOCK_TEXT, _REQUEST_TEXT, _ANSWER_TEXT = 20, 21, 22, 23
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+Message = dict[str, str]
+
+
+@dataclass
+class _Texts:
+    """Cached shared texts: system prompts and trace blocks are built once per run."""
+
+    spec: WorkloadSpec
+    builder: PromptBuilder
+    system: dict[int, str]
+    blocks: dict[tuple[int, int], str]
+
+    def system_prompt(self, which: int) -> str:
+        if which not in self.system:
+            assert self.spec.shared_prefix is not None
+            self.system[which] = text_of(
+                self.builder,
+                self.spec.shared_prefix.system_prompt_tokens,
+                seed=_seed(self.spec.seed, _SYSTEM_TEXT, which),
+            )
+        return self.system[which]
+
+    def shared_blocks(self, row: TraceRecord | None, prompt_tokens: int) -> tuple[str, int]:
+        """A trace row's shared blocks (identical text for equal ids), cut to the prompt."""
+        if row is None or not row.prefix_block_ids:
+            return "", 0
+        parts: list[str] = []
+        used = 0
+        for block in row.prefix_block_ids:
+            if used >= prompt_tokens:
+                break
+            size = min(row.block_tokens, prompt_tokens - used)
+            key = (block, size)
+            if key not in self.blocks:
+                self.blocks[key] = text_of(
+                    self.builder, size, seed=_seed(self.spec.seed, _BLOCK_TEXT, block)
+                )
+            parts.append(self.blocks[key])
+            used += size
+        return " ".join(parts), used
+
+
+def _chat_tokens(builder: PromptBuilder, messages: Sequence[Message]) -> int:
+    return sum(builder.count(m["content"]) + builder.message_overhead_tokens for m in messages)
+
+
+def build_schedule(
+    spec: WorkloadSpec, *, prompt_builder: PromptBuilder | None = None
+) -> list[ScheduledRequest]:
+    """Every request of one run, sorted by send offset; deterministic for spec.seed."""
+    builder = prompt_builder if prompt_builder is not None else WordPromptBuilder()
+    trace: tuple[TraceRecord, ...] | None = None
+    if isinstance(spec.arrival, TraceArrival):
+        trace = read_trace_ref(spec.arrival.path)
+    plan = plan_arrivals(
+        spec.arrival,
+        duration_s=spec.duration_s,
+        warmup=spec.warmup,
+        seed=_seed(spec.seed, _ARRIVALS),
+        trace=trace,
+    )
+    rows: list[TraceRecord] | None = None
+    if plan.trace_rows is not None and trace is not None:
+        rows = [trace[i] for i in plan.trace_rows]
+    n = len(plan)
+
+    turns = np.ones(n, dtype=np.int64)
+    if spec.sessions is not None:
+        turns = sample_lengths(
+            spec.sessions.turns, n, np.random.default_rng(_seed(spec.seed, _TURNS))
+        )
+    total = int(turns.sum())
+    prompt_rng = np.random.default_rng(_seed(spec.seed, _PROMPT_LEN))
+    output_rng = np.random.default_rng(_seed(spec.seed, _OUTPUT_LEN))
+    if rows is not None and spec.sessions is None:
+        prompt_len = lengths_for_rows(
+            spec.prompt_tokens, rows, prompt_rng, column=TraceColumn.PROMPT
+        )
+        output_len = lengths_for_rows(
+            spec.output_tokens, rows, output_rng, column=TraceColumn.OUTPUT
+        )
+    else:
+        prompt_len = sample_lengths(
+            spec.prompt_tokens, total, prompt_rng, column=TraceColumn.PROMPT
+        )
+        output_len = sample_lengths(
+            spec.output_tokens, total, output_rng, column=TraceColumn.OUTPUT
+        )
+
+    prefix_rng = np.random.default_rng(_seed(spec.seed, _PREFIX))
+    if spec.shared_prefix is not None:
+        has_prefix = prefix_rng.random(n) < spec.shared_prefix.fraction
+        which_prefix = prefix_rng.integers(0, spec.shared_prefix.distinct_prompts, size=n)
+    else:
+        has_prefix = np.zeros(n, dtype=bool)
+        which_prefix = np.zeros(n, dtype=np.int64)
+
+    texts = _Texts(spec=spec, builder=builder, system={}, blocks={})
+    requests: list[ScheduledRequest] = []
+    first_turn = np.concatenate([[0], np.cumsum(turns)[:-1]]).astype(np.int64)
+    for i in range(n):
+        system = texts.system_prompt(int(which_prefix[i])) if has_prefix[i] else ""
+        requests.extend(
+            _arrival_requests(
+                spec,
+                plan,
+                builder,
+                texts,
+                index=i,
+                system=system,
+                row=rows[i] if rows is not None else None,
+                prompt_len=prompt_len[first_turn[i] : first_turn[i] + turns[i]],
+                output_len=output_len[first_turn[i] : first_turn[i] + turns[i]],
+            )
+        )
+    return sorted(requests, key=lambda r: r.send_s)
+
+
+def _arrival_requests(
+    spec: WorkloadSpec,
+    plan: ArrivalPlan,
+    builder: PromptBuilder,
+    texts: _Texts,
+    *,
+    index: int,
+    system: str,
+    row: TraceRecord | None,
+    prompt_len: IntArray,
+    output_len: IntArray,
+) -> list[ScheduledRequest]:
+    """One arrival's requests: a single request, or the turns of one session."""
+    sessions = spec.sessions
+    base_id = f"{spec.name}-{index:06d}"
+    send_s = float(plan.send_s[index])
+    out: list[ScheduledRequest] = []
+    context = system  # completions: the text so far
+    history: list[Message] = [{"role": "system", "content": system}] if system else []
+    for turn, (new_tokens, max_tokens) in enumerate(
+        zip(prompt_len.tolist(), output_len.tolist(), strict=True)
+    ):
+        seed = _seed(spec.seed, _REQUEST_TEXT, index, turn)
+        blocks, used = texts.shared_blocks(row, new_tokens) if turn == 0 else ("", 0)
+        prompt: str | None = None
+        messages: list[Message] | None = None
+        if spec.api is Api.COMPLETIONS:
+            prompt = builder.extend(_join(context, blocks), new_tokens - used, seed=seed)
+            tokens = builder.count(prompt)
+        else:
+            user = builder.extend(blocks, new_tokens - used, seed=seed)
+            messages = [dict(m) for m in history] + [{"role": "user", "content": user}]
+            tokens = _chat_tokens(builder, messages)
+        if (
+            turn > 0
+            and sessions is not None
+            and sessions.max_context_tokens is not None
+            and tokens + max_tokens > sessions.max_context_tokens
+        ):
+            break  # the conversation outgrew the context a real client would keep
+        warmup = (bool(plan.warmup[index]) and turn == 0) or send_s < plan.measured_start_s
+        out.append(
+            ScheduledRequest(
+                request_id=base_id if sessions is None else f"{base_id}-{turn}",
+                send_s=send_s,
+                api=spec.api,
+                prompt_tokens=tokens,
+                max_tokens=max_tokens,
+                prompt=prompt,
+                messages=messages,
+                warmup=warmup,
+                session_id=base_id if sessions is not None else None,
+                turn=turn,
+            )
+        )
+        if sessions is None:
+            break
+        answer_seed = _seed(spec.seed, _ANSWER_TEXT, index, turn)
+        if prompt is not None:
+            context = builder.extend(prompt, max_tokens, seed=answer_seed)
+        if messages is not None:
+            answer = text_of(builder, max_tokens, seed=answer_seed)
+            history = [*messages, {"role": "assistant", "content": answer}]
+        send_s += (
+            sessions.expected_ttft_s + max_tokens * sessions.expected_tpot_s + sessions.think_time_s
+        )
+        if plan.measured_end_s is not None and send_s >= plan.measured_end_s:
+            break
+    return out
+
+
+def _join(prefix: str, text: str) -> str:
+    return f"{prefix} {text}" if prefix and text else prefix or text

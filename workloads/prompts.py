@@ -1,0 +1,203 @@
+"""Prompt text with an exact token count.
+
+A ``PromptBuilder`` appends new text of exactly N tokens to a prefix, and counts
+tokens. Two builders:
+
+* ``WordPromptBuilder``: the simulator's rule (``tuner sim-serve`` counts a text's
+  whitespace-separated words, plus one token per chat message for its role). The
+  text is N words from a fixed vocabulary, chosen by a seed: the same seed gives
+  the same words, so a shared prefix is an identical word sequence and prefix
+  caching hits on it.
+* ``TokenizerPromptBuilder``: a Hugging Face ``tokenizer.json`` (from a local model
+  directory) through the ``tokenizers`` library, imported only when used. It grows
+  or trims words until ``len(encode(text, add_special_tokens=False).ids)`` is
+  exactly the target (a binary search over the words of a seeded stream, then
+  filler words for the last tokens). The chat template's tokens are the server's
+  business and not counted (``message_overhead_tokens`` is 0); the server's usage
+  is authoritative.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from workloads.spec import WorkloadError
+
+# Common English words: one token each under the word rule, and nearly always one
+# token (after a space) under BPE tokenizers of real models.
+_WORDS = """
+    the of and to in is that for it as was with be by on not he this are or his from at
+    which but have an they you were her she there one all we their has been if more when
+    will would who so no out up into do than time some can could other only new these two
+    may first then any like now my such make over our even most after also did many before
+    must through years where much your way well down should because each just those people
+    how too little state good very world still own see men work long here get both between
+    life being under never day same another know while last might us great old year off come
+    since against go came right used take three states himself few house use during without
+    again place around however home small found thought went say part once general high upon
+    school every does got united left number course war until always away something fact
+    though water less public put think almost hand enough far took head yet government system
+    better set told nothing night end why called later find point city business give group
+    toward young let room president side social given present order national second possible
+    rather big among often early things looked large feel next knew within hard open country
+    service days best development need light real face power best field money church family
+    form change interest
+"""
+VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(_WORDS.split()))
+# Words that may end a text to land on an exact count under a real tokenizer.
+FILLERS: tuple[str, ...] = VOCABULARY + tuple("abcdefghijklmnopqrstuvwxyz0123456789")
+
+
+class PromptBuilder(Protocol):
+    """Builds text of exact token counts for one tokenization."""
+
+    # Tokens the server adds per chat message (role markers); 1 under the word rule.
+    message_overhead_tokens: int
+
+    def count(self, text: str) -> int:
+        """Tokens of a text."""
+        ...
+
+    def extend(self, prefix: str, n_tokens: int, *, seed: int) -> str:
+        """``prefix`` followed by new text, count(result) == count(prefix) + n_tokens.
+
+        The new text is a function of the seed (and of n_tokens): equal seeds and
+        lengths give equal text."""
+        ...
+
+
+def text_of(builder: PromptBuilder, n_tokens: int, *, seed: int) -> str:
+    """Text of exactly n_tokens on its own."""
+    return builder.extend("", n_tokens, seed=seed)
+
+
+def _words(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [VOCABULARY[i] for i in rng.integers(0, len(VOCABULARY), size=n)]
+
+
+def _join(prefix: str, text: str) -> str:
+    if not prefix:
+        return text
+    if not text:
+        return prefix
+    return f"{prefix} {text}"
+
+
+class WordPromptBuilder:
+    """The simulator's tokenization: one token per whitespace-separated word."""
+
+    message_overhead_tokens = 1
+
+    def count(self, text: str) -> int:
+        return len(text.split())
+
+    def extend(self, prefix: str, n_tokens: int, *, seed: int) -> str:
+        if n_tokens < 0:
+            raise WorkloadError(f"token count {n_tokens} is not accepted; accepted: >= 0")
+        return _join(prefix, " ".join(_words(n_tokens, seed)))
+
+
+class TokenizerPromptBuilder:
+    """Exact token counts under a Hugging Face tokenizer (``tokenizer.json``)."""
+
+    message_overhead_tokens = 0
+
+    def __init__(self, tokenizer: Any) -> None:  # a tokenizers.Tokenizer
+        self._tokenizer = tokenizer
+        self._costs: list[tuple[str, int]] | None = None
+
+    @classmethod
+    def from_file(cls, path: Path) -> TokenizerPromptBuilder:
+        tokenizers = _import_tokenizers()
+        try:
+            return cls(tokenizers.Tokenizer.from_file(str(path)))
+        except Exception as exc:  # the library raises plain Exception subclasses
+            raise WorkloadError(f"tokenizer {str(path)!r} cannot be read: {exc}") from exc
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path) -> TokenizerPromptBuilder:
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise WorkloadError(
+                f"model directory {str(model_dir)!r} has no tokenizer.json; accepted: a local "
+                "Hugging Face model directory with tokenizer.json"
+            )
+        return cls.from_file(path)
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def extend(self, prefix: str, n_tokens: int, *, seed: int) -> str:
+        if n_tokens < 0:
+            raise WorkloadError(f"token count {n_tokens} is not accepted; accepted: >= 0")
+        if n_tokens == 0:
+            return prefix
+        target = self.count(prefix) + n_tokens
+        # Every word is at least one token, so n words reach the target. Find the most
+        # words of the seeded stream that stay within it (the count grows with the
+        # words: pre-tokenization splits at spaces), then fill the rest exactly.
+        pool = _words(n_tokens + 1, seed)
+        lo, hi = 0, len(pool)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.count(_join(prefix, " ".join(pool[:mid]))) <= target:
+                lo = mid
+            else:
+                hi = mid - 1
+        for k in range(lo, max(lo - 4, -1), -1):
+            text = self._fill(_join(prefix, " ".join(pool[:k])), target)
+            if text is not None:
+                return text
+        raise WorkloadError(
+            f"cannot build text of exactly {n_tokens} tokens with this tokenizer "
+            "(no word of the vocabulary fills the last tokens)"
+        )
+
+    def _fill(self, text: str, target: int) -> str | None:
+        """Append filler words until the count is exactly target; None when stuck."""
+        got = self.count(text)
+        while got < target:
+            need = target - got
+            costs = self._filler_costs()
+            exact = [w for w, c in costs if c == need]
+            smaller = [w for w, c in sorted(costs, key=lambda wc: -wc[1]) if c < need]
+            for word in (exact + smaller)[:16]:
+                longer = _join(text, word)
+                count = self.count(longer)
+                if got < count <= target:
+                    text, got = longer, count
+                    break
+            else:
+                return None
+        return text if got == target else None
+
+    def _filler_costs(self) -> list[tuple[str, int]]:
+        """Tokens each filler word adds after a space (estimated in a short context)."""
+        if self._costs is None:
+            base = self.count("the")
+            self._costs = [(w, self.count(f"the {w}") - base) for w in FILLERS]
+        return self._costs
+
+
+def _import_tokenizers() -> Any:
+    try:
+        return importlib.import_module("tokenizers")
+    except ImportError as exc:
+        raise WorkloadError(
+            "prompts for a model's tokenizer need the 'tokenizers' package, which is not "
+            "installed; install it (pip install tokenizers) or use the word rule (no model dir)"
+        ) from exc
+
+
+def prompt_builder_for(model_dir: Path | None) -> PromptBuilder:
+    """The builder for a model: its tokenizer.json when a directory is given, else words."""
+    if model_dir is None:
+        return WordPromptBuilder()
+    return TokenizerPromptBuilder.from_model_dir(model_dir)

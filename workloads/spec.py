@@ -1,0 +1,577 @@
+"""WorkloadSpec: what traffic a load run offers, read from YAML and validated.
+
+A spec says *how* requests arrive (``arrival``), *how long* their prompts and
+answers are (``prompt_tokens``, ``output_tokens``), what they share (a system
+prompt, multi-turn sessions, Mooncake hash-id blocks), how long the run lasts and
+which requests only warm the server up, and the latency objectives (``slo``).
+``workloads.build.build_schedule`` turns a spec into the open-loop schedule.
+
+Lengths count the *new* text of each request: a shared system prompt, the
+conversation history of a session and the chat template's per-message tokens come
+on top, and ``ScheduledRequest.prompt_tokens`` is the exact total.
+
+Every bad value is a ``WorkloadError`` of one line naming the value and what is
+accepted, e.g. ``workload chat.yaml: arrival.kind 'poison' is not accepted;
+accepted: poisson, gamma, ramp, diurnal, trace, closed``.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+
+from workloads.schedule import Api
+from workloads.traces import TraceError, resolve_trace
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
+
+
+class WorkloadError(ValueError):
+    """A workload spec or what it refers to is not usable; the message is one line."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_trace_ref(ref: str, info: ValidationInfo) -> str:
+    """A trace reference as given, checked now so a bad path fails before any server starts."""
+    base = (info.context or {}).get("base_dir")
+    try:
+        path = resolve_trace(ref, base_dir=base)
+    except TraceError as exc:
+        raise ValueError(str(exc)) from None
+    return ref if ref.startswith("builtin:") else str(path)
+
+
+# A trace file (relative to the YAML file) or a shipped trace, e.g. builtin:azure-code.
+TraceRef = Annotated[str, AfterValidator(_check_trace_ref)]
+
+
+# --- arrivals -------------------------------------------------------------------------
+
+
+class PoissonArrival(_Model):
+    """Independent arrivals at a constant mean rate (exponential gaps)."""
+
+    kind: Literal["poisson"]
+    rate_per_s: PositiveFloat
+
+    @property
+    def mean_rate_per_s(self) -> float | None:
+        return self.rate_per_s
+
+
+class GammaArrival(_Model):
+    """Renewal process with gamma gaps: mean 1/rate, coefficient of variation = burstiness."""
+
+    kind: Literal["gamma"]
+    rate_per_s: PositiveFloat
+    burstiness: PositiveFloat  # CV of the gaps: 1 is Poisson, above 1 bursty, below regular
+
+    @property
+    def mean_rate_per_s(self) -> float | None:
+        return self.rate_per_s
+
+
+class RampArrival(_Model):
+    """Poisson arrivals whose rate moves linearly from start to end over the measured run."""
+
+    kind: Literal["ramp"]
+    start_rate_per_s: NonNegativeFloat
+    end_rate_per_s: NonNegativeFloat
+
+    @model_validator(mode="after")
+    def _some_traffic(self) -> Self:
+        if self.start_rate_per_s == 0 and self.end_rate_per_s == 0:
+            raise ValueError("start_rate_per_s and end_rate_per_s are both 0; one must be > 0")
+        return self
+
+    @property
+    def mean_rate_per_s(self) -> float | None:
+        return (self.start_rate_per_s + self.end_rate_per_s) / 2
+
+
+class DiurnalArrival(_Model):
+    """Poisson arrivals whose rate follows a sinusoid from trough to peak, `periods` times."""
+
+    kind: Literal["diurnal"]
+    peak_rate_per_s: PositiveFloat
+    trough_rate_per_s: NonNegativeFloat
+    periods: PositiveFloat = 1.0  # full trough-peak-trough cycles over the measured run
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.trough_rate_per_s > self.peak_rate_per_s:
+            raise ValueError(
+                f"trough_rate_per_s {self.trough_rate_per_s} is above peak_rate_per_s "
+                f"{self.peak_rate_per_s}"
+            )
+        return self
+
+    @property
+    def mean_rate_per_s(self) -> float | None:
+        return (self.peak_rate_per_s + self.trough_rate_per_s) / 2
+
+
+class TraceArrival(_Model):
+    """Replay a trace's arrival times (Azure CSV, Mooncake or own JSONL), rescaled to a rate.
+
+    With ``rate_per_s`` the gaps are stretched or compressed so the trace's mean rate
+    is that rate; without it the trace is replayed as recorded. The trace loops when
+    it ends before the run does. Mooncake ``hash_ids`` (and own ``prefix_id``) make
+    requests share identical prompt blocks.
+    """
+
+    kind: Literal["trace"]
+    path: TraceRef
+    rate_per_s: PositiveFloat | None = None
+
+    @property
+    def mean_rate_per_s(self) -> float | None:
+        return self.rate_per_s
+
+
+class ClosedArrival(_Model):
+    """Offline: every request is sent at once, served as fast as the server can."""
+
+    kind: Literal["closed"]
+    requests: PositiveInt
+
+    @property
+    def mean_rate_per_s(self) -> float | None:
+        return None
+
+
+ArrivalSpec = Annotated[
+    PoissonArrival | GammaArrival | RampArrival | DiurnalArrival | TraceArrival | ClosedArrival,
+    Field(discriminator="kind"),
+]
+
+
+# --- lengths --------------------------------------------------------------------------
+
+
+class FixedLength(_Model):
+    kind: Literal["fixed"]
+    value: PositiveInt
+
+
+class UniformLength(_Model):
+    """Integers uniform in [low, high], both included."""
+
+    kind: Literal["uniform"]
+    low: PositiveInt
+    high: PositiveInt
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.low > self.high:
+            raise ValueError(f"low {self.low} is above high {self.high}")
+        return self
+
+
+class LognormalLength(_Model):
+    """exp(Normal(ln median, sigma)), rounded and clipped to [low, high]."""
+
+    kind: Literal["lognormal"]
+    median: PositiveFloat
+    sigma: NonNegativeFloat
+    low: PositiveInt = 1
+    high: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.high is not None and self.low > self.high:
+            raise ValueError(f"low {self.low} is above high {self.high}")
+        return self
+
+
+class TraceLength(_Model):
+    """Lengths from a trace's column (prompt or output, by the field this stands in).
+
+    With a ``path``: the empirical distribution of that file's column, sampled with
+    replacement. Without one (only under a trace arrival): each request keeps the
+    length its trace row recorded.
+    """
+
+    kind: Literal["trace"]
+    path: TraceRef | None = None
+
+
+SimpleLength = Annotated[
+    FixedLength | UniformLength | LognormalLength | TraceLength, Field(discriminator="kind")
+]
+
+
+class MixtureComponent(_Model):
+    weight: PositiveFloat  # relative; weights need not sum to 1
+    length: SimpleLength
+
+
+class MixtureLength(_Model):
+    """Each request draws a component by weight, then its length from that component."""
+
+    kind: Literal["mixture"]
+    components: list[MixtureComponent] = Field(min_length=1)
+
+
+LengthSpec = Annotated[
+    FixedLength | UniformLength | LognormalLength | TraceLength | MixtureLength,
+    Field(discriminator="kind"),
+]
+TurnsSpec = Annotated[FixedLength | UniformLength | LognormalLength, Field(discriminator="kind")]
+
+
+def _length_uses_row(length: LengthSpec) -> bool:
+    """True when the length comes from each request's own trace row."""
+    if isinstance(length, TraceLength):
+        return length.path is None
+    if isinstance(length, MixtureLength):
+        return any(_length_uses_row(c.length) for c in length.components)
+    return False
+
+
+# --- sharing, sessions, warm-up -------------------------------------------------------
+
+
+class SharedPrefixSpec(_Model):
+    """A system prompt (identical words) that a fraction of requests or sessions start with."""
+
+    system_prompt_tokens: PositiveInt
+    fraction: float = Field(default=1.0, ge=0.0, le=1.0)
+    distinct_prompts: PositiveInt = 1  # several tenants: each request picks one uniformly
+
+
+class SessionSpec(_Model):
+    """Multi-turn conversations, planned up front (open loop).
+
+    Each turn's prompt is the previous turn's prompt, the previous answer (as many
+    tokens as that turn's ``max_tokens``) and new user text. A turn is sent at the
+    previous turn's send time + its expected service time (``expected_ttft_s`` +
+    ``max_tokens`` × ``expected_tpot_s``) + ``think_time_s``. A session ends early
+    when the next turn's prompt and answer would exceed ``max_context_tokens``.
+    The arrival process gives the sessions' first turns.
+    """
+
+    turns: TurnsSpec
+    think_time_s: NonNegativeFloat = 5.0
+    expected_ttft_s: NonNegativeFloat = 0.5
+    expected_tpot_s: NonNegativeFloat = 0.03
+    max_context_tokens: PositiveInt | None = None
+
+
+class WarmupSpec(_Model):
+    """Requests sent before the measured window and excluded from results.
+
+    Warm-up lasts ``duration_s`` and, when ``requests`` is set, at least until that
+    many arrivals were sent (with sessions: sessions' first turns); the measured
+    window of the spec's ``duration_s`` starts when warm-up ends. Later turns of a
+    session started in warm-up are measured once they fall in the window.
+    """
+
+    duration_s: NonNegativeFloat = 0.0
+    requests: NonNegativeInt = 0
+
+
+# --- SLO ------------------------------------------------------------------------------
+
+
+class SloMetric(StrEnum):
+    TTFT = "ttft"
+    ITL = "itl"
+    TPOT = "tpot"
+    E2E = "e2e"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SloObjective:
+    """One objective: the metric's `percentile`-th percentile must be at most limit_ms."""
+
+    metric: SloMetric
+    percentile: int  # 50, 90 or 99
+    limit_ms: float
+
+
+class PercentileLimits(_Model):
+    p50_ms: PositiveFloat | None = None
+    p90_ms: PositiveFloat | None = None
+    p99_ms: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _one_at_least(self) -> Self:
+        if self.p50_ms is None and self.p90_ms is None and self.p99_ms is None:
+            raise ValueError("give at least one of p50_ms, p90_ms, p99_ms")
+        return self
+
+
+class SloSpec(_Model):
+    """Latency objectives, e.g. ``ttft: {p99_ms: 2000}``; every one must hold."""
+
+    ttft: PercentileLimits | None = None
+    itl: PercentileLimits | None = None
+    tpot: PercentileLimits | None = None
+    e2e: PercentileLimits | None = None
+
+    def objectives(self) -> list[SloObjective]:
+        out: list[SloObjective] = []
+        for metric in SloMetric:
+            limits: PercentileLimits | None = getattr(self, metric.value)
+            if limits is None:
+                continue
+            for percentile in (50, 90, 99):
+                limit = getattr(limits, f"p{percentile}_ms")
+                if limit is not None:
+                    out.append(SloObjective(metric=metric, percentile=percentile, limit_ms=limit))
+        return out
+
+
+# --- the spec -------------------------------------------------------------------------
+
+
+class WorkloadSpec(_Model):
+    name: str = Field(min_length=1)
+    description: str = ""
+    api: Api = Api.CHAT
+    stream: bool = True
+    # Ask the server for exactly max_tokens (vLLM's ignore_eos), so output lengths are
+    # the spec's and not the model's whim; what capacity planning needs.
+    ignore_eos: bool = True
+    arrival: ArrivalSpec
+    prompt_tokens: LengthSpec
+    output_tokens: LengthSpec
+    shared_prefix: SharedPrefixSpec | None = None
+    sessions: SessionSpec | None = None
+    warmup: WarmupSpec = WarmupSpec()
+    duration_s: PositiveFloat = 60.0  # the measured window (a closed workload ignores it)
+    seed: NonNegativeInt = 0
+    slo: SloSpec = SloSpec()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        for field in ("prompt_tokens", "output_tokens"):
+            if _length_uses_row(getattr(self, field)):
+                if not isinstance(self.arrival, TraceArrival):
+                    raise ValueError(
+                        f"{field} kind 'trace' without a path takes each request's length from "
+                        "its trace row, which needs arrival.kind 'trace'; give a path to sample "
+                        "the trace's distribution instead"
+                    )
+                if self.sessions is not None:
+                    raise ValueError(
+                        f"{field} from the trace rows cannot be combined with sessions; give "
+                        "a path to sample the trace's distribution instead"
+                    )
+        return self
+
+    @property
+    def mean_rate_per_s(self) -> float | None:
+        """New arrivals (requests, or sessions when sessions are on) per second; None when
+        the workload is closed or a trace replayed at its recorded rate."""
+        return self.arrival.mean_rate_per_s
+
+    def with_rate(self, rate_per_s: float) -> WorkloadSpec:
+        """The same workload at another mean arrival rate (the shape of ramp and diurnal kept)."""
+        if not rate_per_s > 0:
+            raise WorkloadError(f"rate {rate_per_s!r} is not accepted; accepted: a number > 0")
+        rate_per_s = float(rate_per_s)
+        arrival = self.arrival
+        update: dict[str, Any]
+        if isinstance(arrival, PoissonArrival | GammaArrival | TraceArrival):
+            update = {"rate_per_s": rate_per_s}
+        elif isinstance(arrival, RampArrival):
+            k = rate_per_s / ((arrival.start_rate_per_s + arrival.end_rate_per_s) / 2)
+            update = {
+                "start_rate_per_s": arrival.start_rate_per_s * k,
+                "end_rate_per_s": arrival.end_rate_per_s * k,
+            }
+        elif isinstance(arrival, DiurnalArrival):
+            k = rate_per_s / ((arrival.peak_rate_per_s + arrival.trough_rate_per_s) / 2)
+            update = {
+                "peak_rate_per_s": arrival.peak_rate_per_s * k,
+                "trough_rate_per_s": arrival.trough_rate_per_s * k,
+            }
+        else:
+            raise WorkloadError(
+                f"workload {self.name!r} is closed (every request at once) and has no rate; "
+                "accepted: poisson, gamma, ramp, diurnal or trace arrivals"
+            )
+        return self.model_copy(update={"arrival": arrival.model_copy(update=update)})
+
+
+# --- loading --------------------------------------------------------------------------
+
+
+def builtin_workloads() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+
+
+def load_workload(name_or_path: str | Path) -> WorkloadSpec:
+    """A built-in workload by name (case-insensitive) or a YAML file."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    looks_like_path = (
+        isinstance(name_or_path, Path)
+        or path.suffix.lower() in {".yaml", ".yml"}
+        or "/" in text
+        or path.is_file()
+    )
+    if not looks_like_path:
+        names = builtin_workloads()
+        wanted = text.strip().lower()
+        if wanted not in names:
+            raise WorkloadError(
+                f"workload {text!r} is not built in; built-in workloads: {', '.join(names)}"
+            )
+        path = BUILTIN_DIR / f"{wanted}.yaml"
+        label = path.name
+    else:
+        label = text
+        if not path.is_file():
+            raise WorkloadError(
+                f"workload file {text!r} does not exist; or use a built-in workload: "
+                f"{', '.join(builtin_workloads())}"
+            )
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadError(f"workload {label}: cannot read it ({exc.strerror})") from exc
+    return parse_workload(raw, label=label, base_dir=path.resolve().parent, default_name=path.stem)
+
+
+def parse_workload(
+    text: str, *, label: str, base_dir: Path | None = None, default_name: str | None = None
+) -> WorkloadSpec:
+    """A spec from YAML text; ``label`` names it in errors, relative trace paths use base_dir."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise WorkloadError(f"workload {label}:{where} {problem}") from None
+    if not isinstance(data, dict):
+        raise WorkloadError(f"workload {label}: expected a mapping of fields, got {data!r:.60}")
+    if default_name is not None:
+        data.setdefault("name", default_name)
+    return validate_workload(data, label=label, base_dir=base_dir)
+
+
+def validate_workload(
+    data: dict[str, Any], *, label: str = "spec", base_dir: Path | None = None
+) -> WorkloadSpec:
+    try:
+        return WorkloadSpec.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise WorkloadError(f"workload {label}: {describe_validation_error(exc)}") from None
+
+
+# --- pydantic errors as one line ------------------------------------------------------
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (through Optional, unions, Annotated, list)."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _models_in(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType, list):
+        return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return []
+
+
+def _tag(model: type[BaseModel]) -> str | None:
+    field = model.model_fields.get("kind")
+    if field is None or typing.get_origin(field.annotation) is not Literal:
+        return None
+    return str(typing.get_args(field.annotation)[0])
+
+
+def _walk(loc: tuple[int | str, ...]) -> tuple[str, list[type[BaseModel]]]:
+    """A readable path for an error location, and the models that may hold its last key."""
+    models: list[type[BaseModel]] = [WorkloadSpec]
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+            continue
+        tagged = [m for m in models if _tag(m) == item]
+        if tagged and not any(item in m.model_fields for m in models):
+            models = tagged  # a discriminated union's tag, not a key of the YAML
+            continue
+        parts.append(item)
+        holders = [m for m in models if item in m.model_fields]
+        models = [m for h in holders for m in _models_in(h.model_fields[item].annotation)]
+    return ".".join(parts), models
+
+
+def _holder_fields(loc: tuple[int | str, ...]) -> list[str]:
+    _, models = _walk(loc[:-1])
+    fields = {name for m in models for name in m.model_fields}
+    return sorted(fields)
+
+
+def _accepted(expected: str) -> str:
+    return expected.replace("'", "").replace(" or ", ", ")
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The first error of a ValidationError as 'where value is not accepted; accepted: ...'."""
+    error = exc.errors()[0]
+    loc = tuple(error["loc"])
+    where, _ = _walk(loc)
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    value = error.get("input")
+    if kind == "union_tag_invalid":
+        return (
+            f"{where}.kind {ctx.get('tag')!r} is not accepted; "
+            f"accepted: {_accepted(str(ctx.get('expected_tags', '')))}"
+        )
+    if kind == "union_tag_not_found":
+        _, models = _walk(loc)
+        tags = ", ".join(t for m in models if (t := _tag(m)) is not None)
+        return f"{where}.kind is missing; accepted: {tags}"
+    if kind == "extra_forbidden":
+        return (
+            f"{where} is not a field here; accepted: {', '.join(_holder_fields(loc))}"
+            if where
+            else "unknown field"
+        )
+    if kind == "missing":
+        return f"{where} is missing"
+    if kind in {"literal_error", "enum"}:
+        return f"{where} {value!r} is not accepted; accepted: {_accepted(str(ctx.get('expected')))}"
+    if kind in {"model_attributes_type", "model_type", "dict_type"}:
+        _, models = _walk(loc)
+        tags = ", ".join(t for m in models if (t := _tag(m)) is not None)
+        accepted = f"a mapping with kind: {tags}" if tags else "a mapping of fields"
+        return f"{where} {value!r} is not accepted; accepted: {accepted}"
+    message = str(error["msg"])
+    if message.startswith("Value error, "):
+        text = message.removeprefix("Value error, ")
+        return f"{where}: {text}" if where else text
+    accepted = message.removeprefix("Input should be ").split(",")[0]
+    if isinstance(value, dict | list):
+        return f"{where} is not accepted; accepted: {accepted}"
+    return f"{where} {value!r} is not accepted; accepted: {accepted}"
