@@ -1,0 +1,174 @@
+"""One load run of a workload against a running server: schedule, Locust, results, SLO verdict.
+
+Shared by `tuner bench` (a server someone else runs) and `tuner trial` (a server
+the tuner launched). The workload's errors (``WorkloadError``, ``TraceError``)
+become ``TunerError``s here, where they enter the tuner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.errors import ConfigError, TunerError
+from tuner.processes import ChildRegistry
+from workloads.build import build_schedule
+from workloads.load_errors import LoadConfigError, LoadGeneratorError
+from workloads.metrics import LoadResult, Slo
+from workloads.prompts import prompt_builder_for
+from workloads.runner import LoadRun, run_load
+from workloads.schedule import ScheduledRequest
+from workloads.spec import SloMetric, WorkloadError, WorkloadSpec, load_workload
+from workloads.traces import TraceError
+
+
+class WorkloadLoadError(TunerError):
+    """A workload could not be loaded, built or run."""
+
+
+class SloVerdict(BaseModel):
+    """Whether a run met its workload's SLOs, objective by objective."""
+
+    model_config = ConfigDict(frozen=True)
+
+    met: bool
+    violations: list[str]
+
+
+@dataclass(frozen=True)
+class WorkloadRun:
+    spec: WorkloadSpec
+    run: LoadRun
+    result: LoadResult
+    verdict: SloVerdict
+
+
+def resolve_workload(
+    name: str, *, rate_per_s: float | None, duration_s: float | None
+) -> WorkloadSpec:
+    try:
+        spec = load_workload(name)
+        if rate_per_s is not None:
+            spec = spec.with_rate(rate_per_s)
+    except (WorkloadError, TraceError) as exc:
+        raise WorkloadLoadError(str(exc)) from exc
+    if duration_s is not None:
+        if duration_s <= 0:
+            raise ConfigError(f"--duration {duration_s} is out of range; accepted: > 0 seconds")
+        spec = spec.model_copy(update={"duration_s": duration_s})
+    return spec
+
+
+def request_slo(spec: WorkloadSpec) -> Slo:
+    """Per-request limits for goodput: the tightest limit given for each metric."""
+    limits: dict[str, float] = {}
+    for objective in spec.slo.objectives():
+        key = {SloMetric.TTFT: "ttft_ms", SloMetric.TPOT: "tpot_ms", SloMetric.E2E: "e2e_ms"}.get(
+            objective.metric
+        )
+        if key is not None:
+            limits[key] = min(limits.get(key, objective.limit_ms), objective.limit_ms)
+    return Slo(**limits)
+
+
+def slo_verdict(spec: WorkloadSpec, result: LoadResult) -> SloVerdict:
+    """Each objective (a percentile of a metric at most a limit) against the run's percentiles."""
+    violations: list[str] = []
+    for objective in spec.slo.objectives():
+        percentiles = getattr(result, f"{objective.metric.value}_ms")
+        value = getattr(percentiles, f"p{objective.percentile}")
+        if value is not None and value > objective.limit_ms:
+            violations.append(
+                f"{objective.metric.value} p{objective.percentile} {value:.1f} ms > {objective.limit_ms:g} ms"
+            )
+    if result.num_errors:
+        violations.append(f"{result.num_errors} of {result.num_requests} requests failed")
+    return SloVerdict(met=not violations, violations=violations)
+
+
+def served_model(base_url: str) -> tuple[str, int | None]:
+    """The first model the server lists, and its max_model_len when it says."""
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=10) as response:
+            body = json.loads(response.read())
+    except (urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"no OpenAI-compatible server answers at {base_url!r}: {exc}") from exc
+    models = body.get("data") or []
+    if not models:
+        raise ConfigError(f"the server at {base_url!r} lists no model under /v1/models")
+    first = models[0]
+    limit = first.get("max_model_len")
+    return str(first["id"]), int(limit) if isinstance(limit, int) else None
+
+
+def check_fits(schedule: list[ScheduledRequest], max_model_len: int | None) -> None:
+    """One line, before anything is sent, if a request cannot fit the server's context."""
+    if max_model_len is None or not schedule:
+        return
+    longest = max(schedule, key=lambda r: r.prompt_tokens + r.max_tokens)
+    need = longest.prompt_tokens + longest.max_tokens
+    if need > max_model_len:
+        raise ConfigError(
+            f"the workload's longest request needs {need} tokens ({longest.prompt_tokens} prompt + "
+            f"{longest.max_tokens} output) but the server's max_model_len is {max_model_len}; "
+            "raise --max-model-len or choose a workload with shorter requests"
+        )
+
+
+def plan_schedule(
+    spec: WorkloadSpec, *, max_model_len: int | None = None, model_dir: Path | None = None
+) -> list[ScheduledRequest]:
+    """The open-loop schedule of a workload, checked against the server's context length."""
+    try:
+        schedule = build_schedule(spec, prompt_builder=prompt_builder_for(model_dir))
+    except (WorkloadError, TraceError) as exc:
+        raise WorkloadLoadError(str(exc)) from exc
+    check_fits(schedule, max_model_len)
+    return schedule
+
+
+def split_warmup(
+    schedule: list[ScheduledRequest],
+) -> tuple[list[ScheduledRequest], list[ScheduledRequest]]:
+    """Warm-up requests, and the measured ones shifted to start at offset 0."""
+    warm = [r for r in schedule if r.warmup]
+    measured = [r for r in schedule if not r.warmup]
+    if measured:
+        origin = min(r.send_s for r in measured)
+        measured = [dataclasses.replace(r, send_s=r.send_s - origin) for r in measured]
+    return warm, measured
+
+
+def run_schedule(
+    spec: WorkloadSpec,
+    schedule: list[ScheduledRequest],
+    *,
+    base_url: str,
+    model: str,
+    out_dir: Path,
+    registry: ChildRegistry,
+    processes: int = 1,
+) -> WorkloadRun:
+    """Send a schedule with Locust and summarise the records against the workload's SLOs."""
+
+    def spawn(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return registry.spawn(
+            cmd, role="load generator", stdout_path=log_path, env=env, cwd=log_path.parent
+        )
+
+    try:
+        run = run_load(
+            base_url=base_url, model=model, schedule=schedule, out_dir=out_dir,
+            processes=processes, spawn=spawn,
+        )  # fmt: skip
+    except (LoadConfigError, LoadGeneratorError) as exc:
+        raise WorkloadLoadError(f"load run failed: {exc}") from exc
+    result = LoadResult.from_file(run.records_path, slo=request_slo(spec), window_s=spec.duration_s)
+    return WorkloadRun(spec=spec, run=run, result=result, verdict=slo_verdict(spec, result))

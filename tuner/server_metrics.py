@@ -1,0 +1,105 @@
+"""vLLM's Prometheus /metrics: scrape, and the counters a trial reports as deltas over its window."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from pydantic import BaseModel, ConfigDict
+
+COUNTERS = {
+    "generation_tokens": "vllm:generation_tokens_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "num_preemptions": "vllm:num_preemptions_total",
+    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+}
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # current, and before 0.11
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sample values summed over label sets, by metric name (histogram series included)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value_part = line.rpartition(" ")
+        name = name_part.split("{", 1)[0].strip()
+        try:
+            value = float(value_part)
+        except ValueError:
+            continue
+        values[name] = values.get(name, 0.0) + value
+    return values
+
+
+def scrape(base_url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    try:
+        with urllib.request.urlopen(
+            base_url.rstrip("/") + "/metrics", timeout=timeout_s
+        ) as response:
+            return parse_prometheus(response.read().decode("utf-8", errors="replace"))
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return {}
+
+
+class ServerCounters(BaseModel):
+    """What the server itself counted over the measured window."""
+
+    model_config = ConfigDict(frozen=True)
+
+    generation_tokens: int
+    prompt_tokens: int
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    prefix_cache_hit_rate: float | None
+    max_kv_cache_usage: float | None
+
+    @classmethod
+    def between(
+        cls, before: dict[str, float], after: dict[str, float], max_kv_usage: float | None
+    ) -> ServerCounters:
+        delta = {
+            key: int(after.get(name, 0.0) - before.get(name, 0.0)) for key, name in COUNTERS.items()
+        }
+        queries = delta["prefix_cache_queries"]
+        rate = delta["prefix_cache_hits"] / queries if queries > 0 else None
+        return cls(**delta, prefix_cache_hit_rate=rate, max_kv_cache_usage=max_kv_usage)
+
+
+class KvUsageWatcher:
+    """Polls /metrics during a run for the peak KV-cache usage (vLLM exposes only the current value)."""
+
+    def __init__(self, base_url: str, interval_s: float = 0.5) -> None:
+        self.base_url = base_url
+        self.interval_s = interval_s
+        self.peak: float | None = None
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kv-usage", daemon=True)
+
+    def start(self) -> KvUsageWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> float | None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._poll()
+        return self.peak
+
+    def _poll(self) -> None:
+        values = scrape(self.base_url, timeout_s=2.0)
+        for name in KV_USAGE:
+            if name in values:
+                usage = values[name]
+                self.samples.append((time.time(), usage))
+                self.peak = usage if self.peak is None else max(self.peak, usage)
+                return
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._poll()

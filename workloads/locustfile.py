@@ -1,0 +1,567 @@
+"""Locust load generator: an open-loop schedule of streaming OpenAI-API requests.
+
+Run by `workloads.runner.run_load` (headless subprocess), or directly with the web UI::
+
+    TUNER_SCHEDULE=runs/x/schedule.jsonl TUNER_RECORDS=runs/x/records.jsonl TUNER_MODEL=qwen2.5-7b \\
+        locust -f workloads/locustfile.py --host http://127.0.0.1:8000 [--processes N]
+
+Configuration (environment variables, read when a test starts, never at import):
+
+``TUNER_SCHEDULE``
+    Path of the schedule (`workloads.schedule.ScheduledRequest` JSON lines). Required.
+``TUNER_RECORDS``
+    Records path. Process ``i`` appends one `RequestRecord` JSON line per request to
+    ``<TUNER_RECORDS>.w<i>`` (flushed per record) and writes its `WorkerStats` to
+    ``<TUNER_RECORDS>.w<i>.stats.json`` when its share is done. Default ``records.jsonl``.
+``TUNER_MODEL``
+    Served model name (the requests' ``model`` field). Required.
+``TUNER_MAX_IN_FLIGHT``
+    Cap on requests in flight over all processes (each process takes its share, rounded
+    up). A request due while its process is at its cap is not sent: it is recorded with
+    the error ``not sent: in-flight cap reached`` and counted. Default 4096.
+``TUNER_WORKER_INDEX`` / ``TUNER_WORKER_COUNT``
+    This process sends the requests ``i`` (0-based, in send order) with
+    ``i % count == index``, so N processes each offer 1/N of the rate. Defaults: under
+    ``--processes N`` (or ``--master``/``--worker``) the index Locust's master gave the
+    worker and the number of workers the master expects; otherwise 0 and 1.
+``TUNER_START_AT``
+    Unix time of offset 0 of the schedule, shared by every process (each sends one
+    ``GET /v1/models`` before it, to warm its HTTP client up). Honoured by the first
+    test of a process; later tests (web UI restarts) and an unset value start 1 s after
+    the test starts.
+``TUNER_REQUEST_TIMEOUT_S``
+    A request not finished this long after its scheduled time is abandoned and recorded
+    with a timeout error. Default 600.
+``VLLM_API_KEY``
+    Sent as ``Authorization: Bearer`` when set.
+
+How it sends: when a test starts, each load-generating process (not a master) starts
+one dispatcher greenlet. It sleeps until each request's send time and spawns a greenlet
+that POSTs it (``stream``, ``stream_options.include_usage``, ``max_tokens`` =
+``min_tokens``, ``ignore_eos``) with geventhttpclient and reads the SSE stream line by
+line as bytes arrive (``readline`` on the raw response: Locust's ``iter_lines`` /
+``iter_content`` batch events and would blur inter-token times). Every token event
+(a ``data:`` chunk whose first choice carries non-empty text or delta content) is
+timestamped; output and prompt tokens come from the usage chunk (else the event count
+and the scheduled prompt length). The Locust users are an idle vehicle; the dispatcher
+never waits for one, so a slow server cannot slow the offered load.
+
+Locust's own response time for a stream would be the time to the headers; instead one
+request event per request is fired with the TTFT (from the scheduled time) as its
+response time, under the name ``<api> TTFT``, so the web UI and the summary show it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+import gevent
+from gevent.pool import Group
+from geventhttpclient import HTTPClient
+from locust import User, constant, events, task
+from locust.env import Environment
+from locust.runners import MasterRunner, WorkerRunner
+
+from workloads.load_errors import (
+    ABORTED,
+    CAP_REACHED,
+    STOPPED_BEFORE_SEND,
+    TIMED_OUT,
+)
+from workloads.runner import (
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    WorkerStats,
+    worker_records_path,
+    worker_stats_path,
+)
+from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_schedule
+
+log = logging.getLogger(__name__)
+
+PATHS = {Api.COMPLETIONS: "/v1/completions", Api.CHAT: "/v1/chat/completions"}
+UNSET_START_DELAY_S = 1.0
+CONNECTION_TIMEOUT_S = 10.0
+ERROR_BODY_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """This process's configuration, from the environment and Locust's runner."""
+
+    schedule_path: Path
+    records_path: Path  # TUNER_RECORDS; this process writes records_path + ".w<index>"
+    model: str
+    host: str
+    worker_index: int
+    worker_count: int
+    max_in_flight: int  # this process's share of the cap
+    start_at_s: float
+    request_timeout_s: float
+    api_key: str | None
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str], environment: Environment, *, first_test: bool
+    ) -> LoadSettings:
+        schedule = environ.get("TUNER_SCHEDULE")
+        model = environ.get("TUNER_MODEL")
+        if not schedule or not model:
+            raise ValueError("TUNER_SCHEDULE and TUNER_MODEL must be set (see the locustfile)")
+        if not environment.host:
+            raise ValueError("no host: pass --host http://HOST:PORT")
+        index, count = _worker_position(environ, environment)
+        total_cap = int(environ.get("TUNER_MAX_IN_FLIGHT") or DEFAULT_MAX_IN_FLIGHT)
+        start_at = environ.get("TUNER_START_AT")
+        return cls(
+            schedule_path=Path(schedule),
+            records_path=Path(environ.get("TUNER_RECORDS") or "records.jsonl"),
+            model=model,
+            host=environment.host,
+            worker_index=index,
+            worker_count=count,
+            max_in_flight=max(1, math.ceil(total_cap / count)),
+            start_at_s=(
+                float(start_at) if start_at and first_test else time.time() + UNSET_START_DELAY_S
+            ),
+            request_timeout_s=float(
+                environ.get("TUNER_REQUEST_TIMEOUT_S") or DEFAULT_REQUEST_TIMEOUT_S
+            ),
+            api_key=environ.get("VLLM_API_KEY") or None,
+        )
+
+    @property
+    def worker(self) -> str:
+        return f"w{self.worker_index}"
+
+
+def _worker_position(environ: Mapping[str, str], environment: Environment) -> tuple[int, int]:
+    runner = environment.runner
+    options = environment.parsed_options
+    if "TUNER_WORKER_COUNT" in environ:
+        count = int(environ["TUNER_WORKER_COUNT"])
+    elif isinstance(runner, WorkerRunner) and options is not None:
+        count = int(getattr(options, "expect_workers", 1) or 1)
+    else:
+        count = 1
+    if "TUNER_WORKER_INDEX" in environ:
+        index = int(environ["TUNER_WORKER_INDEX"])
+    elif isinstance(runner, WorkerRunner):
+        index = runner.worker_index
+    else:
+        index = 0
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"worker index {index} of {count} is out of range; accepted: 0..count-1")
+    return index, count
+
+
+def request_body(request: ScheduledRequest, model: str) -> bytes:
+    """The JSON body vLLM streams exactly ``max_tokens`` tokens for, with a usage chunk."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": request.max_tokens,
+        "min_tokens": request.max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if request.api is Api.CHAT:
+        body["messages"] = request.messages
+    else:
+        body["prompt"] = request.prompt
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _choice_text(chunk: Mapping[str, Any]) -> str | None:
+    choices = chunk.get("choices")
+    if not choices:
+        return None
+    choice = choices[0]
+    if "text" in choice:
+        return choice["text"]  # type: ignore[no-any-return]
+    delta = choice.get("delta") or {}
+    return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+
+
+def _chunk_error(chunk: Mapping[str, Any]) -> str | None:
+    error = chunk.get("error")
+    if isinstance(error, Mapping):
+        return str(error.get("message") or error)
+    if error:
+        return str(error)
+    if chunk.get("object") == "error":
+        return str(chunk.get("message") or chunk)
+    return None
+
+
+def _error_text(status: int, body: bytes) -> str:
+    try:
+        parsed = json.loads(body)
+        message = (_chunk_error(parsed) if isinstance(parsed, Mapping) else None) or parsed
+    except ValueError:
+        message = body.decode(errors="replace")
+    return f"HTTP {status}: {str(message)[:ERROR_BODY_LIMIT]}"
+
+
+def _percentile_ms(values_s: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), in milliseconds."""
+    if not values_s:
+        return None
+    ordered = sorted(values_s)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return 1000 * (ordered[low] + (ordered[high] - ordered[low]) * (rank - low))
+
+
+def _resolve_once(client: HTTPClient) -> None:
+    """Make the client's connection pool reuse one name resolution for every connection."""
+    pool = getattr(client, "_connection_pool", None)
+    resolve = getattr(pool, "_resolve", None)
+    if pool is None or resolve is None:  # another geventhttpclient: keep its behaviour
+        log.warning("geventhttpclient has no _connection_pool._resolve; resolving per connection")
+        return
+    addresses = resolve()
+    pool._resolve = lambda: addresses
+
+
+class Dispatcher:
+    """Sends one process's share of the schedule at its send times; records every request."""
+
+    def __init__(self, settings: LoadSettings, environment: Environment) -> None:
+        self.settings = settings
+        self.environment = environment
+        schedule = read_schedule(settings.schedule_path)
+        self.share = [
+            request
+            for i, request in enumerate(schedule)
+            if i % settings.worker_count == settings.worker_index
+        ]
+        url = urlsplit(settings.host)
+        self.path_prefix = url.path.rstrip("/")
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if settings.api_key:
+            headers["Authorization"] = f"Bearer {settings.api_key}"
+        self.headers = headers
+        self.client = HTTPClient.from_url(
+            settings.host,
+            concurrency=settings.max_in_flight,
+            connection_timeout=CONNECTION_TIMEOUT_S,
+            network_timeout=settings.request_timeout_s,
+        )
+        self.group = Group()
+        self.next_index = 0  # the next request of the share to dispatch
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.lags_s: list[float] = []
+        self.counts = {"sent": 0, "cap_hits": 0, "completed": 0, "failed": 0, "stopped": 0}
+        self.stopped_early = False
+        self.finished = False
+        self.started_s = 0.0
+        self.cpu_start_s = 0.0
+        self.wall_start_s = 0.0
+        self.greenlet: gevent.Greenlet[Any, Any] | None = None
+        records = worker_records_path(settings.records_path, settings.worker_index)
+        records.parent.mkdir(parents=True, exist_ok=True)
+        self.records: IO[str] = records.open("a", encoding="utf-8")
+
+    def start(self) -> None:
+        self.greenlet = gevent.spawn(self._run)
+        self.greenlet.link_exception(self._crashed)
+
+    def _crashed(self, greenlet: gevent.Greenlet[Any, Any]) -> None:
+        log.error("%s: dispatcher failed: %r", self.settings.worker, greenlet.exception)
+        _give_up(self.environment)  # the quit fires test_stop: stop() records the rest
+
+    def _run(self) -> None:
+        settings = self.settings
+        self._warm_up()
+        self.started_s = time.time()
+        if self.started_s > settings.start_at_s:
+            log.warning(
+                "%s: ready %.3f s after TUNER_START_AT; the first sends are late",
+                settings.worker,
+                self.started_s - settings.start_at_s,
+            )
+        while (delay := settings.start_at_s - time.time()) > 0:
+            gevent.sleep(delay)
+        self.cpu_start_s = time.process_time()
+        self.wall_start_s = time.time()
+        log.info("%s: sending %d requests", settings.worker, len(self.share))
+        while self.next_index < len(self.share):
+            request = self.share[self.next_index]
+            scheduled_s = settings.start_at_s + request.send_s
+            while (delay := scheduled_s - time.time()) > 0:
+                gevent.sleep(delay)
+            self.next_index += 1
+            if self.in_flight >= settings.max_in_flight:
+                self.counts["cap_hits"] += 1
+                self._not_sent(request, scheduled_s, CAP_REACHED)
+                continue
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            self.group.spawn(self._send, request, scheduled_s)
+        self.group.join()
+        self._finish()
+        options = self.environment.parsed_options
+        runner = self.environment.runner
+        if options is not None and options.headless and runner is not None:
+            log.info("%s: every request done; quitting", settings.worker)
+            runner.quit()
+
+    def _warm_up(self) -> None:
+        """Before offset 0: resolve the host once, then one ``GET /v1/models``.
+
+        The first request's one-off costs (connection, first use of the HTTP code) stall
+        the event loop for several milliseconds and would show as send lag of the first
+        scheduled requests. And geventhttpclient resolves the host again for every new
+        connection, through gevent's thread-pool resolver, whose thread waits for the GIL
+        while the loop is busy reading streams: measured at 64 streams, that added 16 ms
+        to the mean TTFT and made the send lag p99 18 ms instead of 3.5 ms
+        (``benchmarks/locust_event_rate.py``).
+        """
+        worker = self.settings.worker
+        try:
+            _resolve_once(self.client)
+            response = self.client.get(self.path_prefix + "/v1/models", headers=self.headers)
+            response.read()
+            response.release()
+            log.info("%s: warm-up GET /v1/models: HTTP %d", worker, response.status_code)
+        except Exception as exc:  # the schedule's requests will record the failure
+            log.warning("%s: warm-up before the schedule failed: %s", worker, exc)
+
+    def stop(self) -> None:
+        """The test stopped (run time, UI, SIGTERM): abort what is in flight, record the rest."""
+        if self.finished:
+            return
+        self.stopped_early = True
+        if self.greenlet is not None and self.greenlet is not gevent.getcurrent():
+            self.greenlet.kill(block=True)
+        self.group.kill(block=True, timeout=5.0)
+        if not self.wall_start_s:
+            self.cpu_start_s, self.wall_start_s = time.process_time(), time.time()
+        for request in self.share[self.next_index :]:
+            self.counts["stopped"] += 1
+            self._not_sent(request, self.settings.start_at_s + request.send_s, STOPPED_BEFORE_SEND)
+        self.next_index = len(self.share)
+        self._finish()
+
+    def _send(self, request: ScheduledRequest, scheduled_s: float) -> None:
+        settings = self.settings
+        sent_s = time.time()
+        self.lags_s.append(sent_s - scheduled_s)
+        self.counts["sent"] += 1
+        status = 0
+        error: str | None = None
+        token_times: list[float] = []
+        prompt_tokens: int | None = None
+        output_tokens: int | None = None
+        response = None
+        remaining_s = max(scheduled_s + settings.request_timeout_s - sent_s, 0.001)
+        deadline = gevent.Timeout(remaining_s)
+        deadline.start()
+        try:
+            response = self.client.request(
+                "POST",
+                self.path_prefix + PATHS[request.api],
+                body=request_body(request, settings.model),
+                headers=self.headers,
+            )
+            status = response.status_code
+            if status != 200:
+                error = _error_text(status, response.read())
+            else:
+                done = False
+                readline = response.readline
+                while line := readline(b"\n"):
+                    now = time.time()
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        continue
+                    chunk = json.loads(payload)
+                    if _choice_text(chunk):
+                        token_times.append(now)
+                    if usage := chunk.get("usage"):
+                        prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
+                        output_tokens = usage.get("completion_tokens", output_tokens)
+                    if (chunk_error := _chunk_error(chunk)) is not None:
+                        error = f"stream error: {chunk_error[:ERROR_BODY_LIMIT]}"
+                        break
+                if error is None and not done:
+                    error = "stream ended without [DONE]"
+        except gevent.Timeout as exc:
+            if exc is not deadline:
+                raise
+            error = TIMED_OUT.format(timeout_s=settings.request_timeout_s)
+        except gevent.GreenletExit:
+            error = ABORTED
+        except Exception as exc:  # any failure of one request is a measurement, not a crash
+            error = f"{type(exc).__name__}: {exc}"[:ERROR_BODY_LIMIT]
+        finally:
+            deadline.close()
+            if response is not None:
+                response.release()  # closes the connection unless the response was read to its end
+            self.in_flight -= 1
+        end_s = time.time()
+        record = RequestRecord(
+            request_id=request.request_id,
+            scheduled_s=scheduled_s,
+            sent_s=sent_s,
+            prompt_tokens=request.prompt_tokens if prompt_tokens is None else prompt_tokens,
+            output_tokens=len(token_times) if output_tokens is None else output_tokens,
+            status=status,
+            first_token_s=token_times[0] if token_times else None,
+            end_s=end_s,
+            token_times_s=token_times,
+            error=error,
+            warmup=request.warmup,
+            worker=settings.worker,
+        )
+        self.counts["completed" if record.ok else "failed"] += 1
+        self._write(record)
+        first = record.first_token_s
+        self._fire(request, (first if first is not None else end_s) - scheduled_s, record)
+
+    def _not_sent(self, request: ScheduledRequest, scheduled_s: float, error: str) -> None:
+        record = RequestRecord(
+            request_id=request.request_id,
+            scheduled_s=scheduled_s,
+            sent_s=time.time(),
+            prompt_tokens=request.prompt_tokens,
+            output_tokens=0,
+            status=0,
+            error=error,
+            warmup=request.warmup,
+            worker=self.settings.worker,
+        )
+        self._write(record)
+        self._fire(request, 0.0, record)
+
+    def _write(self, record: RequestRecord) -> None:
+        self.records.write(record.to_json() + "\n")
+        self.records.flush()
+
+    def _fire(
+        self, request: ScheduledRequest, response_time_s: float, record: RequestRecord
+    ) -> None:
+        self.environment.events.request.fire(
+            request_type="POST",
+            name=f"{request.api.value} TTFT",
+            response_time=1000 * response_time_s,
+            response_length=record.output_tokens,
+            exception=None if record.ok else RuntimeError(record.error or f"HTTP {record.status}"),
+            context={"request_id": request.request_id},
+            start_time=record.scheduled_s,
+            url=self.path_prefix + PATHS[request.api],
+        )
+
+    def _finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        settings = self.settings
+        wall_s = max(time.time() - self.wall_start_s, 1e-9)
+        cpu_s = time.process_time() - self.cpu_start_s
+        stats = WorkerStats(
+            worker=settings.worker,
+            index=settings.worker_index,
+            count=settings.worker_count,
+            scheduled=len(self.share),
+            sent=self.counts["sent"],
+            cap_hits=self.counts["cap_hits"],
+            completed=self.counts["completed"],
+            failed=self.counts["failed"],
+            not_sent_stopped=self.counts["stopped"],
+            max_in_flight=settings.max_in_flight,
+            peak_in_flight=self.peak_in_flight,
+            start_late_s=self.started_s - settings.start_at_s if self.started_s else 0.0,
+            wall_s=wall_s,
+            cpu_s=cpu_s,
+            cpu_percent=100 * cpu_s / wall_s,
+            send_lag_p50_ms=_percentile_ms(self.lags_s, 50),
+            send_lag_p99_ms=_percentile_ms(self.lags_s, 99),
+            send_lag_max_ms=1000 * max(self.lags_s) if self.lags_s else None,
+            stopped_early=self.stopped_early,
+        )
+        self.records.close()
+        self.client.close()
+        stats_path = worker_stats_path(settings.records_path, settings.worker_index)
+        tmp = stats_path.with_name(stats_path.name + ".tmp")
+        tmp.write_text(stats.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        tmp.replace(stats_path)  # the runner polls for this file: it appears complete
+        log.info(
+            "%s: %d sent, %d completed, %d failed, %d cap hits; CPU %.0f%%, lag p99 %s ms",
+            settings.worker,
+            stats.sent,
+            stats.completed,
+            stats.failed,
+            stats.cap_hits,
+            stats.cpu_percent,
+            "-" if stats.send_lag_p99_ms is None else f"{stats.send_lag_p99_ms:.2f}",
+        )
+
+
+class _State:
+    """The dispatcher of the test running in this process (None between tests)."""
+
+    dispatcher: Dispatcher | None = None
+    tests_started = 0
+
+
+@events.test_start.add_listener
+def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
+    if isinstance(environment.runner, MasterRunner):
+        return  # the master only aggregates; its workers send
+    _State.tests_started += 1
+    try:
+        settings = LoadSettings.from_env(
+            os.environ, environment, first_test=_State.tests_started == 1
+        )
+        _State.dispatcher = Dispatcher(settings, environment)
+    except Exception:
+        log.exception("cannot send the schedule")
+        _give_up(environment)
+        return
+    _State.dispatcher.start()
+
+
+def _give_up(environment: Environment) -> None:
+    """Headless, nothing is left to wait for: exit non-zero instead of idling to --run-time."""
+    environment.process_exit_code = 2
+    options, runner = environment.parsed_options, environment.runner
+    if options is not None and options.headless and runner is not None:
+        gevent.spawn(runner.quit)
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment: Environment, **_kwargs: Any) -> None:
+    if _State.dispatcher is not None:
+        _State.dispatcher.stop()
+        _State.dispatcher = None
+
+
+@events.quitting.add_listener
+def _on_quitting(environment: Environment, **_kwargs: Any) -> None:
+    _on_test_stop(environment)
+
+
+class ScheduleVehicle(User):
+    """Locust needs a user to run; this one idles. The dispatcher sends the schedule."""
+
+    wait_time = constant(60)
+
+    @task
+    def idle(self) -> None:
+        pass

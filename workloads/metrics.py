@@ -1,0 +1,298 @@
+"""Request records -> `LoadResult`: throughput, latency percentiles, goodput at an SLO.
+
+Definitions follow vLLM's serving benchmark (``vllm bench serve``), with one
+difference that matters under overload: latencies start at the request's *scheduled*
+time, not at the moment the client managed to send it, so a slow client or server
+cannot hide queueing (no coordinated omission).
+
+- TTFT = first token event - scheduled.
+- ITL = every gap between consecutive token events of a request (pooled over requests).
+- TPOT per request = (last token event - first token event) / (output tokens - 1),
+  for requests with more than one output token.
+- e2e = end of the response - scheduled.
+- send lag = sent - scheduled, over requests that were sent.
+
+Only successful requests (HTTP 200, no error) contribute latencies, tokens and
+throughput; warm-up records are left out of everything. Percentiles interpolate
+linearly between samples (numpy's and pandas' default, as vLLM's benchmark).
+
+Rates: ``window_s`` is the measured schedule's span. Given by the caller when known
+(the workload's duration less its warm-up), else inferred from the scheduled times
+as ``(last - first) × N / (N - 1)`` (N requests evenly spaced at rate r give exactly
+r). ``offered_rate`` = measured requests / window; ``achieved_rate`` = completed /
+window. ``duration_s`` runs from the first scheduled time to the last response's end
+(vLLM's benchmark duration): ``request_throughput``, ``output_token_throughput`` and
+``goodput`` are per second of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from workloads.load_errors import was_sent
+from workloads.schedule import RequestRecord, read_records
+
+DEFAULT_PROMPT_BUCKETS: tuple[int, ...] = (0, 512, 2048, 4096, 8192)
+
+
+class Percentiles(BaseModel):
+    """Summary of one latency distribution, in milliseconds (None when there are no samples)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    count: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+    @classmethod
+    def from_values(cls, values: Iterable[float] | pd.Series) -> Percentiles:
+        series = pd.Series(values, dtype="float64").dropna()
+        if series.empty:
+            return cls()
+        q = series.quantile([0.5, 0.9, 0.99])
+        return cls(
+            count=len(series),
+            mean=float(series.mean()),
+            p50=float(q[0.5]),
+            p90=float(q[0.9]),
+            p99=float(q[0.99]),
+        )
+
+
+class Slo(BaseModel):
+    """Latency objectives a request must all meet to count towards goodput (None: no limit)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+    e2e_ms: float | None = Field(default=None, gt=0)
+
+
+class BucketLatency(BaseModel):
+    """Latency of the requests whose prompt length falls in [min_prompt_tokens, max_prompt_tokens)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    label: str
+    min_prompt_tokens: int
+    max_prompt_tokens: int | None  # exclusive; None: no upper bound
+    count: int  # measured requests in the bucket
+    num_errors: int
+    ttft_ms: Percentiles
+    e2e_ms: Percentiles
+
+
+class LoadResult(BaseModel):
+    """What one load run achieved, from its records."""
+
+    model_config = ConfigDict(frozen=True)
+
+    num_requests: int  # measured (not warm-up) requests
+    num_completed: int
+    num_errors: int  # failed, timed out, aborted or not sent
+    num_not_sent: int  # of the errors: never sent (in-flight cap, run stopped)
+    error_rate: float
+    window_s: float | None
+    duration_s: float
+    offered_rate: float | None
+    achieved_rate: float | None
+    request_throughput: float
+    output_token_throughput: float
+    output_tokens: int
+    prompt_tokens: int
+    slo: Slo | None
+    num_good: int  # completed requests that met every objective of the SLO
+    goodput: float
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    tpot_ms: Percentiles
+    e2e_ms: Percentiles
+    send_lag_ms: Percentiles
+    prompt_buckets: tuple[BucketLatency, ...]
+
+    @classmethod
+    def from_records(
+        cls,
+        records: Iterable[RequestRecord],
+        *,
+        slo: Slo | None = None,
+        window_s: float | None = None,
+        prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+    ) -> LoadResult:
+        frame = _frame([record for record in records if not record.warmup])
+        ok = frame[frame["ok"]]
+        num_requests = len(frame)
+        num_completed = len(ok)
+
+        ttft_s = ok["first_token_s"] - ok["scheduled_s"]
+        e2e_s = ok["end_s"] - ok["scheduled_s"]
+        last_s = ok["last_token_s"].fillna(ok["end_s"])
+        multi = ok["output_tokens"] > 1
+        tpot_s = (last_s - ok["first_token_s"])[multi] / (ok["output_tokens"][multi] - 1)
+        itl_s = _gaps(ok["token_times_s"])
+        sent = frame[frame["sent"]]
+        lag_s = sent["sent_s"] - sent["scheduled_s"]
+
+        if window_s is None:
+            window_s = _inferred_window_s(frame["scheduled_s"])
+        duration_s = _duration_s(frame)
+        good = ok["ok"].copy()
+        if slo is not None:
+            if slo.ttft_ms is not None:
+                good &= (1000 * ttft_s) <= slo.ttft_ms
+            if slo.tpot_ms is not None:  # one-token outputs have no TPOT: they meet it
+                good &= (1000 * tpot_s).reindex(ok.index, fill_value=0.0) <= slo.tpot_ms
+            if slo.e2e_ms is not None:
+                good &= (1000 * e2e_s) <= slo.e2e_ms
+        num_good = int(good.sum())
+        output_tokens = int(ok["output_tokens"].sum())
+
+        return cls(
+            num_requests=num_requests,
+            num_completed=num_completed,
+            num_errors=num_requests - num_completed,
+            num_not_sent=int((~frame["sent"]).sum()),
+            error_rate=(num_requests - num_completed) / num_requests if num_requests else 0.0,
+            window_s=window_s,
+            duration_s=duration_s,
+            offered_rate=num_requests / window_s if window_s else None,
+            achieved_rate=num_completed / window_s if window_s else None,
+            request_throughput=_per_s(num_completed, duration_s),
+            output_token_throughput=_per_s(output_tokens, duration_s),
+            output_tokens=output_tokens,
+            prompt_tokens=int(ok["prompt_tokens"].sum()),
+            slo=slo,
+            num_good=num_good,
+            goodput=_per_s(num_good, duration_s),
+            ttft_ms=Percentiles.from_values(1000 * ttft_s),
+            itl_ms=Percentiles.from_values(1000 * itl_s),
+            tpot_ms=Percentiles.from_values(1000 * tpot_s),
+            e2e_ms=Percentiles.from_values(1000 * e2e_s),
+            send_lag_ms=Percentiles.from_values(1000 * lag_s),
+            prompt_buckets=_buckets(frame, prompt_buckets),
+        )
+
+    @classmethod
+    def from_file(
+        cls,
+        path: Path,
+        *,
+        slo: Slo | None = None,
+        window_s: float | None = None,
+        prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+    ) -> LoadResult:
+        """From a records JSONL file (e.g. `LoadRun.records_path`)."""
+        return cls.from_records(
+            read_records(path), slo=slo, window_s=window_s, prompt_buckets=prompt_buckets
+        )
+
+
+_COLUMNS = (
+    "scheduled_s",
+    "sent_s",
+    "first_token_s",
+    "last_token_s",
+    "end_s",
+    "prompt_tokens",
+    "output_tokens",
+    "token_times_s",
+    "ok",
+    "sent",
+)
+
+
+def _frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
+    frame = pd.DataFrame(
+        {
+            "scheduled_s": [r.scheduled_s for r in records],
+            "sent_s": [r.sent_s for r in records],
+            "first_token_s": [r.first_token_s for r in records],
+            "last_token_s": [r.token_times_s[-1] if r.token_times_s else None for r in records],
+            "end_s": [r.end_s for r in records],
+            "prompt_tokens": [r.prompt_tokens for r in records],
+            "output_tokens": [r.output_tokens for r in records],
+            "token_times_s": [r.token_times_s for r in records],
+            "ok": [r.ok for r in records],
+            "sent": [was_sent(r.error) for r in records],
+        },
+        columns=list(_COLUMNS),
+    )
+    for column in ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "end_s"):
+        frame[column] = frame[column].astype("float64")
+    for column in ("prompt_tokens", "output_tokens"):
+        frame[column] = frame[column].astype("int64")
+    for column in ("ok", "sent"):
+        frame[column] = frame[column].astype(bool)
+    return frame
+
+
+def _gaps(token_times: pd.Series) -> pd.Series:
+    """Every gap between consecutive token events of each request."""
+    if token_times.empty:
+        return pd.Series(dtype="float64")
+    times = token_times.explode().dropna().astype("float64")
+    return times.groupby(level=0).diff().dropna()
+
+
+def _inferred_window_s(scheduled_s: pd.Series) -> float | None:
+    count = len(scheduled_s)
+    if count < 2:
+        return None
+    span = float(scheduled_s.max() - scheduled_s.min())
+    return span * count / (count - 1) if span > 0 else None
+
+
+def _duration_s(frame: pd.DataFrame) -> float:
+    if frame.empty:
+        return 0.0
+    ends = frame["end_s"].fillna(frame["sent_s"])
+    return max(float(ends.max() - frame["scheduled_s"].min()), 0.0)
+
+
+def _per_s(count: float, duration_s: float) -> float:
+    return count / duration_s if duration_s > 0 else 0.0
+
+
+def _bucket_label(low: int, high: int | None) -> str:
+    def short(tokens: int) -> str:
+        return f"{tokens // 1024}k" if tokens >= 1024 and tokens % 1024 == 0 else str(tokens)
+
+    if high is None:
+        return f">={short(low)}"
+    if low == 0:
+        return f"<{short(high)}"
+    return f"{short(low)}-{short(high)}"
+
+
+def _buckets(frame: pd.DataFrame, edges: Sequence[int]) -> tuple[BucketLatency, ...]:
+    if list(edges) != sorted(set(edges)) or not edges or edges[0] < 0:
+        raise ValueError(f"prompt buckets {list(edges)} must be increasing edges from >= 0")
+    bounds: list[tuple[int, int | None]] = [
+        (low, high) for low, high in zip(edges, [*edges[1:], None], strict=True)
+    ]
+    buckets = []
+    for low, high in bounds:
+        inside = frame["prompt_tokens"] >= low
+        if high is not None:
+            inside &= frame["prompt_tokens"] < high
+        rows = frame[inside]
+        ok = rows[rows["ok"]]
+        buckets.append(
+            BucketLatency(
+                label=_bucket_label(low, high),
+                min_prompt_tokens=low,
+                max_prompt_tokens=high,
+                count=len(rows),
+                num_errors=int((~rows["ok"]).sum()),
+                ttft_ms=Percentiles.from_values(1000 * (ok["first_token_s"] - ok["scheduled_s"])),
+                e2e_ms=Percentiles.from_values(1000 * (ok["end_s"] - ok["scheduled_s"])),
+            )
+        )
+    return tuple(buckets)

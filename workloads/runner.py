@@ -1,0 +1,431 @@
+"""Run an open-loop schedule against an OpenAI-compatible server with Locust, as a subprocess.
+
+`run_load` writes the schedule to ``out_dir/schedule.jsonl``, starts ``python -m locust``
+headless on ``workloads/locustfile.py`` in its own process group (output in
+``out_dir/locust.log``), waits until every scheduled request has finished or timed
+out, merges the records of every Locust process into ``out_dir/requests.jsonl`` and
+returns a `LoadRun`.
+
+Files in ``out_dir``::
+
+    schedule.jsonl                  the schedule, sorted by send time
+    locust.log                      Locust's stdout and stderr
+    records.jsonl.w<i>              records of Locust process i (appended, one per request)
+    records.jsonl.w<i>.stats.json   that process's `WorkerStats`
+    requests.jsonl                  every record, merged, sorted by scheduled time
+
+How the load is generated (see the locustfile for the details): in each Locust process
+one dispatcher greenlet walks that process's share of the schedule (request i goes to
+process ``i % processes``) and, at each request's send time, spawns a greenlet that
+sends it and reads the stream. Users are only the vehicle Locust needs to run
+(one per process, idle): a request never waits for a free user, so a stalled server
+cannot slow the offered load, and the number of users does not have to be sized to
+rate × latency. What bounds the greenlets is the in-flight cap: a request due while
+``max_in_flight`` requests are in flight is recorded as not sent
+(`load_errors.CAP_REACHED`) and counted in ``cap_hits``.
+
+This module never imports Locust or gevent: ``import locust`` monkey-patches the
+process, so it happens only inside the subprocess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from workloads.load_errors import LoadConfigError, LoadGeneratorError
+from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_records, write_schedule
+
+log = logging.getLogger(__name__)
+
+LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
+PROJECT_ROOT = LOCUSTFILE.parent.parent
+
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+DEFAULT_MAX_IN_FLIGHT = 4096
+# A client is saturated (its measurements are not to be trusted) above these.
+SATURATION_CPU_PERCENT = 75.0  # of one core, per Locust process
+SATURATION_LAG_P99_MS = 10.0
+# Time from launch to offset 0 of the schedule: Locust imports (about 1 s), forks its
+# workers and connects them to the master before the test starts.
+STARTUP_LEAD_S = 3.0
+STARTUP_LEAD_PER_PROCESS_S = 0.5
+# After the last request's deadline: Locust stops, prints its summary and exits.
+SHUTDOWN_GRACE_S = 30.0
+KILL_GRACE_S = 5.0
+
+Spawn = Callable[[list[str], Path, dict[str, str]], "subprocess.Popen[bytes]"]
+
+
+def worker_records_path(records_path: Path, index: int) -> Path:
+    """Where Locust process ``index`` appends its records (``TUNER_RECORDS`` + ``.w<index>``)."""
+    return records_path.with_name(f"{records_path.name}.w{index}")
+
+
+def worker_stats_path(records_path: Path, index: int) -> Path:
+    """Where Locust process ``index`` writes its `WorkerStats` when its share is done."""
+    return records_path.with_name(f"{records_path.name}.w{index}.stats.json")
+
+
+class WorkerStats(BaseModel):
+    """What one Locust process measured about itself (its ``.stats.json``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    worker: str  # "w<index>", as in its records
+    index: int
+    count: int
+    scheduled: int  # requests in this process's share
+    sent: int
+    cap_hits: int  # not sent: the in-flight cap was reached
+    completed: int  # sent and answered without error
+    failed: int  # sent, ended with an error (HTTP status, stream error, timeout, aborted)
+    not_sent_stopped: int  # not sent: the run was stopped before their send time
+    max_in_flight: int  # this process's cap
+    peak_in_flight: int
+    start_late_s: float  # ready to send (after its warm-up) minus TUNER_START_AT; > 0: late
+    wall_s: float  # from TUNER_START_AT (or the dispatcher start, if later) to the last record
+    cpu_s: float  # process CPU time (user + system) over wall_s
+    cpu_percent: float  # cpu_s / wall_s × 100 (100 = one core)
+    send_lag_p50_ms: float | None  # sent_s - scheduled_s over sent requests
+    send_lag_p99_ms: float | None
+    send_lag_max_ms: float | None
+    stopped_early: bool  # Locust stopped the test before the share was done
+
+
+class LoadRun(BaseModel):
+    """The outcome of one `run_load`: where its evidence is and whether the client kept up."""
+
+    model_config = ConfigDict(frozen=True)
+
+    out_dir: Path
+    schedule_path: Path
+    records_path: Path  # requests.jsonl, every record merged
+    log_path: Path
+    processes: int
+    start_at_s: float  # Unix time of offset 0
+    wall_s: float  # from launch to the Locust process group's exit
+    num_scheduled: int
+    num_records: int
+    num_missing: int  # scheduled requests without a record (the Locust process was killed)
+    cap_hits: int
+    workers: tuple[WorkerStats, ...]
+    client_saturated: bool
+    saturation_reason: str | None
+    exit_code: int | None  # Locust's; None when it had to be killed
+    killed: bool  # past its deadline, the process group was killed
+
+
+def run_load(
+    *,
+    base_url: str,
+    model: str,
+    schedule: Sequence[ScheduledRequest],
+    out_dir: Path,
+    processes: int = 1,
+    max_in_flight: int | None = None,
+    timeout_s: float | None = None,
+    spawn: Spawn | None = None,
+) -> LoadRun:
+    """Send ``schedule`` to ``base_url`` (e.g. ``http://127.0.0.1:8000``) and collect the records.
+
+    ``processes``: Locust processes (``--processes N`` when N > 1); the schedule is split
+    between them round-robin, so each sends 1/N of the rate and the load stays open-loop.
+    ``max_in_flight``: cap on requests in flight over all processes, split evenly
+    (default 4096). ``timeout_s``: a request unfinished this long after its scheduled time
+    is abandoned and recorded with a timeout error (default 600 s); the whole run is
+    bounded by the last send time plus ``timeout_s`` plus a shutdown grace, after which
+    the Locust process group is killed. ``spawn(cmd, log_path, env)`` starts the process
+    instead of `subprocess.Popen` (e.g. to register it with a cleanup registry); it must
+    put the process in its own process group with its output in ``log_path``.
+    """
+    _validate(schedule, processes=processes, max_in_flight=max_in_flight, timeout_s=timeout_s)
+    request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
+    cap = DEFAULT_MAX_IN_FLIGHT if max_in_flight is None else max_in_flight
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    schedule_path = out_dir / "schedule.jsonl"
+    worker_base = out_dir / "records.jsonl"
+    merged_path = out_dir / "requests.jsonl"
+    log_path = out_dir / "locust.log"
+    for stale in (*out_dir.glob(f"{worker_base.name}.w*"), merged_path):  # an earlier run's
+        stale.unlink(missing_ok=True)
+    num_scheduled = write_schedule(schedule_path, schedule)
+
+    launched_s = time.time()
+    start_at_s = launched_s + STARTUP_LEAD_S + STARTUP_LEAD_PER_PROCESS_S * processes
+    last_send_s = max(request.send_s for request in schedule)
+    run_time_s = math.ceil(start_at_s - launched_s + last_send_s + request_timeout_s + 5.0)
+    deadline_s = launched_s + run_time_s + SHUTDOWN_GRACE_S
+
+    cmd = _locust_command(base_url, processes=processes, run_time_s=run_time_s)
+    env = _locust_env(
+        schedule_path=schedule_path,
+        records_path=worker_base,
+        model=model,
+        max_in_flight=cap,
+        processes=processes,
+        start_at_s=start_at_s,
+        request_timeout_s=request_timeout_s,
+    )
+    log.info(
+        "locust: %d requests, %d process(es), offset 0 at %.3f, log %s",
+        num_scheduled,
+        processes,
+        start_at_s,
+        log_path,
+    )
+    proc = (spawn or _popen)(cmd, log_path, env)
+    pgid = _own_group(proc, log_path)
+    killed = False
+    try:
+        killed = _wait(proc, worker_base, processes, deadline_s)
+    finally:
+        # Also on success: nothing of the group (forked workers) may outlive the run.
+        _stop_group(proc, pgid)
+    wall_s = time.time() - launched_s
+    exit_code = None if killed else proc.returncode
+
+    workers = tuple(
+        WorkerStats.model_validate_json(path.read_text(encoding="utf-8"))
+        for index in range(processes)
+        if (path := worker_stats_path(worker_base, index)).exists()
+    )
+    records = _merge(worker_base, processes, merged_path)
+    if not workers and not records:
+        raise LoadGeneratorError(
+            f"Locust exited with {exit_code} without measuring anything; "
+            f"last lines of {log_path}:\n{_tail(log_path)}"
+        )
+    if len(workers) < processes:
+        log.warning("only %d of %d Locust processes wrote their stats", len(workers), processes)
+    saturated, reason = client_saturation(workers)
+    recorded_ids = {record.request_id for record in records}
+    return LoadRun(
+        out_dir=out_dir,
+        schedule_path=schedule_path,
+        records_path=merged_path,
+        log_path=log_path,
+        processes=processes,
+        start_at_s=start_at_s,
+        wall_s=wall_s,
+        num_scheduled=num_scheduled,
+        num_records=len(records),
+        num_missing=sum(1 for request in schedule if request.request_id not in recorded_ids),
+        cap_hits=sum(worker.cap_hits for worker in workers),
+        workers=workers,
+        client_saturated=saturated,
+        saturation_reason=reason,
+        exit_code=exit_code,
+        killed=killed,
+    )
+
+
+def client_saturation(workers: Sequence[WorkerStats]) -> tuple[bool, str | None]:
+    """Whether any Locust process was too busy to keep the schedule, and why."""
+    reasons: list[str] = []
+    for worker in workers:
+        if worker.cpu_percent > SATURATION_CPU_PERCENT:
+            reasons.append(
+                f"{worker.worker} used {worker.cpu_percent:.0f}% of a core "
+                f"(> {SATURATION_CPU_PERCENT:.0f}%)"
+            )
+        if worker.send_lag_p99_ms is not None and worker.send_lag_p99_ms > SATURATION_LAG_P99_MS:
+            reasons.append(
+                f"{worker.worker} send lag p99 {worker.send_lag_p99_ms:.1f} ms "
+                f"(> {SATURATION_LAG_P99_MS:.0f} ms)"
+            )
+    return bool(reasons), "; ".join(reasons) or None
+
+
+def _validate(
+    schedule: Sequence[ScheduledRequest],
+    *,
+    processes: int,
+    max_in_flight: int | None,
+    timeout_s: float | None,
+) -> None:
+    if not schedule:
+        raise LoadConfigError("schedule is empty; accepted: at least one request")
+    if processes < 1:
+        raise LoadConfigError(f"processes={processes} is out of range; accepted: >= 1")
+    if max_in_flight is not None and max_in_flight < processes:
+        raise LoadConfigError(
+            f"max_in_flight={max_in_flight} is out of range; accepted: >= processes ({processes})"
+        )
+    if timeout_s is not None and not timeout_s > 0:
+        raise LoadConfigError(f"timeout_s={timeout_s} is out of range; accepted: > 0")
+    ids: set[str] = set()
+    for request in schedule:
+        if request.request_id in ids:
+            raise LoadConfigError(
+                f"request_id {request.request_id!r} appears twice in the schedule"
+            )
+        ids.add(request.request_id)
+        if request.send_s < 0:
+            raise LoadConfigError(
+                f"request {request.request_id!r} has send_s={request.send_s}; accepted: >= 0"
+            )
+        if request.max_tokens < 1:
+            raise LoadConfigError(
+                f"request {request.request_id!r} has max_tokens={request.max_tokens}; accepted: >= 1"
+            )
+        if request.api is Api.COMPLETIONS and request.prompt is None:
+            raise LoadConfigError(f"completions request {request.request_id!r} has no prompt")
+        if request.api is Api.CHAT and not request.messages:
+            raise LoadConfigError(f"chat request {request.request_id!r} has no messages")
+
+
+def _locust_command(base_url: str, *, processes: int, run_time_s: int) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "--host",
+        base_url,
+        # One idle vehicle user per process: the dispatcher, not the users, sends.
+        "--users",
+        str(processes),
+        "--spawn-rate",
+        str(processes),
+        "--run-time",
+        f"{run_time_s}s",
+        "--only-summary",
+        # Failed requests are measurements, not a failure of the load generator.
+        "--exit-code-on-error",
+        "0",
+    ]
+    if processes > 1:
+        cmd += ["--processes", str(processes)]
+    return cmd
+
+
+def _locust_env(
+    *,
+    schedule_path: Path,
+    records_path: Path,
+    model: str,
+    max_in_flight: int,
+    processes: int,
+    start_at_s: float,
+    request_timeout_s: float,
+) -> dict[str, str]:
+    # LOCUST_* settings of the caller's environment would change the command line's meaning.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LOCUST_")}
+    python_path = [str(PROJECT_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env.update(
+        PYTHONPATH=os.pathsep.join(python_path),
+        PYTHONUNBUFFERED="1",
+        TUNER_SCHEDULE=str(schedule_path),
+        TUNER_RECORDS=str(records_path),
+        TUNER_MODEL=model,
+        TUNER_MAX_IN_FLIGHT=str(max_in_flight),
+        TUNER_WORKER_COUNT=str(processes),
+        TUNER_START_AT=repr(start_at_s),
+        TUNER_REQUEST_TIMEOUT_S=repr(request_timeout_s),
+    )
+    # With several processes Locust forks the workers; each takes its index from the master.
+    env.pop("TUNER_WORKER_INDEX", None)
+    if processes == 1:
+        env["TUNER_WORKER_INDEX"] = "0"
+    return env
+
+
+def _popen(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log_path.open("ab") as out:
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=log_path.parent,  # away from any locust.conf or pyproject.toml of the caller
+            start_new_session=True,
+        )
+
+
+def _own_group(proc: subprocess.Popen[bytes], log_path: Path) -> int | None:
+    """The process group to signal; None when the process already exited."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return None
+    if pgid == os.getpgrp():
+        proc.kill()
+        proc.wait()
+        raise LoadConfigError(
+            f"spawn started Locust in the caller's process group (log {log_path}); "
+            "accepted: a process in its own group (start_new_session=True)"
+        )
+    return pgid
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], worker_base: Path, processes: int, deadline_s: float
+) -> bool:
+    """Wait for Locust to exit; True when it ran past the deadline and was stopped."""
+    done_grace_until: float | None = None
+    while proc.poll() is None:
+        now = time.time()
+        if now > deadline_s:
+            log.warning("Locust still running past its deadline; stopping its process group")
+            return True
+        if done_grace_until is None and all(
+            worker_stats_path(worker_base, index).exists() for index in range(processes)
+        ):
+            # Every share is done; Locust quits on its own, give it time to print its summary.
+            done_grace_until = now + SHUTDOWN_GRACE_S
+        if done_grace_until is not None and now > done_grace_until:
+            log.warning("Locust did not exit after every process finished; stopping it")
+            return False
+        time.sleep(0.1)
+    return False
+
+
+def _stop_group(proc: subprocess.Popen[bytes], pgid: int | None) -> None:
+    """SIGTERM to the whole group, then SIGKILL to what is left."""
+    if pgid is not None:
+        _signal_group(pgid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=KILL_GRACE_S)
+    if pgid is not None:
+        _signal_group(pgid, signal.SIGKILL)
+    proc.wait()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _merge(worker_base: Path, processes: int, merged_path: Path) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    for index in range(processes):
+        path = worker_records_path(worker_base, index)
+        if path.exists():
+            records.extend(read_records(path))
+    records.sort(key=lambda record: (record.scheduled_s, record.request_id))
+    with merged_path.open("w", encoding="utf-8") as out:
+        for record in records:
+            out.write(record.to_json() + "\n")
+    return records
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(cannot read: {exc})"
