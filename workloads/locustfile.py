@@ -374,7 +374,8 @@ class Dispatcher:
                 "POST",
                 self.path_prefix + PATHS[request.api],
                 body=request_body(request, settings.model),
-                headers=self.headers,
+                # vLLM (and the simulator) take the request id from this header.
+                headers={**self.headers, "X-Request-Id": request.request_id},
             )
             status = response.status_code
             if status != 200:

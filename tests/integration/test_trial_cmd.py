@@ -118,6 +118,18 @@ def test_bench_against_a_running_server(tmp_path: Path) -> None:
         assert abs(load["achieved_rate"] - load["offered_rate"]) / load["offered_rate"] < 0.2
         buckets = {b["label"] for b in load["prompt_buckets"] if b["count"]}
         assert len(buckets) >= 2  # long and short requests are reported apart
+        # The simulator's ground truth names the same requests (X-Request-Id).
+        truth = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/sim/requests").read())
+        server_ids = {t["request_id"] for t in truth["requests"]}
+        client_ids = {
+            json.loads(line)["request_id"]
+            for line in Path(data["records"]).read_text().splitlines()
+        }
+        assert client_ids <= server_ids
+        stall = urllib.request.Request(
+            f"http://127.0.0.1:{port}/sim/stall", data=b'{"seconds": 0.5}', method="POST"
+        )
+        assert json.loads(urllib.request.urlopen(stall).read()) == {"stalled_s": 0.5}
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()

@@ -11,6 +11,7 @@ can convert what it measured to the virtual GPU's seconds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -67,6 +68,8 @@ ROUTES: tuple[tuple[str, str], ...] = (
     ("/v1/chat/completions", "POST"),
     ("/metrics", "GET"),
     ("/sim/gpu", "GET"),
+    ("/sim/requests", "GET"),
+    ("/sim/stall", "POST"),
 )
 
 
@@ -183,6 +186,8 @@ class SimServer:
             "/v1/chat/completions": partial(self.generate, Endpoint.CHAT),
             "/metrics": self.prometheus,
             "/sim/gpu": self.sim_gpu,
+            "/sim/requests": self.sim_requests,
+            "/sim/stall": self.sim_stall,
         }
         for path, method in ROUTES:
             app.router.add_route(method, path, handlers[path])
@@ -290,6 +295,25 @@ class SimServer:
         text = self.metrics.render(self.driver.snapshot())
         return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
+    async def sim_requests(self, request: web.Request) -> web.Response:
+        """Ground truth for measuring clients: each finished request's server-side timings.
+
+        Unix seconds: arrival at the server and the moment each token was handed to
+        the response stream. A client's ``X-Request-Id`` header names the request.
+        """
+        return _json({"requests": [timing.as_json() for timing in self.driver.timings]})
+
+    async def sim_stall(self, request: web.Request) -> web.Response:
+        """Freeze the virtual GPU for ``seconds`` (a server stall a load test must survive)."""
+        try:
+            seconds = float((await request.json()).get("seconds", 0))
+        except (ValueError, AttributeError):
+            seconds = -1.0
+        if not 0 < seconds <= 600:
+            return _json(ApiError(400, "seconds must be in (0, 600]").body(), status=400)
+        self.driver.stall(seconds)
+        return _json({"stalled_s": seconds})
+
     async def sim_gpu(self, request: web.Request) -> web.Response:
         return _json(self.gpu_report().model_dump())
 
@@ -330,6 +354,9 @@ class SimServer:
             )
         except ApiError as exc:
             return _json(exc.body(), status=exc.status)
+        client_id = request.headers.get("X-Request-Id")
+        if client_id:  # vLLM takes the client's request id from this header too
+            gen = dataclasses.replace(gen, request_id=client_id)
         engine_request = SimRequest(
             request_id=gen.request_id,
             prompt_token_ids=gen.prompt_token_ids,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ from tuner.sim.metrics import EngineSnapshot, FinishedRequest, ServerMetrics
 log = logging.getLogger(__name__)
 
 BUSY_WINDOW_S = 1.0
-IDLE_RETRY_S = 0.001  # when a step scheduled nothing (nothing fits yet), wait this long
+IDLE_RETRY_S = 0.001
+TIMINGS_KEPT = 100_000  # finished requests whose server-side timings /sim/requests returns  # when a step scheduled nothing (nothing fits yet), wait this long
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,22 @@ class EngineFailure:
 
 
 StreamItem = Token | EngineFailure
+
+
+@dataclass(frozen=True)
+class ServerTiming:
+    """A finished request as the server saw it, in Unix seconds."""
+
+    request_id: str
+    arrival_s: float
+    token_times_s: tuple[float, ...]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "request_id": self.request_id,
+            "arrival_s": self.arrival_s,
+            "token_times_s": list(self.token_times_s),
+        }
 
 
 @dataclass(eq=False)
@@ -92,6 +110,9 @@ class EngineDriver:
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
         self._timeline_s = self._t0
+        self._unix_offset_s = time.time() - self._t0
+        self._stall_until_s = 0.0
+        self.timings: deque[ServerTiming] = deque(maxlen=TIMINGS_KEPT)
 
     # -- clocks -----------------------------------------------------------------------------
 
@@ -157,6 +178,9 @@ class EngineDriver:
             # timeline: the time spent delivering tokens and the sleep's overshoot
             # delay a delivery but not the next step. If the core cannot keep up, the
             # timeline falls behind the wall clock (``lag_s``) and deliveries run late.
+            if self.wall_s() < self._stall_until_s:
+                await asyncio.sleep(self._stall_until_s - self.wall_s())
+                self._timeline_s = max(self._timeline_s, self.wall_s())
             start = self._timeline_s
             try:
                 result = self.engine.step((start - self._t0) / self.time_scale)
@@ -182,7 +206,20 @@ class EngineDriver:
                     self.streams.pop(event.request.request_id, None)
                     self._finish(stream, reason)
 
+    def stall(self, seconds: float) -> None:
+        """Freeze the virtual GPU: no step starts for ``seconds`` of wall time."""
+        self._stall_until_s = max(self._stall_until_s, self.wall_s() + seconds)
+        self._wake.set()
+
     def _finish(self, stream: RequestStream, reason: FinishReason) -> None:
+        offset = self._unix_offset_s
+        self.timings.append(
+            ServerTiming(
+                request_id=stream.request.request_id,
+                arrival_s=stream.arrival_s + offset,
+                token_times_s=tuple(t + offset for t in stream.token_times_s),
+            )
+        )
         self.metrics.observe_finished(
             FinishedRequest(
                 arrival_s=stream.arrival_s,
