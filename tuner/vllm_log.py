@@ -246,10 +246,3 @@ def calibration_from_report(
         max_num_seqs=report.max_num_seqs,
         cudagraph_in_budget=cudagraph_in_budget,
     )
-
-
-def read_log(path: Path) -> StartupReport:
-    try:
-        return parse_startup_log(path.read_text(encoding="utf-8", errors="replace"))
-    except OSError as exc:
-        raise LogParseError(f"cannot read vLLM log {str(path)!r}: {exc.strerror}") from exc

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,73 +10,22 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.integration.simserver import start_sim
 from tuner.gpu_sampler import GpuSampler, ProcessTree, SimSource, read_timeline, summarize
 from tuner.gpus import get_gpu
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-STARTUP_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def log_tail(path: Path, lines: int = 30) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
 
 @pytest.fixture
 def sim_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """sim-serve on a free port, in its own process group, its output in a log file."""
-    port = free_port()
-    log_path = tmp_path / "sim-serve.log"
-    command = [
-        sys.executable,
-        "-m",
-        "tuner.cli",
-        "sim-serve",
-        "--model",
-        "qwen2.5-7b",
-        "--gpu",
-        "H100-80GB",
-        "--max-model-len",
-        "4096",
-        "--port",
-        str(port),
-        "--startup-delay",
-        "0.1",
-    ]
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
+    args = ("--model", "qwen2.5-7b", "--gpu", "H100-80GB", "--max-model-len", "4096")
+    server = start_sim(args, tmp_path / "sim-serve.log")
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"sim-serve exited with {proc.returncode}:\n{log_tail(log_path)}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"sim-serve not healthy after {STARTUP_TIMEOUT_S} s")
-            time.sleep(0.05)
-        yield proc, url
+        yield server.proc, server.url
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        server.stop()
 
 
 def stream_completion(url: str, max_tokens: int) -> int:

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import random
-import re
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.integration.simserver import SimServer
+from tests.integration.simserver import start_sim as start_simserver
 from workloads.load_errors import CAP_REACHED
 from workloads.metrics import LoadResult
 from workloads.runner import LoadRun, run_load
@@ -29,86 +22,9 @@ OUTPUT_TOKENS = 32
 PROMPT_WORDS = 100
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@dataclass
-class SimServer:
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    url: str
-
-    def wait_healthy(self, timeout_s: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"sim-serve exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"sim-serve not healthy after {timeout_s} s:\n{self.tail()}")
-
-    def tail(self) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
-
-    def counter(self, name: str) -> float:
-        text = httpx.get(f"{self.url}/metrics", timeout=5.0).text
-        match = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
-        assert match, f"{name} not in /metrics"
-        return float(match.group(1))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
 def start_sim(log_dir: Path, *extra: str) -> SimServer:
-    port = free_port()
-    log_path = log_dir / "sim-serve.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "tuner.cli",
-        "sim-serve",
-        "--model",
-        MODEL,
-        "--gpu",
-        "H100-80GB",
-        "--max-model-len",
-        "4096",
-        "--port",
-        str(port),
-        "--startup-delay",
-        "0.1",
-        *extra,
-    ]
-    with log_path.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    server = SimServer(proc=proc, log_path=log_path, url=f"http://127.0.0.1:{port}")
-    try:
-        server.wait_healthy()
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    args = ("--model", MODEL, "--gpu", "H100-80GB", "--max-model-len", "4096", *extra)
+    return start_simserver(args, log_dir / "sim-serve.log")
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,10 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,84 +17,15 @@ import httpx
 import openai
 import pytest
 
+from tests.integration.simserver import SimServer, spawn_sim
 from tuner.vllm_log import parse_startup_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 SMALL = ("--model", "qwen2.5-7b", "--gpu", "H100-80GB", "--max-model-len", "4096")
-STARTUP_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@dataclass
-class SimServer:
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-    def wait_healthy(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"sim-serve exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"sim-serve not healthy after {STARTUP_TIMEOUT_S} s:\n{self.tail()}")
-
-    def wait_exit(self, timeout_s: float = STARTUP_TIMEOUT_S) -> int:
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"sim-serve still running after {timeout_s} s:\n{self.tail()}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-    def metrics(self) -> str:
-        return httpx.get(f"{self.url}/metrics", timeout=5).text
 
 
 Launch = Callable[..., SimServer]
-
-
-def spawn(args: tuple[str, ...], log_path: Path) -> SimServer:
-    """sim-serve on a free port, in its own process group, its output in log_path."""
-    port = free_port()
-    command = [sys.executable, "-m", "tuner.cli", "sim-serve", "--port", str(port)]
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [*command, "--startup-delay", "0.1", *args],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return SimServer(proc, log_path, port)
 
 
 @pytest.fixture
@@ -105,7 +34,7 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
     started: list[SimServer] = []
 
     def start(*args: str, healthy: bool = True) -> SimServer:
-        server = spawn(args, tmp_path / f"sim-serve-{len(started)}.log")
+        server = spawn_sim(args, tmp_path / f"sim-serve-{len(started)}.log")
         started.append(server)
         if healthy:
             server.wait_healthy()
@@ -120,7 +49,7 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
     """One default server for the tests that only send requests to it."""
     log_path = tmp_path_factory.mktemp("shared") / "sim-serve.log"
-    server = spawn((*SMALL, "--time-scale", "0.2"), log_path)
+    server = spawn_sim((*SMALL, "--time-scale", "0.2"), log_path)
     try:
         server.wait_healthy()
         yield server

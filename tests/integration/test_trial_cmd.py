@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.integration.simserver import start_sim
 from tuner.processes import group_alive
-from tuner.server import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -81,34 +78,9 @@ def test_bad_workload_name_is_one_line(tmp_path: Path) -> None:
 
 
 def test_bench_against_a_running_server(tmp_path: Path) -> None:
-    port = free_port()
-    log = (tmp_path / "sim.log").open("w")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tuner.cli",
-            "sim-serve",
-            "--model",
-            "qwen2.5-7b",
-            "--max-model-len",
-            "16384",
-            "--port",
-            str(port),
-            "--startup-delay",
-            "0.1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    server = start_sim(("--model", "qwen2.5-7b", "--max-model-len", "16384"), tmp_path / "sim.log")
+    port = server.port
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
         out = tuner("bench", "--url", f"http://127.0.0.1:{port}", "--workload", "mixed-long-short",
                     "--rate", "10", "--duration", "8", "--out", str(tmp_path / "bench"), "--json")  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
@@ -131,6 +103,5 @@ def test_bench_against_a_running_server(tmp_path: Path) -> None:
         )
         assert json.loads(urllib.request.urlopen(stall).read()) == {"stalled_s": 0.5}
     finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-    assert not group_alive(server.pid)
+        server.stop()
+    assert not group_alive(server.proc.pid)
