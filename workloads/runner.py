@@ -123,7 +123,8 @@ class LoadRun(BaseModel):
     client_saturated: bool
     saturation_reason: str | None
     exit_code: int | None  # Locust's; None when it had to be killed
-    killed: bool  # past its deadline, the process group was killed
+    killed: bool  # past its deadline (or on the caller's stop_when), the process group was killed
+    stopped_by_caller: bool = False  # stop_when() returned True before the schedule was done
 
 
 def run_load(
@@ -136,6 +137,7 @@ def run_load(
     max_in_flight: int | None = None,
     timeout_s: float | None = None,
     spawn: Spawn | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> LoadRun:
     """Send ``schedule`` to ``base_url`` (e.g. ``http://127.0.0.1:8000``) and collect the records.
 
@@ -148,6 +150,9 @@ def run_load(
     the Locust process group is killed. ``spawn(cmd, log_path, env)`` starts the process
     instead of `subprocess.Popen` (e.g. to register it with a cleanup registry); it must
     put the process in its own process group with its output in ``log_path``.
+    ``stop_when()`` is polled every 0.1 s; once it returns True the run is stopped early
+    (a warm-up that reached its target, a level whose SLO is already clearly broken):
+    requests not yet sent or still in flight then have no record (``num_missing``).
     """
     _validate(schedule, processes=processes, max_in_flight=max_in_flight, timeout_s=timeout_s)
     request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
@@ -189,12 +194,13 @@ def run_load(
     pgid = _own_group(proc, log_path)
     killed = False
     try:
-        killed = _wait(proc, worker_base, processes, deadline_s)
+        killed = _wait(proc, worker_base, processes, deadline_s, stop_when)
     finally:
         # Also on success: nothing of the group (forked workers) may outlive the run.
         _stop_group(proc, pgid)
     wall_s = time.time() - launched_s
     exit_code = None if killed else proc.returncode
+    stopped_by_caller = killed and stop_when is not None and time.time() < deadline_s
 
     workers = tuple(
         WorkerStats.model_validate_json(path.read_text(encoding="utf-8"))
@@ -228,6 +234,7 @@ def run_load(
         saturation_reason=reason,
         exit_code=exit_code,
         killed=killed,
+        stopped_by_caller=stopped_by_caller,
     )
 
 
@@ -374,14 +381,21 @@ def _own_group(proc: subprocess.Popen[bytes], log_path: Path) -> int | None:
 
 
 def _wait(
-    proc: subprocess.Popen[bytes], worker_base: Path, processes: int, deadline_s: float
+    proc: subprocess.Popen[bytes],
+    worker_base: Path,
+    processes: int,
+    deadline_s: float,
+    stop_when: Callable[[], bool] | None = None,
 ) -> bool:
-    """Wait for Locust to exit; True when it ran past the deadline and was stopped."""
+    """Wait for Locust to exit; True when it ran past the deadline (or stop_when) and was stopped."""
     done_grace_until: float | None = None
     while proc.poll() is None:
         now = time.time()
         if now > deadline_s:
             log.warning("Locust still running past its deadline; stopping its process group")
+            return True
+        if stop_when is not None and stop_when():
+            log.info("load run stopped early by its caller")
             return True
         if done_grace_until is None and all(
             worker_stats_path(worker_base, index).exists() for index in range(processes)
