@@ -12,6 +12,7 @@ import json
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,8 +156,19 @@ def run_schedule(
     out_dir: Path,
     registry: ChildRegistry,
     processes: int = 1,
+    time_scale: float = 1.0,
+    stop_when: Callable[[], bool] | None = None,
 ) -> WorkloadRun:
-    """Send a schedule with Locust and summarise the records against the workload's SLOs."""
+    """Send a schedule with Locust and summarise the records against the workload's SLOs.
+
+    ``time_scale`` K: the server is the simulator on a K times slower clock. The
+    schedule is stretched by K before sending and the result converted back to the
+    simulator's virtual time, so rates, latencies and SLO verdicts read as on the
+    emulated GPU. ``stop_when``: see ``workloads.runner.run_load``.
+    """
+    if time_scale != 1.0:
+        schedule = [dataclasses.replace(r, send_s=r.send_s * time_scale) for r in schedule]
+    slo = request_slo(spec)
 
     def spawn(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
         return registry.spawn(
@@ -166,9 +178,16 @@ def run_schedule(
     try:
         run = run_load(
             base_url=base_url, model=model, schedule=schedule, out_dir=out_dir,
-            processes=processes, spawn=spawn,
+            processes=processes, spawn=spawn, stop_when=stop_when,
         )  # fmt: skip
     except (LoadConfigError, LoadGeneratorError) as exc:
         raise WorkloadLoadError(f"load run failed: {exc}") from exc
-    result = LoadResult.from_file(run.records_path, slo=request_slo(spec), window_s=spec.duration_s)
+    wall_slo = Slo(
+        ttft_ms=None if slo.ttft_ms is None else slo.ttft_ms * time_scale,
+        tpot_ms=None if slo.tpot_ms is None else slo.tpot_ms * time_scale,
+        e2e_ms=None if slo.e2e_ms is None else slo.e2e_ms * time_scale,
+    )
+    window_s = spec.duration_s * time_scale
+    result = LoadResult.from_file(run.records_path, slo=wall_slo, window_s=window_s)
+    result = result.in_virtual_time(time_scale)
     return WorkloadRun(spec=spec, run=run, result=result, verdict=slo_verdict(spec, result))

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -71,13 +75,14 @@ class ServerCounters(BaseModel):
 
 
 class KvUsageWatcher:
-    """Polls /metrics during a run for the peak KV-cache usage (vLLM exposes only the current value)."""
+    """Polls /metrics during a run: the peak KV-cache usage (vLLM exposes only the current
+    value) and a timeline of usage, running and waiting requests and preemptions."""
 
     def __init__(self, base_url: str, interval_s: float = 0.5) -> None:
         self.base_url = base_url
         self.interval_s = interval_s
         self.peak: float | None = None
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[MetricsSample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kv-usage", daemon=True)
 
@@ -91,15 +96,54 @@ class KvUsageWatcher:
         self._poll()
         return self.peak
 
+    def write_csv(self, path: Path) -> None:
+        """The timeline as CSV: unix_s, kv_cache_usage, running, waiting, preemptions_total."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(MetricsSample.COLUMNS)
+            for sample in self.samples:
+                writer.writerow(sample.row())
+
     def _poll(self) -> None:
         values = scrape(self.base_url, timeout_s=2.0)
-        for name in KV_USAGE:
-            if name in values:
-                usage = values[name]
-                self.samples.append((time.time(), usage))
-                self.peak = usage if self.peak is None else max(self.peak, usage)
-                return
+        usage = next((values[name] for name in KV_USAGE if name in values), None)
+        if usage is None:
+            return
+        self.peak = usage if self.peak is None else max(self.peak, usage)
+        self.samples.append(
+            MetricsSample(
+                unix_s=time.time(),
+                kv_cache_usage=usage,
+                running=values.get("vllm:num_requests_running"),
+                waiting=values.get("vllm:num_requests_waiting"),
+                preemptions_total=values.get(COUNTERS["num_preemptions"]),
+            )
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._poll()
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """One /metrics reading during a run."""
+
+    COLUMNS: ClassVar[tuple[str, ...]] = (
+        "unix_s", "kv_cache_usage", "running", "waiting", "preemptions_total",
+    )  # fmt: skip
+
+    unix_s: float
+    kv_cache_usage: float
+    running: float | None
+    waiting: float | None
+    preemptions_total: float | None
+
+    def row(self) -> list[str]:
+        def cell(value: float | None) -> str:
+            return "" if value is None else f"{value:g}"
+
+        return [f"{self.unix_s:.3f}", f"{self.kv_cache_usage:.6f}"] + [
+            cell(v) for v in (self.running, self.waiting, self.preemptions_total)
+        ]

@@ -5,9 +5,15 @@ without rerunning anything:
 
     <trial dir>/server.log      the server's own output
     <trial dir>/gpu.csv         GPU memory timeline
+    <trial dir>/kv-fill/        warm-up by KV-cache fill, when the workload asks for it
     <trial dir>/warmup/         the warm-up load run (schedule, records, Locust log)
-    <trial dir>/load/           the measured load run (schedule.jsonl, requests.jsonl, locust.log)
+    <trial dir>/load/           the measured load run (schedule.jsonl, requests.jsonl,
+                                locust.log, metrics.csv: /metrics over the run)
     <trial dir>/result.json     the TrialResult
+
+``LiveServer`` holds a launched server with its GPU sampler for as long as a
+caller needs it: ``tuner trial`` measures once, the tuning loop measures several
+request rates on the same server.
 
 Warm-up requests are sent as a load run of their own and finish before the
 measured window opens, so the window's token counts on the client and the
@@ -16,8 +22,11 @@ server's /metrics counters describe the same requests.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from pathlib import Path
+from types import TracebackType
 
 from pydantic import BaseModel, ConfigDict
 
@@ -27,10 +36,37 @@ from tuner.processes import ChildRegistry
 from tuner.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
 from tuner.server_metrics import KvUsageWatcher, ServerCounters, scrape
 from workloads.metrics import LoadResult
-from workloads.schedule import ScheduledRequest
-from workloads.spec import WorkloadSpec
+from workloads.schedule import RequestRecord, ScheduledRequest
+from workloads.spec import WarmupSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
+
+
+class Measurement(BaseModel):
+    """One measured load run on a live server, in the emulated GPU's time."""
+
+    model_config = ConfigDict(frozen=True)
+
+    out_dir: str
+    outcome: TrialOutcome  # READY, or how the engine died during the run
+    load: LoadResult
+    slo: SloVerdict
+    server: ServerCounters | None = None
+    death: StartupResult | None = None
+    client_saturated: bool = False
+    client_saturation_reason: str | None = None
+    stopped_early: bool = False
+
+
+class KvFill(BaseModel):
+    """What warm-up by KV-cache fill reached."""
+
+    model_config = ConfigDict(frozen=True)
+
+    target: float
+    reached: float | None
+    seconds: float
+    requests_sent: int
 
 
 class TrialResult(BaseModel):
@@ -49,6 +85,7 @@ class TrialResult(BaseModel):
     client_saturated: bool = False
     client_saturation_reason: str | None = None
     death: StartupResult | None = None
+    kv_fill: KvFill | None = None
 
 
 class _ServerPids:
@@ -77,6 +114,216 @@ def settings_of(spec: LaunchSpec) -> dict[str, object]:
     }
 
 
+class LiveServer:
+    """A launched server and its GPU sampler, from launch to stop (a context manager).
+
+    On entry the server is launched and waited for; ``startup`` says how that went
+    and the caller measures only when it is READY. On exit the sampler and the
+    server stop, whatever happened, and ``gpu`` holds the timeline's summary.
+    ``time_scale`` is the simulator's ``--time-scale`` (1 for vLLM).
+    """
+
+    def __init__(
+        self,
+        launch: LaunchSpec,
+        *,
+        trial_dir: Path,
+        registry: ChildRegistry,
+        gpu_source: str = "auto",
+        gpu_sample_interval_s: float = 0.1,
+        processes: int = 1,
+    ) -> None:
+        self.launch = launch
+        self.trial_dir = trial_dir
+        self.registry = registry
+        self.processes = processes
+        self.time_scale = launch.sim_time_scale if launch.backend is Backend.SIM else 1.0
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        self.server = ServerProcess(launch, registry=registry, log_path=trial_dir / "server.log")
+        self.source_kind = (
+            gpu_source
+            if gpu_source != "auto"
+            else ("sim" if launch.backend is Backend.SIM else "nvml")
+        )
+        self.sampler = GpuSampler(
+            make_source(self.source_kind, base_url=self.server.base_url),
+            interval_s=gpu_sample_interval_s,
+            timeline_path=trial_dir / "gpu.csv",
+            pids=_ServerPids(self.server),
+        )
+        self._sampling = False
+        self.startup: StartupResult | None = None
+        self.gpu: GpuSummary | None = None
+        self.death: StartupResult | None = None
+
+    @property
+    def model(self) -> str:
+        return self.launch.served_model_name or self.launch.model
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self.startup is not None
+            and self.startup.outcome is TrialOutcome.READY
+            and self.death is None
+        )
+
+    def __enter__(self) -> LiveServer:
+        try:
+            if self.source_kind == "nvml":  # before the launch: startup memory is in the timeline
+                self.sampler.start()
+                self._sampling = True
+            self.startup = self.server.wait_ready()
+            if self.startup.outcome is TrialOutcome.READY and not self._sampling:
+                self.sampler.start()
+                self._sampling = True
+        except BaseException:
+            self._close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        try:
+            if self._sampling:
+                self._sampling = False
+                self.gpu = self.sampler.stop()
+        finally:
+            self.server.stop()
+
+    def fill_kv_cache(self, workload: WorkloadSpec, warmup: WarmupSpec) -> KvFill | None:
+        """Warm up until the KV cache is ``warmup.kv_cache_fill`` full or ``max_s`` passed."""
+        if warmup.kv_cache_fill is None:
+            return None
+        target = warmup.kv_cache_fill
+        spec = workload.model_copy(
+            update={
+                "duration_s": warmup.max_s,
+                "warmup": WarmupSpec(),
+                "seed": workload.seed + 7919,
+            }
+        )
+        schedule = plan_schedule(spec, max_model_len=self.launch.params.max_model_len)
+        schedule = [dataclasses.replace(r, warmup=True) for r in schedule]
+        if not schedule:
+            return KvFill(target=target, reached=None, seconds=0.0, requests_sent=0)
+        watcher = KvUsageWatcher(self.server.base_url, interval_s=0.25).start()
+        began = time.monotonic()
+        try:
+            run = run_schedule(
+                spec, schedule, base_url=self.server.base_url, model=self.model,
+                out_dir=self.trial_dir / "kv-fill", registry=self.registry,
+                processes=self.processes, time_scale=self.time_scale,
+                stop_when=lambda: (watcher.peak or 0.0) >= target,
+            )  # fmt: skip
+        finally:
+            reached = watcher.stop()
+        return KvFill(
+            target=target,
+            reached=reached,
+            seconds=time.monotonic() - began,
+            requests_sent=run.run.num_records,
+        )
+
+    def warm_up(self, workload: WorkloadSpec, warm: list[ScheduledRequest]) -> None:
+        """Send the workload's own warm-up requests; they finish before any window opens."""
+        if warm:
+            run_schedule(
+                workload, warm, base_url=self.server.base_url, model=self.model,
+                out_dir=self.trial_dir / "warmup", registry=self.registry,
+                processes=self.processes, time_scale=self.time_scale,
+            )  # fmt: skip
+
+    def measure(
+        self,
+        workload: WorkloadSpec,
+        schedule: list[ScheduledRequest],
+        *,
+        out_dir: Path,
+        stop_when: StopRule | None = None,
+    ) -> Measurement:
+        """One measured load run; /metrics deltas over exactly its window."""
+        before = scrape(self.server.base_url)
+        watcher = KvUsageWatcher(self.server.base_url).start()
+        rule = stop_when.bind(out_dir) if stop_when is not None else None
+        run = run_schedule(
+            workload, schedule, base_url=self.server.base_url, model=self.model,
+            out_dir=out_dir, registry=self.registry, processes=self.processes,
+            time_scale=self.time_scale, stop_when=rule,
+        )  # fmt: skip
+        peak_kv = watcher.stop()
+        watcher.write_csv(out_dir / "metrics.csv")
+        after = scrape(self.server.base_url)
+        died = self.server.engine_outcome()
+        if died is not None:
+            self.death = died
+        return Measurement(
+            out_dir=str(out_dir),
+            outcome=died.outcome if died is not None else TrialOutcome.READY,
+            load=run.result,
+            slo=run.verdict,
+            server=ServerCounters.between(before, after, peak_kv) if after else None,
+            death=died,
+            client_saturated=run.run.client_saturated,
+            client_saturation_reason=run.run.saturation_reason,
+            stopped_early=run.run.stopped_by_caller,
+        )
+
+
+class StopRule:
+    """When a load run may stop early: too many requests have already broken the SLO.
+
+    Reads the run's records as they are written: once more than ``max_bad`` of the
+    requests scheduled so far have missed the TTFT objective (finished late, or still
+    waiting for their first token past it), the run's p99 cannot meet the SLO.
+    """
+
+    def __init__(self, ttft_limit_ms: float, *, time_scale: float, max_bad: int) -> None:
+        self.ttft_limit_s = ttft_limit_ms / 1000.0 * time_scale
+        self.max_bad = max_bad
+
+    def bind(self, out_dir: Path) -> _BoundStopRule:
+        return _BoundStopRule(self, out_dir)
+
+
+class _BoundStopRule:
+    def __init__(self, rule: StopRule, out_dir: Path) -> None:
+        self.rule = rule
+        self.out_dir = out_dir
+        self._last_check = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_check < 1.0:
+            return False
+        self._last_check = now
+        bad = 0
+        for path in self.out_dir.glob("records.jsonl.w*"):
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    record = RequestRecord.from_json(line)
+                except (ValueError, TypeError):
+                    continue  # a line still being written
+                if record.warmup:
+                    continue
+                if record.first_token_s is None:
+                    bad += not record.ok
+                elif record.first_token_s - record.scheduled_s > self.rule.ttft_limit_s:
+                    bad += 1
+        return bad > self.rule.max_bad
+
+
 def run_trial(
     launch: LaunchSpec,
     workload: WorkloadSpec,
@@ -93,73 +340,25 @@ def run_trial(
         workload, max_model_len=launch.params.max_model_len, model_dir=model_dir
     )
     warm, measured = split_warmup(schedule)
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    server = ServerProcess(launch, registry=registry, log_path=trial_dir / "server.log")
-    kind = (
-        gpu_source if gpu_source != "auto" else ("sim" if launch.backend is Backend.SIM else "nvml")
-    )
-    sampler = GpuSampler(
-        make_source(kind, base_url=server.base_url),
-        interval_s=gpu_sample_interval_s,
-        timeline_path=trial_dir / "gpu.csv",
-        pids=_ServerPids(server),
-    )
-    sampling = False
     fields: dict[str, object] = {"trial_dir": str(trial_dir), "settings": settings_of(launch)}
-    try:
-        if kind == "nvml":  # before the launch: startup memory is part of the timeline
-            sampler.start()
-            sampling = True
-        startup = server.wait_ready()
-        fields["startup"] = startup
-        fields["outcome"] = startup.outcome
-        if startup.outcome is TrialOutcome.READY:
-            if not sampling:
-                sampler.start()
-                sampling = True
+    live = LiveServer(
+        launch, trial_dir=trial_dir, registry=registry, gpu_source=gpu_source,
+        gpu_sample_interval_s=gpu_sample_interval_s, processes=processes,
+    )  # fmt: skip
+    with live:
+        assert live.startup is not None
+        fields["startup"] = live.startup
+        fields["outcome"] = live.startup.outcome
+        if live.ready:
+            fields["kv_fill"] = live.fill_kv_cache(workload, workload.warmup)
+            live.warm_up(workload, warm)
+            m = live.measure(workload, measured, out_dir=trial_dir / "load")
             fields.update(
-                _load(server, launch, workload, warm, measured, trial_dir, registry, processes)
-            )
-    finally:
-        if sampling:
-            fields["gpu"] = sampler.stop()
-        server.stop()
+                outcome=m.outcome, death=m.death, load=m.load, slo=m.slo, server=m.server,
+                client_saturated=m.client_saturated,
+                client_saturation_reason=m.client_saturation_reason,
+            )  # fmt: skip
+    fields["gpu"] = live.gpu
     result = TrialResult.model_validate(fields)
     (trial_dir / "result.json").write_text(result.model_dump_json(indent=2), encoding="utf-8")
     return result
-
-
-def _load(
-    server: ServerProcess,
-    launch: LaunchSpec,
-    workload: WorkloadSpec,
-    warm: list[ScheduledRequest],
-    measured: list[ScheduledRequest],
-    trial_dir: Path,
-    registry: ChildRegistry,
-    processes: int,
-) -> dict[str, object]:
-    model = launch.served_model_name or launch.model
-    if warm:
-        run_schedule(
-            workload, warm, base_url=server.base_url, model=model, out_dir=trial_dir / "warmup",
-            registry=registry, processes=processes,
-        )  # fmt: skip
-    before = scrape(server.base_url)
-    watcher = KvUsageWatcher(server.base_url).start()
-    run = run_schedule(
-        workload, measured, base_url=server.base_url, model=model, out_dir=trial_dir / "load",
-        registry=registry, processes=processes,
-    )  # fmt: skip
-    peak_kv = watcher.stop()
-    after = scrape(server.base_url)
-    died = server.engine_outcome()
-    return {
-        "outcome": died.outcome if died is not None else TrialOutcome.READY,
-        "death": died,
-        "load": run.result,
-        "slo": run.verdict,
-        "server": ServerCounters.between(before, after, peak_kv) if after else None,
-        "client_saturated": run.run.client_saturated,
-        "client_saturation_reason": run.run.saturation_reason,
-    }

@@ -64,6 +64,20 @@ class Percentiles(BaseModel):
             p99=float(q[0.99]),
         )
 
+    def scaled(self, factor: float) -> Percentiles:
+        """Every latency multiplied by ``factor`` (the count unchanged)."""
+
+        def mul(value: float | None) -> float | None:
+            return None if value is None else value * factor
+
+        return Percentiles(
+            count=self.count,
+            mean=mul(self.mean),
+            p50=mul(self.p50),
+            p90=mul(self.p90),
+            p99=mul(self.p99),
+        )
+
 
 class Slo(BaseModel):
     """Latency objectives a request must all meet to count towards goodput (None: no limit)."""
@@ -177,6 +191,49 @@ class LoadResult(BaseModel):
             e2e_ms=Percentiles.from_values(1000 * e2e_s),
             send_lag_ms=Percentiles.from_values(1000 * lag_s),
             prompt_buckets=_buckets(frame, prompt_buckets),
+        )
+
+    def in_virtual_time(self, time_scale: float) -> LoadResult:
+        """The result on the simulator's virtual clock, for a run against ``--time-scale K``.
+
+        A simulator running K times slower than real time stretches every latency by K
+        and divides every rate by K; this undoes both. The send lag stays as measured:
+        it is the load generator's own wall-clock delay.
+        """
+        if time_scale == 1.0:
+            return self
+        k = 1.0 / time_scale
+
+        def rate(value: float | None) -> float | None:
+            return None if value is None else value / k
+
+        return self.model_copy(
+            update={
+                "window_s": None if self.window_s is None else self.window_s * k,
+                "duration_s": self.duration_s * k,
+                "offered_rate": rate(self.offered_rate),
+                "achieved_rate": rate(self.achieved_rate),
+                "request_throughput": self.request_throughput / k,
+                "output_token_throughput": self.output_token_throughput / k,
+                "goodput": self.goodput / k,
+                "slo": None
+                if self.slo is None
+                else Slo(
+                    ttft_ms=None if self.slo.ttft_ms is None else self.slo.ttft_ms * k,
+                    tpot_ms=None if self.slo.tpot_ms is None else self.slo.tpot_ms * k,
+                    e2e_ms=None if self.slo.e2e_ms is None else self.slo.e2e_ms * k,
+                ),
+                "ttft_ms": self.ttft_ms.scaled(k),
+                "itl_ms": self.itl_ms.scaled(k),
+                "tpot_ms": self.tpot_ms.scaled(k),
+                "e2e_ms": self.e2e_ms.scaled(k),
+                "prompt_buckets": tuple(
+                    b.model_copy(
+                        update={"ttft_ms": b.ttft_ms.scaled(k), "e2e_ms": b.e2e_ms.scaled(k)}
+                    )
+                    for b in self.prompt_buckets
+                ),
+            }
         )
 
     @classmethod

@@ -287,10 +287,19 @@ class WarmupSpec(_Model):
     many arrivals were sent (with sessions: sessions' first turns); the measured
     window of the spec's ``duration_s`` starts when warm-up ends. Later turns of a
     session started in warm-up are measured once they fall in the window.
+
+    With ``kv_cache_fill`` a trial first fills the server's KV cache to that fraction
+    (requests of the workload's own length distribution, at its arrival rate), for
+    at most ``max_s`` seconds, so the first measured requests meet a warm server.
     """
 
     duration_s: NonNegativeFloat = 0.0
     requests: NonNegativeInt = 0
+    # Warm-up by KV-cache fill: before the timed warm-up above, send requests drawn
+    # from the workload's own lengths and arrivals until the server's KV-cache usage
+    # reaches this fraction, or ``max_s`` seconds pass, whichever comes first.
+    kv_cache_fill: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_s: PositiveFloat = 60.0
 
 
 # --- SLO ------------------------------------------------------------------------------
