@@ -1,0 +1,906 @@
+"""Deployable configs from a recommendation: the command line, vLLM's config YAML, Kubernetes.
+
+A ``DeploymentConfig`` says what to deploy (model, vLLM flags, GPUs per replica, cache
+volume, replicas...) and knows nothing of the tuning loop; the recommendation fills one
+in and these functions render it:
+
+    vllm_args(cfg)             ``vllm serve MODEL --flag value ...``, shell-quoted, one flag a line
+    vllm_config_yaml(cfg)      YAML for ``vllm serve --config FILE``
+    kubernetes_manifests(cfg)  Deployment + Service (+ PersistentVolumeClaim), multi-document YAML
+    tuning_job_manifests(...)  Secret + Indexed Job (+ PersistentVolumeClaim) for distributed tuning
+
+vLLM's config file (``FlexibleArgumentParser.load_config_file`` in vLLM's
+``vllm/utils/argparse_utils.py``, formerly ``vllm/utils/__init__.py``) is a flat YAML
+mapping whose keys are the long option names without ``--``; each ``key: value`` becomes
+``--key str(value)``, ``key: true`` a bare ``--key``, and ``key: false`` nothing (recent
+releases: ``--no-key`` where that option exists). ``model:`` is accepted in the file when
+the command line gives no positional model. So a flag whose value is False is left out of
+every rendering, which means the same thing in every release.
+
+Bad input is a ``tuner.errors.ConfigError`` of one line naming the value and what is
+accepted (``DeploymentConfig.build``, ``parse_cache_volume``, ``tuning_job_manifests``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from tuner.errors import ConfigError
+
+__all__ = [
+    "CACHE_MOUNT_PATH",
+    "CacheVolume",
+    "DeploymentConfig",
+    "FlagValue",
+    "HostPathCache",
+    "PvcCache",
+    "SecretKeyRef",
+    "dns_label",
+    "kubernetes_manifests",
+    "parse_cache_volume",
+    "tuning_job_manifests",
+    "vllm_args",
+    "vllm_config_yaml",
+]
+
+CACHE_MOUNT_PATH = "/root/.cache/vllm"  # vLLM's default VLLM_CACHE_DIR in the official image
+GPU_RESOURCE = "nvidia.com/gpu"
+LABEL_PREFIX = "vllm-capacity-tuner"
+HASH_KEY = f"{LABEL_PREFIX}/config-hash"
+MANAGED_BY = "vllm-capacity-tuner"
+WARM_MARKER = "/tmp/vllm-warmed-up"
+STORAGE_SECRET_KEY = "url"
+
+# Flags set through their own field (or never written down at all, like the API key).
+_RESERVED_FLAGS = {
+    "model": "the model field",
+    "served-model-name": "the served_model_name field",
+    "port": "the port field",
+    "tensor-parallel-size": "the tensor_parallel_size field",
+    "config": "vllm_config_yaml() (the config file is the whole point)",
+    "api-key": "api_key_secret (an API key is read from a Secret, never written into a config)",
+}
+_RESERVED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", HASH_KEY)
+_RESERVED_JOB_ARGS = ("--model", "--storage", "--study")
+
+_FLAG_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+_DNS_1035 = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
+_QUANTITY = re.compile(r"\d+(?:\.\d+)?(?:Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?")
+_SIZE = re.compile(r"\d+(?:\.\d+)?(?:Mi|Gi|Ti|Pi|M|G|T|P)")
+_VERSION = re.compile(r"\d+\.\d+(?:\.\d+){0,2}(?:rc\d+|\.post\d+)?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _no_control(what: str, value: str) -> str:
+    if not value:
+        raise ValueError(f"{what} is empty")
+    if _CONTROL.search(value):
+        raise ValueError(f"{what} {value!r} contains a control character; accepted: printable text")
+    return value
+
+
+def dns_label(text: str, *, max_len: int = 63, fallback: str = "vllm") -> str:
+    """``text`` as a DNS-1035 label (valid for every object name here, Services included).
+
+    The last path segment of a model id or directory (``meta-llama/Llama-3.1-8B`` ->
+    ``llama-3-1-8b``), lower-cased, every run of other characters made one ``-``, cut to
+    ``max_len``; prefixed with ``fallback-`` when it would start with a digit, and
+    ``fallback`` itself when nothing usable is left.
+    """
+    segments = [s for s in re.split(r"[/\\]+", text) if s.strip(". ")]
+    base = segments[-1] if segments else ""
+    label = re.sub(r"[^a-z0-9]+", "-", base.lower()).strip("-")
+    if not label:
+        return fallback[:max_len]
+    if not label[0].isalpha():
+        label = f"{fallback}-{label}"
+    return label[:max_len].rstrip("-")
+
+
+# --- small value objects --------------------------------------------------------------
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SecretKeyRef(_Frozen):
+    """One key of an existing Kubernetes Secret (the value is never in a rendered file)."""
+
+    name: str
+    key: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _DNS_SUBDOMAIN.fullmatch(value):
+            raise ValueError(
+                f"Secret name {value!r} is not accepted; accepted: a DNS-1123 subdomain "
+                "(lowercase letters, digits, '-' and '.')"
+            )
+        return value
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        if not _SECRET_KEY.fullmatch(value):
+            raise ValueError(
+                f"Secret key {value!r} is not accepted; accepted: letters, digits, '-', '_', '.'"
+            )
+        return value
+
+
+class PvcCache(_Frozen):
+    """A PersistentVolumeClaim rendered beside the workload (CLI: ``pvc[:SIZE[:CLASS]]``).
+
+    ``access_mode`` None chooses: ReadWriteOnce when one pod uses the claim, ReadWriteMany
+    when several pods (replicas, tuning workers) share it, which needs a storage class
+    that offers it (NFS, EFS, Filestore, CephFS...).
+    """
+
+    kind: Literal["pvc"] = "pvc"
+    size: str = "20Gi"
+    storage_class: str | None = None
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] | None = None
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        if not _SIZE.fullmatch(value):
+            raise ValueError(
+                f"cache volume size {value!r} is not accepted; accepted: a Kubernetes quantity "
+                "with a unit, e.g. 20Gi, 500Mi, 1Ti"
+            )
+        return value
+
+    @field_validator("storage_class")
+    @classmethod
+    def _storage_class(cls, value: str | None) -> str | None:
+        if value is not None and not _DNS_SUBDOMAIN.fullmatch(value):
+            raise ValueError(
+                f"storage class {value!r} is not accepted; accepted: a DNS-1123 subdomain "
+                "(lowercase letters, digits, '-' and '.')"
+            )
+        return value
+
+    @property
+    def cli(self) -> str:
+        """The ``--cache-volume`` string that parses back to this volume."""
+        parts = ["pvc", self.size] + ([self.storage_class] if self.storage_class else [])
+        return ":".join(parts)
+
+    def access_mode_for(self, pods: int) -> str:
+        if self.access_mode is not None:
+            return self.access_mode
+        return "ReadWriteMany" if pods > 1 else "ReadWriteOnce"
+
+
+class HostPathCache(_Frozen):
+    """A directory on each node (CLI: ``hostpath:/path``); no claim is rendered."""
+
+    kind: Literal["hostpath"] = "hostpath"
+    path: str
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        _no_control("hostPath", value)
+        if not value.startswith("/") or value.rstrip("/") == "":
+            raise ValueError(
+                f"hostPath {value!r} is not accepted; accepted: an absolute directory "
+                "other than /, e.g. /mnt/vllm-cache"
+            )
+        if ".." in value.split("/"):
+            raise ValueError(f"hostPath {value!r} contains '..'; accepted: a plain absolute path")
+        return value
+
+    @property
+    def cli(self) -> str:
+        return f"hostpath:{self.path}"
+
+
+CacheVolume = Annotated[PvcCache | HostPathCache, Field(discriminator="kind")]
+
+_CACHE_FORMS = "pvc, pvc:SIZE (e.g. pvc:50Gi), pvc:SIZE:STORAGECLASS, hostpath:/absolute/path"
+
+
+def parse_cache_volume(text: str) -> PvcCache | HostPathCache:
+    """The cache volume of a CLI string; ConfigError of one line when it is not one."""
+    kind, sep, rest = text.strip().partition(":")
+    kind = kind.lower()
+    try:
+        if kind == "pvc" and not sep:
+            return PvcCache()
+        if kind == "pvc":
+            size, _, storage_class = rest.partition(":")
+            return PvcCache(size=size, storage_class=storage_class or None)
+        if kind == "hostpath" and rest:
+            return HostPathCache(path=rest)
+    except ValidationError as exc:
+        reason = _first_error(exc, where=False)
+        raise ConfigError(f"cache volume {text!r}: {reason}; forms: {_CACHE_FORMS}") from None
+    raise ConfigError(f"cache volume {text!r} is not accepted; accepted: {_CACHE_FORMS}")
+
+
+def _as_cache_volume(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return parse_cache_volume(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    return value
+
+
+def _first_error(exc: ValidationError, *, where: bool = True) -> str:
+    """A pydantic error as one line: where, what, with the value when it adds something."""
+    errors = exc.errors()
+    error = errors[0]
+    loc = ".".join(str(p) for p in error["loc"]) if where else ""
+    message = str(error["msg"])
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    if error["type"] in ("missing", "extra_forbidden"):
+        what = "is missing" if error["type"] == "missing" else "is not a field here"
+        return f"{loc or 'a field'} {what}{more}"
+    if message.startswith("Value error, "):
+        text = message.removeprefix("Value error, ")
+    else:
+        text = f"{error.get('input')!r} is not accepted: {message}"
+    return f"{loc}: {text}{more}" if loc else f"{text}{more}"
+
+
+# --- the deployment -------------------------------------------------------------------
+
+FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+# bool first so True/False never read as 1/0; strict, so "8" stays the string "8".
+FlagValue = StrictBool | StrictInt | FiniteFloat | StrictStr
+
+
+class DeploymentConfig(_Frozen):
+    """What to deploy: one vLLM server per replica, rendered by the functions below.
+
+    ``flags`` are ``vllm serve`` options by long name without ``--`` (``--x`` and ``x_y``
+    are accepted and normalised to ``x-y``), in order; True is a bare flag, False leaves
+    it out. ``name`` defaults to a DNS label made from the model; ``image`` to vLLM's
+    OpenAI server image of ``vllm_version``. Construct with keywords (pydantic raises
+    ``ValidationError``) or with ``DeploymentConfig.build(...)`` (raises ``ConfigError``).
+    """
+
+    model: str
+    vllm_version: str
+    config_hash: str
+    served_model_name: str | None = None
+    flags: dict[str, FlagValue] = Field(default_factory=dict)
+    tensor_parallel_size: PositiveInt = 1
+    port: Annotated[int, Field(ge=1024, le=65535)] = 8000
+    image: str
+    cache_volume: CacheVolume = Field(default_factory=PvcCache)
+    replicas: NonNegativeInt = 1
+    name: str
+    memory_request: str | None = None  # e.g. "64Gi"; also the memory limit
+    cpu_request: str | None = None  # e.g. "8"; no CPU limit (throttling hurts latency)
+    labels: dict[str, str] = Field(default_factory=dict)
+    api_key_secret: SecretKeyRef | None = None  # VLLM_API_KEY from this Secret key
+    hf_token_secret: SecretKeyRef | None = None  # HF_TOKEN from this Secret key (gated models)
+    warmup_requests: NonNegativeInt = 4  # completions sent before the pod turns Ready
+    startup_timeout_s: PositiveInt = 1800  # model download + load + compile + warm-up
+    drain_s: NonNegativeInt = 20  # preStop sleep: endpoints drop the pod before SIGTERM
+    shutdown_s: PositiveInt = 60  # after SIGTERM, for requests in flight to finish
+    shm_size: str = "2Gi"  # /dev/shm for NCCL when a replica has more than one GPU
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("image") is None and isinstance(data.get("vllm_version"), str):
+            data["image"] = f"vllm/vllm-openai:v{_image_tag(data['vllm_version'])}"
+        if data.get("name") is None and isinstance(data.get("model"), str):
+            data["name"] = dns_label(data["model"], max_len=50)
+        if "cache_volume" in data:
+            data["cache_volume"] = _as_cache_volume(data["cache_volume"])
+        return data
+
+    @field_validator("model", "served_model_name")
+    @classmethod
+    def _model(cls, value: str | None) -> str | None:
+        return None if value is None else _no_control("model name", value)
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if not _VERSION.fullmatch(value.removeprefix("v")):
+            raise ValueError(
+                f"vLLM version {value!r} is not accepted; accepted: X.Y or X.Y.Z, e.g. 0.11.0"
+            )
+        return value.removeprefix("v")
+
+    @field_validator("config_hash")
+    @classmethod
+    def _hash(cls, value: str) -> str:
+        if not _LABEL_NAME.fullmatch(value):
+            raise ValueError(
+                f"config hash {value!r} is not accepted; accepted: 1 to 63 letters, digits, "
+                "'-', '_' or '.', starting and ending alphanumeric (it is a label value), "
+                "e.g. the first 16 hex digits of a sha256"
+            )
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if not value or re.search(r"\s", value):
+            raise ValueError(f"image {value!r} is not accepted; accepted: an image reference")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if len(value) > 50 or not _DNS_1035.fullmatch(value):
+            raise ValueError(
+                f"name {value!r} is not accepted; accepted: a DNS-1035 label of at most 50 "
+                "characters (lowercase letters, digits and '-', starting with a letter)"
+            )
+        return value
+
+    @field_validator("memory_request", "cpu_request", "shm_size")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None and not _QUANTITY.fullmatch(value):
+            raise ValueError(
+                f"quantity {value!r} is not accepted; accepted: a Kubernetes quantity "
+                "such as 64Gi, 8 or 500m"
+            )
+        return value
+
+    @field_validator("flags", mode="before")
+    @classmethod
+    def _flag_names(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        out: dict[str, Any] = {}
+        for raw, flag_value in value.items():
+            if not isinstance(raw, str):
+                raise ValueError(f"flag name {raw!r} is not accepted; accepted: a string")
+            name = raw.removeprefix("--").replace("_", "-")
+            if not _FLAG_NAME.fullmatch(name):
+                raise ValueError(
+                    f"flag {raw!r} is not accepted; accepted: a vllm serve long option name "
+                    "such as gpu-memory-utilization"
+                )
+            if name in _RESERVED_FLAGS:
+                raise ValueError(
+                    f"flag {raw!r} is not accepted here; set it with {_RESERVED_FLAGS[name]}"
+                )
+            if name in out:
+                raise ValueError(f"flag {name!r} is given twice")
+            if not isinstance(flag_value, bool | int | float | str) or (
+                isinstance(flag_value, float) and not math.isfinite(flag_value)
+            ):
+                raise ValueError(
+                    f"flag {name} value {flag_value!r} is not accepted; accepted: text, an "
+                    "integer, a finite number, or true/false"
+                )
+            if isinstance(flag_value, str) and _CONTROL.search(flag_value):
+                raise ValueError(
+                    f"flag {name} value {flag_value!r} contains a control character; "
+                    "accepted: printable text"
+                )
+            out[name] = flag_value
+        return out
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label_value in value.items():
+            prefix, slash, label_name = key.rpartition("/")
+            if (slash and not _DNS_SUBDOMAIN.fullmatch(prefix)) or not _LABEL_NAME.fullmatch(
+                label_name
+            ):
+                raise ValueError(f"label key {key!r} is not accepted; accepted: [prefix/]name")
+            if label_value and not _LABEL_NAME.fullmatch(label_value):
+                raise ValueError(
+                    f"label {key}={label_value!r} is not accepted; accepted: at most 63 "
+                    "letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+                )
+            if key in _RESERVED_LABELS:
+                raise ValueError(f"label {key!r} is set by the renderer; accepted: other keys")
+        return value
+
+    @classmethod
+    def build(cls, **fields: Any) -> DeploymentConfig:
+        """Validate ``fields``; ConfigError of one line naming the first bad value."""
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            raise ConfigError(f"deployment config: {_first_error(exc)}") from None
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """tensor x pipeline parallel size: the GPUs one server uses on its node."""
+        pipeline = self.flags.get("pipeline-parallel-size", 1)
+        pp = 1
+        if isinstance(pipeline, str) and pipeline.isdigit():
+            pp = int(pipeline)
+        elif isinstance(pipeline, int) and not isinstance(pipeline, bool):
+            pp = pipeline
+        return self.tensor_parallel_size * max(pp, 1)
+
+    def serve_flags(self) -> list[tuple[str, FlagValue]]:
+        """Every ``vllm serve`` option in order, the fields' first; False ones left out."""
+        head: list[tuple[str, FlagValue]] = []
+        if self.served_model_name is not None:
+            head.append(("served-model-name", self.served_model_name))
+        head += [("port", self.port), ("tensor-parallel-size", self.tensor_parallel_size)]
+        return head + [(k, v) for k, v in self.flags.items() if v is not False]
+
+
+def _image_tag(version: str) -> str:
+    """vLLM's images are tagged vX.Y.Z: an X.Y version gets .0."""
+    version = version.removeprefix("v")
+    return f"{version}.0" if re.fullmatch(r"\d+\.\d+", version) else version
+
+
+def _flag_text(value: FlagValue) -> str:
+    if isinstance(value, float):
+        return repr(value)  # shortest text that reads back as the same float
+    return str(value)
+
+
+def _flag_groups(cfg: DeploymentConfig) -> list[list[str]]:
+    """Each option as the arguments it takes on a command line (no shell involved)."""
+    groups: list[list[str]] = []
+    for name, value in cfg.serve_flags():
+        if value is True:
+            groups.append([f"--{name}"])
+            continue
+        text = _flag_text(value)
+        # argparse would take a value starting with '-' for an option: glue it on.
+        groups.append([f"--{name}={text}"] if text.startswith("-") else [f"--{name}", text])
+    return groups
+
+
+def _argv(cfg: DeploymentConfig) -> list[str]:
+    """``MODEL --flag value ...``: the arguments after ``vllm serve``."""
+    return [cfg.model] + [arg for group in _flag_groups(cfg) for arg in group]
+
+
+# --- 1. the command line --------------------------------------------------------------
+
+
+def vllm_args(cfg: DeploymentConfig) -> str:
+    """A ready ``vllm serve`` command: shell-quoted, one flag a line, backslash continued."""
+    lines = [f"vllm serve {shlex.quote(cfg.model)}"]
+    lines += ["    " + " ".join(shlex.quote(arg) for arg in group) for group in _flag_groups(cfg)]
+    return " \\\n".join(lines) + "\n"
+
+
+# --- 2. vLLM's config file ------------------------------------------------------------
+
+
+def vllm_config_yaml(cfg: DeploymentConfig) -> str:
+    """YAML for ``vllm serve --config FILE``: long option names as keys, ``model:`` included.
+
+    Values keep their YAML types (vLLM passes ``str(value)`` to its parser), True is a
+    bare flag, False flags are absent. A model given on the command line
+    (``vllm serve MODEL --config FILE``) takes precedence over ``model:``.
+    """
+    data: dict[str, Any] = {"model": cfg.model}
+    data.update(cfg.serve_flags())
+    header = (
+        f"# vLLM {cfg.vllm_version} serve config, config hash {cfg.config_hash}, "
+        "rendered by vllm-capacity-tuner\n"
+        "# Start with: vllm serve --config vllm-config.yaml\n"
+    )
+    return header + yaml.safe_dump(
+        data, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096
+    )
+
+
+# --- 3. Kubernetes: the serving Deployment --------------------------------------------
+
+
+def _k8s_literal(text: str) -> str:
+    """Kubernetes expands $(VAR) in command, args and env values; $$ is a literal $."""
+    return text.replace("$", "$$")
+
+
+def _warmup_script(*, port: int, model: str, requests: int, marker: str = WARM_MARKER) -> str:
+    """Python run by the startup probe: healthy, then warmed up once, before Ready.
+
+    Exit 1 while /health fails; once it answers, send ``requests`` short completions to
+    the local server (with VLLM_API_KEY when the container has one), then leave a
+    marker so later probes only check health. Literals are Python ``repr``s, so any
+    model name is safe inside the source.
+    """
+    return "\n".join(
+        [
+            "import json, os, sys, urllib.request",
+            f"base = {f'http://127.0.0.1:{port}'!r}",
+            f"marker = {marker!r}",
+            "try:",
+            "    urllib.request.urlopen(base + '/health', timeout=5).close()",
+            "except Exception:",
+            "    sys.exit(1)",
+            "if os.path.exists(marker):",
+            "    sys.exit(0)",
+            "headers = {'Content-Type': 'application/json'}",
+            "if os.environ.get('VLLM_API_KEY'):",
+            "    headers['Authorization'] = 'Bearer ' + os.environ['VLLM_API_KEY']",
+            f"for i in range({requests}):",
+            f"    body = {{'model': {model!r}, 'prompt': 'Warm-up ' * (1 + 16 * i),",
+            "            'max_tokens': 8 + 8 * i, 'temperature': 0}",
+            "    request = urllib.request.Request(base + '/v1/completions',",
+            "                                     data=json.dumps(body).encode(), headers=headers)",
+            "    urllib.request.urlopen(request, timeout=60).close()",
+            "open(marker, 'w').close()",
+        ]
+    )
+
+
+def _selector(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": name}
+
+
+def _secret_env(var: str, ref: SecretKeyRef) -> dict[str, Any]:
+    return {"name": var, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+
+
+def _cache_volume(volume: PvcCache | HostPathCache, claim_name: str) -> dict[str, Any]:
+    if isinstance(volume, PvcCache):
+        return {"name": "vllm-cache", "persistentVolumeClaim": {"claimName": claim_name}}
+    return {"name": "vllm-cache", "hostPath": {"path": volume.path, "type": "DirectoryOrCreate"}}
+
+
+def _claim(volume: PvcCache, *, name: str, pods: int, labels: dict[str, str]) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "accessModes": [volume.access_mode_for(pods)],
+        "volumeMode": "Filesystem",
+        "resources": {"requests": {"storage": volume.size}},
+    }
+    if volume.storage_class is not None:
+        spec["storageClassName"] = volume.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec,
+    }
+
+
+_GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def kubernetes_manifests(cfg: DeploymentConfig) -> str:
+    """A Deployment, its Service and (for a PVC cache) the PersistentVolumeClaim, as YAML.
+
+    Startup: the startup probe runs the warm-up script (health, then a few completions)
+    and allows ``startup_timeout_s`` for download, load and compile; only then do the
+    readiness (GET /health) and liveness probes start, so no traffic reaches a cold pod.
+    Shutdown: preStop sleeps ``drain_s`` so the endpoint is gone before SIGTERM, and the
+    grace period leaves ``shutdown_s`` more for requests in flight.
+    """
+    name = cfg.name
+    claim_name = f"{name}-vllm-cache"
+    common = {
+        **cfg.labels,
+        **_selector(name),
+        "app.kubernetes.io/component": "inference-server",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/version": cfg.vllm_version,
+    }
+    hashed = {**common, HASH_KEY: cfg.config_hash}
+    annotations = {HASH_KEY: cfg.config_hash, f"{LABEL_PREFIX}/model": cfg.model}
+
+    env: list[dict[str, Any]] = [{"name": "VLLM_CACHE_DIR", "value": CACHE_MOUNT_PATH}]
+    if cfg.api_key_secret is not None:
+        env.append(_secret_env("VLLM_API_KEY", cfg.api_key_secret))
+    if cfg.hf_token_secret is not None:
+        env.append(_secret_env("HF_TOKEN", cfg.hf_token_secret))
+
+    gpus = cfg.gpus_per_replica
+    mounts: list[dict[str, Any]] = [{"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH}]
+    volumes: list[dict[str, Any]] = [_cache_volume(cfg.cache_volume, claim_name)]
+    if gpus > 1:
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append(
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm_size}}
+        )
+
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {GPU_RESOURCE: gpus}
+    if cfg.cpu_request is not None:
+        requests["cpu"] = cfg.cpu_request
+    if cfg.memory_request is not None:
+        requests["memory"] = limits["memory"] = cfg.memory_request
+    resources: dict[str, Any] = {"limits": limits}
+    if requests:
+        resources["requests"] = requests
+
+    startup_period_s = 10
+    probe_served = cfg.served_model_name or cfg.model
+    warmup = _warmup_script(port=cfg.port, model=probe_served, requests=cfg.warmup_requests)
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": cfg.image,
+        "command": ["vllm", "serve"],
+        "args": [_k8s_literal(arg) for arg in _argv(cfg)],
+        "env": env,
+        "ports": [{"name": "http", "containerPort": cfg.port, "protocol": "TCP"}],
+        "resources": resources,
+        "volumeMounts": mounts,
+        "startupProbe": {
+            "exec": {"command": ["python3", "-c", warmup]},
+            "periodSeconds": startup_period_s,
+            "timeoutSeconds": 60 + 15 * cfg.warmup_requests,
+            "failureThreshold": math.ceil(cfg.startup_timeout_s / startup_period_s),
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 15,
+            "timeoutSeconds": 10,
+            "failureThreshold": 4,
+        },
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(cfg.drain_s)]}}},
+    }
+    single_pod_claim = isinstance(cfg.cache_volume, PvcCache) and cfg.cache_volume.access_mode_for(
+        cfg.replicas
+    ) in ("ReadWriteOnce", "ReadWriteOncePod")
+    strategy: dict[str, Any] = (
+        {"type": "Recreate"}  # a new pod could not mount the old one's claim elsewhere
+        if single_pod_claim
+        else {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    )
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": hashed, "annotations": annotations},
+        "spec": {
+            "replicas": cfg.replicas,
+            "selector": {"matchLabels": _selector(name)},
+            "strategy": strategy,
+            "template": {
+                "metadata": {"labels": hashed, "annotations": annotations},
+                "spec": {
+                    # No FOO_PORT variables from Services: a Service named vllm would set
+                    # VLLM_PORT, which vLLM reads as its own setting.
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": cfg.drain_s + cfg.shutdown_s,
+                    "tolerations": [_GPU_TOLERATION],
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": hashed, "annotations": annotations},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": _selector(name),
+            "ports": [{"name": "http", "port": cfg.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    docs: list[dict[str, Any]] = [deployment, service]
+    if isinstance(cfg.cache_volume, PvcCache):
+        docs.insert(0, _claim(cfg.cache_volume, name=claim_name, pods=cfg.replicas, labels=common))
+    header = (
+        f"# vLLM {cfg.vllm_version} serving {cfg.model!r}, config hash {cfg.config_hash}; "
+        "rendered by vllm-capacity-tuner\n"
+    )
+    return header + _dump_all(docs)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML without anchors (shared label dicts are written out) and with multi-line
+    strings (the warm-up script) as literal blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def _dump_all(docs: Sequence[Mapping[str, Any]]) -> str:
+    return yaml.dump_all(
+        docs,
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=4096,
+    )
+
+
+# --- 4. Kubernetes: distributed tuning ------------------------------------------------
+
+
+def tuning_job_manifests(
+    *,
+    model: str,
+    workers: int,
+    study: str,
+    image: str,
+    storage_url: str | None = None,
+    storage_secret: SecretKeyRef | None = None,
+    cache_volume: PvcCache | HostPathCache | str | None = None,
+    extra_args: Sequence[str] = (),
+    name: str | None = None,
+) -> str:
+    """A Secret with the storage URL, an Indexed Job of ``workers`` tuning workers, the claim.
+
+    Each pod gets one GPU and runs ``tuner tune --model M --storage $(TUNER_STORAGE)
+    --study NAME ...``; TUNER_STORAGE comes from the Secret through ``secretKeyRef``, so
+    the URL (and its password) is nowhere in the Job. Give ``storage_secret`` instead of
+    ``storage_url`` to use a Secret that exists already (nothing secret is printed then).
+    Pods are not restarted in place: a failed worker's pod stays for its log and the
+    index is retried in a new pod, up to 3 times, while the other workers carry on.
+    """
+    try:
+        return _tuning_job(
+            model=model,
+            workers=workers,
+            study=study,
+            image=image,
+            storage_url=storage_url,
+            storage_secret=storage_secret,
+            cache_volume=cache_volume,
+            extra_args=extra_args,
+            name=name,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"k8s job: {exc}") from None
+
+
+def _tuning_job(
+    *,
+    model: str,
+    workers: int,
+    study: str,
+    image: str,
+    storage_url: str | None,
+    storage_secret: SecretKeyRef | None,
+    cache_volume: PvcCache | HostPathCache | str | None,
+    extra_args: Sequence[str],
+    name: str | None,
+) -> str:
+    _no_control("model name", model)
+    _no_control("study name", study)
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 1000:
+        raise ValueError(f"workers {workers!r} is not accepted; accepted: an integer 1 to 1000")
+    if not image or re.search(r"\s", image):
+        raise ValueError(f"image {image!r} is not accepted; accepted: an image reference")
+    if (storage_url is None) == (storage_secret is None):
+        raise ValueError("give exactly one of storage_url and storage_secret")
+    if storage_url is not None:
+        scheme = storage_url.partition("://")[0]
+        if not re.fullmatch(r"[a-z][a-z0-9+]*", scheme) or "://" not in storage_url:
+            raise ValueError(
+                "storage URL is not accepted; accepted: an SQLAlchemy URL such as "
+                "postgresql://user:password@host/db"
+            )
+        if scheme.startswith("sqlite"):
+            raise ValueError(
+                f"storage {scheme}:// is not accepted: workers on several pods cannot share "
+                "SQLite; accepted: a database server URL such as postgresql://user:pw@host/db"
+            )
+    for arg in extra_args:
+        if not isinstance(arg, str):
+            raise ValueError(f"extra argument {arg!r} is not accepted; accepted: strings")
+        _no_control("extra argument", arg)
+        if arg.split("=", 1)[0] in _RESERVED_JOB_ARGS:
+            raise ValueError(
+                f"extra argument {arg!r} is set by k8s-job itself; accepted: other tune flags"
+            )
+    volume = PvcCache() if cache_volume is None else _as_cache_volume(cache_volume)
+    job_name = (
+        name if name is not None else dns_label("tune-" + re.sub(r"[/\\]", "-", study), max_len=50)
+    )
+    if len(job_name) > 50 or not _DNS_1035.fullmatch(job_name):
+        raise ValueError(
+            f"name {job_name!r} is not accepted; accepted: a DNS-1035 label of at most 50 "
+            "characters (lowercase letters, digits and '-', starting with a letter)"
+        )
+
+    labels = {
+        "app.kubernetes.io/name": "vllm-capacity-tuner",
+        "app.kubernetes.io/instance": job_name,
+        "app.kubernetes.io/component": "tuning-worker",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+    secret_ref = storage_secret or SecretKeyRef(name=f"{job_name}-storage", key=STORAGE_SECRET_KEY)
+    claim_name = f"{job_name}-vllm-cache"
+    args = ["tune", "--model", _k8s_literal(model), "--storage", "$(TUNER_STORAGE)"]
+    args += ["--study", _k8s_literal(study), *(_k8s_literal(a) for a in extra_args)]
+    container = {
+        "name": "tuner",
+        "image": image,
+        "command": ["tuner"],
+        "args": args,
+        "env": [
+            _secret_env("TUNER_STORAGE", secret_ref),
+            {"name": "VLLM_CACHE_DIR", "value": CACHE_MOUNT_PATH},
+        ],
+        "resources": {"limits": {GPU_RESOURCE: 1}},
+        "volumeMounts": [{"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH}],
+    }
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name,
+            "labels": labels,
+            "annotations": {f"{LABEL_PREFIX}/study": study, f"{LABEL_PREFIX}/model": model},
+        },
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": workers,
+            "parallelism": workers,
+            "backoffLimitPerIndex": 3,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "enableServiceLinks": False,
+                    "tolerations": [_GPU_TOLERATION],
+                    "containers": [container],
+                    "volumes": [_cache_volume(volume, claim_name)],
+                },
+            },
+        },
+    }
+    docs: list[dict[str, Any]] = []
+    if storage_url is not None:
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": secret_ref.name, "labels": labels},
+                "type": "Opaque",
+                "stringData": {STORAGE_SECRET_KEY: storage_url},
+            }
+        )
+    if isinstance(volume, PvcCache):
+        docs.append(_claim(volume, name=claim_name, pods=workers, labels=labels))
+    docs.append(job)
+    header = (
+        f"# {workers} tuning worker(s) of study {study!r} on {model!r}; "
+        "rendered by vllm-capacity-tuner\n"
+    )
+    return header + _dump_all(docs)

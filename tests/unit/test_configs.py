@@ -1,0 +1,627 @@
+"""Deployable configs: command line, vLLM config YAML, Kubernetes manifests, tuning Job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import yaml
+from kubernetes_validate import validate
+from kubernetes_validate.utils import ValidationError as K8sValidationError
+from kubernetes_validate.utils import latest_version
+
+from reports.configs import (
+    CACHE_MOUNT_PATH,
+    DeploymentConfig,
+    HostPathCache,
+    PvcCache,
+    SecretKeyRef,
+    _warmup_script,
+    dns_label,
+    kubernetes_manifests,
+    parse_cache_volume,
+    tuning_job_manifests,
+    vllm_args,
+    vllm_config_yaml,
+)
+from tuner.errors import ConfigError
+
+# The oldest Kubernetes the manifests promise (backoffLimitPerIndex is beta there) and the
+# newest whose schema the installed kubernetes-validate ships.
+K8S_VERSIONS = ["1.29", latest_version()]
+HASH_KEY = "vllm-capacity-tuner/config-hash"
+
+DNS_1035 = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+NASTY_MODEL = 'acme/<script>alert("x")</script> it\'s $(HOME) `id` model'
+FLAGS: dict[str, Any] = {
+    "gpu-memory-utilization": 0.9,
+    "max-num-seqs": 256,
+    "max-num-batched-tokens": 8192,
+    "block-size": 16,
+    "kv-cache-dtype": "fp8",
+    "enable-prefix-caching": True,
+    "enforce-eager": False,
+    "swap-space": 0.30000000000000004,
+    "seed": -1,
+    "chat-template": "{{ 'a b' }}; rm -rf / && echo \"$USER\"",
+}
+
+
+def make(**overrides: Any) -> DeploymentConfig:
+    fields: dict[str, Any] = {
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "vllm_version": "0.11.0",
+        "config_hash": "3f2a9c0d11b7e4a8",
+        "flags": FLAGS,
+    }
+    fields.update(overrides)
+    return DeploymentConfig.build(**fields)
+
+
+def parse_flags(tokens: list[str]) -> dict[str, Any]:
+    """argv after the model back to {flag: value-as-text or True}, in order."""
+    flags: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        assert token.startswith("--"), tokens
+        if "=" in token:
+            name, value = token[2:].split("=", 1)
+            flags[name] = value
+            i += 1
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            flags[token[2:]] = tokens[i + 1]
+            i += 2
+        else:
+            flags[token[2:]] = True
+            i += 1
+    return flags
+
+
+def expected_flags(cfg: DeploymentConfig) -> dict[str, Any]:
+    head: dict[str, Any] = {}
+    if cfg.served_model_name:
+        head["served-model-name"] = cfg.served_model_name
+    head["port"] = str(cfg.port)
+    head["tensor-parallel-size"] = str(cfg.tensor_parallel_size)
+    for name, value in cfg.flags.items():
+        if value is True:
+            head[name] = True
+        elif value is not False:
+            head[name] = repr(value) if isinstance(value, float) else str(value)
+    return head
+
+
+def vllm_config_file_argv(data: dict[str, Any]) -> list[str]:
+    """vLLM's documented reading of a --config YAML (FlexibleArgumentParser.load_config_file)."""
+    argv: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, bool):
+            argv += [f"--{key}"] if value else []
+        elif isinstance(value, list):
+            argv += [f"--{key}", *(str(v) for v in value)]
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def docs_of(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind]
+    return doc
+
+
+def assert_valid_k8s(docs: list[dict[str, Any]]) -> None:
+    for doc in docs:
+        for version in K8S_VERSIONS:
+            validate(doc, version, strict=True)
+        name = doc["metadata"]["name"]
+        pattern = DNS_1035 if doc["kind"] == "Service" else DNS_SUBDOMAIN
+        assert pattern.fullmatch(name) and len(name) <= 63, name
+        labels = dict(doc["metadata"].get("labels", {}))
+        template = doc.get("spec", {}).get("template")
+        if template:
+            labels.update(template["metadata"].get("labels", {}))
+        for value in labels.values():
+            assert LABEL_VALUE.fullmatch(value), value
+
+
+# --- 1. command line ------------------------------------------------------------------
+
+
+def test_args_round_trip_through_shlex_to_the_same_flags() -> None:
+    cfg = make(served_model_name="llama-8b", tensor_parallel_size=2)
+    text = vllm_args(cfg)
+    lines = text.rstrip("\n").split("\n")
+    assert lines[0] == "vllm serve meta-llama/Llama-3.1-8B-Instruct \\"
+    assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
+    assert all(line.startswith("    --") for line in lines[1:])  # one flag a line
+    tokens = shlex.split(text.replace("\\\n", ""))  # what a shell does with the continuations
+    assert tokens[:3] == ["vllm", "serve", cfg.model]
+    flags = parse_flags(tokens[3:])
+    assert flags == expected_flags(cfg)
+    assert list(flags) == list(expected_flags(cfg))  # order kept
+    assert "enforce-eager" not in flags  # False: omitted
+    assert flags["enable-prefix-caching"] is True  # True: a bare flag
+    assert "--seed=-1" in tokens  # a value that looks like an option is glued on
+    assert float(flags["swap-space"]) == FLAGS["swap-space"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_args_are_one_command_for_a_real_shell_even_with_a_hostile_model_name() -> None:
+    cfg = make(model=NASTY_MODEL, served_model_name='it\'s "quoted"')
+    text = vllm_args(cfg)
+    script = "vllm() { printf '%s\\0' \"$@\"; }\n" + text
+    out = subprocess.run(
+        ["bash", "-c", script], capture_output=True, check=True, env={"PATH": os.defpath}
+    ).stdout.decode()
+    argv = out.split("\0")[:-1]
+    assert argv[0] == "serve"
+    assert argv[1] == NASTY_MODEL  # no expansion, no splitting, no command substitution
+    assert parse_flags(argv[2:]) == expected_flags(cfg)
+
+
+# --- 2. vLLM config YAML --------------------------------------------------------------
+
+
+def test_config_yaml_loads_with_vllm_keys_and_reads_as_the_command_line() -> None:
+    cfg = make(served_model_name="llama-8b")
+    data = yaml.safe_load(vllm_config_yaml(cfg))
+    assert list(data) == ["model", *expected_flags(cfg)]
+    assert data["model"] == cfg.model
+    assert data["port"] == 8000 and data["tensor-parallel-size"] == 1
+    assert data["gpu-memory-utilization"] == 0.9
+    assert data["enable-prefix-caching"] is True
+    assert "enforce-eager" not in data
+    assert data["kv-cache-dtype"] == "fp8" and data["chat-template"] == FLAGS["chat-template"]
+    # vLLM turns the file into arguments; they must be the same as the command line's.
+    argv = vllm_config_file_argv(data)
+    assert argv[:2] == ["--model", cfg.model]
+    cli = shlex.split(vllm_args(cfg).replace("\\\n", ""))
+    assert parse_flags(argv[2:]) == parse_flags(cli[3:])
+
+
+def test_config_yaml_keeps_strings_that_look_like_numbers_as_text() -> None:
+    cfg = make(flags={"revision": "0123", "tokenizer-mode": "true", "max-model-len": 4096})
+    data = yaml.safe_load(vllm_config_yaml(cfg))
+    assert data["revision"] == "0123" and data["tokenizer-mode"] == "true"
+    assert data["max-model-len"] == 4096
+
+
+def test_hostile_model_name_survives_yaml() -> None:
+    cfg = make(model=NASTY_MODEL)
+    assert yaml.safe_load(vllm_config_yaml(cfg))["model"] == NASTY_MODEL
+
+
+# --- 3. Kubernetes serving manifests --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"tensor_parallel_size": 4, "replicas": 3, "memory_request": "128Gi", "cpu_request": "16"},
+        {"cache_volume": "hostpath:/mnt/vllm-cache", "served_model_name": "chat"},
+        {"cache_volume": "pvc:200Gi:fast-ssd", "model": NASTY_MODEL, "labels": {"team": "ml"}},
+        {
+            "api_key_secret": SecretKeyRef(name="vllm-api", key="key"),
+            "hf_token_secret": SecretKeyRef(name="hf", key="token"),
+        },
+    ],
+)
+def test_every_manifest_validates_against_the_kubernetes_schema(overrides: dict[str, Any]) -> None:
+    docs = docs_of(kubernetes_manifests(make(**overrides)))
+    assert_valid_k8s(docs)
+
+
+def test_the_schema_check_is_not_vacuous() -> None:
+    deployment = by_kind(docs_of(kubernetes_manifests(make())), "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = ["gpu"]
+    with pytest.raises(K8sValidationError):
+        validate(deployment, latest_version(), strict=True)
+    deployment = by_kind(docs_of(kubernetes_manifests(make())), "Deployment")
+    deployment["spec"]["replica"] = 2
+    with pytest.raises(K8sValidationError):
+        validate(deployment, latest_version(), strict=True)
+
+
+def test_deployment_serves_the_flags_on_the_gpus_with_probes_and_drain() -> None:
+    cfg = make(tensor_parallel_size=2, served_model_name="chat", drain_s=25, shutdown_s=90)
+    docs = docs_of(kubernetes_manifests(cfg))
+    deployment = by_kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "vllm/vllm-openai:v0.11.0"
+    assert container["command"] == ["vllm", "serve"]
+    assert container["args"][0] == cfg.model
+    # Kubernetes reads $$ as a literal $ (the chat template has one).
+    args = [arg.replace("$$", "$") for arg in container["args"][1:]]
+    assert parse_flags(args) == expected_flags(cfg)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["ports"][0] == {"name": "http", "containerPort": 8000, "protocol": "TCP"}
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= cfg.startup_timeout_s
+    # The warm-up runs in the startup probe, so readiness (and traffic) only follows it.
+    script = startup["exec"]["command"][2]
+    assert startup["exec"]["command"][:2] == ["python3", "-c"]
+    assert script == _warmup_script(port=8000, model="chat", requests=cfg.warmup_requests)
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "25"]
+    assert pod["terminationGracePeriodSeconds"] == 25 + 90
+    assert pod["enableServiceLinks"] is False  # a Service named vllm would set VLLM_PORT
+    env = {e["name"]: e for e in container["env"]}
+    assert env["VLLM_CACHE_DIR"]["value"] == CACHE_MOUNT_PATH
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts[CACHE_MOUNT_PATH] == "vllm-cache"
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+
+
+def test_single_gpu_has_no_shm_volume_and_pipeline_parallel_counts_gpus() -> None:
+    pod = by_kind(docs_of(kubernetes_manifests(make())), "Deployment")["spec"]["template"]["spec"]
+    assert [v["name"] for v in pod["volumes"]] == ["vllm-cache"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    cfg = make(tensor_parallel_size=2, flags={"pipeline-parallel-size": 2})
+    container = by_kind(docs_of(kubernetes_manifests(cfg)), "Deployment")["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+
+
+def test_config_hash_is_an_annotation_and_a_label_and_service_selects_the_pods() -> None:
+    cfg = make(labels={"team": "inference"})
+    docs = docs_of(kubernetes_manifests(cfg))
+    deployment, service = by_kind(docs, "Deployment"), by_kind(docs, "Service")
+    template = deployment["spec"]["template"]["metadata"]
+    for meta in (deployment["metadata"], template):
+        assert meta["annotations"][HASH_KEY] == cfg.config_hash
+        assert meta["labels"][HASH_KEY] == cfg.config_hash
+        assert meta["labels"]["team"] == "inference"
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert HASH_KEY not in selector  # the selector is immutable; the hash changes
+    assert selector.items() <= template["labels"].items()
+    assert service["spec"]["selector"] == selector
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+
+
+def test_pvc_cache_renders_a_claim_that_the_pod_mounts() -> None:
+    docs = docs_of(kubernetes_manifests(make(cache_volume="pvc:100Gi:fast-ssd")))
+    claim = by_kind(docs, "PersistentVolumeClaim")
+    assert claim["spec"]["resources"]["requests"]["storage"] == "100Gi"
+    assert claim["spec"]["storageClassName"] == "fast-ssd"
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    deployment = by_kind(docs, "Deployment")
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert volumes[0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"  # one pod holds the claim
+    several = docs_of(kubernetes_manifests(make(replicas=3)))
+    assert by_kind(several, "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert by_kind(several, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
+
+
+def test_hostpath_cache_has_no_claim() -> None:
+    docs = docs_of(kubernetes_manifests(make(cache_volume="hostpath:/mnt/cache")))
+    assert [d["kind"] for d in docs] == ["Deployment", "Service"]
+    pod = by_kind(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["volumes"][0]["hostPath"] == {"path": "/mnt/cache", "type": "DirectoryOrCreate"}
+
+
+def test_api_key_only_from_a_secret_reference() -> None:
+    cfg = make(api_key_secret=SecretKeyRef(name="vllm-api", key="key"))
+    container = by_kind(docs_of(kubernetes_manifests(cfg)), "Deployment")["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    (key_env,) = [e for e in container["env"] if e["name"] == "VLLM_API_KEY"]
+    assert key_env == {
+        "name": "VLLM_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "vllm-api", "key": "key"}},
+    }
+    assert not any(a.startswith("--api-key") for a in container["args"])
+    with pytest.raises(ConfigError, match="api_key_secret"):
+        make(flags={"api-key": "sk-live-123"})
+
+
+def test_hostile_model_name_is_literal_in_the_container_args() -> None:
+    cfg = make(model=NASTY_MODEL)
+    container = by_kind(docs_of(kubernetes_manifests(cfg)), "Deployment")["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    # Kubernetes expands $(VAR) in args; $$ is its escape for a literal $.
+    assert container["args"][0] == NASTY_MODEL.replace("$", "$$")
+    assert DNS_1035.fullmatch(cfg.name)
+
+
+# --- the warm-up step -----------------------------------------------------------------
+
+
+class _StubVllm(BaseHTTPRequestHandler):
+    healthy: ClassVar[bool] = False
+    completions: ClassVar[list[tuple[dict[str, Any], str | None]]] = []
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" and type(self).healthy else 503)
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).completions.append((body, self.headers.get("Authorization")))
+        payload = b'{"choices": [{"text": "ok"}]}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def stub_vllm() -> Iterator[tuple[int, type[_StubVllm]]]:
+    handler = type("Stub", (_StubVllm,), {"healthy": False, "completions": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_warmup_probe_waits_for_health_then_sends_completions_once(
+    stub_vllm: tuple[int, type[_StubVllm]], tmp_path: Path
+) -> None:
+    port, stub = stub_vllm
+    marker = tmp_path / "warm"
+    script = _warmup_script(port=port, model=NASTY_MODEL, requests=3, marker=str(marker))
+    env = {"PATH": os.defpath, "VLLM_API_KEY": "sk-test", "no_proxy": "*", "NO_PROXY": "*"}
+
+    def probe() -> int:
+        run = subprocess.run([sys.executable, "-c", script], env=env, timeout=60)
+        return run.returncode
+
+    assert probe() == 1 and not stub.completions  # not healthy: not started, nothing sent
+    stub.healthy = True
+    assert probe() == 0
+    assert [body["model"] for body, _ in stub.completions] == [NASTY_MODEL] * 3
+    assert {auth for _, auth in stub.completions} == {"Bearer sk-test"}
+    assert marker.exists()
+    assert probe() == 0 and len(stub.completions) == 3  # warmed once, then health only
+
+
+# --- names and bad input --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama-3-1-8b-instruct"),
+        ("./my_models/Qwen2.5-72B-Instruct-AWQ/", "qwen2-5-72b-instruct-awq"),
+        ("Org/Model_Name.V2!!", "model-name-v2"),
+        ("01-ai/Yi-1.5-34B", "yi-1-5-34b"),
+        ("/models/7b", "vllm-7b"),
+        ("///", "vllm"),
+        ("Ünïcode/模型", "vllm"),
+        ("x/" + "A" * 80, "a" * 50),
+    ],
+)
+def test_dns_invalid_model_names_become_valid_names(model: str, name: str) -> None:
+    cfg = make(model=model)
+    assert cfg.name == name
+    assert DNS_1035.fullmatch(cfg.name) and len(cfg.name) <= 50
+    assert_valid_k8s(docs_of(kubernetes_manifests(cfg)))
+
+
+def test_dns_label_never_ends_with_a_dash_after_cutting() -> None:
+    assert dns_label("abcd-efgh", max_len=5) == "abcd"
+    assert dns_label("123", fallback="tune") == "tune-123"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "nfs:/exports/cache",
+        "pvc:",
+        "pvc:100",
+        "pvc:lots",
+        "pvc:10Gi:Bad_Class",
+        "hostpath",
+        "hostpath:",
+        "hostpath:relative/dir",
+        "hostpath:/",
+        "hostpath:/a/../b",
+    ],
+)
+def test_bad_cache_volume_is_one_clear_config_error(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_cache_volume(text)
+    message = str(info.value)
+    assert "\n" not in message
+    assert repr(text) in message and "accepted" in message
+    with pytest.raises(ConfigError) as info:
+        make(cache_volume=text)
+    assert "\n" not in str(info.value) and repr(text) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "volume"),
+    [
+        ("pvc", PvcCache()),
+        ("PVC:50Gi", PvcCache(size="50Gi")),
+        ("pvc:1Ti:standard-rwx", PvcCache(size="1Ti", storage_class="standard-rwx")),
+        ("hostpath:/mnt/vllm cache", HostPathCache(path="/mnt/vllm cache")),
+    ],
+)
+def test_cache_volume_strings_parse_and_print_back(
+    text: str, volume: PvcCache | HostPathCache
+) -> None:
+    assert parse_cache_volume(text) == volume
+    assert parse_cache_volume(volume.cli) == volume
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"flags": {"port": 9000}}, "port field"),
+        ({"flags": {"tensor-parallel-size": 2}}, "tensor_parallel_size"),
+        ({"flags": {"max-num-seqs": [1, 2]}}, "max-num-seqs"),
+        ({"flags": {"bad flag": 1}}, "'bad flag'"),
+        ({"flags": {"max_num_seqs": 1, "max-num-seqs": 2}}, "twice"),
+        ({"port": 80}, "port"),
+        ({"config_hash": "a" * 64}, "config hash"),
+        ({"vllm_version": "latest"}, "'latest'"),
+        ({"name": "Llama_8B"}, "'Llama_8B'"),
+        ({"labels": {HASH_KEY: "x"}}, HASH_KEY),
+        ({"labels": {"team": "not ok"}}, "not ok"),
+        ({"memory_request": "lots"}, "'lots'"),
+        ({"model": "bad\nname"}, "control character"),
+        ({"bogus": 1}, "bogus is not a field here"),
+        ({"flags": {"gpu-memory-utilization": float("nan")}}, "nan"),
+    ],
+)
+def test_bad_deployment_values_are_one_line_config_errors(
+    overrides: dict[str, Any], needle: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        make(**overrides)
+    assert "\n" not in str(info.value) and needle in str(info.value), str(info.value)
+
+
+def test_flag_names_are_normalised_and_image_follows_the_version() -> None:
+    cfg = make(flags={"--max_num_seqs": 8}, vllm_version="0.10.1.1")
+    assert cfg.flags == {"max-num-seqs": 8}
+    assert cfg.image == "vllm/vllm-openai:v0.10.1.1"
+    assert make(vllm_version="0.11").image == "vllm/vllm-openai:v0.11.0"
+    assert make(image="registry.local/vllm:custom").image == "registry.local/vllm:custom"
+
+
+# --- 4. distributed tuning Job --------------------------------------------------------
+
+STORAGE = "postgresql://optuna:Pa55-w0rd@db.internal:5432/tuning"
+
+
+def job_docs(**overrides: Any) -> list[dict[str, Any]]:
+    fields: dict[str, Any] = {
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "workers": 4,
+        "storage_url": STORAGE,
+        "study": "llama8b-h100",
+        "image": "ghcr.io/acme/vllm-capacity-tuner:0.1.0",
+        "extra_args": ["--trials", "60", "--gpu", "H100-80GB"],
+    }
+    fields.update(overrides)
+    return docs_of(tuning_job_manifests(**fields))
+
+
+def test_tuning_job_is_an_indexed_job_of_one_gpu_workers_and_validates() -> None:
+    docs = job_docs()
+    assert_valid_k8s(docs)
+    assert [d["kind"] for d in docs] == ["Secret", "PersistentVolumeClaim", "Job"]
+    job = by_kind(docs, "Job")
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 4
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["command"] == ["tuner"]
+    args = container["args"]
+    assert args[:6] == [
+        "tune",
+        "--model",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--storage",
+        "$(TUNER_STORAGE)",
+        "--study",
+    ]
+    assert args[6:] == ["llama8b-h100", "--trials", "60", "--gpu", "H100-80GB"]
+    claim = by_kind(docs, "PersistentVolumeClaim")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # shared by every worker
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert {"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH} in container["volumeMounts"]
+
+
+def test_storage_url_is_only_in_the_secret_and_the_job_reads_it_by_reference() -> None:
+    text = tuning_job_manifests(
+        model="m", workers=2, storage_url=STORAGE, study="s", image="tuner:1"
+    )
+    docs = docs_of(text)
+    job, secret = by_kind(docs, "Job"), by_kind(docs, "Secret")
+    job_text = yaml.safe_dump(job)
+    for secret_part in (STORAGE, "Pa55-w0rd", "db.internal"):
+        assert secret_part not in job_text
+        assert secret_part not in yaml.safe_dump(by_kind(docs, "PersistentVolumeClaim"))
+    assert text.count("Pa55-w0rd") == 1  # once, in the Secret
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    (storage_env,) = [e for e in env if e["name"] == "TUNER_STORAGE"]
+    assert "value" not in storage_env
+    ref = storage_env["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == secret["metadata"]["name"]
+    assert secret["stringData"][ref["key"]] == STORAGE
+
+
+def test_tuning_job_with_an_existing_secret_prints_nothing_secret() -> None:
+    docs = job_docs(
+        storage_url=None,
+        storage_secret=SecretKeyRef(name="optuna-db", key="url"),
+        cache_volume="hostpath:/mnt/cache",
+    )
+    assert_valid_k8s(docs)
+    assert [d["kind"] for d in docs] == ["Job"]
+    container = docs[0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "optuna-db", "key": "url"}
+
+
+def test_tuning_job_name_is_a_dns_label_and_literals_are_escaped() -> None:
+    docs = job_docs(study="Llama 8B / H100 $(sweep)", extra_args=["--note=$(HOME)"])
+    job = by_kind(docs, "Job")
+    assert DNS_1035.fullmatch(job["metadata"]["name"]) and job["metadata"]["name"].startswith(
+        "tune-"
+    )
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "Llama 8B / H100 $$(sweep)" in args and "--note=$$(HOME)" in args
+    assert args.count("$(TUNER_STORAGE)") == 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"storage_url": "sqlite:///runs/study.db"}, "SQLite"),
+        ({"storage_url": "postgres//optuna:Pa55-w0rd@db/x"}, "SQLAlchemy URL"),
+        ({"storage_secret": SecretKeyRef(name="db", key="url")}, "exactly one"),
+        ({"storage_url": None}, "exactly one"),
+        ({"workers": 0}, "workers 0"),
+        ({"extra_args": ["--storage=sqlite:///x.db"]}, "--storage"),
+        ({"extra_args": ["--study", "other"]}, "--study"),
+        ({"cache_volume": "nfs:/x"}, "'nfs:/x'"),
+        ({"image": "bad image"}, "'bad image'"),
+    ],
+)
+def test_bad_tuning_job_input_is_one_line_without_the_password(
+    overrides: dict[str, Any], needle: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        job_docs(**overrides)
+    message = str(info.value)
+    assert "\n" not in message and needle in message, message
+    assert "Pa55-w0rd" not in message
