@@ -25,8 +25,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -247,7 +249,7 @@ class LiveServer:
         schedule: list[ScheduledRequest],
         *,
         out_dir: Path,
-        stop_when: StopRule | None = None,
+        stop_when: StopFactory | None = None,
     ) -> Measurement:
         """One measured load run; /metrics deltas over exactly its window."""
         before = scrape(self.server.base_url)
@@ -275,6 +277,12 @@ class LiveServer:
             client_saturation_reason=run.run.saturation_reason,
             stopped_early=run.run.stopped_by_caller,
         )
+
+
+class StopFactory(Protocol):
+    """Makes the ``stop_when`` check of one load run, given the run's directory."""
+
+    def bind(self, out_dir: Path) -> Callable[[], bool]: ...
 
 
 class StopRule:

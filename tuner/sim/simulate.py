@@ -122,8 +122,13 @@ def run(
     vocab: int,
     seed: int = 0,
     max_model_len: int | None = None,
+    prompt_token_ids: Sequence[list[int]] | None = None,
 ) -> SimulationResult:
-    """Feed the arrivals to the engine on a virtual clock until every request is done."""
+    """Feed the arrivals to the engine on a virtual clock until every request is done.
+
+    ``prompt_token_ids`` (one list per record): the prompts' own ids, e.g. a workload's
+    text through the simulator's tokenizer, instead of ids made up from the record.
+    """
     now = 0.0
     nxt = 0
     steps = 0
@@ -141,7 +146,11 @@ def run(
                 engine.add_request(
                     SimRequest(
                         request_id=f"sim-{nxt}",
-                        prompt_token_ids=prompt_ids(record, nxt, vocab, seed),
+                        prompt_token_ids=(
+                            prompt_token_ids[nxt]
+                            if prompt_token_ids is not None
+                            else prompt_ids(record, nxt, vocab, seed)
+                        ),
                         max_tokens=min(record.output_tokens, limit - record.prompt_tokens),
                         arrival_s=record.arrival_s,
                     )

@@ -1,0 +1,134 @@
+"""TuneConfig: every setting of a tuning run, from a YAML file and the command line, validated.
+
+A YAML file (``tuner tune --config tune.yaml``) uses the field names below; a flag
+given on the command line wins over the file. Every bad value is one
+``ConfigError`` line naming the field, the value and what is accepted, raised
+before any server is launched.
+
+    model: llama-3.1-8b
+    gpu: H100-80GB
+    workload: chat
+    trials: 12
+    budget_min: 30
+    slo_ttft_ms: 500
+    space:
+      gpu-memory-utilization: 0.85..0.97/0.01
+      max-num-seqs: 32..512
+    knobs: [gpu-memory-utilization, max-num-seqs, block-size]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tuner.errors import ConfigError
+from tuner.sampling import Objective
+
+
+class TuneConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # What to tune
+    model: str = "llama-3.1-8b"
+    gpu: str | None = None  # sim: the virtual GPU (default H100-80GB); vllm: detected by NVML
+    backend: str = "auto"  # auto: vllm when an NVIDIA GPU and vLLM are here, else sim
+    vllm_cmd: str = "vllm serve"
+    vllm_version: str | None = None  # sim: the emulated release (default: current)
+    model_dir: Path | None = None  # a local model directory whose tokenizer sizes prompts
+    max_model_len: int | None = Field(default=None, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    # The traffic and its objectives
+    workload: str = "chat"
+    rate: float | None = Field(default=None, gt=0)  # first arrival rate measured
+    slo_ttft_ms: float | None = Field(
+        default=None, gt=0
+    )  # p99 TTFT limit (overrides the workload's)
+    slo_itl_ms: float | None = Field(default=None, gt=0)  # p99 ITL limit (overrides the workload's)
+    objective: Objective = Objective.GOODPUT
+    # The search
+    trials: int = Field(default=10, ge=1)
+    budget_min: float = Field(default=14.0, gt=0)
+    seed: int = 0
+    knobs: tuple[str, ...] | None = None  # default: the five; see tuner.space
+    space: dict[str, str] = Field(default_factory=dict)  # knob -> range text
+    screen: bool = True  # skip launches the memory model says will fail
+    level_duration_s: float = Field(default=8.0, gt=0)  # each measured rate, emulated seconds
+    max_levels: int = Field(default=3, ge=1)
+    # Where it goes
+    study: str | None = None
+    run_dir: Path | None = None
+    storage: str | None = None  # SQLAlchemy URL; default SQLite in the run directory
+    resume: bool = False
+    # The OOM edge and the recommendation
+    edge: bool = True
+    edge_resolution: float = Field(default=0.01, gt=0, le=0.1)
+    max_edge_launches: int = Field(default=4, ge=1)
+    seqs_edge_launches: int = Field(default=2, ge=0)
+    edge_load_s: float = Field(default=8.0, gt=0)
+    safety_margin: float = Field(default=0.02, ge=0, lt=0.5)  # utilization kept from the edge
+    confirm: bool = True
+    repeats: int = Field(default=1, ge=1)  # confirmation runs of the recommendation
+    target_peak_rate: float | None = Field(default=None, gt=0)  # requests/s the fleet must serve
+    capacity_headroom: float = Field(default=0.2, ge=0, lt=1)
+    cache_volume: str = "pvc"
+    # Measurement
+    processes: int = Field(default=1, ge=1)
+    gpu_source: str = "auto"
+    time_scale: float | None = Field(default=None, gt=0)  # sim: slower clock; None: automatic
+    max_events_per_s: float = Field(default=5000.0, gt=0)  # auto time scale keeps below this
+    sim_startup_delay_s: float = Field(default=1.0, ge=0)
+
+    @property
+    def study_name(self) -> str:
+        if self.study:
+            return self.study
+        slug = "".join(c if c.isalnum() or c in "-." else "-" for c in Path(self.model).name)
+        gpu = (self.gpu or "auto").lower()
+        return f"{slug.lower()}-{gpu}-{Path(self.workload).stem}"
+
+    @property
+    def run_path(self) -> Path:
+        return self.run_dir or Path("runs") / self.study_name
+
+
+def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:
+    """The file's settings (if any) with ``overrides`` (the flags given) on top."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read tune config {str(path)!r}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"tune config {str(path)!r} is not YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"tune config {str(path)!r} is not a mapping of settings")
+        data.update({str(k).replace("-", "_"): v for k, v in loaded.items()})
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "space" and isinstance(value, dict):
+            data["space"] = {**data.get("space", {}), **value}
+        else:
+            data[key] = value
+    try:
+        return TuneConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, path)) from None
+
+
+def _one_line(exc: ValidationError, path: Path | None) -> str:
+    error = exc.errors()[0]
+    loc = ".".join(str(part) for part in error["loc"])
+    where = f"tune config {str(path)!r}: " if path is not None else ""
+    if error["type"] == "extra_forbidden":
+        accepted = ", ".join(TuneConfig.model_fields)
+        return f"{where}setting {loc!r} is not accepted; accepted: {accepted}"
+    value = error.get("input")
+    return f"{where}{loc} = {value!r} is not accepted: {error['msg']}"

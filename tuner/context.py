@@ -1,0 +1,250 @@
+"""TuneContext: a TuneConfig resolved against this machine, before any server is launched.
+
+Resolves the backend (``auto``: the real vLLM when NVML sees an NVIDIA GPU and the
+vLLM launch command exists, else the simulated engine), the GPU profile, the vLLM
+release and the flags it accepts, the model, the workload with its SLO overrides,
+the search space, and the simulator's time scale. Every bad value fails here with
+one line, before anything starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.config import TuneConfig
+from tuner.errors import ConfigError
+from tuner.gpus import GpuSpec, get_gpu
+from tuner.load import resolve_workload
+from tuner.memory import Calibration, ServingParams
+from tuner.models import ModelSpec, resolve_model
+from tuner.server import Backend, probe_vllm_flags, sim_flags
+from tuner.space import Knob, Range, SearchSpace, build_space, parse_range
+from tuner.versions import VllmVersion
+from workloads.spec import PercentileLimits, WorkloadSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIM_GPU = "H100-80GB"
+
+
+@dataclass
+class TuneContext:
+    config: TuneConfig
+    backend: Backend
+    model: ModelSpec
+    gpu: GpuSpec | None  # None: no GPU profile (vLLM's CPU build)
+    version: VllmVersion
+    vllm_cmd: tuple[str, ...]
+    accepted_flags: frozenset[str] | None
+    workload: WorkloadSpec
+    space: SearchSpace
+    base: ServingParams
+    run_dir: Path
+    time_scale: float = 1.0
+    calibration: Calibration | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_name(self) -> str | None:
+        return self.gpu.name if self.gpu is not None else None
+
+    @property
+    def gpu_or_default(self) -> GpuSpec:
+        """The GPU profile, or the simulator's default where there is none (vLLM's CPU build)."""
+        return self.gpu if self.gpu is not None else get_gpu(DEFAULT_SIM_GPU)
+
+
+def detect_gpu_name() -> str | None:
+    """The first visible NVIDIA GPU's name from NVML, or None without a driver or device."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver: no GPU here
+        return None
+    try:
+        if int(pynvml.nvmlDeviceGetCount()) == 0:
+            return None
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            log.debug("nvmlShutdown failed", exc_info=True)
+
+
+def resolve_backend(config: TuneConfig, gpu_name: str | None) -> Backend:
+    if config.backend == "auto":
+        vllm_cmd = shlex.split(config.vllm_cmd)
+        has_vllm = bool(vllm_cmd) and shutil.which(vllm_cmd[0]) is not None
+        return Backend.VLLM if gpu_name is not None and has_vllm else Backend.SIM
+    try:
+        return Backend(config.backend)
+    except ValueError:
+        raise ConfigError(
+            f"--backend {config.backend!r} is not a backend; accepted: auto, "
+            + ", ".join(b.value for b in Backend)
+        ) from None
+
+
+def with_slo_overrides(spec: WorkloadSpec, config: TuneConfig) -> WorkloadSpec:
+    slo = spec.slo
+    if config.slo_ttft_ms is not None:
+        slo = slo.model_copy(update={"ttft": PercentileLimits(p99_ms=config.slo_ttft_ms)})
+    if config.slo_itl_ms is not None:
+        slo = slo.model_copy(update={"itl": PercentileLimits(p99_ms=config.slo_itl_ms)})
+    return spec.model_copy(update={"slo": slo})
+
+
+def resolve(config: TuneConfig) -> TuneContext:
+    """Everything checked, nothing launched."""
+    if config.backend not in ("auto", *(b.value for b in Backend)):
+        resolve_backend(config, None)  # raises the one-line error
+    nvml_name = detect_gpu_name() if config.backend != "sim" else None
+    backend = resolve_backend(config, nvml_name)
+    model = resolve_model(config.model)
+    vllm_cmd = tuple(shlex.split(config.vllm_cmd))
+    if not vllm_cmd:
+        raise ConfigError("--vllm-cmd is empty; accepted: a launch command such as 'vllm serve'")
+    gpu: GpuSpec | None
+    if backend is Backend.SIM:
+        gpu = get_gpu(config.gpu or DEFAULT_SIM_GPU)
+        version = (
+            VllmVersion.parse(config.vllm_version) if config.vllm_version else VllmVersion.current()
+        )
+        accepted: frozenset[str] | None = sim_flags(version)
+        note = f"the emulated vLLM {version}"
+    else:
+        name = config.gpu or nvml_name
+        gpu = get_gpu(name) if name and name.lower() not in ("none", "cpu") else None
+        accepted = probe_vllm_flags(vllm_cmd)
+        version = _installed_version(vllm_cmd) or VllmVersion.current()
+        note = f"the vLLM behind {shlex.join(vllm_cmd)!r}"
+    workload = with_slo_overrides(
+        resolve_workload(config.workload, rate_per_s=None, duration_s=None), config
+    )
+    if config.rate is not None and workload.mean_rate_per_s is None:
+        raise ConfigError(
+            f"--rate {config.rate} does not apply: workload {workload.name!r} is closed "
+            "(every request at once); accepted: a workload with an arrival rate"
+        )
+    base = ServingParams(
+        max_model_len=config.max_model_len, tensor_parallel_size=config.tensor_parallel_size
+    ).checked()
+    overrides: dict[Knob, Range] = {}
+    for name, text in config.space.items():
+        knob = Knob.parse(name)
+        overrides[knob] = parse_range(knob, str(text))
+    if gpu is None:
+        # vLLM's CPU build: no device memory to search or screen; its KV cache is
+        # VLLM_CPU_KVCACHE_SPACE.
+        knobs = tuple(Knob.parse(k) for k in (config.knobs or ("max-num-seqs", "block-size")))
+        space = _cpu_space(knobs, overrides, accepted)
+    else:
+        space = build_space(
+            model=model, gpu=gpu, version=version, accepted_flags=accepted,
+            overrides=overrides, base=base, backend_note=note,
+        )  # fmt: skip
+        if config.knobs is not None:
+            wanted = {Knob.parse(k) for k in config.knobs}
+            space = SearchSpace(
+                ranges=tuple(r for r in space.ranges if r.knob in wanted),
+                left_out=space.left_out,
+            )
+    if not space.ranges:
+        raise ConfigError("the search space is empty; accepted: at least one knob to search")
+    ctx = TuneContext(
+        config=config, backend=backend, model=model, gpu=gpu, version=version,
+        vllm_cmd=vllm_cmd, accepted_flags=accepted, workload=workload, space=space,
+        base=base, run_dir=config.run_path,
+    )  # fmt: skip
+    if backend is Backend.SIM:
+        ctx.notes.append(
+            "SIMULATED backend: no GPU or vLLM here; the simulated engine reproduces vLLM's "
+            "memory accounting, scheduling and metrics"
+        )
+    return ctx
+
+
+def _cpu_space(
+    knobs: tuple[Knob, ...], overrides: dict[Knob, Range], accepted: frozenset[str] | None
+) -> SearchSpace:
+    from tuner.space import LeftOut
+
+    ranges: list[Range] = []
+    left: list[LeftOut] = []
+    for knob in knobs:
+        if knob in (Knob.GPU_MEMORY_UTILIZATION, Knob.KV_CACHE_DTYPE, Knob.SWAP_SPACE):
+            left.append(LeftOut(knob=knob, reason="no GPU: vLLM's CPU build has no device memory"))
+            continue
+        if accepted is not None and knob.flag not in accepted:
+            left.append(LeftOut(knob=knob, reason=f"the target vLLM does not accept {knob.flag}"))
+            continue
+        default = {
+            Knob.MAX_NUM_SEQS: Range(knob=knob, low=2, high=32, log=True),
+            Knob.BLOCK_SIZE: Range(knob=knob, choices=(32, 64)),
+        }.get(knob)
+        r = overrides.get(knob) or default
+        if r is None:
+            left.append(LeftOut(knob=knob, reason="no default range on CPU; give one with --space"))
+            continue
+        ranges.append(r)
+    return SearchSpace(ranges=tuple(ranges), left_out=tuple(left))
+
+
+def _installed_version(vllm_cmd: tuple[str, ...]) -> VllmVersion | None:
+    """The version of the vLLM behind a launch command, from its Python package."""
+    import subprocess
+
+    python = vllm_cmd[0] if "python" in Path(vllm_cmd[0]).name else None
+    if python is None:
+        exe = shutil.which(vllm_cmd[0])
+        if exe is None:
+            return None
+        candidate = Path(exe).with_name("python")
+        python = str(candidate) if candidate.exists() else None
+    if python is None:
+        return None
+    try:
+        out = subprocess.run(
+            [python, "-c", "import importlib.metadata as m;print(m.version('vllm') if any(d.metadata['Name'] in ('vllm','vllm-cpu') for d in m.distributions()) else '')"],
+            capture_output=True, text=True, timeout=60, env={**os.environ},
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout.strip()
+    if not text:
+        return _cpu_dist_version(python)
+    try:
+        return VllmVersion.parse(text)
+    except ConfigError:
+        return None
+
+
+def _cpu_dist_version(python: str) -> VllmVersion | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [python, "-c", "import importlib.metadata as m;print(m.version('vllm-cpu'))"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        return VllmVersion.parse(out.stdout.strip()) if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ConfigError):
+        return None
+
+
+def auto_time_scale(predicted_tokens_per_s: float, max_events_per_s: float) -> float:
+    """The simulator's slowdown so the load generator sees at most ``max_events_per_s``."""
+    if predicted_tokens_per_s <= max_events_per_s:
+        return 1.0
+    return math.ceil(2 * predicted_tokens_per_s / max_events_per_s) / 2

@@ -1,0 +1,249 @@
+"""Score one candidate: screen it with the memory model, launch it, warm it up, find its goodput.
+
+Shared by the study's trials, the recommendation's confirmation runs and the
+variants. A failure to start, a death under load or an SLO that breaks at every
+rate is an outcome in the returned ``Evaluation``, never an exception; what the
+candidate did is written to ``<dir>/evaluation.json`` beside the server's log, the
+GPU timeline and one directory per measured rate.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.context import TuneContext
+from tuner.failures import StartupFailure
+from tuner.gpu_sampler import GpuSummary
+from tuner.load import plan_schedule, split_warmup
+from tuner.memory import MemoryPlan, plan
+from tuner.processes import ChildRegistry
+from tuner.rate_search import RateSearch, search_rate
+from tuner.server import Backend, LaunchSpec, StartupResult, TrialOutcome
+from tuner.space import TrialParams
+from tuner.trial import KvFill, LiveServer, Measurement
+from tuner.vllm_log import StartupReport
+from workloads.metrics import LoadResult
+
+log = logging.getLogger(__name__)
+
+
+class Verdict(StrEnum):
+    """How a candidate came out, as the study and the report show it."""
+
+    MET = "met"  # the SLOs held at some measured rate
+    SLO_MISSED = "slo_missed"  # served, but the SLOs broke at every measured rate
+    SCREENED = "screened"  # the memory model says it cannot start; not launched
+    STARTUP_FAILED = "startup_failed"
+    DIED = "died"  # the engine died under load
+
+    @property
+    def feasible(self) -> bool:
+        return self is Verdict.MET
+
+
+class LevelSummary(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rate_per_s: float
+    met: bool
+    stopped_early: bool
+    dir: str
+    load: LoadResult
+    violations: list[str]
+    num_preemptions: int | None
+    max_kv_cache_usage: float | None
+    prefix_cache_hit_rate: float | None
+
+
+class Evaluation(BaseModel):
+    """Everything one candidate came to."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dir: str
+    params: TrialParams
+    flags: dict[str, object]
+    verdict: Verdict
+    outcome: TrialOutcome | None  # None: screened, not launched
+    failure: StartupFailure | None = None
+    log_excerpt: str = ""
+    predicted: MemoryPlan | None = None
+    startup: StartupReport | None = None
+    startup_s: float | None = None
+    dropped_flags: list[str] = []
+    goodput: float = 0.0  # requests/s at the best level meeting the SLOs
+    rate_per_s: float | None = None  # the workload's arrival rate at that level
+    throughput: float = 0.0  # output tokens/s at that level
+    best: LevelSummary | None = None
+    levels: list[LevelSummary] = []
+    gpu: GpuSummary | None = None
+    kv_fill: KvFill | None = None
+    client_saturated: bool = False
+    time_scale: float = 1.0
+
+    @property
+    def p99_ttft_ms(self) -> float | None:
+        return None if self.best is None else self.best.load.ttft_ms.p99
+
+    def write(self) -> None:
+        Path(self.dir, "evaluation.json").write_text(self.model_dump_json(indent=2), "utf-8")
+
+
+def launch_spec(ctx: TuneContext, params: TrialParams) -> LaunchSpec:
+    serving = params.serving(ctx.base)
+    sim = ctx.backend is Backend.SIM
+    return LaunchSpec(
+        backend=ctx.backend,
+        model=ctx.config.model,
+        params=serving,
+        gpu=ctx.gpu_name if sim else None,
+        vllm_version=str(ctx.version) if sim and ctx.config.vllm_version else None,
+        vllm_cmd=ctx.vllm_cmd,
+        swap_space_gib=params.swap_space_gib,
+        enable_prefix_caching=params.enable_prefix_caching,
+        cache_dir=ctx.run_dir / "vllm-cache",
+        sim_startup_delay_s=ctx.config.sim_startup_delay_s,
+        sim_time_scale=ctx.time_scale,
+    )
+
+
+def predicted_plan(ctx: TuneContext, params: TrialParams) -> MemoryPlan | None:
+    if ctx.gpu is None:
+        return None
+    return plan(ctx.model, ctx.gpu, params.serving(ctx.base), ctx.version, ctx.calibration)
+
+
+def screened(ctx: TuneContext, params: TrialParams, out_dir: Path) -> Evaluation | None:
+    """The recorded prediction when the memory model says this cannot start, else None."""
+    predicted = predicted_plan(ctx, params)
+    if not ctx.config.screen or predicted is None or predicted.fits:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    evaluation = Evaluation(
+        dir=str(out_dir),
+        params=params,
+        flags=dict(params.flags()),
+        verdict=Verdict.SCREENED,
+        outcome=None,
+        failure=predicted.failure,
+        predicted=predicted,
+        time_scale=ctx.time_scale,
+    )
+    evaluation.write()
+    return evaluation
+
+
+def evaluate(
+    ctx: TuneContext,
+    params: TrialParams,
+    *,
+    out_dir: Path,
+    registry: ChildRegistry,
+    start_rate_per_s: float | None,
+    max_levels: int | None = None,
+) -> Evaluation:
+    """Launch the candidate and measure its goodput (screened first when configured)."""
+    early = screened(ctx, params, out_dir)
+    if early is not None:
+        return early
+    config = ctx.config
+    live = LiveServer(
+        launch_spec(ctx, params), trial_dir=out_dir, registry=registry,
+        gpu_source=config.gpu_source, processes=config.processes,
+    )  # fmt: skip
+    search: RateSearch | None = None
+    kv_fill: KvFill | None = None
+    with live:
+        startup = live.startup
+        assert startup is not None
+        if live.ready:
+            kv_fill = live.fill_kv_cache(ctx.workload, ctx.workload.warmup)
+            warm_spec = (
+                ctx.workload.with_rate(start_rate_per_s)
+                if start_rate_per_s and ctx.workload.mean_rate_per_s is not None
+                else ctx.workload
+            )
+            warm, _ = split_warmup(
+                plan_schedule(
+                    warm_spec, max_model_len=config.max_model_len, model_dir=config.model_dir
+                )
+            )
+            live.warm_up(warm_spec, warm)
+            search = search_rate(
+                live, ctx.workload, start_rate_per_s=start_rate_per_s, out_dir=out_dir,
+                level_duration_s=config.level_duration_s,
+                max_levels=max_levels or config.max_levels, model_dir=config.model_dir,
+            )  # fmt: skip
+    evaluation = _evaluation(ctx, params, out_dir, startup, search, live, kv_fill)
+    evaluation.write()
+    return evaluation
+
+
+def _evaluation(
+    ctx: TuneContext,
+    params: TrialParams,
+    out_dir: Path,
+    startup: StartupResult,
+    search: RateSearch | None,
+    live: LiveServer,
+    kv_fill: KvFill | None,
+) -> Evaluation:
+    levels = [_summary(level.rate_per_s, level.met, level.measurement) for level in search.levels] if search else []  # fmt: skip
+    best = next((s for s in levels if search and search.best and s.dir == search.best.measurement.out_dir), None)  # fmt: skip
+    failure = startup.failure
+    excerpt = startup.log_excerpt
+    outcome = startup.outcome
+    if startup.outcome is not TrialOutcome.READY:
+        verdict = Verdict.STARTUP_FAILED
+    elif search is not None and search.died:
+        verdict = Verdict.DIED
+        death = search.levels[-1].measurement.death
+        outcome = search.levels[-1].measurement.outcome
+        if death is not None:
+            failure, excerpt = death.failure, death.log_excerpt
+    elif search is not None and search.best is not None:
+        verdict = Verdict.MET
+    else:
+        verdict = Verdict.SLO_MISSED
+    return Evaluation(
+        dir=str(out_dir),
+        params=params,
+        flags=dict(params.flags()),
+        verdict=verdict,
+        outcome=outcome,
+        failure=failure,
+        log_excerpt=excerpt,
+        predicted=predicted_plan(ctx, params),
+        startup=startup.report,
+        startup_s=startup.ready_s,
+        dropped_flags=startup.dropped_flags,
+        goodput=search.goodput if search else 0.0,
+        rate_per_s=search.best.rate_per_s if search and search.best else None,
+        throughput=search.throughput if search else 0.0,
+        best=best,
+        levels=levels,
+        gpu=live.gpu,
+        kv_fill=kv_fill,
+        client_saturated=any(level.measurement.client_saturated for level in search.levels)
+        if search
+        else False,
+        time_scale=live.time_scale,
+    )
+
+
+def _summary(rate: float, met: bool, m: Measurement) -> LevelSummary:
+    return LevelSummary(
+        rate_per_s=rate,
+        met=met,
+        stopped_early=m.stopped_early,
+        dir=m.out_dir,
+        load=m.load,
+        violations=m.slo.violations,
+        num_preemptions=m.server.num_preemptions if m.server else None,
+        max_kv_cache_usage=m.server.max_kv_cache_usage if m.server else None,
+        prefix_cache_hit_rate=m.server.prefix_cache_hit_rate if m.server else None,
+    )

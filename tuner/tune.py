@@ -1,0 +1,259 @@
+"""The whole tuning job: search, OOM edge, recommendation, report; what `tuner tune` runs.
+
+    runs/<study>/
+        tune.json              the resolved configuration: backend, GPU, vLLM, space, left-out knobs
+        tune.log               the harness's own log
+        study.db               the Optuna study (unless --storage names another)
+        calibration.json       the memory model's calibration from the first real startup
+        trials/<n>/            one directory per trial (evaluation.json, server.log, gpu.csv, level-*/)
+        edge/                  the OOM-edge probes (probe.json each) and edge.json
+        confirm/<variant>/     the confirmation runs
+        recommendation/        vllm-args.txt, vllm-config.yaml, kubernetes.yaml, recommendation.json
+                               and conservative/, aggressive/ beside it
+        report.html            the capacity-review report
+        summary.json           what the run came to, for scripts
+
+With several workers on one study (``--storage`` shared), every worker runs trials
+until the study has enough; the first to finish claims the edge search and the
+recommendation (a marker study created once in the storage), the others stop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.config import TuneConfig
+from tuner.context import TuneContext, resolve
+from tuner.edge import EdgeResult, find_edge
+from tuner.errors import TunerError
+from tuner.processes import ChildRegistry
+from tuner.recommend import Recommendation, recommend
+from tuner.study import (
+    TrialLoop,
+    best_trial,
+    default_trial,
+    fail_interrupted,
+    load_evaluation,
+    open_study,
+    storage_url,
+)
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+class TuneSummary(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    study: str
+    run_dir: str
+    backend: str
+    trials: int
+    feasible: int
+    best_trial: int | None
+    best_goodput: float | None
+    finalized_here: bool
+    recommendation: str | None
+    report: str | None
+    wall_s: float
+
+
+def describe(ctx: TuneContext) -> dict[str, Any]:
+    return {
+        "config": ctx.config.model_dump(mode="json"),
+        "backend": ctx.backend.value,
+        "model": ctx.model.name,
+        "gpu": ctx.gpu_name,
+        "vllm_version": str(ctx.version),
+        "vllm_cmd": list(ctx.vllm_cmd),
+        "workload": ctx.workload.model_dump(mode="json"),
+        "space": [r.model_dump(mode="json") for r in ctx.space.ranges],
+        "left_out": [o.model_dump(mode="json") for o in ctx.space.left_out],
+        "notes": ctx.notes,
+        "storage": storage_url(ctx).split("@")[-1],
+    }
+
+
+def _reserve_s(ctx: TuneContext) -> float:
+    """Wall time kept back for the edge search and the confirmation runs."""
+    c = ctx.config
+    k = ctx.time_scale
+    overhead = 8.0
+    edge = (
+        (c.max_edge_launches + c.seqs_edge_launches) * (overhead + c.edge_load_s * k)
+        if c.edge
+        else 0.0
+    )
+    level = c.level_duration_s * k + 4.0
+    confirm = (2 + c.repeats) * (overhead + 2 * level) if c.confirm else 0.0
+    return edge + confirm
+
+
+def _claim_finalize(study: Any, storage: Any) -> bool:
+    """True for exactly one worker of a study: creating the marker study succeeds once."""
+    import optuna
+
+    try:
+        optuna.create_study(study_name=f"{study.study_name}.finalize", storage=storage)
+    except optuna.exceptions.DuplicatedStudyError:
+        return False
+    return True
+
+
+def _log_to(path: Path) -> logging.Handler:
+    """INFO and up into the run's own log; the terminal keeps its level (progress lines only)."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        for existing in root.handlers:
+            if existing.level == logging.NOTSET:
+                existing.setLevel(root.level or logging.WARNING)
+        root.setLevel(logging.INFO)
+    root.addHandler(handler)
+    return handler
+
+
+def run_tune(config: TuneConfig, progress: Progress) -> TuneSummary:
+    began = time.monotonic()
+    ctx = resolve(config)  # every bad value fails here, before anything is launched
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    handler = _log_to(ctx.run_dir / "tune.log")
+    try:
+        return _run(ctx, progress, began)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def _run(ctx: TuneContext, progress: Progress, began: float) -> TuneSummary:
+    config = ctx.config
+    study = open_study(ctx)
+    registry = ChildRegistry(ctx.run_dir)
+    for note in registry.stop_leftovers():
+        progress(f"tuner: {note}")
+    for note in ctx.notes:
+        progress(note)
+    progress(
+        f"tuning {ctx.model.name} on {ctx.gpu_name or 'CPU'} (vLLM {ctx.version}, "
+        f"{ctx.backend.value} backend), workload {ctx.workload.name}, objective {config.objective.value}"
+    )
+    for line in ctx.space.describe():
+        progress(f"  {line}")
+    with registry.guard():
+        if config.resume:
+            failed = fail_interrupted(study, local=config.storage is None)
+            if failed:
+                progress(
+                    f"resume: {failed} trial(s) cut off by an earlier run marked failed and retried"
+                )
+        deadline = began + config.budget_min * 60.0
+        loop = TrialLoop(ctx, study, registry, deadline_s=deadline, progress=progress)
+        loop.prepare()
+        (ctx.run_dir / "tune.json").write_text(
+            json.dumps({**describe(ctx), "time_scale": ctx.time_scale}, indent=2, default=str),
+            encoding="utf-8",
+        )
+        loop.deadline_s = deadline - _reserve_s(ctx)
+        loop.run()
+        best = best_trial(study)
+        complete = loop.complete_trials()
+        feasible = sum(1 for t in complete if t.user_attrs.get("verdict") == "met")
+        rec: Recommendation | None = None
+        finalized = False
+        if best is None:
+            progress("no trial met the SLOs: no recommendation (see the trials' evaluation.json)")
+        elif _claim_finalize(study, study._storage):
+            finalized = True
+            rec = _finalize(ctx, study, best, registry, progress)
+        else:
+            progress("another worker of this study finalizes it (edge search, recommendation)")
+        report = _report(ctx, progress) if finalized or best is None else None
+    summary = TuneSummary(
+        study=config.study_name,
+        run_dir=str(ctx.run_dir),
+        backend=ctx.backend.value,
+        trials=len(complete),
+        feasible=feasible,
+        best_trial=best.number if best is not None else None,
+        best_goodput=float(best.user_attrs["goodput"]) if best is not None else None,
+        finalized_here=finalized,
+        recommendation=str(ctx.run_dir / "recommendation") if rec is not None else None,
+        report=str(report) if report else None,
+        wall_s=time.monotonic() - began,
+    )
+    (ctx.run_dir / "summary.json").write_text(summary.model_dump_json(indent=2), encoding="utf-8")
+    return summary
+
+
+def _finalize(
+    ctx: TuneContext, study: Any, best: Any, registry: ChildRegistry, progress: Progress
+) -> Recommendation | None:
+    evaluation = load_evaluation(best)
+    if evaluation is None:
+        progress(f"the best trial's evidence ({best.user_attrs.get('dir')}) is not on this host")
+        return None
+    default = default_trial(study)
+    default_eval = load_evaluation(default) if default is not None else None
+    edge: EdgeResult | None = None
+    if ctx.config.edge:
+        progress(f"OOM edge of trial {best.number}'s settings: {evaluation.params.short()}")
+        edge = find_edge(ctx, evaluation.params, registry, progress)
+    rec = recommend(
+        ctx, best_number=best.number, best=evaluation, default=default_eval, edge=edge,
+        registry=registry, progress=progress,
+    )  # fmt: skip
+    _say_recommendation(rec, ctx.run_dir, progress)
+    return rec
+
+
+def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) -> None:
+    r = rec.recommended
+    progress("")
+    progress(
+        f"recommended for {rec.model} on {rec.gpu} ({'SIMULATED' if rec.simulated else 'measured'}):"
+    )
+    for line in r.command.splitlines():
+        progress(f"  {line}")
+    if r.measured is not None:
+        progress(f"  goodput {r.measured.goodput:.2f} req/s within {'; '.join(rec.slo)}")
+    if rec.default is not None and rec.default.measured is not None:
+        progress(f"  vLLM defaults: goodput {rec.default.measured.goodput:.2f} req/s")
+    if rec.edge is not None and rec.edge.utilization is not None:
+        e = rec.edge.utilization
+        progress(
+            f"  OOM edge: gpu-memory-utilization {e.highest_ok} held, {e.lowest_failed} failed "
+            f"({e.launches} launches); headroom kept {r.utilization_headroom}"
+        )
+    if rec.capacity is not None:
+        c = rec.capacity
+        progress(
+            f"  capacity: {c.replicas} replica(s) for {c.target_peak_rate:g} req/s at peak "
+            f"({c.headroom:.0%} headroom)"
+        )
+    progress(f"  configs in {run_dir / 'recommendation'}/ (version hash {rec.version_hash})")
+
+
+def _report(ctx: TuneContext, progress: Progress) -> Path | None:
+    import importlib
+
+    try:
+        html = importlib.import_module("reports.html")
+    except ImportError:
+        return None
+    try:
+        path: Path = html.write_report(ctx.run_dir)
+    except TunerError as exc:
+        progress(f"report not written: {exc}")
+        return None
+    progress(f"report: {path}")
+    return path
