@@ -57,6 +57,9 @@ import json
 import logging
 import math
 import os
+import socket
+import struct
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,6 +95,59 @@ PATHS = {Api.COMPLETIONS: "/v1/completions", Api.CHAT: "/v1/chat/completions"}
 UNSET_START_DELAY_S = 1.0
 CONNECTION_TIMEOUT_S = 10.0
 ERROR_BODY_LIMIT = 500
+# Linux's SO_TIMESTAMPNS (= SCM_TIMESTAMPNS; Python's socket module does not name it) on
+# the architectures where asm-generic/socket.h defines it; elsewhere no kernel timestamps.
+SO_TIMESTAMPNS = 35 if sys.platform == "linux" and os.uname().machine in (
+    "x86_64", "aarch64", "arm64", "armv7l", "i686", "riscv64", "s390x", "ppc64le"
+) else None  # fmt: skip
+_TIMESPEC = struct.Struct("@ll")  # struct timespec: tv_sec, tv_nsec
+_CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
+
+
+class StampedSocket(gevent.socket.socket):  # type: ignore[misc]
+    """A gevent TCP socket that knows when its bytes left and when they reached this host.
+
+    ``sent_s``: when the latest ``sendall`` handed the request to the kernel (after any
+    connection set-up and request building, which are the client's own delay).
+    ``received_s``: with ``SO_TIMESTAMPNS`` the kernel stamps each received segment;
+    ``recv`` reads with ``recvmsg`` and keeps the stamp of the last segment it returned
+    (None when the kernel gave none). A token's time is then when its bytes arrived,
+    not when this process got round to reading them: a server writes a whole decode
+    step's tokens at once, and a client reading 32 streams one after another would
+    otherwise stamp the last of them a few milliseconds late, more when its core is
+    shared. Segments the kernel merged before the read carry the latest one's stamp
+    (``coalesced_events`` in the worker stats). ``TCP_NODELAY`` too: a request
+    leaves in one segment without waiting for an acknowledgement.
+    """
+
+    def __init__(self, family: int, kind: int, proto: int = 0) -> None:
+        super().__init__(family, kind, proto)
+        self.sent_s: float | None = None  # when the latest sendall began
+        self.received_s: float | None = None
+        self.stamping = False
+        if kind == socket.SOCK_STREAM:
+            self.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if SO_TIMESTAMPNS is not None:
+            try:
+                self.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+                self.stamping = True
+            except OSError:
+                pass
+
+    def sendall(self, data: bytes, flags: int = 0) -> None:
+        self.sent_s = time.time()
+        super().sendall(data, flags)
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        if not self.stamping:
+            return super().recv(bufsize, flags)  # type: ignore[no-any-return]
+        data, ancillary, _flags, _address = self.recvmsg(bufsize, _CMSG_SPACE, flags)
+        self.received_s = None
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                seconds, nanoseconds = _TIMESPEC.unpack_from(payload)
+                self.received_s = seconds + nanoseconds * 1e-9
+        return data  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -234,6 +290,21 @@ def _resolve_once(client: HTTPClient) -> None:
     pool._resolve = lambda: addresses
 
 
+def _stamp_sockets(client: HTTPClient) -> bool:
+    """Make the client's plain-TCP connections `StampedSocket`s; False where it cannot."""
+    pool = getattr(client, "_connection_pool", None)
+    if client.ssl or pool is None or not hasattr(pool, "_create_tcp_socket"):
+        return False  # TLS reads do not reach recv; another geventhttpclient: its sockets
+    pool._create_tcp_socket = StampedSocket
+    return SO_TIMESTAMPNS is not None
+
+
+def _idle_connections(client: HTTPClient) -> int | None:
+    """Connections waiting in the client's pool; None when this geventhttpclient hides them."""
+    queue = getattr(getattr(client, "_connection_pool", None), "_socket_queue", None)
+    return None if queue is None else int(queue.qsize())
+
+
 class Dispatcher:
     """Sends one process's share of the schedule at its send times; records every request."""
 
@@ -258,11 +329,16 @@ class Dispatcher:
             connection_timeout=CONNECTION_TIMEOUT_S,
             network_timeout=settings.request_timeout_s,
         )
+        self.kernel_timestamps = _stamp_sockets(self.client)
+        self.opening_spare = False
         self.group = Group()
         self.next_index = 0  # the next request of the share to dispatch
         self.in_flight = 0
         self.peak_in_flight = 0
         self.lags_s: list[float] = []
+        self.read_delays_s: list[float] = []  # token event: read by this process - arrived
+        self.token_events = 0
+        self.coalesced_events = 0
         self.counts = {"sent": 0, "cap_hits": 0, "completed": 0, "failed": 0, "stopped": 0}
         self.stopped_early = False
         self.finished = False
@@ -300,6 +376,8 @@ class Dispatcher:
         while self.next_index < len(self.share):
             request = self.share[self.next_index]
             scheduled_s = settings.start_at_s + request.send_s
+            # Encoded while waiting for the send time, so its cost is not send lag.
+            body = request_body(request, settings.model)
             while (delay := scheduled_s - time.time()) > 0:
                 gevent.sleep(delay)
             self.next_index += 1
@@ -309,7 +387,7 @@ class Dispatcher:
                 continue
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            self.group.spawn(self._send, request, scheduled_s)
+            self.group.spawn(self._send, request, scheduled_s, body)
         self.group.join()
         self._finish()
         options = self.environment.parsed_options
@@ -355,33 +433,39 @@ class Dispatcher:
         self.next_index = len(self.share)
         self._finish()
 
-    def _send(self, request: ScheduledRequest, scheduled_s: float) -> None:
+    def _send(self, request: ScheduledRequest, scheduled_s: float, body: bytes) -> None:
         settings = self.settings
-        sent_s = time.time()
-        self.lags_s.append(sent_s - scheduled_s)
-        self.counts["sent"] += 1
+        # vLLM (and the simulator) take the request id from this header.
+        headers = {**self.headers, "X-Request-Id": request.request_id}
         status = 0
         error: str | None = None
         token_times: list[float] = []
         prompt_tokens: int | None = None
         output_tokens: int | None = None
         response = None
+        sent_s = time.time()  # replaced by when the request went out, where the socket knows
+        self.counts["sent"] += 1
         remaining_s = max(scheduled_s + settings.request_timeout_s - sent_s, 0.001)
         deadline = gevent.Timeout(remaining_s)
         deadline.start()
         try:
             response = self.client.request(
-                "POST",
-                self.path_prefix + PATHS[request.api],
-                body=request_body(request, settings.model),
-                # vLLM (and the simulator) take the request id from this header.
-                headers={**self.headers, "X-Request-Id": request.request_id},
+                "POST", self.path_prefix + PATHS[request.api], body=body, headers=headers
             )
+            # The connection the request went out on and the stream arrives on.
+            sock = getattr(response, "_sock", None)
+            if isinstance(sock, StampedSocket) and sock.sent_s is not None:
+                sent_s = sock.sent_s
+            self._keep_a_spare_connection()
             status = response.status_code
             if status != 200:
                 error = _error_text(status, response.read())
             else:
                 done = False
+                # When the connection is stamped, a token's time is when its bytes reached
+                # this host (see StampedSocket).
+                stamped = isinstance(sock, StampedSocket) and sock.stamping
+                last_arrival_s: float | None = None
                 readline = response.readline
                 while line := readline(b"\n"):
                     now = time.time()
@@ -393,7 +477,16 @@ class Dispatcher:
                         continue
                     chunk = json.loads(payload)
                     if _choice_text(chunk):
-                        token_times.append(now)
+                        arrived_s = sock.received_s if stamped else None  # type: ignore[union-attr]
+                        if arrived_s is None:
+                            token_times.append(now)
+                        else:
+                            token_times.append(arrived_s)
+                            self.read_delays_s.append(now - arrived_s)
+                            if arrived_s == last_arrival_s:
+                                self.coalesced_events += 1
+                            last_arrival_s = arrived_s
+                        self.token_events += 1
                     if usage := chunk.get("usage"):
                         prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
                         output_tokens = usage.get("completion_tokens", output_tokens)
@@ -415,6 +508,7 @@ class Dispatcher:
             if response is not None:
                 response.release()  # closes the connection unless the response was read to its end
             self.in_flight -= 1
+            self.lags_s.append(sent_s - scheduled_s)
         end_s = time.time()
         record = RequestRecord(
             request_id=request.request_id,
@@ -434,6 +528,30 @@ class Dispatcher:
         self._write(record)
         first = record.first_token_s
         self._fire(request, (first if first is not None else end_s) - scheduled_s, record)
+
+    def _keep_a_spare_connection(self) -> None:
+        """Open a connection in the background when none is left idle for the next request.
+
+        A request that has to connect first waits for the handshake, during which this
+        process reads other streams: measured as send lag and as time to first token.
+        """
+        if self.opening_spare or self.in_flight >= self.settings.max_in_flight:
+            return
+        if _idle_connections(self.client) != 0:
+            return
+        self.opening_spare = True
+        gevent.spawn(self._open_spare)
+
+    def _open_spare(self) -> None:
+        pool = self.client._connection_pool
+        try:
+            sock = pool.get_socket()  # none is idle: this connects
+        except Exception as exc:  # the next request meets the same failure and records it
+            log.debug("%s: cannot open a spare connection: %s", self.settings.worker, exc)
+            return
+        finally:
+            self.opening_spare = False
+        pool.return_socket(sock)
 
     def _not_sent(self, request: ScheduledRequest, scheduled_s: float, error: str) -> None:
         record = RequestRecord(
@@ -495,6 +613,11 @@ class Dispatcher:
             send_lag_p99_ms=_percentile_ms(self.lags_s, 99),
             send_lag_max_ms=1000 * max(self.lags_s) if self.lags_s else None,
             stopped_early=self.stopped_early,
+            kernel_timestamps=self.kernel_timestamps,
+            token_events=self.token_events,
+            coalesced_events=self.coalesced_events,
+            read_delay_p50_ms=_percentile_ms(self.read_delays_s, 50),
+            read_delay_p99_ms=_percentile_ms(self.read_delays_s, 99),
         )
         self.records.close()
         self.client.close()

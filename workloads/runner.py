@@ -101,6 +101,17 @@ class WorkerStats(BaseModel):
     send_lag_p99_ms: float | None
     send_lag_max_ms: float | None
     stopped_early: bool  # Locust stopped the test before the share was done
+    # Token times are the kernel's receive stamps of their bytes (Linux, plain HTTP);
+    # otherwise when this process read them.
+    kernel_timestamps: bool = False
+    token_events: int = 0
+    # Token events that arrived in one read with their stream's previous token event:
+    # the process fell a whole token gap behind on that stream, and both carry the
+    # later arrival time (their gap reads as 0).
+    coalesced_events: int = 0
+    # With kernel stamps: how long token bytes waited before this process read them.
+    read_delay_p50_ms: float | None = None
+    read_delay_p99_ms: float | None = None
 
 
 class LoadRun(BaseModel):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.integration.simserver import SimServer
@@ -112,7 +114,25 @@ def test_one_process_measures_every_request(sim: SimServer, tmp_path: Path) -> N
     assert (stats.sent, stats.completed, stats.cap_hits) == (60, 60, 0)
     assert stats.send_lag_p99_ms is not None and stats.send_lag_p99_ms < 50.0
     assert 0.0 < stats.cpu_percent < 100.0
+    assert stats.token_events == 60 * OUTPUT_TOKENS
     assert "TTFT" in run.log_path.read_text()  # Locust's summary shows the TTFT events
+
+    # Against the simulator's ground truth: each request reached the server after the
+    # client sent it, and the client's token times are the server's write times, give
+    # or take loopback delivery (exactly so with the kernel's receive stamps).
+    truth = {t["request_id"]: t for t in httpx.get(f"{sim.url}/sim/requests").json()["requests"]}
+    assert all(truth[r.request_id]["received_s"] > r.sent_s - 0.001 for r in records)
+    gaps_ms = sorted(
+        1000 * abs(client - server)
+        for r in records
+        for client, server in zip(
+            r.token_times_s, truth[r.request_id]["token_times_s"], strict=True
+        )
+    )
+    if sys.platform == "linux":
+        assert stats.kernel_timestamps and stats.read_delay_p50_ms is not None
+        assert gaps_ms[len(gaps_ms) // 2] < 1.0
+    assert gaps_ms[len(gaps_ms) // 2] < 5.0
 
 
 def test_two_processes_split_the_schedule(sim: SimServer, tmp_path: Path) -> None:

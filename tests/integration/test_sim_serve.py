@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ import openai
 import pytest
 
 from tests.integration.simserver import SimServer, spawn_sim
+from tuner.models import resolve_model
+from tuner.sim.tokenizer import decode_token
 from tuner.vllm_log import parse_startup_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -158,6 +161,42 @@ def test_sse_events_are_one_per_token(shared: SimServer) -> None:
     chunks = [json.loads(e) for e in events[:-1]]
     assert len(chunks) == 12
     assert [c["choices"][0]["finish_reason"] for c in chunks][-2:] == [None, "length"]
+
+
+def expected_texts(request_id: str, count: int) -> list[str]:
+    """The simulator's deterministic output tokens of a request (engine._next_token)."""
+    vocab = resolve_model("qwen2.5-7b").vocab_size
+    seed = zlib.crc32(request_id.encode())
+    return [decode_token((seed + i * 7919) % (vocab - 1)) for i in range(count)]
+
+
+def test_sse_events_are_compact_json_in_token_order(shared: SimServer) -> None:
+    body = {"prompt": words(8), "max_tokens": 40, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    headers = {"X-Request-Id": "order-1"}
+    with httpx.stream("POST", f"{shared.url}/v1/completions", json=body, headers=headers) as resp:
+        payloads = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    # Byte for byte what vLLM writes: compact JSON, keys in vLLM's order.
+    assert [json.dumps(c, separators=(",", ":")) for c in chunks] == payloads[:-1]
+    assert [c["choices"][0]["text"] for c in chunks[:-1]] == expected_texts("order-1", 40)
+    assert chunks[-1]["usage"]["completion_tokens"] == 40
+
+
+def test_sim_requests_reports_each_side_of_a_request(shared: SimServer) -> None:
+    body = {"prompt": words(30), "max_tokens": 6, "ignore_eos": True, "stream": True}
+    headers = {"X-Request-Id": "truth-1"}
+    sent_s = time.time()
+    with httpx.stream("POST", f"{shared.url}/v1/completions", json=body, headers=headers) as resp:
+        seen = [time.time() for line in resp.iter_lines() if line.startswith('data: {"')]
+    truth = httpx.get(f"{shared.url}/sim/requests", timeout=5).json()["requests"]
+    (timing,) = [t for t in truth if t["request_id"] == "truth-1"]
+    written, generated = timing["token_times_s"], timing["generated_s"]
+    assert len(written) == len(generated) == 6
+    assert sent_s <= timing["received_s"] <= timing["arrival_s"] <= generated[0] <= written[0]
+    assert all(g <= w for g, w in zip(generated, written, strict=True))
+    assert written == sorted(written) and written[-1] <= seen[-1]
 
 
 def test_prompt_longer_than_max_model_len_is_rejected(shared: SimServer) -> None:

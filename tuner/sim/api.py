@@ -27,21 +27,21 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.gpus import GpuSpec, MiB
 from tuner.memory import MemoryPlan
-from tuner.sim.driver import EngineDriver, EngineFailure, RequestStream
+from tuner.sim.driver import EngineDriver, EngineFailure, RequestStream, Token
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from tuner.sim.metrics import ServerMetrics
 from tuner.sim.openai_format import (
+    DONE_EVENT,
     ApiError,
     Endpoint,
     GenerationRequest,
     JsonObject,
+    StreamEvents,
     error_body,
     full_response,
     parse_generation,
-    role_chunk,
-    token_chunk,
-    usage_chunk,
+    sse_event,
 )
 from tuner.sim.serve_log import (
     ENGINE_DEAD_TEXT,
@@ -51,7 +51,6 @@ from tuner.sim.serve_log import (
     log_engine_dead,
     log_stats,
 )
-from tuner.sim.tokenizer import decode_token
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +148,44 @@ def access_logger_class(vllm_log: VllmLog) -> type[AbstractAccessLogger]:
     return UvicornAccessLogger
 
 
+class ReadStampingProtocol(asyncio.Protocol):
+    """aiohttp's protocol for one connection, noting when the server last read bytes from it.
+
+    A request's ground-truth arrival is when the server read it off the socket. aiohttp
+    starts the handler two event-loop iterations later (the connection's task wakes,
+    then the handler's task starts), and on a busy single-core server each iteration
+    can hold a few milliseconds of token writes: that wait is the server's, so it
+    belongs in the server's time to first token, not in a client's measurement error.
+    """
+
+    def __init__(
+        self, inner: asyncio.Protocol, clock: Callable[[], float], stamps: dict[object, float]
+    ) -> None:
+        self.inner = inner
+        self.clock = clock
+        self.stamps = stamps  # inner protocol (``request.protocol``) -> last read time
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.stamps[self.inner] = self.clock()
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.stamps.pop(self.inner, None)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
 class SimServer:
     """The HTTP application around one simulated engine."""
 
@@ -167,12 +204,22 @@ class SimServer:
         self.vllm_log = vllm_log
         self.metrics = ServerMetrics(settings.served_model_names[0])
         self._driver: EngineDriver | None = None
+        self._read_stamps: dict[object, float] = {}
 
     @property
     def driver(self) -> EngineDriver:
         if self._driver is None:
             raise RuntimeError("the engine driver starts with the application")
         return self._driver
+
+    def protocol_factory(self, server: Callable[[], asyncio.Protocol]) -> asyncio.Protocol:
+        """A connection's protocol: ``server()`` (aiohttp's) wrapped to stamp its reads.
+
+        For ``loop.create_server(partial(sim.protocol_factory, runner.server), ...)``;
+        without it a request's arrival is when its handler started.
+        """
+        loop = asyncio.get_running_loop()
+        return ReadStampingProtocol(server(), loop.time, self._read_stamps)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_fastapi_errors])
@@ -338,6 +385,9 @@ class SimServer:
     # -- generation -------------------------------------------------------------------------
 
     async def generate(self, endpoint: Endpoint, request: web.Request) -> web.StreamResponse:
+        now = self.driver.wall_s()
+        # When the server read the request's last bytes (``protocol_factory``).
+        received_s = min(self._read_stamps.get(request.protocol, now), now)
         try:
             body = await request.json()
         except ValueError as exc:
@@ -367,18 +417,21 @@ class SimServer:
             logprobs=0 if gen.logprobs is None else max(gen.logprobs, 1),
         )
         try:
-            stream = self.driver.submit(engine_request)
+            stream = self.driver.submit(engine_request, received_s=received_s)
         except EngineDead:
             return _engine_dead_response()
         try:
             if gen.stream:
                 return await self._stream(request, gen, stream)
-            return await self._collect(gen, stream)
+            return await self._collect(request, gen, stream)
         finally:
             # A no-op once the request finished; otherwise the client went away.
             self.driver.abort(gen.request_id)
+            self.driver.record_timing(stream)
 
-    async def _collect(self, gen: GenerationRequest, stream: RequestStream) -> web.Response:
+    async def _collect(
+        self, request: web.Request, gen: GenerationRequest, stream: RequestStream
+    ) -> web.StreamResponse:
         token_ids: list[int] = []
         while True:
             item = await stream.queue.get()
@@ -386,7 +439,14 @@ class SimServer:
                 return _engine_dead_response()
             token_ids.append(item.token_id)
             if item.finish_reason is not None:
-                return _json(full_response(gen, token_ids, item.finish_reason))
+                break
+        response = _json(full_response(gen, token_ids, item.finish_reason))
+        # Written here rather than by aiohttp after the handler returns, so that the
+        # tokens' ground-truth time is when their bytes went out.
+        await response.prepare(request)
+        stream.written_s.extend([self.driver.wall_s()] * len(token_ids))
+        await response.write_eof()
+        return response
 
     async def _stream(
         self, request: web.Request, gen: GenerationRequest, stream: RequestStream
@@ -397,40 +457,89 @@ class SimServer:
                 "Cache-Control": "no-cache",
             }
         )
-
-        async def send(obj: JsonObject) -> None:
-            await response.write(f"data: {_compact(obj)}\n\n".encode())
-
+        events = StreamEvents(gen)
         try:
-            await response.prepare(request)
+            await response.prepare(request)  # sends the headers
             if gen.endpoint is Endpoint.CHAT:
-                await send(role_chunk(gen))
-            count = offset = 0
+                await response.write(events.role())
+            direct = _DirectWriter.for_response(request, response, stream, events, self.driver)
             while True:
+                if direct is not None and stream.queue.empty():
+                    stream.deliver = direct.deliver  # the next tokens skip this task
                 item = await stream.queue.get()
                 if isinstance(item, EngineFailure):
-                    await send(error_body(500, ENGINE_DEAD_TEXT, "InternalServerError"))
+                    error = error_body(500, ENGINE_DEAD_TEXT, "InternalServerError")
+                    await response.write(sse_event(error))
                     break
-                count += 1
-                await send(
-                    token_chunk(
-                        gen,
-                        item.token_id,
-                        item.finish_reason,
-                        text_offset=offset,
-                        completion_tokens=count,
-                    )
-                )
-                offset += len(decode_token(item.token_id))
+                data = events.token(item.token_id, item.finish_reason)
+                stream.written_s.append(self.driver.wall_s())  # as it goes to the kernel
+                await response.write(data)
                 if item.finish_reason is not None:
                     if gen.include_usage:
-                        await send(usage_chunk(gen, count))
+                        await response.write(events.usage())
                     break
-            await response.write(b"data: [DONE]\n\n")
+            await response.write(DONE_EVENT)
             await response.write_eof()
         except ConnectionResetError:
             log.debug("client of %s went away", gen.request_id)
+        finally:
+            stream.deliver = None
         return response
+
+
+class _DirectWriter:
+    """Writes a stream's tokens from the engine driver's own callback, as they are made.
+
+    Handing each token to the request's handler task through its queue costs a task
+    switch and a few coroutine frames per token, which a single-core server streaming
+    thousands of tokens a second cannot afford: the backlog delays every write and the
+    reading of new requests. So while the connection takes data (nothing waiting in
+    the transport's buffer), a token other than the last is framed as an HTTP/1.1
+    chunk and written to the transport there and then; the last token, an engine
+    failure or back-pressure go through the queue and the handler's ordinary writes.
+    Only for chunked responses (HTTP/1.1), whose framing this writer reproduces.
+    """
+
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        stream: RequestStream,
+        events: StreamEvents,
+        driver: EngineDriver,
+    ) -> None:
+        self.transport = transport
+        self.stream = stream
+        self.events = events
+        self.driver = driver
+
+    @classmethod
+    def for_response(
+        cls,
+        request: web.Request,
+        response: web.StreamResponse,
+        stream: RequestStream,
+        events: StreamEvents,
+        driver: EngineDriver,
+    ) -> _DirectWriter | None:
+        transport = request.transport
+        if response.headers.get("Transfer-Encoding") != "chunked" or transport is None:
+            return None
+        return cls(transport, stream, events, driver)
+
+    def deliver(self, token: Token) -> bool:
+        transport = self.transport
+        if (
+            token.finish_reason is not None
+            or transport.is_closing()
+            or transport.get_write_buffer_size()
+        ):
+            self.stream.deliver = None  # this token and the rest through the queue, in order
+            return False
+        event = self.events.token(token.token_id, None)
+        data = b"%x\r\n%b\r\n" % (len(event), event)
+        self.stream.written_s.append(self.driver.wall_s())
+        transport.write(data)
+        return True
 
 
 @web.middleware

@@ -2,9 +2,11 @@
 
 One asyncio task steps the engine: it runs ``engine.step(now)``, sleeps until the
 step's virtual duration (times ``time_scale``) has passed on the wall clock, then
-delivers the step's tokens to each request's queue at that moment. So what a
-client measures (time to first token, inter-token gaps) is what the virtual GPU
-would take, scaled. With no work the task waits on an event set by ``submit``.
+delivers the step's tokens at that moment: written to the client there and then
+through the stream's ``deliver`` hook when the HTTP layer set one, else put in the
+request's queue for its handler. So what a client measures (time to first token,
+inter-token gaps) is what the virtual GPU would take, scaled. With no work the task
+waits on an event set by ``submit``.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from tuner.sim.metrics import EngineSnapshot, FinishedRequest, ServerMetrics
 log = logging.getLogger(__name__)
 
 BUSY_WINDOW_S = 1.0
-IDLE_RETRY_S = 0.001
-TIMINGS_KEPT = 100_000  # finished requests whose server-side timings /sim/requests returns  # when a step scheduled nothing (nothing fits yet), wait this long
+IDLE_RETRY_S = 0.001  # when a step scheduled nothing (nothing fits yet), wait this long
+TIMINGS_KEPT = 100_000  # finished requests whose server-side timings /sim/requests returns
 
 
 @dataclass(frozen=True)
@@ -46,28 +48,47 @@ StreamItem = Token | EngineFailure
 
 @dataclass(frozen=True)
 class ServerTiming:
-    """A finished request as the server saw it, in Unix seconds."""
+    """A finished request as the server saw it, in Unix seconds: ground truth for clients.
+
+    ``received_s``: the server read the request's last bytes off the socket (when the
+    HTTP server stamps reads; else when its handler started). ``arrival_s``: the request entered the engine (body read and validated;
+    vLLM's ``arrival_time``, where the engine's TTFT histogram starts). ``token_times_s``:
+    each token's chunk was written to the socket (taken as the write begins, as a
+    client takes its send time; what a client can see, and when).
+    ``generated_s``: the virtual GPU handed each token over (where vLLM's histograms
+    take their token times). A client's TTFT is comparable with ``token_times_s[0] -
+    received_s``; ``token_times_s - generated_s`` is the server's own delivery delay.
+    """
 
     request_id: str
+    received_s: float
     arrival_s: float
     token_times_s: tuple[float, ...]
+    generated_s: tuple[float, ...]
 
     def as_json(self) -> dict[str, object]:
         return {
             "request_id": self.request_id,
+            "received_s": self.received_s,
             "arrival_s": self.arrival_s,
             "token_times_s": list(self.token_times_s),
+            "generated_s": list(self.generated_s),
         }
 
 
 @dataclass(eq=False)
 class RequestStream:
-    """A request in flight: its queue of tokens and its wall-clock timings."""
+    """A request in flight: its queue of tokens and its wall-clock (``loop.time()``) timings."""
 
     request: SimRequest
     arrival_s: float
+    received_s: float
     queue: asyncio.Queue[StreamItem] = field(default_factory=asyncio.Queue)
-    token_times_s: list[float] = field(default_factory=list)
+    token_times_s: list[float] = field(default_factory=list)  # handed over by the engine
+    written_s: list[float] = field(default_factory=list)  # written to the client, per token
+    # Set by the HTTP layer while it can write a token the moment it is made (True: done),
+    # so that a token costs no task switch; an item it declines goes to ``queue``.
+    deliver: Callable[[Token], bool] | None = None
 
 
 class BusyTracker:
@@ -134,10 +155,17 @@ class EngineDriver:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def submit(self, request: SimRequest) -> RequestStream:
-        """Queue a request in the engine; raises EngineDead once the engine has died."""
+    def submit(self, request: SimRequest, *, received_s: float | None = None) -> RequestStream:
+        """Queue a request in the engine; raises EngineDead once the engine has died.
+
+        ``received_s`` (``wall_s()`` when the server began handling the request)
+        defaults to now.
+        """
         self.engine.add_request(request)
-        stream = RequestStream(request=request, arrival_s=self.wall_s())
+        now = self.wall_s()
+        stream = RequestStream(
+            request=request, arrival_s=now, received_s=now if received_s is None else received_s
+        )
         self.streams[request.request_id] = stream
         self._wake.set()
         return stream
@@ -201,7 +229,10 @@ class EngineDriver:
                     continue
                 stream.token_times_s.append(now)
                 reason = event.request.finish_reason if event.finished else None
-                stream.queue.put_nowait(Token(event.token_id, reason))
+                token = Token(event.token_id, reason)
+                deliver = stream.deliver
+                if deliver is None or not deliver(token):
+                    stream.queue.put_nowait(token)
                 if reason is not None:
                     self.streams.pop(event.request.request_id, None)
                     self._finish(stream, reason)
@@ -211,15 +242,20 @@ class EngineDriver:
         self._stall_until_s = max(self._stall_until_s, self.wall_s() + seconds)
         self._wake.set()
 
-    def _finish(self, stream: RequestStream, reason: FinishReason) -> None:
+    def record_timing(self, stream: RequestStream) -> None:
+        """The HTTP layer has written everything of ``stream``: keep its ground truth."""
         offset = self._unix_offset_s
         self.timings.append(
             ServerTiming(
                 request_id=stream.request.request_id,
+                received_s=stream.received_s + offset,
                 arrival_s=stream.arrival_s + offset,
-                token_times_s=tuple(t + offset for t in stream.token_times_s),
+                token_times_s=tuple(t + offset for t in stream.written_s),
+                generated_s=tuple(t + offset for t in stream.token_times_s),
             )
         )
+
+    def _finish(self, stream: RequestStream, reason: FinishReason) -> None:
         self.metrics.observe_finished(
             FinishedRequest(
                 arrival_s=stream.arrival_s,

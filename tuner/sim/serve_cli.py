@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import partial
 from typing import Any
 
 from tuner import vllm_messages as msg
@@ -55,6 +56,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 LOADING_SHARE = 0.6  # of --startup-delay spent loading weights; the rest profiling and graphs
 SHUTDOWN_GRACE_S = 0.5  # in-flight requests may finish this long after SIGTERM
+LISTEN_BACKLOG = 2048
 
 # vLLM flags whose value is printed in "non-default args" when given, in parser order.
 _VLLM_FLAGS = (
@@ -352,7 +354,7 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(2048)
+        sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
     except OSError:
         sock.close()
@@ -406,11 +408,18 @@ async def _serve(launch: _Launch) -> int:
         **runner_options,
     )
     await runner.setup()
+    assert runner.server is not None
+    # Not web.SockSite: each connection's protocol is wrapped to stamp when requests are
+    # read (the simulator's ground truth, /sim/requests).
+    listener = await loop.create_server(
+        partial(server.protocol_factory, runner.server), sock=sock, backlog=LISTEN_BACKLOG
+    )
     try:
-        await web.SockSite(runner, sock).start()
         log_server_start(vllm_log, who, ROUTES)
         await stop.wait()
     finally:
-        await runner.cleanup()
+        listener.close()
+        await runner.cleanup()  # closes the connections
+        await listener.wait_closed()
     log_server_stop(vllm_log)
     return 0
