@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tuner.config import TuneConfig
 from tuner.errors import ConfigError
+from tuner.failures import StartupFailureKind
 from tuner.gpus import GpuSpec, get_gpu
 from tuner.load import resolve_workload
 from tuner.memory import Calibration, ServingParams
@@ -140,6 +141,7 @@ def resolve(config: TuneConfig) -> TuneContext:
     base = ServingParams(
         max_model_len=config.max_model_len, tensor_parallel_size=config.tensor_parallel_size
     ).checked()
+    notes: list[str] = []
     overrides: dict[Knob, Range] = {}
     for name, text in config.space.items():
         knob = Knob.parse(name)
@@ -162,17 +164,55 @@ def resolve(config: TuneConfig) -> TuneContext:
             )
     if not space.ranges:
         raise ConfigError("the search space is empty; accepted: at least one knob to search")
+    if gpu is not None and config.max_model_len is None:
+        base, fitted = _fit_context(model, gpu, version, base, workload, space)
+        if fitted:
+            notes.append(fitted)
     ctx = TuneContext(
         config=config, backend=backend, model=model, gpu=gpu, version=version,
         vllm_cmd=vllm_cmd, accepted_flags=accepted, workload=workload, space=space,
-        base=base, run_dir=config.run_path,
+        base=base, run_dir=config.run_path, notes=notes,
     )  # fmt: skip
     if backend is Backend.SIM:
-        ctx.notes.append(
+        ctx.notes.insert(
+            0,
             "SIMULATED backend: no GPU or vLLM here; the simulated engine reproduces vLLM's "
-            "memory accounting, scheduling and metrics"
+            "memory accounting, scheduling and metrics",
         )
     return ctx
+
+
+def _fit_context(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    version: VllmVersion,
+    base: ServingParams,
+    workload: WorkloadSpec,
+    space: SearchSpace,
+) -> tuple[ServingParams, str | None]:
+    """vLLM's default context (the model's maximum) when it fits the GPU; else the smallest
+    power of two that holds the workload's longest request, as an engineer would set it."""
+    from tuner.load import plan_schedule
+    from tuner.memory import plan
+    from tuner.space import Knob
+
+    util_range = space.range_of(Knob.GPU_MEMORY_UTILIZATION)
+    util = util_range.high if util_range is not None and util_range.high else 0.95
+    best = plan(model, gpu, base.model_copy(update={"gpu_memory_utilization": util}), version)
+    if (
+        best.failure is None
+        or best.failure.kind is not StartupFailureKind.MAX_MODEL_LEN_DOES_NOT_FIT
+    ):
+        return base, None
+    schedule = plan_schedule(workload)
+    need = max((r.prompt_tokens + r.max_tokens for r in schedule), default=1)
+    length = 1 << max(need + need // 2 - 1, 1).bit_length()  # half again for headroom
+    length = min(length, model.max_position_embeddings)
+    note = (
+        f"--max-model-len {length}: the model's own {model.max_position_embeddings} tokens do not "
+        f"fit the {gpu.name}'s KV cache, and the workload's longest request needs {need}"
+    )
+    return base.model_copy(update={"max_model_len": length}), note
 
 
 def _cpu_space(
@@ -243,8 +283,16 @@ def _cpu_dist_version(python: str) -> VllmVersion | None:
         return None
 
 
-def auto_time_scale(predicted_tokens_per_s: float, max_events_per_s: float) -> float:
+# What one request costs the load generator beyond its token events (connection, body,
+# records), in token events: measured with benchmarks/locust_event_rate.py.
+REQUEST_COST_EVENTS = 10.0
+
+
+def auto_time_scale(
+    predicted_tokens_per_s: float, predicted_requests_per_s: float, max_events_per_s: float
+) -> float:
     """The simulator's slowdown so the load generator sees at most ``max_events_per_s``."""
-    if predicted_tokens_per_s <= max_events_per_s:
+    load = predicted_tokens_per_s + REQUEST_COST_EVENTS * predicted_requests_per_s
+    if load <= max_events_per_s:
         return 1.0
-    return math.ceil(2 * predicted_tokens_per_s / max_events_per_s) / 2
+    return math.ceil(2 * load / max_events_per_s) / 2

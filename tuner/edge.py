@@ -31,7 +31,7 @@ from workloads.spec import WarmupSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
-UTILIZATION_CEILING = 0.99
+UTILIZATION_CEILING = 1.0  # vLLM accepts 0 < utilization <= 1
 SEQS_CEILING = 8192
 
 
@@ -99,10 +99,10 @@ class EdgeResult(BaseModel):
 
 def worst_case(ctx: TuneContext, concurrency: int) -> WorstCase:
     """The workload's longest prompt and longest output, from its own schedule."""
-    schedule = plan_schedule(ctx.workload, max_model_len=ctx.config.max_model_len)
+    schedule = plan_schedule(ctx.workload, max_model_len=ctx.base.max_model_len)
     prompt = max((r.prompt_tokens for r in schedule), default=1)
     output = max((r.max_tokens for r in schedule), default=1)
-    limit = ctx.config.max_model_len or ctx.model.max_position_embeddings
+    limit = ctx.base.max_model_len or ctx.model.max_position_embeddings
     if prompt + output > limit:
         prompt = max(1, limit - output)
     return WorstCase(

@@ -169,7 +169,7 @@ def evaluate(
             )
             warm, _ = split_warmup(
                 plan_schedule(
-                    warm_spec, max_model_len=config.max_model_len, model_dir=config.model_dir
+                    warm_spec, max_model_len=ctx.base.max_model_len, model_dir=config.model_dir
                 )
             )
             live.warm_up(warm_spec, warm)

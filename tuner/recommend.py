@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,7 @@ def config_hash(ctx: TuneContext, flags: dict[str, object]) -> str:
         "gpu": ctx.gpu_name,
         "vllm_version": str(ctx.version),
         "workload": ctx.workload.model_dump(mode="json"),
-        "max_model_len": ctx.config.max_model_len,
+        "max_model_len": ctx.base.max_model_len,
         "tensor_parallel_size": ctx.config.tensor_parallel_size,
     }
     text = json.dumps(payload, sort_keys=True, default=str)
@@ -132,8 +133,8 @@ def config_hash(ctx: TuneContext, flags: dict[str, object]) -> str:
 
 def deploy_flags(ctx: TuneContext, params: TrialParams) -> dict[str, object]:
     flags: dict[str, object] = dict(params.flags())
-    if ctx.config.max_model_len:
-        flags["max-model-len"] = ctx.config.max_model_len
+    if ctx.base.max_model_len:
+        flags["max-model-len"] = ctx.base.max_model_len
     return flags
 
 
@@ -286,6 +287,7 @@ def recommend(
     edge: EdgeResult | None,
     registry: ChildRegistry,
     progress: Any,
+    start_rate: Callable[[TrialParams], float | None] | None = None,
 ) -> Recommendation:
     """Confirm the variants (when configured), write every config, return the recommendation."""
     points = variant_params(ctx, best.params, edge)
@@ -298,9 +300,10 @@ def recommend(
         measured: Measured | None = None
         if ctx.config.confirm:
             repeats = ctx.config.repeats if name == "recommended" else 1
+            first = start_rate(params) if start_rate is not None else None
             measured = confirm(
-                ctx, name, params, registry=registry, start_rate_per_s=best.rate_per_s,
-                repeats=repeats,
+                ctx, name, params, registry=registry,
+                start_rate_per_s=first or best.rate_per_s, repeats=repeats,
             )  # fmt: skip
             progress(
                 f"confirm     {name:<13} {params.short():<52} {measured.verdict.value:<12} "

@@ -37,10 +37,13 @@ from tuner.processes import ChildRegistry
 from tuner.versions import KV_CACHE_MEMORY_BYTES_FLAG, VllmVersion
 from tuner.vllm_failures import classify_failure, engine_death, log_excerpt
 from tuner.vllm_log import StartupReport, parse_startup_log
+from tuner.vllm_platform import CPU_KV_CACHE_ENV, DEFAULT_CPU_KV_CACHE_BYTES, is_cpu_build
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.1
+# vLLM's CPU build compiles the model with inductor on a few cores: minutes, not seconds.
+CPU_BUILD_STARTUP_TIMEOUT_S = 600.0
 API_KEY_ENV = "VLLM_API_KEY"
 
 
@@ -223,6 +226,24 @@ def adapt_flags(
     return kept, dropped
 
 
+def _size_cpu_kv_cache(
+    pairs: list[tuple[str, str | None]], spec: LaunchSpec
+) -> list[tuple[str, str | None]]:
+    """vLLM's CPU build without a KV-cache size would reserve 92% of the node's memory and
+    fail unless that much is free: pass a size unless the flag or the variable gives one."""
+    env = {**os.environ, **dict(spec.env)}
+    if any(flag == "--kv-cache-memory-bytes" for flag, _ in pairs) or env.get(CPU_KV_CACHE_ENV):
+        return pairs
+    log.warning(
+        "vLLM's CPU build with neither --kv-cache-memory-bytes nor %s: passing "
+        "--kv-cache-memory-bytes %d (%d GiB)",
+        CPU_KV_CACHE_ENV,
+        DEFAULT_CPU_KV_CACHE_BYTES,
+        DEFAULT_CPU_KV_CACHE_BYTES >> 30,
+    )
+    return [*pairs, ("--kv-cache-memory-bytes", str(DEFAULT_CPU_KV_CACHE_BYTES))]
+
+
 # --- the process ----------------------------------------------------------------------------
 
 
@@ -249,6 +270,7 @@ class ServerProcess:
         self.port = spec.port or free_port(spec.host)
         self.base_url = f"http://{spec.host}:{self.port}"
         self.dropped: list[DroppedFlag] = []
+        self.cpu_build = False  # vLLM's CPU build (found out when adapting to the target)
         self.command = self._command(adapt)
         self._proc: subprocess.Popen[bytes] | None = None
         self._started_s = 0.0
@@ -279,6 +301,9 @@ class ServerProcess:
             head = list(spec.vllm_cmd)
             head += [spec.model] if head[-1] == "serve" else ["--model", spec.model]
             tail = []
+            self.cpu_build = adapt and is_cpu_build(spec.vllm_cmd)
+            if self.cpu_build:
+                pairs = _size_cpu_kv_cache(pairs, spec)
         if adapt:
             pairs, self.dropped = adapt_flags(pairs, accepted, note)
         args: list[str] = []
@@ -302,6 +327,13 @@ class ServerProcess:
             env["VLLM_CACHE_DIR"] = str(self.spec.cache_dir)
         if self.spec.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.spec.cuda_visible_devices
+        flag_sized = self.cpu_build and "--kv-cache-memory-bytes" in self.command
+        if flag_sized and env.pop(CPU_KV_CACHE_ENV, ""):
+            log.warning(
+                "%s left out of the server's environment: it would override "
+                "--kv-cache-memory-bytes",
+                CPU_KV_CACHE_ENV,
+            )
         env.update(dict(self.spec.env))
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
@@ -344,7 +376,8 @@ class ServerProcess:
             return self.spec.startup_timeout_s
         if self.spec.backend is Backend.SIM:
             return 60.0 + self.spec.sim_startup_delay_s
-        return _vllm_timeout_s(self.spec.model, self.spec.params.tensor_parallel_size)
+        timeout_s = _vllm_timeout_s(self.spec.model, self.spec.params.tensor_parallel_size)
+        return max(timeout_s, CPU_BUILD_STARTUP_TIMEOUT_S) if self.cpu_build else timeout_s
 
     def wait_ready(self) -> StartupResult:
         """Block until the server is ready, has failed, or the startup timeout passes."""

@@ -48,20 +48,24 @@ def storage_url(ctx: TuneContext) -> str:
 
 
 def open_storage(url: str) -> Any:
+    import warnings
+
     import optuna
-    from optuna.storages import RDBStorage, RetryFailedTrialCallback
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
     try:
-        return RDBStorage(
-            url,
-            heartbeat_interval=HEARTBEAT_INTERVAL_S,
-            grace_period=GRACE_PERIOD_S,
-            failed_trial_callback=RetryFailedTrialCallback(max_retry=2),
-            **kwargs,
-        )
+        with warnings.catch_warnings():  # heartbeats are stable in use, flagged experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(
+                url,
+                heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                grace_period=GRACE_PERIOD_S,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+                **kwargs,
+            )
     except (optuna.exceptions.StorageInternalError, ImportError, ValueError) as exc:
         raise ConfigError(
             f"cannot open the study storage {_redact(url)!r}: {exc}; accepted: a SQLAlchemy "
@@ -194,9 +198,11 @@ class TrialLoop:
         spec = level_workload(ctx.workload, None, ctx.config.level_duration_s)
         result = predict(setup, spec, rate * 1.3).result
         tokens_per_s = result.output_token_throughput if result is not None else 0.0
-        scale = auto_time_scale(tokens_per_s, ctx.config.max_events_per_s)
+        requests_per_s = result.request_throughput if result is not None else 0.0
+        scale = auto_time_scale(tokens_per_s, requests_per_s, ctx.config.max_events_per_s)
         self.progress(
-            f"simulated GPU streams ~{tokens_per_s:,.0f} tokens/s at its peak; running its "
+            f"simulated GPU serves ~{requests_per_s:,.0f} requests/s and streams "
+            f"~{tokens_per_s:,.0f} tokens/s at its peak; running its "
             f"clock {scale:g}x slower so this machine measures it faithfully (results are "
             "reported in the emulated GPU's time)"
         )

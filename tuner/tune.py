@@ -35,6 +35,7 @@ from tuner.edge import EdgeResult, find_edge
 from tuner.errors import TunerError
 from tuner.processes import ChildRegistry
 from tuner.recommend import Recommendation, recommend
+from tuner.space import TrialParams
 from tuner.study import (
     TrialLoop,
     best_trial,
@@ -174,7 +175,7 @@ def _run(ctx: TuneContext, progress: Progress, began: float) -> TuneSummary:
             progress("no trial met the SLOs: no recommendation (see the trials' evaluation.json)")
         elif _claim_finalize(study, study._storage):
             finalized = True
-            rec = _finalize(ctx, study, best, registry, progress)
+            rec = _finalize(ctx, study, best, registry, progress, loop.start_rate)
         else:
             progress("another worker of this study finalizes it (edge search, recommendation)")
         report = _report(ctx, progress) if finalized or best is None else None
@@ -196,7 +197,12 @@ def _run(ctx: TuneContext, progress: Progress, began: float) -> TuneSummary:
 
 
 def _finalize(
-    ctx: TuneContext, study: Any, best: Any, registry: ChildRegistry, progress: Progress
+    ctx: TuneContext,
+    study: Any,
+    best: Any,
+    registry: ChildRegistry,
+    progress: Progress,
+    start_rate: Callable[[TrialParams], float | None],
 ) -> Recommendation | None:
     evaluation = load_evaluation(best)
     if evaluation is None:
@@ -210,7 +216,7 @@ def _finalize(
         edge = find_edge(ctx, evaluation.params, registry, progress)
     rec = recommend(
         ctx, best_number=best.number, best=evaluation, default=default_eval, edge=edge,
-        registry=registry, progress=progress,
+        registry=registry, progress=progress, start_rate=start_rate,
     )  # fmt: skip
     _say_recommendation(rec, ctx.run_dir, progress)
     return rec

@@ -25,8 +25,33 @@ _PATTERNS: tuple[tuple[re.Pattern[str], StartupFailureKind, str], ...] = (
         "ValueError",
     ),
     (
+        # vLLM's CPU build: --gpu-memory-utilization is the share of the NUMA node's memory.
+        re.compile(
+            r"Available memory on node \d+ \(.*\) on startup is less than desired CPU memory "
+            r"utilization"
+        ),
+        StartupFailureKind.BUDGET_ABOVE_FREE_MEMORY,
+        "ValueError",
+    ),
+    (
         re.compile(r"No available memory for the cache blocks"),
         StartupFailureKind.NO_MEMORY_FOR_CACHE_BLOCKS,
+        "ValueError",
+    ),
+    (
+        # CPU build, KV cache sized from the utilization: what the process already uses
+        # leaves nothing (vLLM prints the remainder, zero or negative, first).
+        re.compile(
+            r"on kv cache allocation is less than requested memory for kv \((?:-[0-9.]+|0\.0+)/"
+        ),
+        StartupFailureKind.NO_MEMORY_FOR_CACHE_BLOCKS,
+        "ValueError",
+    ),
+    (
+        # CPU build: the KV cache asked for (--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE
+        # or the utilization's remainder) is more than the node has free.
+        re.compile(r"on kv cache allocation is less than requested memory for kv"),
+        StartupFailureKind.BUDGET_ABOVE_FREE_MEMORY,
         "ValueError",
     ),
     (
@@ -50,7 +75,11 @@ _PATTERNS: tuple[tuple[re.Pattern[str], StartupFailureKind, str], ...] = (
         "argparse",
     ),
     (
-        re.compile(r"[Bb]lock size (?:must be a multiple of|\d+ is not supported)"),
+        # The second form: no attention backend's kernel takes the block size (e.g. the CPU
+        # build's attention needs a multiple of 32).
+        re.compile(
+            r"[Bb]lock size (?:must be a multiple of|\d+ is not supported)|No common block size for \d+"
+        ),
         StartupFailureKind.BLOCK_SIZE_UNSUPPORTED,
         "ValueError",
     ),

@@ -4,6 +4,14 @@ Covers the V1 engine's lines from 0.8 to the current release, including the
 ``Memory profiling takes ...`` block some versions print and the per-worker
 prefixes of tensor-parallel runs (``(VllmWorker TP0 pid=...)``), of which the
 first rank's values are taken.
+
+vLLM's CPU build prints its own KV-cache lines: ``CPU KV cache size: N tokens``
+instead of ``GPU KV cache size``, and instead of the memory profile one of
+``Explicitly set (X/Y) GiB for KV cache on node N.`` (``--kv-cache-memory-bytes``
+or ``VLLM_CPU_KVCACHE_SPACE``) or ``Auto set (X/Y) GiB for KV cache on node N, with
+R GiB requested memory for the worker. C GiB memory was consumed by non-kv
+usages.`` (``--gpu-memory-utilization`` of the node's memory). It prints no
+weights size, only ``Loading weights took S seconds``.
 """
 
 from __future__ import annotations
@@ -26,9 +34,12 @@ RE_VERSION = re.compile(
     r"Initializing an LLM engine \(v?)\s*v?([0-9]+\.[0-9]+\.[0-9]+[^\s)]*)"
 )
 RE_WEIGHTS = re.compile(rf"(?:Model loading took|Loading model weights took)\s+{_NUM}\s*(GiB|GB)")
-RE_WEIGHTS_LOAD_TIME = re.compile(rf"Model loading took .*? and {_NUM} seconds")
+RE_WEIGHTS_LOAD_TIME = re.compile(
+    rf"(?:Model loading took .*? and|Loading weights took)\s+{_NUM} seconds"
+)
 RE_AVAILABLE_KV = re.compile(rf"Available KV cache memory:\s*{_NUM}\s*GiB")
-RE_KV_TOKENS = re.compile(r"GPU KV cache size:\s*([0-9,]+)\s*tokens")
+RE_KV_TOKENS = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size:\s*([0-9,]+)\s*tokens")
+RE_CPU_KV_SET = re.compile(rf"(Explicitly|Auto) set \({_NUM}/{_NUM}\) GiB for KV cache on node")
 RE_MAX_CONCURRENCY = re.compile(
     rf"Maximum concurrency for\s*([0-9,]+)\s*tokens per request:\s*{_NUM}x"
 )
@@ -82,6 +93,11 @@ class StartupReport(BaseModel):
     cudagraph_estimate_bytes: int | None = None
     available_kv_bytes: int | None = None
     kv_cache_tokens: int | None = None
+    # Where the KV cache lives: "gpu", or "cpu" for vLLM's CPU build.
+    kv_cache_device: str | None = None
+    # --kv-cache-memory-bytes as given (vLLM's CPU build: the KV cache's exact size).
+    kv_cache_memory_bytes: int | None = None
+    block_size: int | None = None
     max_concurrency: float | None = None
     max_concurrency_tokens: int | None = None
     max_num_seqs: int | None = None
@@ -154,7 +170,13 @@ def parse_startup_log(text: str) -> StartupReport:
         if m := RE_AVAILABLE_KV.search(line):
             smallest("available_kv_bytes", _gib_bytes(m[1]))
         if m := RE_KV_TOKENS.search(line):
-            smallest("kv_cache_tokens", int(m[1].replace(",", "")))
+            once("kv_cache_device", m[1].lower())
+            smallest("kv_cache_tokens", int(m[2].replace(",", "")))
+        if m := RE_CPU_KV_SET.search(line):
+            # Printed to 0.01 GiB; an explicit size is made exact from the arguments below.
+            once("cpu_kv_explicit", m[1] == "Explicitly")
+            smallest("available_kv_bytes", _gib_bytes(m[2]))
+            once("total_bytes", _gib_bytes(m[3]))
         if m := RE_MAX_CONCURRENCY.search(line):
             once("max_concurrency_tokens", int(m[1].replace(",", "")))
             smallest("max_concurrency", float(m[2]))
@@ -195,8 +217,11 @@ def parse_startup_log(text: str) -> StartupReport:
                 "tensor_parallel_size",
                 "kv_cache_dtype",
                 "enforce_eager",
+                "block_size",
             ):
                 once(key, args.get(key))
+            if isinstance(size := args.get("kv_cache_memory_bytes"), int):
+                once("kv_cache_memory_bytes", size)
         if m := RE_ENGINE_CONFIG.search(line):
             cfg = _engine_config_fields(m[1])
             if cfg.get("max_seq_len", "").isdigit():
@@ -208,7 +233,18 @@ def parse_startup_log(text: str) -> StartupReport:
                 once("enforce_eager", cfg["enforce_eager"] == "True")
         if RE_READY.search(line):
             found["ready"] = True
+    if found.pop("cpu_kv_explicit", False):
+        _exact_cpu_kv_size(found)
     return StartupReport(**found)
+
+
+def _exact_cpu_kv_size(found: dict[str, Any]) -> None:
+    """An explicitly sized CPU KV cache is --kv-cache-memory-bytes, unless VLLM_CPU_KVCACHE_SPACE
+    (whole GiB, which overrides the flag) set another size: the logged size tells which."""
+    given = found.get("kv_cache_memory_bytes")
+    logged = found.get("available_kv_bytes")
+    if given is not None and logged is not None and abs(given - logged) <= 0.005 * GiB:
+        found["available_kv_bytes"] = given
 
 
 def calibration_from_log(path: Path, *, cudagraph_in_budget: bool | None = None) -> Calibration:

@@ -1,0 +1,62 @@
+"""A small, fast `tuner tune` on the simulated engine, shared by the tuning, report and check tests.
+
+The tiny workload (tests/fixtures/workloads/tiny.yaml) sends short completions; the
+search covers a narrow max-num-seqs range so trials differ; the simulator runs at
+its own speed (``--time-scale 1``); the edge search may launch two probes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_WORKLOAD = REPO / "tests" / "fixtures" / "workloads" / "tiny.yaml"
+
+SMALL_TUNE_ARGS = (
+    "--model", "llama-3.1-8b",
+    "--gpu", "L4",
+    "--workload", str(TINY_WORKLOAD),
+    "--trials", "3",
+    "--budget-min", "8",
+    "--level-duration", "3",
+    "--max-levels", "2",
+    "--max-edge-launches", "3",
+    "--time-scale", "1",
+    "--space", "max-num-seqs=4..32",
+    "--rate", "4",
+    "--seed", "7",
+)  # fmt: skip
+
+
+def tune(run_dir: Path, *extra: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    """`tuner tune` as a user runs it, in its own process; output captured."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner.cli",
+            "tune",
+            *SMALL_TUNE_ARGS,
+            "--run-dir",
+            str(run_dir),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=run_dir.parent,
+    )
+
+
+def small_tune(run_dir: Path, *extra: str) -> dict[str, Any]:
+    """Run the small tune and return its summary.json; fails loudly with the output."""
+    done = tune(run_dir, *extra)
+    assert done.returncode == 0, (
+        f"tuner tune failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    )
+    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+    return summary
