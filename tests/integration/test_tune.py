@@ -1,0 +1,215 @@
+"""`tuner tune` end to end on the simulated engine: real servers, real Locust, a real Optuna study."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from kubernetes_validate import validate
+from kubernetes_validate.utils import latest_version
+
+from tests.integration.tune_run import SMALL_TUNE_ARGS, tune
+from tuner.edge import EdgeResult
+from tuner.evaluate import Evaluation, Verdict
+from tuner.recommend import Recommendation
+
+pytestmark = pytest.mark.integration
+
+
+def _study(run_dir: Path) -> Any:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return optuna.load_study(
+        study_name=summary["study"], storage=f"sqlite:///{run_dir / 'study.db'}"
+    )
+
+
+def test_tune_leaves_study_trials_edge_and_recommendation(tuned_run: Path) -> None:
+    summary = json.loads((tuned_run / "summary.json").read_text())
+    study = _study(tuned_run)
+    complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(complete) == summary["trials"] == 3
+    # vLLM's defaults are measured first, as the baseline.
+    assert complete[0].user_attrs["role"] == "vllm-default"
+    assert complete[0].params["gpu-memory-utilization"] == pytest.approx(0.92)
+    for trial in complete:
+        evaluation = Evaluation.model_validate_json(
+            (Path(trial.user_attrs["dir"]) / "evaluation.json").read_text()
+        )
+        assert evaluation.verdict.value == trial.user_attrs["verdict"]
+        # constraints say feasible exactly when the SLOs held
+        feasible = all(v <= 0 for v in trial.constraints.values())
+        assert feasible == (evaluation.verdict is Verdict.MET)
+        if evaluation.verdict is Verdict.MET:
+            assert trial.values[0] == pytest.approx(evaluation.goodput) and evaluation.goodput > 0
+            assert evaluation.best is not None and evaluation.best.met
+            # the best level's measured p99s are within the workload's SLOs (1000 / 100 ms)
+            assert (evaluation.best.load.ttft_ms.p99 or 0) <= 1000
+            assert (evaluation.best.load.tpot_ms.p99 or 0) <= 100
+            assert (Path(evaluation.best.dir) / "requests.jsonl").stat().st_size > 0
+            assert (Path(evaluation.dir) / "gpu.csv").stat().st_size > 0
+    best = max(
+        (t for t in complete if t.user_attrs["verdict"] == "met"),
+        key=lambda t: t.user_attrs["goodput"],
+    )
+    assert summary["best_trial"] == best.number
+
+
+def test_edge_is_bracketed_to_the_resolution_within_four_launches(tuned_run: Path) -> None:
+    edge = EdgeResult.model_validate_json((tuned_run / "edge" / "edge.json").read_text())
+    util = edge.utilization
+    assert util is not None
+    assert util.launches <= 4
+    assert util.highest_ok is not None and util.lowest_failed is not None
+    assert util.lowest_failed - util.highest_ok == pytest.approx(0.01)
+    probes = [p for p in edge.probes if p.knob.value == "gpu-memory-utilization"]
+    assert len(probes) == util.launches
+    held = [p for p in probes if p.survived]
+    failed = [p for p in probes if not p.survived]
+    assert max(p.value for p in held) == pytest.approx(util.highest_ok)
+    assert min(p.value for p in failed) == pytest.approx(util.lowest_failed)
+    for probe in failed:  # vLLM's own failure class, with its evidence
+        assert probe.failure_kind and (Path(probe.dir) / "server.log").exists()
+    for probe in held:
+        assert probe.peak_used_bytes is not None and probe.total_bytes is not None
+        assert probe.peak_used_bytes < probe.total_bytes
+
+
+def test_recommendation_steps_back_from_the_edge_and_writes_configs(tuned_run: Path) -> None:
+    out = tuned_run / "recommendation"
+    rec = Recommendation.model_validate_json((out / "recommendation.json").read_text())
+    assert rec.simulated and rec.backend == "sim"
+    assert rec.edge is not None and rec.edge.utilization is not None
+    edge_ok = rec.edge.utilization.highest_ok
+    assert edge_ok is not None
+    util = rec.recommended.params.gpu_memory_utilization
+    assert util == pytest.approx(edge_ok - 0.02)
+    assert rec.recommended.utilization_headroom == pytest.approx(0.02)
+    names = [v.name for v in rec.variants]
+    assert names == ["recommended", "conservative", "aggressive"]
+    conservative, aggressive = rec.variants[1], rec.variants[2]
+    assert (conservative.params.gpu_memory_utilization or 0) < util
+    assert aggressive.params.gpu_memory_utilization == pytest.approx(edge_ok)
+    for variant in rec.variants:
+        assert variant.measured is not None  # each variant confirmed by its own run
+        assert Path(variant.measured.dir, "evaluation.json").exists()
+    assert rec.default is not None and rec.default.measured is not None
+    # The command line starts the settings it claims, and the hash follows the settings.
+    args = (out / "vllm-args.txt").read_text()
+    assert f"--gpu-memory-utilization {util:g}" in args.replace("\\\n", " ")
+    assert rec.recommended.config_hash != conservative.config_hash
+    config = yaml.safe_load((out / "vllm-config.yaml").read_text())
+    assert float(config["gpu-memory-utilization"]) == pytest.approx(util)
+    docs = [d for d in yaml.safe_load_all((out / "kubernetes.yaml").read_text()) if d]
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "PersistentVolumeClaim"} <= kinds
+    for doc in docs:
+        validate(doc, latest_version(), strict=True)
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert str(util) in " ".join(str(a) for a in container["args"])
+    for name in ("conservative", "aggressive"):
+        assert (out / name / "kubernetes.yaml").exists()
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose environment or command line mentions ``text`` (a run directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            blob = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            found.append(int(proc.name))
+    return found
+
+
+def test_no_server_or_load_generator_outlives_the_tune(tuned_run: Path) -> None:
+    # Every server got VLLM_CACHE_DIR under the run directory, every Locust its records path.
+    assert (tuned_run / "vllm-cache").is_dir()
+    assert _processes_mentioning(str(tuned_run)) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (("--space", "max-num-seqs=64..8"), "max-num-seqs"),
+        (("--space", "warp-factor=1..2"), "warp-factor"),
+        (("--objective", "speed"), "speed"),
+        (("--space", "gpu-memory-utilization=0.5..1.5"), "1.5"),
+        (("--knobs", "block-size,colour"), "colour"),
+        (("--backend", "tpu"), "tpu"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_launch(
+    tmp_path: Path, extra: tuple[str, ...], expected: str
+) -> None:
+    run_dir = tmp_path / "run"
+    done = tune(run_dir, *extra, timeout_s=120)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tuner: error:") and expected in lines[0]
+    assert not (run_dir / "trials").exists()
+
+
+def test_existing_study_needs_resume_and_a_killed_trial_is_retried(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    fast = ("--no-edge", "--no-confirm", "--trials", "2")
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "tune",
+        *SMALL_TUNE_ARGS,
+        "--run-dir",
+        str(run_dir),
+        *fast,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    # Kill the harness with SIGKILL while trial 1 is being measured.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list((run_dir / "trials").glob("001/level-0")):
+        assert proc.poll() is None, "the tune ended before trial 1 was measured"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    time.sleep(1.0)  # the server and Locust die with their parent (PR_SET_PDEATHSIG)
+    assert _processes_mentioning(str(run_dir)) == []
+    study = _study_by_name(run_dir)
+    running = study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    assert [t.number for t in running] == [1]
+    cut_params = running[0].params
+
+    again = tune(run_dir, *fast, timeout_s=120)
+    assert again.returncode == 2 and "--resume" in again.stderr
+
+    resumed = tune(run_dir, *fast, "--resume", timeout_s=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "marked failed and retried" in resumed.stdout
+    study = _study_by_name(run_dir)
+    failed = study.get_trials(states=(optuna.trial.TrialState.FAIL,))
+    complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert [t.number for t in failed] == [1]
+    assert len(complete) == 2
+    assert complete[0].number == 0  # nothing already recorded is lost
+    retried = [t for t in complete if t.user_attrs.get("retried_from") == 1]
+    assert len(retried) == 1 and retried[0].params == cut_params
+
+
+def _study_by_name(run_dir: Path) -> Any:
+    storage = f"sqlite:///{run_dir / 'study.db'}"
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    return optuna.load_study(
+        study_name=next(n for n in names if not n.endswith(".finalize")), storage=storage
+    )
