@@ -401,7 +401,7 @@ def _fits_without_offload(
 
 def vllm_defaults(space: SearchSpace, version: VllmVersion, gpu: GpuSpec) -> TrialParams:
     """vLLM's own defaults for the searched knobs: the baseline every tune measures first."""
-    seqs, _ = default_limits(gpu, version)
+    seqs, batched = default_limits(gpu, version)
     values: dict[str, Choice] = {}
     for r in space.ranges:
         match r.knob:
@@ -409,6 +409,8 @@ def vllm_defaults(space: SearchSpace, version: VllmVersion, gpu: GpuSpec) -> Tri
                 values[r.knob.field] = version.default_gpu_memory_utilization
             case Knob.MAX_NUM_SEQS:
                 values[r.knob.field] = seqs
+            case Knob.MAX_NUM_BATCHED_TOKENS:
+                values[r.knob.field] = batched
             case Knob.BLOCK_SIZE:
                 values[r.knob.field] = 16 if r.contains(16) else _first(r)
             case Knob.SWAP_SPACE:

@@ -187,3 +187,9 @@ def test_vllm_defaults_lie_inside_the_space(gpu, version) -> None:  # type: igno
     assert defaults.block_size == 16 and defaults.kv_cache_dtype == "auto"
     assert defaults.max_num_seqs == (1024 if gpu is H100 else 256)
     assert defaults.serving(ServingParams()).max_num_seqs == defaults.max_num_seqs
+
+
+@pytest.mark.parametrize(("gpu", "batched"), [(H100, 8192), (A100, 2048)])
+def test_vllm_defaults_take_vllms_max_num_batched_tokens(gpu, batched) -> None:  # type: ignore[no-untyped-def]
+    space = _space(gpu=gpu, extra=(Knob.MAX_NUM_BATCHED_TOKENS,))
+    assert vllm_defaults(space, CURRENT, gpu).max_num_batched_tokens == batched
