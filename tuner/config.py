@@ -82,17 +82,17 @@ class TuneConfig(BaseModel):
     max_events_per_s: float = Field(default=5000.0, gt=0)  # auto time scale keeps below this
     sim_startup_delay_s: float = Field(default=1.0, ge=0)
 
-    @property
-    def study_name(self) -> str:
+    def study_name(self, gpu_name: str | None) -> str:
+        """The given name, else one from the model, the GPU the run resolved and the workload."""
         if self.study:
             return self.study
         slug = "".join(c if c.isalnum() or c in "-." else "-" for c in Path(self.model).name)
-        gpu = (self.gpu or "auto").lower()
+        gpu = (gpu_name or "cpu").lower()
         return f"{slug.lower()}-{gpu}-{Path(self.workload).stem}"
 
-    @property
-    def run_path(self) -> Path:
-        return self.run_dir or Path("runs") / self.study_name
+    def run_path(self, gpu_name: str | None) -> Path:
+        """The run directory, absolute (load generators run in their own directories)."""
+        return (self.run_dir or Path("runs") / self.study_name(gpu_name)).resolve()
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:

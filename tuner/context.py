@@ -52,6 +52,10 @@ class TuneContext:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def study_name(self) -> str:
+        return self.config.study_name(self.gpu_name)
+
+    @property
     def gpu_name(self) -> str | None:
         return self.gpu.name if self.gpu is not None else None
 
@@ -171,7 +175,7 @@ def resolve(config: TuneConfig) -> TuneContext:
     ctx = TuneContext(
         config=config, backend=backend, model=model, gpu=gpu, version=version,
         vllm_cmd=vllm_cmd, accepted_flags=accepted, workload=workload, space=space,
-        base=base, run_dir=config.run_path, notes=notes,
+        base=base, run_dir=config.run_path(gpu.name if gpu else None), notes=notes,
     )  # fmt: skip
     if backend is Backend.SIM:
         ctx.notes.insert(

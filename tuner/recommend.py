@@ -323,7 +323,7 @@ def recommend(
     )
     flags_hash = config_hash(ctx, recommended.flags)
     rec = Recommendation(
-        study=ctx.config.study_name,
+        study=ctx.study_name,
         model=ctx.model.name,
         gpu=ctx.gpu_name,
         backend=ctx.backend.value,

@@ -95,7 +95,7 @@ def open_study(ctx: TuneContext) -> Any:
     if url.startswith("sqlite"):
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
     storage = open_storage(url)
-    name = config.study_name
+    name = ctx.study_name
     existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
     if name in existing and existing[name].n_trials > 0 and not config.resume:
         raise ConfigError(

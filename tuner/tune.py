@@ -69,6 +69,7 @@ class TuneSummary(BaseModel):
 
 def describe(ctx: TuneContext) -> dict[str, Any]:
     return {
+        "study": ctx.study_name,
         "config": ctx.config.model_dump(mode="json"),
         "backend": ctx.backend.value,
         "model": ctx.model.name,
@@ -180,7 +181,7 @@ def _run(ctx: TuneContext, progress: Progress, began: float) -> TuneSummary:
             progress("another worker of this study finalizes it (edge search, recommendation)")
         report = _report(ctx, progress) if finalized or best is None else None
     summary = TuneSummary(
-        study=config.study_name,
+        study=ctx.study_name,
         run_dir=str(ctx.run_dir),
         backend=ctx.backend.value,
         trials=len(complete),
