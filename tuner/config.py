@@ -80,6 +80,10 @@ class TuneConfig(BaseModel):
     gpu_source: str = "auto"
     time_scale: float | None = Field(default=None, gt=0)  # sim: slower clock; None: automatic
     max_events_per_s: float = Field(default=5000.0, gt=0)  # auto time scale keeps below this
+    # Share of requests streamed (the rest sent whole): None lets the load generator's
+    # budget decide, never below min_stream_fraction; 1 streams every request.
+    stream_fraction: float | None = Field(default=None, gt=0, le=1)
+    min_stream_fraction: float = Field(default=0.25, gt=0, le=1)
     sim_startup_delay_s: float = Field(default=1.0, ge=0)
 
     def study_name(self, gpu_name: str | None) -> str:

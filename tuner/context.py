@@ -48,6 +48,7 @@ class TuneContext:
     base: ServingParams
     run_dir: Path
     time_scale: float = 1.0
+    stream_fraction: float = 1.0  # share of requests streamed (token timings); see sample_streams
     calibration: Calibration | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -293,10 +294,27 @@ REQUEST_COST_EVENTS = 10.0
 
 
 def auto_time_scale(
-    predicted_tokens_per_s: float, predicted_requests_per_s: float, max_events_per_s: float
+    predicted_tokens_per_s: float,
+    predicted_requests_per_s: float,
+    max_events_per_s: float,
+    stream_fraction: float = 1.0,
 ) -> float:
     """The simulator's slowdown so the load generator sees at most ``max_events_per_s``."""
-    load = predicted_tokens_per_s + REQUEST_COST_EVENTS * predicted_requests_per_s
+    load = stream_fraction * predicted_tokens_per_s + REQUEST_COST_EVENTS * predicted_requests_per_s
     if load <= max_events_per_s:
         return 1.0
     return math.ceil(2 * load / max_events_per_s) / 2
+
+
+def auto_stream_fraction(
+    predicted_tokens_per_s: float,
+    predicted_requests_per_s: float,
+    max_events_per_s: float,
+    min_fraction: float,
+) -> float:
+    """The share of requests to stream so the token events fit the load generator's budget
+    (never below ``min_fraction``, so the latency percentiles keep enough samples)."""
+    room = max_events_per_s - REQUEST_COST_EVENTS * predicted_requests_per_s
+    if predicted_tokens_per_s <= 0 or room >= predicted_tokens_per_s:
+        return 1.0
+    return round(max(min_fraction, room / predicted_tokens_per_s), 2)

@@ -150,6 +150,7 @@ class EdgeSearch:
         live = LiveServer(
             launch_spec(self.ctx, params), trial_dir=out, registry=self.registry,
             gpu_source=self.ctx.config.gpu_source, processes=self.ctx.config.processes,
+            stream_fraction=self.ctx.stream_fraction,
         )  # fmt: skip
         measurement = None
         startup = None

@@ -154,6 +154,7 @@ def evaluate(
     live = LiveServer(
         launch_spec(ctx, params), trial_dir=out_dir, registry=registry,
         gpu_source=config.gpu_source, processes=config.processes,
+        stream_fraction=ctx.stream_fraction,
     )  # fmt: skip
     search: RateSearch | None = None
     kv_fill: KvFill | None = None

@@ -19,11 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tuner.context import TuneContext, auto_time_scale
+from tuner.context import TuneContext, auto_stream_fraction, auto_time_scale
 from tuner.errors import ConfigError
 from tuner.evaluate import Evaluation, Verdict, evaluate
+from tuner.load import plan_schedule
 from tuner.memory import Calibration
-from tuner.predict import Setup, max_rate, predict
+from tuner.predict import Setup, max_rate
 from tuner.processes import ChildRegistry
 from tuner.rate_search import level_workload
 from tuner.sampling import Objective, make_sampler
@@ -161,9 +162,11 @@ class TrialLoop:
         attrs = self.study.user_attrs
         if "time_scale" in attrs:
             self.ctx.time_scale = float(attrs["time_scale"])
+            self.ctx.stream_fraction = float(attrs.get("stream_fraction", 1.0))
         else:
-            self.ctx.time_scale = self._choose_time_scale()
+            self.ctx.time_scale, self.ctx.stream_fraction = self._choose_measurement()
             self.study.set_user_attr("time_scale", self.ctx.time_scale)
+            self.study.set_user_attr("stream_fraction", self.ctx.stream_fraction)
         if "calibration" in attrs and self.ctx.calibration is None:
             self.ctx.calibration = Calibration.model_validate(attrs["calibration"])
         for key, value in {
@@ -183,30 +186,45 @@ class TrialLoop:
                 self.ctx.space.to_optuna(defaults), user_attrs={"role": ROLE_DEFAULT}
             )
 
-    def _choose_time_scale(self) -> float:
+    def _choose_measurement(self) -> tuple[float, float]:
+        """The simulator's time scale and the share of requests streamed, so the load
+        generator keeps up with the busiest rate the search will offer."""
         ctx = self.ctx
-        if ctx.backend is not Backend.SIM:
-            return 1.0
-        if ctx.config.time_scale is not None:
-            return ctx.config.time_scale
-        assert ctx.gpu is not None
+        config = ctx.config
+        fraction = config.stream_fraction
+        if ctx.backend is not Backend.SIM and fraction is not None:
+            return 1.0, fraction
+        if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+            return config.time_scale or 1.0, fraction or 1.0
         defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu)
-        rate = self.predicted_max_rate(defaults, ctx.config.rate or ctx.workload.mean_rate_per_s)
+        rate = self.predicted_max_rate(defaults, config.rate or ctx.workload.mean_rate_per_s)
         if rate <= 0:
-            return 1.0
-        setup = Setup(ctx.model, ctx.gpu, ctx.version, defaults.serving(ctx.base))
-        spec = level_workload(ctx.workload, None, ctx.config.level_duration_s)
-        result = predict(setup, spec, rate * 1.3).result
-        tokens_per_s = result.output_token_throughput if result is not None else 0.0
-        requests_per_s = result.request_throughput if result is not None else 0.0
-        scale = auto_time_scale(tokens_per_s, requests_per_s, ctx.config.max_events_per_s)
+            return config.time_scale or 1.0, fraction or 1.0
+        # What the busiest level offers: its schedule's requests and tokens per second.
+        spec = level_workload(ctx.workload, rate * 1.3, config.level_duration_s)
+        schedule = [r for r in plan_schedule(spec) if not r.warmup]
+        requests_per_s = len(schedule) / config.level_duration_s
+        tokens_per_s = sum(r.max_tokens for r in schedule) / config.level_duration_s
+        if fraction is None:
+            fraction = auto_stream_fraction(
+                tokens_per_s, requests_per_s, config.max_events_per_s, config.min_stream_fraction
+            )
+        if ctx.backend is not Backend.SIM:
+            scale = 1.0
+        elif config.time_scale is not None:
+            scale = config.time_scale
+        else:
+            scale = auto_time_scale(tokens_per_s, requests_per_s, config.max_events_per_s, fraction)
         self.progress(
-            f"simulated GPU serves ~{requests_per_s:,.0f} requests/s and streams "
-            f"~{tokens_per_s:,.0f} tokens/s at its peak; running its "
-            f"clock {scale:g}x slower so this machine measures it faithfully (results are "
-            "reported in the emulated GPU's time)"
+            f"the busiest level offers ~{requests_per_s:,.0f} requests/s and "
+            f"~{tokens_per_s:,.0f} tokens/s: streaming {fraction:.0%} of requests"
+            + (
+                f", the simulated GPU's clock {scale:g}x slower (results in its own time)"
+                if scale != 1.0
+                else ""
+            )
         )
-        return scale
+        return scale, fraction
 
     # -- the loop ---------------------------------------------------------------------------------
 

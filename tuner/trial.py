@@ -38,7 +38,7 @@ from tuner.processes import ChildRegistry
 from tuner.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
 from tuner.server_metrics import KvUsageWatcher, ServerCounters, scrape
 from workloads.metrics import LoadResult
-from workloads.schedule import RequestRecord, ScheduledRequest
+from workloads.schedule import RequestRecord, ScheduledRequest, sample_streams
 from workloads.spec import WarmupSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,8 @@ class LiveServer:
     On entry the server is launched and waited for; ``startup`` says how that went
     and the caller measures only when it is READY. On exit the sampler and the
     server stop, whatever happened, and ``gpu`` holds the timeline's summary.
-    ``time_scale`` is the simulator's ``--time-scale`` (1 for vLLM).
+    ``time_scale`` is the simulator's ``--time-scale`` (1 for vLLM);
+    ``stream_fraction`` the share of requests streamed (``workloads.schedule.sample_streams``).
     """
 
     def __init__(
@@ -134,8 +135,10 @@ class LiveServer:
         gpu_source: str = "auto",
         gpu_sample_interval_s: float = 0.1,
         processes: int = 1,
+        stream_fraction: float = 1.0,
     ) -> None:
         self.launch = launch
+        self.stream_fraction = stream_fraction
         self.trial_dir = trial_dir
         self.registry = registry
         self.processes = processes
@@ -213,7 +216,9 @@ class LiveServer:
             }
         )
         schedule = plan_schedule(spec, max_model_len=self.launch.params.max_model_len)
-        schedule = [dataclasses.replace(r, warmup=True) for r in schedule]
+        schedule = sample_streams(
+            [dataclasses.replace(r, warmup=True) for r in schedule], self.stream_fraction
+        )
         if not schedule:
             return KvFill(target=target, reached=None, seconds=0.0, requests_sent=0)
         watcher = KvUsageWatcher(self.server.base_url, interval_s=0.25).start()
@@ -238,7 +243,7 @@ class LiveServer:
         """Send the workload's own warm-up requests; they finish before any window opens."""
         if warm:
             run_schedule(
-                workload, warm, base_url=self.server.base_url, model=self.model,
+                workload, sample_streams(warm, self.stream_fraction), base_url=self.server.base_url, model=self.model,
                 out_dir=self.trial_dir / "warmup", registry=self.registry,
                 processes=self.processes, time_scale=self.time_scale,
             )  # fmt: skip
@@ -256,7 +261,7 @@ class LiveServer:
         watcher = KvUsageWatcher(self.server.base_url).start()
         rule = stop_when.bind(out_dir) if stop_when is not None else None
         run = run_schedule(
-            workload, schedule, base_url=self.server.base_url, model=self.model,
+            workload, sample_streams(schedule, self.stream_fraction), base_url=self.server.base_url, model=self.model,
             out_dir=out_dir, registry=self.registry, processes=self.processes,
             time_scale=self.time_scale, stop_when=rule,
         )  # fmt: skip

@@ -96,7 +96,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "trials", "budget_min", "seed", "screen", "level_duration_s", "max_levels", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
         "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "processes",
-        "gpu_source", "time_scale",
+        "gpu_source", "time_scale", "stream_fraction",
     )  # fmt: skip
     values: dict[str, Any] = {name: getattr(args, name) for name in fields}
     if values["storage"] is None and os.environ.get(STORAGE_ENV):

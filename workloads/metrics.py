@@ -130,6 +130,9 @@ class LoadResult(BaseModel):
     e2e_ms: Percentiles
     send_lag_ms: Percentiles
     prompt_buckets: tuple[BucketLatency, ...]
+    # Completed requests with token timings; fewer than num_completed when only a
+    # sample was streamed (TTFT/ITL/TPOT and goodput then come from that sample).
+    num_streamed: int | None = None
 
     @classmethod
     def from_records(
@@ -144,28 +147,32 @@ class LoadResult(BaseModel):
         ok = frame[frame["ok"]]
         num_requests = len(frame)
         num_completed = len(ok)
+        # Token timings exist only for streamed requests (all of them unless sampled).
+        timed = ok[ok["streamed"]]
 
-        ttft_s = ok["first_token_s"] - ok["scheduled_s"]
+        ttft_s = timed["first_token_s"] - timed["scheduled_s"]
         e2e_s = ok["end_s"] - ok["scheduled_s"]
-        last_s = ok["last_token_s"].fillna(ok["end_s"])
-        multi = ok["output_tokens"] > 1
-        tpot_s = (last_s - ok["first_token_s"])[multi] / (ok["output_tokens"][multi] - 1)
-        itl_s = _gaps(ok["token_times_s"])
+        last_s = timed["last_token_s"].fillna(timed["end_s"])
+        multi = timed["output_tokens"] > 1
+        tpot_s = (last_s - timed["first_token_s"])[multi] / (timed["output_tokens"][multi] - 1)
+        itl_s = _gaps(timed["token_times_s"])
         sent = frame[frame["sent"]]
         lag_s = sent["sent_s"] - sent["scheduled_s"]
 
         if window_s is None:
             window_s = _inferred_window_s(frame["scheduled_s"])
         duration_s = _duration_s(frame)
-        good = ok["ok"].copy()
+        good = timed["ok"].copy()
         if slo is not None:
             if slo.ttft_ms is not None:
                 good &= (1000 * ttft_s) <= slo.ttft_ms
             if slo.tpot_ms is not None:  # one-token outputs have no TPOT: they meet it
-                good &= (1000 * tpot_s).reindex(ok.index, fill_value=0.0) <= slo.tpot_ms
+                good &= (1000 * tpot_s).reindex(timed.index, fill_value=0.0) <= slo.tpot_ms
             if slo.e2e_ms is not None:
-                good &= (1000 * e2e_s) <= slo.e2e_ms
+                good &= (1000 * e2e_s.reindex(timed.index)) <= slo.e2e_ms
         num_good = int(good.sum())
+        if len(timed) < num_completed:  # sampled streams: the sample's share of good ones
+            num_good = round(num_good / len(timed) * num_completed) if len(timed) else 0
         output_tokens = int(ok["output_tokens"].sum())
 
         return cls(
@@ -191,6 +198,7 @@ class LoadResult(BaseModel):
             e2e_ms=Percentiles.from_values(1000 * e2e_s),
             send_lag_ms=Percentiles.from_values(1000 * lag_s),
             prompt_buckets=_buckets(frame, prompt_buckets),
+            num_streamed=len(timed),
         )
 
     def in_virtual_time(self, time_scale: float) -> LoadResult:
@@ -262,6 +270,7 @@ _COLUMNS = (
     "token_times_s",
     "ok",
     "sent",
+    "streamed",
 )
 
 
@@ -278,6 +287,7 @@ def _frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
             "token_times_s": [r.token_times_s for r in records],
             "ok": [r.ok for r in records],
             "sent": [was_sent(r.error) for r in records],
+            "streamed": [r.streamed for r in records],
         },
         columns=list(_COLUMNS),
     )
@@ -285,7 +295,7 @@ def _frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
         frame[column] = frame[column].astype("float64")
     for column in ("prompt_tokens", "output_tokens"):
         frame[column] = frame[column].astype("int64")
-    for column in ("ok", "sent"):
+    for column in ("ok", "sent", "streamed"):
         frame[column] = frame[column].astype(bool)
     return frame
 

@@ -15,8 +15,9 @@ the latency is measured against).
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -40,6 +41,8 @@ class ScheduledRequest:
     warmup: bool = False  # sent before the measured window, excluded from results
     session_id: str | None = None  # multi-turn conversation this request belongs to
     turn: int = 0
+    # False: sent without streaming, one response at the end (see sample_streams).
+    stream: bool = True
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -67,6 +70,7 @@ class RequestRecord:
     error: str | None = None
     warmup: bool = False
     worker: str = ""  # which load-generator process sent it
+    streamed: bool = True  # False: no token timings, only the end (a sampled-out request)
 
     @property
     def ok(self) -> bool:
@@ -88,6 +92,22 @@ def write_schedule(path: Path, requests: Iterable[ScheduledRequest]) -> int:
             out.write(request.to_json() + "\n")
             count += 1
     return count
+
+
+def sample_streams(requests: Iterable[ScheduledRequest], fraction: float) -> list[ScheduledRequest]:
+    """Stream only ``fraction`` of the requests; the rest are sent without streaming.
+
+    The server does the same work either way; the load generator reads one response
+    instead of one event per token, so a fast server can be loaded fully while token
+    timings (TTFT, ITL, TPOT) come from a uniform sample of the requests. The choice
+    is a hash of the request id: the same requests are streamed in every run.
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"stream fraction {fraction} is out of range; accepted: 0 < f <= 1")
+    if fraction >= 1.0:
+        return list(requests)
+    limit = int(fraction * (1 << 32))
+    return [replace(r, stream=zlib.crc32(r.request_id.encode()) < limit) for r in requests]
 
 
 def read_schedule(path: Path) -> list[ScheduledRequest]:
