@@ -7,7 +7,8 @@
     │   └── UnknownVersionError     vLLM version this tuner cannot emulate
     ├── ModelConfigError            a model directory's config.json or weights are unreadable
     ├── TraceReadError              a trace file is unreadable or has a malformed row
-    └── LogParseError               a vLLM log lacks the lines a calibration needs
+    ├── LogParseError               a vLLM log lacks the lines a calibration needs
+    └── ReportError                 a directory is not a tune run the report can be built from
 
 Each message says what was wrong, with the bad value, and what would be accepted.
 Third-party exceptions are wrapped where they enter (``raise ... from exc``).
@@ -46,3 +47,7 @@ class LogParseError(TunerError):
 
 class TraceReadError(TunerError):
     """A trace file could not be read; the message names the file and line."""
+
+
+class ReportError(TunerError):
+    """A report cannot be built: the message names the path and what is missing."""

@@ -251,14 +251,10 @@ def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) 
 
 
 def _report(ctx: TuneContext, progress: Progress) -> Path | None:
-    import importlib
+    from reports.html import write_report  # here: reports reads tuner.tune's TuneSummary
 
     try:
-        html = importlib.import_module("reports.html")
-    except ImportError:
-        return None
-    try:
-        path: Path = html.write_report(ctx.run_dir)
+        path = write_report(ctx.run_dir)
     except TunerError as exc:
         progress(f"report not written: {exc}")
         return None

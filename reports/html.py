@@ -1,0 +1,786 @@
+"""The capacity-review report: one self-contained HTML file built from a run directory.
+
+``write_report(run_dir)`` reads what ``tuner tune`` left (``reports.run_data``), draws
+the charts (``reports.charts``) and renders ``templates/report.html.j2`` with jinja2
+(autoescaped: every model name, log excerpt, failure message and setting that came
+from outside is escaped) into ``RUN_DIR/report.html``. plotly's JavaScript is
+embedded once; the page makes no request to any other host (no CDN, no web fonts),
+opens offline and prints (A4 landscape, the SIMULATED banner on every page).
+
+Sections, in the order a reviewer reads them: summary (recommended settings beside
+vLLM's defaults, headroom to the OOM edge, replicas for the peak), the OOM edge,
+trade-offs, memory over time, latency, every trial, how it was measured.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from reports.charts import (
+    DEFAULT_COLOR,
+    EDGE_CATEGORIES,
+    GIB,
+    RECOMMENDED_COLOR,
+    VERDICT_COLORS,
+    Chart,
+    bucket_latency,
+    edge_map,
+    importances,
+    latency_cdfs,
+    memory_timeline,
+    probe_memory,
+    tradeoffs,
+)
+from reports.run_data import (
+    Latencies,
+    RunData,
+    TrialRow,
+    level_latencies,
+    load_run,
+    rebase,
+    timeline,
+)
+from tuner.edge import KnobEdge
+from tuner.errors import ReportError
+from tuner.evaluate import Evaluation, LevelSummary
+from tuner.recommend import HARNESS_VERSION, Latency, Measured, Recommendation, Variant
+from workloads.metrics import BucketLatency
+from workloads.spec import WorkloadSpec
+
+REPORT_NAME = "report.html"
+TEMPLATE = "report.html.j2"
+
+__all__ = ["REPORT_NAME", "render_report", "write_report"]
+
+
+def write_report(run_dir: Path) -> Path:
+    """Build ``run_dir/report.html`` from the run's files; ``ReportError`` if not a tune run."""
+    run_dir = Path(run_dir)
+    text = render_report(run_dir)
+    out = run_dir / REPORT_NAME
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ReportError(f"{out}: cannot be written ({exc.strerror})") from exc
+    return out
+
+
+def render_report(run_dir: Path) -> str:
+    data = load_run(run_dir)
+    return _environment().get_template(TEMPLATE).render(**_context(data))
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("reports", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(num=_num, ms=_ms, gib=_gib, pct=_pct, value=_value)
+    return env
+
+
+# --- formatting -------------------------------------------------------------------------
+
+
+def _num(value: float | int | None, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) >= 100):
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}f}"
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.0f} ms" if value >= 100 else f"{value:,.1f} ms"
+
+
+def _gib(value: int | float | None) -> str:
+    return "–" if value is None else f"{value / GIB:,.2f} GiB"
+
+
+def _pct(value: float | None, digits: int = 0) -> str:
+    return "–" if value is None else f"{value:.{digits}%}"
+
+
+def _value(value: object) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _script_json(value: Any) -> str:
+    """JSON that is safe inside a <script> element (no '<', '>' or '&' left to end it)."""
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+# --- view models ------------------------------------------------------------------------
+
+
+@dataclass
+class ChartView:
+    """A chart for the template; ``json`` None: not drawn, ``note`` says why."""
+
+    id: str
+    json: str | None  # safe inside <script type="application/json">
+    note: str | None
+    title: str | None
+
+
+def _figure(chart: Chart) -> ChartView:
+    if chart.figure is None:
+        return ChartView(f"chart-{chart.key}", None, chart.note or "not available", chart.title)
+    spec = pio.to_json(chart.figure, validate=False, remove_uids=True)
+    return ChartView(f"chart-{chart.key}", _script_json(spec), chart.note, chart.title)
+
+
+@dataclass
+class CompareRow:
+    label: str
+    recommended: str
+    default: str
+    change: str  # relative change, recommended against the default
+    better: bool | None  # colours the change
+
+
+def _change(
+    rec: float | None, default: float | None, higher_is_better: bool
+) -> tuple[str, bool | None]:
+    if rec is None or default is None or default == 0:
+        return "", None
+    rel = rec / default - 1.0
+    if abs(rel) < 0.005:
+        return "±0%", None
+    return f"{rel:+.0%}", (rel > 0) == higher_is_better
+
+
+def _latency(lat: Latency | None, pct: str) -> float | None:
+    return None if lat is None else getattr(lat, pct)
+
+
+def _measured_of_eval(ev: Evaluation) -> Measured | None:
+    level = ev.best
+    load = level.load if level else None
+
+    def lat(name: str) -> Latency | None:
+        if load is None:
+            return None
+        p = getattr(load, name)
+        return Latency(p50=p.p50, p90=p.p90, p99=p.p99)
+
+    return Measured(
+        verdict=ev.verdict, goodput=ev.goodput, goodput_runs=[ev.goodput],
+        throughput=ev.throughput, ttft_ms=lat("ttft_ms"), itl_ms=lat("itl_ms"),
+        tpot_ms=lat("tpot_ms"), e2e_ms=lat("e2e_ms"),
+        peak_used_bytes=ev.gpu.peak_used_bytes if ev.gpu else None,
+        total_bytes=ev.gpu.total_bytes if ev.gpu else None,
+        kv_cache_tokens=ev.startup.kv_cache_tokens if ev.startup else None, dir=ev.dir,
+    )  # fmt: skip
+
+
+def _compare_rows(rec: Measured | None, default: Measured | None) -> list[CompareRow]:
+    rows: list[CompareRow] = []
+
+    def add(label: str, r: float | None, d: float | None, fmt: Any, higher: bool) -> None:
+        change, better = _change(r, d, higher)
+        rows.append(CompareRow(label, fmt(r), fmt(d), change, better))
+
+    add("Goodput at the SLO (req/s)", rec.goodput if rec else None,
+        default.goodput if default else None, _num, True)  # fmt: skip
+    add("Output throughput (tokens/s)", rec.throughput if rec else None,
+        default.throughput if default else None, lambda v: _num(v, 0), True)  # fmt: skip
+    for name, label in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "End-to-end")):
+        for pct in ("p50", "p99"):
+            add(f"{label} {pct}", _latency(getattr(rec, name) if rec else None, pct),
+                _latency(getattr(default, name) if default else None, pct), _ms, False)  # fmt: skip
+    add("Peak GPU memory", rec.peak_used_bytes if rec else None,
+        default.peak_used_bytes if default else None, _gib, False)  # fmt: skip
+    add("KV-cache tokens", rec.kv_cache_tokens if rec else None,
+        default.kv_cache_tokens if default else None, lambda v: _num(v, 0), True)  # fmt: skip
+    return rows
+
+
+@dataclass
+class SettingRow:
+    flag: str
+    recommended: str
+    default: str
+    changed: bool
+
+
+def _setting_rows(rec: dict[str, object], default: dict[str, object]) -> list[SettingRow]:
+    keys = list(dict.fromkeys([*rec, *default]))
+    return [
+        SettingRow(
+            f"--{k}", _value(rec.get(k, "(default)")), _value(default.get(k, "(default)")),
+            rec.get(k) != default.get(k),
+        )
+        for k in keys
+    ]  # fmt: skip
+
+
+@dataclass
+class VariantRow:
+    name: str
+    settings: list[str]
+    goodput: str
+    p99_ttft: str
+    p99_e2e: str
+    peak: str
+    headroom: str
+    verdict: str
+
+
+def _variant_row(v: Variant) -> VariantRow:
+    m = v.measured
+    return VariantRow(
+        name=v.name,
+        settings=[f"--{k} {_value(val)}" for k, val in v.flags.items()],
+        goodput=_num(m.goodput) if m else "not measured",
+        p99_ttft=_ms(_latency(m.ttft_ms, "p99")) if m else "–",
+        p99_e2e=_ms(_latency(m.e2e_ms, "p99")) if m else "–",
+        peak=_gib(m.peak_used_bytes) if m else "–",
+        headroom=_value(v.utilization_headroom),
+        verdict=m.verdict.value if m else "–",
+    )
+
+
+@dataclass
+class TrialView:
+    number: int
+    role: str
+    state: str
+    verdict: str
+    verdict_color: str
+    failure_kind: str
+    failure_message: str
+    log_excerpt: str
+    dropped_flags: list[str]
+    settings: list[tuple[str, str]]
+    util: float | None
+    seqs: int | None
+    block: int | None
+    dtype: str
+    goodput: float | None
+    throughput: float | None
+    rate: float | None
+    p99_ttft: float | None
+    p99_itl: float | None
+    p99_e2e: float | None
+    peak_bytes: int | None
+    kv_tokens: int | None
+    startup_s: float | None
+    levels: int
+    violations: list[str]
+    winner: bool
+    dir: str
+
+
+def _trial_view(t: TrialRow, data: RunData, winner: int | None) -> TrialView:
+    ev = t.evaluation
+    if ev is None:
+        return TrialView(
+            number=t.number, role=t.role, state=t.state, verdict="no evidence",
+            verdict_color="#9e9e9e", failure_kind="", failure_message="", log_excerpt="",
+            dropped_flags=[], settings=[], util=None, seqs=None, block=None, dtype="", goodput=None,
+            throughput=None, rate=None, p99_ttft=None, p99_itl=None, p99_e2e=None,
+            peak_bytes=None, kv_tokens=None, startup_s=None, levels=0, violations=[],
+            winner=t.number == winner, dir=str(t.dir.relative_to(data.run_dir)),
+        )  # fmt: skip
+    pred = ev.predicted
+    level = ev.best or (ev.levels[-1] if ev.levels else None)
+    load = level.load if level else None
+    violations = [v for lv in ev.levels for v in lv.violations] if ev.best is None else []
+    return TrialView(
+        number=t.number, role=t.role, state=t.state, verdict=ev.verdict.value,
+        verdict_color=VERDICT_COLORS[ev.verdict],
+        failure_kind=ev.failure.kind.value if ev.failure else "",
+        failure_message=ev.failure.message if ev.failure else "",
+        log_excerpt=ev.log_excerpt, dropped_flags=list(ev.dropped_flags),
+        settings=[(k, _value(v)) for k, v in ev.flags.items()],
+        util=pred.gpu_memory_utilization if pred else ev.params.gpu_memory_utilization,
+        seqs=pred.max_num_seqs if pred else ev.params.max_num_seqs,
+        block=pred.block_size if pred else ev.params.block_size,
+        dtype=ev.params.kv_cache_dtype,
+        goodput=ev.goodput if ev.levels else None,
+        throughput=ev.throughput if ev.levels else None, rate=ev.rate_per_s,
+        p99_ttft=load.ttft_ms.p99 if load else None, p99_itl=load.itl_ms.p99 if load else None,
+        p99_e2e=load.e2e_ms.p99 if load else None,
+        peak_bytes=ev.gpu.peak_used_bytes if ev.gpu else None,
+        kv_tokens=ev.startup.kv_cache_tokens if ev.startup else (pred.kv_cache_tokens if pred else None),
+        startup_s=ev.startup_s, levels=len(ev.levels), violations=violations[:6],
+        winner=t.number == winner, dir=str(t.dir.relative_to(data.run_dir)),
+    )  # fmt: skip
+
+
+# --- sections ---------------------------------------------------------------------------
+
+
+def _summary(data: RunData) -> dict[str, Any]:
+    rec = data.recommendation
+    default_row = data.default_trial
+    best_row = data.best_trial
+    default_measured: Measured | None = None
+    default_flags: dict[str, object] = {}
+    if rec is not None and rec.default is not None:
+        default_measured, default_flags = rec.default.measured, dict(rec.default.flags)
+    elif default_row is not None and default_row.evaluation is not None:
+        default_measured = _measured_of_eval(default_row.evaluation)
+        default_flags = dict(default_row.evaluation.flags)
+    rec_measured: Measured | None = None
+    rec_flags: dict[str, object] = {}
+    rec_label = "Recommended"
+    if rec is not None:
+        rec_measured, rec_flags = rec.recommended.measured, dict(rec.recommended.flags)
+        if rec_measured is None and best_row is not None and best_row.evaluation is not None:
+            rec_measured = _measured_of_eval(best_row.evaluation)  # --no-confirm: the trial itself
+    elif best_row is not None and best_row.evaluation is not None:
+        rec_label = f"Best trial ({best_row.number})"
+        rec_measured = _measured_of_eval(best_row.evaluation)
+        rec_flags = dict(best_row.evaluation.flags)
+    if rec is None:
+        if best_row is None:
+            status = "No recommendation: no trial met the SLOs."
+        else:
+            status = (
+                "No recommendation was written (the run did not finalize); the best trial is shown."
+            )
+    else:
+        status = ""
+    headroom: list[str] = []
+    edge = data.edge
+    util_edge = edge.utilization if edge is not None else None
+    if rec is not None and rec.recommended.utilization_headroom is not None:
+        headroom.append(
+            f"--gpu-memory-utilization {_value(rec.recommended.params.gpu_memory_utilization)} "
+            f"keeps {rec.recommended.utilization_headroom:g} below the highest value that held "
+            "the worst-case load."
+        )
+    if util_edge is not None:
+        headroom.append(
+            f"--gpu-memory-utilization edge: {_value(util_edge.highest_ok)} held, "
+            f"{_value(util_edge.lowest_failed)} failed ({util_edge.launches} launch(es); the "
+            f"memory model predicted {_value(util_edge.predicted)})."
+        )
+    if edge is not None and edge.max_num_seqs is not None:
+        e = edge.max_num_seqs
+        if e.launches == 0:
+            headroom.append(f"--max-num-seqs edge: not probed ({e.note or 'no launch budget'}).")
+        else:
+            headroom.append(
+                f"--max-num-seqs edge: {_value(e.highest_ok)} held, {_value(e.lowest_failed)} "
+                f"failed ({e.launches} launch(es)){'; ' + e.note if e.note else ''}."
+            )
+    free: int | None = None
+    if rec_measured is not None and rec_measured.peak_used_bytes and rec_measured.total_bytes:
+        free = rec_measured.total_bytes - rec_measured.peak_used_bytes
+        headroom.append(
+            f"At its fullest the device still had {_gib(free)} free of "
+            f"{_gib(rec_measured.total_bytes)} ({free / rec_measured.total_bytes:.1%})."
+        )
+    if edge is None:
+        headroom.append("The OOM edge was not searched, so the headroom to it is unknown.")
+    headroom_config = data.tune.config.capacity_headroom
+    if rec is not None and rec.capacity is not None:
+        c = rec.capacity
+        capacity = (
+            f"{c.replicas} replica(s) serve the target peak of {c.target_peak_rate:g} req/s: "
+            f"each holds {c.goodput_per_replica:.2f} req/s at the SLO and is planned to "
+            f"{1 - c.headroom:.0%} of it ({c.headroom:.0%} headroom kept)."
+        )
+        replicas_kpi = (str(c.replicas), f"for a peak of {c.target_peak_rate:g} req/s")
+    elif rec_measured is not None and rec_measured.goodput > 0:
+        per = rec_measured.goodput * (1 - headroom_config)
+        capacity = (
+            f"No target peak was given (--target-peak-rate). One replica holds "
+            f"{rec_measured.goodput:.2f} req/s at the SLO; keeping {headroom_config:.0%} headroom, "
+            f"plan one replica per {per:.2f} req/s of peak traffic."
+        )
+        replicas_kpi = (f"1 per {per:.1f} req/s", f"of peak traffic ({headroom_config:.0%} kept)")
+    else:
+        capacity = "Not known: no settings met the SLOs."
+        replicas_kpi = ("–", "no settings met the SLOs")
+    kpis = _kpis(data, rec_measured, default_measured, util_edge, free, rec, replicas_kpi)
+    return {
+        "kpis": kpis,
+        "status": status,
+        "rec_label": rec_label,
+        "compare": _compare_rows(rec_measured, default_measured)
+        if (rec_measured or default_measured)
+        else [],
+        "settings": _setting_rows(rec_flags, default_flags) if (rec_flags or default_flags) else [],
+        "command": rec.recommended.command if rec is not None else "",
+        "version_hash": rec.version_hash if rec is not None else "",
+        "headroom": headroom,
+        "capacity": capacity,
+        "variants": [_variant_row(v) for v in rec.variants] if rec is not None else [],
+        "noise": (
+            f"{len(rec_measured.goodput_runs)} confirmation runs, goodput spread {rec_measured.goodput_spread:.1%}"
+            if rec_measured is not None and len(rec_measured.goodput_runs) > 1
+            else ""
+        ),
+        "default_note": ""
+        if default_measured
+        else "vLLM's defaults were not measured in this run.",
+    }
+
+
+@dataclass
+class Kpi:
+    label: str
+    value: str
+    sub: str
+    tone: str = ""  # "good", "bad" or ""
+
+
+def _kpis(
+    data: RunData,
+    rec: Measured | None,
+    default: Measured | None,
+    util_edge: KnobEdge | None,
+    free: int | None,
+    recommendation: Recommendation | None,
+    replicas: tuple[str, str],
+) -> list[Kpi]:
+    out: list[Kpi] = []
+    if rec is not None:
+        change, better = _change(rec.goodput, default.goodput if default else None, True)
+        sub = "defaults not measured"
+        if default is not None:
+            sub = f"vLLM defaults {default.goodput:.2f}" + (f" ({change})" if change else "")
+        out.append(
+            Kpi("Goodput at the SLO", f"{rec.goodput:.2f} req/s", sub,
+                "good" if better else ("bad" if better is False else ""))
+        )  # fmt: skip
+        p99 = _latency(rec.ttft_ms, "p99")
+        limit = None
+        if data.workload is not None and data.workload.slo.ttft is not None:
+            limit = data.workload.slo.ttft.p99_ms
+        out.append(
+            Kpi("p99 TTFT", _ms(p99), f"SLO ≤ {limit:g} ms" if limit else "no TTFT objective",
+                "bad" if p99 is not None and limit is not None and p99 > limit else "")
+        )  # fmt: skip
+    else:
+        out.append(Kpi("Goodput at the SLO", "none", "no trial met the SLOs", "bad"))
+    if recommendation is not None and recommendation.recommended.utilization_headroom is not None:
+        edge_text = f"{recommendation.recommended.utilization_headroom:g}"
+        sub = "utilization below the edge"
+        if free is not None:
+            sub += f"; {_gib(free)} free at peak"
+        out.append(Kpi("Headroom to OOM", edge_text, sub))
+    elif util_edge is not None:
+        out.append(Kpi("OOM edge", _value(util_edge.highest_ok), "highest utilization that held"))
+    else:
+        out.append(Kpi("Headroom to OOM", "unknown", "the OOM edge was not searched"))
+    out.append(Kpi("Replicas", replicas[0], replicas[1]))
+    return out
+
+
+def _edge(data: RunData) -> dict[str, Any]:
+    chart, points = edge_map(data)
+    edge = data.edge
+    knobs = []
+    if edge is not None:
+        for e in (edge.utilization, edge.max_num_seqs):
+            if e is not None:
+                knobs.append(
+                    {
+                        "knob": f"--{e.knob.value}", "start": _value(e.start),
+                        "predicted": _value(e.predicted), "ok": _value(e.highest_ok),
+                        "failed": _value(e.lowest_failed), "launches": e.launches,
+                        "bracketed": e.bracketed, "note": e.note,
+                    }
+                )  # fmt: skip
+    probes = []
+    if edge is not None:
+        for i, p in enumerate(edge.probes, start=1):
+            probes.append(
+                {
+                    "n": i, "knob": p.knob.value, "value": _value(p.value),
+                    "flags": [f"--{k} {_value(v)}" for k, v in p.flags.items()],
+                    "predicted": "starts" if p.predicted_fits else ("fails" if p.predicted_fits is False else "–"),
+                    "outcome": p.outcome.value, "survived": p.survived,
+                    "failure": f"{p.failure_kind}: {p.failure_message}" if p.failure_kind else "",
+                    "peak": _gib(p.peak_used_bytes), "total": _gib(p.total_bytes),
+                    "headroom": _gib(p.headroom_bytes), "kv_tokens": _num(p.kv_cache_tokens, 0),
+                    "preemptions": _value(p.num_preemptions), "wall_s": f"{p.wall_s:.0f} s",
+                }
+            )  # fmt: skip
+    if edge is None:
+        absent = (
+            "The OOM-edge search did not run (--no-edge): the map shows the trials only."
+            if not data.tune.config.edge
+            else "No OOM-edge result (edge/edge.json) in this run: the map shows the trials only."
+        )
+    else:
+        absent = edge.skipped or ""
+    worst = edge.worst_case if edge is not None else None
+    return {
+        "map": _figure(chart),
+        "probe_memory": _figure(probe_memory(data, points)),
+        "knobs": knobs,
+        "probes": probes,
+        "absent": absent,
+        "worst_case": (
+            f"{worst.concurrency} requests at once, each a {worst.prompt_tokens}-token prompt and "
+            f"{worst.output_tokens} output tokens (the workload's longest), for {worst.load_s:g} s"
+            if worst is not None
+            else ""
+        ),
+        "categories": [(name, color) for name, color, _ in EDGE_CATEGORIES.values()],
+    }
+
+
+def _level_dirs(ev: Evaluation, base: Path) -> list[tuple[str, Path]]:
+    return [
+        (f"level {i}: {lv.rate_per_s:.2f} req/s{' (met)' if lv.met else ''}", rebase(lv.dir, base))
+        for i, lv in enumerate(ev.levels)
+    ]
+
+
+def _memory(data: RunData) -> list[ChartView]:
+    best = data.best_trial
+    default = data.default_trial
+    first = [t for t in (best, default) if t is not None]
+    order = first + [t for t in data.trials if all(t is not f for f in first)]
+    if best is not None and best is default:
+        order = order[1:]
+    out: list[ChartView] = []
+    for t in order:
+        ev = t.evaluation
+        if ev is None or ev.outcome is None:
+            continue  # screened or no evidence: nothing was launched
+        tags = [s for s, on in (("winner", t is best), ("vLLM defaults", t.is_default)) if on]
+        label = f"Trial {t.number}{' (' + ', '.join(tags) + ')' if tags else ''}: " + (
+            ev.params.short() or "vLLM defaults"
+        )
+        label += f" — {ev.verdict.value}"
+        tl = timeline(label, t.dir, _level_dirs(ev, t.dir))
+        out.append(_figure(memory_timeline(f"memory-trial-{t.number}", tl, data.time_scale)))
+    if data.edge is not None:
+        for i, p in enumerate(data.edge.probes, start=1):
+            pdir = rebase(p.dir, data.run_dir / "edge")
+            if p.outcome.value != "ready" and not (pdir / "gpu.csv").is_file():
+                continue
+            flags = " ".join(f"{k} {_value(v)}" for k, v in p.flags.items())
+            label = (
+                f"Edge probe {i}: {flags} — {'held' if p.survived else p.failure_kind or 'failed'}"
+            )
+            tl = timeline(label, pdir, [("worst-case load", pdir / "load")])
+            out.append(_figure(memory_timeline(f"memory-probe-{i}", tl, data.time_scale)))
+    return out
+
+
+def _latency_section(data: RunData) -> dict[str, Any]:
+    runs: list[tuple[str, str, Latencies]] = []
+    buckets: list[tuple[str, str, tuple[BucketLatency, ...]]] = []
+    notes: list[str] = []
+
+    def add(label: str, color: str, ev: Evaluation | None, base: Path) -> None:
+        if ev is None:
+            return
+        level: LevelSummary | None = ev.best or (ev.levels[-1] if ev.levels else None)
+        if level is None:
+            notes.append(f"{label}: no measured level")
+            return
+        lat = level_latencies(rebase(level.dir, base), data.time_scale)
+        if lat is None:
+            notes.append(f"{label}: no request records in {rebase(level.dir, base).name}")
+        else:
+            runs.append((f"{label} at {level.rate_per_s:.2f} req/s", color, lat))
+        buckets.append((label, color, level.load.prompt_buckets))
+
+    confirmed = data.confirm.get("recommended")
+    best = data.best_trial
+    if confirmed is not None and data.recommendation is not None:
+        add(
+            "recommended (confirmation)",
+            RECOMMENDED_COLOR,
+            confirmed,
+            data.run_dir / "confirm" / "recommended",
+        )
+    elif best is not None:
+        add(f"winner (trial {best.number})", RECOMMENDED_COLOR, best.evaluation, best.dir)
+    default = data.default_trial
+    if default is not None:
+        add(
+            f"vLLM defaults (trial {default.number})",
+            DEFAULT_COLOR,
+            default.evaluation,
+            default.dir,
+        )
+    return {
+        "cdf": _figure(latency_cdfs(data, runs)),
+        "buckets": _figure(bucket_latency(buckets)),
+        "notes": notes,
+    }
+
+
+def _how(data: RunData) -> dict[str, Any]:
+    tune = data.tune
+    c = tune.config
+    w = data.workload
+    rows: list[tuple[str, str]] = [
+        ("Backend", "simulated vLLM engine (sim)" if tune.simulated else f"real vLLM ({tune.backend})"),
+        ("Model", tune.model),
+        ("GPU", tune.gpu or "none (CPU)"),
+        ("vLLM version", tune.vllm_version + (" (emulated)" if tune.simulated else "")),
+        ("vLLM command", " ".join(tune.vllm_cmd)),
+        ("Objective", c.objective.value),
+        ("Trials asked / budget", f"{c.trials} trials within {c.budget_min:g} min"),
+        ("Seed", str(c.seed)),
+        ("Measured rates per trial", f"up to {c.max_levels}, {c.level_duration_s:g} s each (emulated)"),
+        ("Screening by the memory model", "on" if c.screen else "off"),
+        ("OOM-edge search", f"up to {c.max_edge_launches} + {c.seqs_edge_launches} launches, "
+         f"{c.edge_load_s:g} s of worst-case load each, resolution {c.edge_resolution:g}"
+         if c.edge else "off (--no-edge)"),
+        ("Confirmation", f"{c.repeats} run(s) of the recommendation" if c.confirm else "off (--no-confirm)"),
+        ("Safety margin", f"{c.safety_margin:g} of utilization below the edge"),
+        ("Load generator", f"Locust, {c.processes} process(es), open loop"),
+        ("GPU memory source", c.gpu_source + (" (sim: the simulator's /sim/gpu)" if tune.simulated and c.gpu_source == "auto" else "")),
+        ("Time scale", f"{data.time_scale:g}" + (
+            " (the simulator ran its clock this many times slower; every time and rate here is in "
+            "the emulated GPU's time)" if tune.simulated else "")),
+        ("Harness version", data.recommendation.harness_version if data.recommendation else HARNESS_VERSION),
+        ("Study", f"{data.study_name} ({tune.storage})"),
+        ("Calibration", data.calibration.source if data.calibration else "none (uncalibrated memory model)"),
+    ]  # fmt: skip
+    if data.summary is not None:
+        rows.append(("Wall time", f"{data.summary.wall_s / 60:.1f} min"))
+    workload: list[tuple[str, str]] = []
+    if w is not None:
+        workload = [
+            ("Workload", w.name + (f" — {w.description}" if w.description else "")),
+            ("API", f"{w.api.value}, {'streaming' if w.stream else 'not streaming'}"
+             f"{', ignore_eos' if w.ignore_eos else ''}"),
+            ("Arrivals", _describe(w.arrival.model_dump(mode="json"))),
+            ("Prompt lengths (tokens)", _describe(w.prompt_tokens.model_dump(mode="json"))),
+            ("Output lengths (tokens)", _describe(w.output_tokens.model_dump(mode="json"))),
+            ("Shared prefix", _describe(w.shared_prefix.model_dump(mode="json")) if w.shared_prefix else "none"),
+            ("Sessions", _describe(w.sessions.model_dump(mode="json")) if w.sessions else "none"),
+            ("Warm-up", _warmup(w)),
+            ("Duration of the workload", f"{w.duration_s:g} s (each measured rate runs {c.level_duration_s:g} s)"),
+            ("SLO", "; ".join(f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms" for o in w.slo.objectives()) or "none"),
+        ]  # fmt: skip
+    return {
+        "rows": rows,
+        "workload": workload,
+        "workload_error": data.workload_error or "",
+        "workload_raw": json.dumps(tune.workload, indent=2, default=str) if w is None else "",
+        "space": [(f"--{r.knob.value}", r.describe()) for r in tune.space],
+        "left_out": [(f"--{o.knob.value}", o.reason) for o in tune.left_out],
+        "notes": tune.notes,
+    }
+
+
+def _warmup(w: WorkloadSpec) -> str:
+    parts = []
+    if w.warmup.duration_s:
+        parts.append(f"{w.warmup.duration_s:g} s")
+    if w.warmup.requests:
+        parts.append(f"{w.warmup.requests} requests")
+    if w.warmup.kv_cache_fill:
+        parts.append(f"until the KV cache is {w.warmup.kv_cache_fill:.0%} full")
+    if not parts:
+        return "none"
+    return (
+        " and ".join(parts)
+        + f" before each measurement (at most {w.warmup.max_s:g} s), left out of the results"
+    )
+
+
+def _describe(values: dict[str, Any]) -> str:
+    """A spec's fields as a line: ``poisson: rate 4/s``, ``uniform: low 32, high 96``."""
+    parts = []
+    for key, value in values.items():
+        if value is None or key == "kind":
+            continue
+        if isinstance(value, list | dict):
+            text = json.dumps(value, default=str)
+        elif isinstance(value, float):
+            text = f"{value:g}"
+        else:
+            text = str(value)
+        if key.endswith("_per_s"):
+            parts.append(f"{key.removesuffix('_per_s').replace('_', ' ')} {text}/s")
+        elif key.endswith("_s"):
+            parts.append(f"{key.removesuffix('_s').replace('_', ' ')} {text} s")
+        else:
+            parts.append(f"{key.replace('_', ' ')} {text}")
+    kind = values.get("kind")
+    return (f"{kind}: " if kind else "") + (", ".join(parts) or "none")
+
+
+def _context(data: RunData) -> dict[str, Any]:
+    tune = data.tune
+    winner = data.best_trial
+    trials = [_trial_view(t, data, winner.number if winner else None) for t in data.trials]
+    tr = tradeoffs(data)
+    imp = importances(data)
+    slo = []
+    if data.recommendation is not None:
+        slo = list(data.recommendation.slo)
+    elif data.workload is not None:
+        slo = [
+            f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms"
+            for o in data.workload.slo.objectives()
+        ]
+    plotly_js = get_plotlyjs().replace("</script", "<\\/script")
+    return {
+        "title": f"Capacity review: {tune.model} on {tune.gpu or 'CPU'}",
+        "generated": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "simulated": tune.simulated,
+        "run": {
+            "study": data.study_name,
+            "dir": str(data.run_dir),
+            "model": tune.model,
+            "gpu": tune.gpu or "none (CPU)",
+            "vllm": tune.vllm_version,
+            "backend": tune.backend,
+            "workload": data.workload.name
+            if data.workload
+            else str(tune.workload.get("name", "?")),
+            "slo": slo,
+            "objective": tune.config.objective.value,
+            "trials": len(data.trials),
+            "feasible": sum(
+                1 for t in data.trials if t.evaluation and t.evaluation.verdict.feasible
+            ),
+            "time_scale": data.time_scale,
+        },
+        "missing": data.missing + ([f"study: {data.study_note}"] if data.study_note else []),
+        "summary": _summary(data),
+        "edge": _edge(data),
+        "tradeoffs": _figure(tr),
+        "importances": _figure(imp),
+        "importance_note": data.importances.note,
+        "memory": _memory(data),
+        "latency": _latency_section(data),
+        "trials": trials,
+        "other_settings": any(
+            k not in ("gpu-memory-utilization", "max-num-seqs", "block-size", "kv-cache-dtype")
+            for t in trials
+            for k, _ in t.settings
+        ),
+        "verdict_colors": {v.value: c for v, c in VERDICT_COLORS.items()},
+        "how": _how(data),
+        "plotly_js": plotly_js,
+        "harness_version": HARNESS_VERSION,
+    }
