@@ -26,7 +26,6 @@ from plotly.offline import get_plotlyjs
 
 from reports.charts import (
     DEFAULT_COLOR,
-    EDGE_CATEGORIES,
     GIB,
     RECOMMENDED_COLOR,
     VERDICT_COLORS,
@@ -544,7 +543,6 @@ def _edge(data: RunData) -> dict[str, Any]:
             if worst is not None
             else ""
         ),
-        "categories": [(name, color) for name, color, _ in EDGE_CATEGORIES.values()],
     }
 
 

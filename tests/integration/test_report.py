@@ -520,3 +520,44 @@ def test_injected_report_runs_no_injected_script(browser: Any, injected_run: Pat
         "return document.body.innerText.split('window.__pwned=1').length - 1;"
     )
     assert shown >= 30
+
+
+# --- pieces, without a run ---------------------------------------------------------------------
+
+
+def test_pareto_front_keeps_only_undominated_points() -> None:
+    from reports.charts import pareto
+
+    points = [
+        (500.0, 10.0, 1),
+        (400.0, 12.0, 2),
+        (900.0, 30.0, 3),
+        (950.0, 25.0, 4),
+        (400.0, 5.0, 5),
+    ]
+    assert [p[2] for p in pareto(points)] == [2, 3]
+
+
+def test_gpu_timeline_is_placed_on_the_metrics_clock_only_when_it_fits(tmp_path: Path) -> None:
+    import os
+
+    from reports.run_data import timeline
+    from tuner.gpu_sampler import TIMELINE_COLUMNS
+
+    level = tmp_path / "level-0"
+    level.mkdir()
+    rows = [f"{t},0,100,50,50,0.0,0.0,,50" for t in (0.0, 1.0, 2.0, 3.0)]
+    (tmp_path / "gpu.csv").write_text(",".join(TIMELINE_COLUMNS) + "\n" + "\n".join(rows) + "\n")
+    (level / "metrics.csv").write_text(
+        "unix_s,kv_cache_usage,running,waiting,preemptions_total\n"
+        "1000001.000,0.1,1,0,0\n1000002.000,0.5,2,1,3\n"
+    )
+    os.utime(tmp_path / "gpu.csv", (1000003.0, 1000003.0))  # stopped at t_s 3.0
+    placed = timeline("t", tmp_path, [("level 0", level)])
+    assert placed.anchor_unix_s == pytest.approx(1000000.0)
+    assert placed.note is None and len(placed.levels[0][1]) == 2
+    os.utime(tmp_path / "gpu.csv", (2000000.0, 2000000.0))  # copied: the mtime says nothing
+    unplaced = timeline("t", tmp_path, [("level 0", level)])
+    assert (
+        unplaced.anchor_unix_s is None and unplaced.note and "could not be placed" in unplaced.note
+    )
