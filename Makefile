@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: install
+	bash tools/install_browser.sh
 	$(BIN)/python -m pytest
 
 lint: install

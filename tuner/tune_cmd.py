@@ -71,6 +71,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--time-scale", type=float, help="sim: run its clock K times slower (default auto)"
     )
+    p.add_argument(
+        "--stream-fraction",
+        type=float,
+        help="share of requests streamed for token timings, the rest sent whole (default auto)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
     p.set_defaults(func=_cmd_tune)
 
