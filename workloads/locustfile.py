@@ -36,15 +36,22 @@ Configuration (environment variables, read when a test starts, never at import):
     Sent as ``Authorization: Bearer`` when set.
 
 How it sends: when a test starts, each load-generating process (not a master) starts
-one dispatcher greenlet. It sleeps until each request's send time and spawns a greenlet
-that POSTs it (``stream``, ``stream_options.include_usage``, ``max_tokens`` =
-``min_tokens``, ``ignore_eos``) with geventhttpclient and reads the SSE stream line by
-line as bytes arrive (``readline`` on the raw response: Locust's ``iter_lines`` /
-``iter_content`` batch events and would blur inter-token times). Every token event
+one dispatcher greenlet. It encodes each request's body, sleeps until its send time and
+spawns a greenlet that POSTs it (``stream``, ``stream_options.include_usage``,
+``max_tokens`` = ``min_tokens``, ``ignore_eos``) with geventhttpclient on a kept-alive
+connection (one spare connection is kept open ahead of need) and reads the SSE stream
+line by line as bytes arrive (``readline`` on the raw response: Locust's ``iter_lines``
+/ ``iter_content`` batch events and would blur inter-token times). Every token event
 (a ``data:`` chunk whose first choice carries non-empty text or delta content) is
 timestamped; output and prompt tokens come from the usage chunk (else the event count
 and the scheduled prompt length). The Locust users are an idle vehicle; the dispatcher
 never waits for one, so a slow server cannot slow the offered load.
+
+What the times are (`StampedSocket`): ``sent_s`` is when the request was handed to the
+kernel (after any connection set-up), and on Linux over plain HTTP a token's time is
+the kernel's receive stamp of its bytes (``SO_TIMESTAMPNS``), so neither depends on
+when this process got round to the stream; elsewhere, when the line was read. How late
+the process read its streams is in its stats (``read_delay_*``, ``coalesced_events``).
 
 Locust's own response time for a stream would be the time to the headers; instead one
 request event per request is fired with the TTFT (from the scheduled time) as its
@@ -221,15 +228,17 @@ def _worker_position(environ: Mapping[str, str], environment: Environment) -> tu
 
 
 def request_body(request: ScheduledRequest, model: str) -> bytes:
-    """The JSON body vLLM streams exactly ``max_tokens`` tokens for, with a usage chunk."""
+    """The JSON body vLLM generates exactly ``max_tokens`` tokens for: streamed with a usage
+    chunk, or (a request sampled out of streaming) one response carrying its usage."""
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": request.max_tokens,
         "min_tokens": request.max_tokens,
         "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream": request.stream,
     }
+    if request.stream:
+        body["stream_options"] = {"include_usage": True}
     if request.api is Api.CHAT:
         body["messages"] = request.messages
     else:
@@ -460,6 +469,10 @@ class Dispatcher:
             status = response.status_code
             if status != 200:
                 error = _error_text(status, response.read())
+            elif not request.stream:  # sent whole: only its end and its usage are known
+                usage = json.loads(response.read()).get("usage") or {}
+                prompt_tokens = usage.get("prompt_tokens")
+                output_tokens = usage.get("completion_tokens")
             else:
                 done = False
                 # When the connection is stamped, a token's time is when its bytes reached
@@ -523,6 +536,7 @@ class Dispatcher:
             error=error,
             warmup=request.warmup,
             worker=settings.worker,
+            streamed=request.stream,
         )
         self.counts["completed" if record.ok else "failed"] += 1
         self._write(record)

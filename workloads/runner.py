@@ -56,6 +56,7 @@ DEFAULT_MAX_IN_FLIGHT = 4096
 # A client is saturated (its measurements are not to be trusted) above these.
 SATURATION_CPU_PERCENT = 75.0  # of one core, per Locust process
 SATURATION_LAG_P99_MS = 10.0
+SATURATION_COALESCED_PERCENT = 1.0  # of token events, whose gaps read as 0
 # Time from launch to offset 0 of the schedule: Locust imports (about 1 s), forks its
 # workers and connects them to the master before the test starts.
 STARTUP_LEAD_S = 3.0
@@ -262,6 +263,12 @@ def client_saturation(workers: Sequence[WorkerStats]) -> tuple[bool, str | None]
             reasons.append(
                 f"{worker.worker} send lag p99 {worker.send_lag_p99_ms:.1f} ms "
                 f"(> {SATURATION_LAG_P99_MS:.0f} ms)"
+            )
+        coalesced = 100 * worker.coalesced_events / max(worker.token_events, 1)
+        if coalesced > SATURATION_COALESCED_PERCENT:
+            reasons.append(
+                f"{worker.worker} read {coalesced:.1f}% of token events a whole token late "
+                f"(> {SATURATION_COALESCED_PERCENT:.0f}%)"
             )
     return bool(reasons), "; ".join(reasons) or None
 

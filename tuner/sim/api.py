@@ -345,8 +345,9 @@ class SimServer:
     async def sim_requests(self, request: web.Request) -> web.Response:
         """Ground truth for measuring clients: each finished request's server-side timings.
 
-        Unix seconds: arrival at the server and the moment each token was handed to
-        the response stream. A client's ``X-Request-Id`` header names the request.
+        Unix seconds (`ServerTiming`): when the server read the request, when it entered
+        the engine, when each token was made and when it was written to the socket. A
+        client's ``X-Request-Id`` header names the request.
         """
         return _json({"requests": [timing.as_json() for timing in self.driver.timings]})
 

@@ -51,13 +51,14 @@ class ServerTiming:
     """A finished request as the server saw it, in Unix seconds: ground truth for clients.
 
     ``received_s``: the server read the request's last bytes off the socket (when the
-    HTTP server stamps reads; else when its handler started). ``arrival_s``: the request entered the engine (body read and validated;
-    vLLM's ``arrival_time``, where the engine's TTFT histogram starts). ``token_times_s``:
-    each token's chunk was written to the socket (taken as the write begins, as a
-    client takes its send time; what a client can see, and when).
-    ``generated_s``: the virtual GPU handed each token over (where vLLM's histograms
-    take their token times). A client's TTFT is comparable with ``token_times_s[0] -
-    received_s``; ``token_times_s - generated_s`` is the server's own delivery delay.
+    HTTP server stamps reads; else when its handler started). ``arrival_s``: the
+    request entered the engine (body read and validated; vLLM's ``arrival_time``, where
+    the engine's TTFT histogram starts). ``token_times_s``: each token's chunk was
+    written to the socket (taken as the write begins, as a client takes its send time;
+    what a client can see, and when). ``generated_s``: the virtual GPU handed each
+    token over (where vLLM's histograms take their token times). A client's TTFT is
+    comparable with ``token_times_s[0] - received_s``; ``token_times_s - generated_s``
+    is the server's own delivery delay.
     """
 
     request_id: str
@@ -158,8 +159,7 @@ class EngineDriver:
     def submit(self, request: SimRequest, *, received_s: float | None = None) -> RequestStream:
         """Queue a request in the engine; raises EngineDead once the engine has died.
 
-        ``received_s`` (``wall_s()`` when the server began handling the request)
-        defaults to now.
+        ``received_s`` (``wall_s()`` when the server read the request) defaults to now.
         """
         self.engine.add_request(request)
         now = self.wall_s()
