@@ -158,13 +158,16 @@ def run_schedule(
     processes: int = 1,
     time_scale: float = 1.0,
     stop_when: Callable[[], bool] | None = None,
+    cut_short: bool = False,
 ) -> WorkloadRun:
     """Send a schedule with Locust and summarise the records against the workload's SLOs.
 
     ``time_scale`` K: the server is the simulator on a K times slower clock. The
     schedule is stretched by K before sending and the result converted back to the
     simulator's virtual time, so rates, latencies and SLO verdicts read as on the
-    emulated GPU. ``stop_when``: see ``workloads.runner.run_load``.
+    emulated GPU. ``stop_when``: see ``workloads.runner.run_load``; with ``cut_short`` a
+    stop after the window is expected and requests cut off in flight are measured as far
+    as they got (``LoadResult.from_records``).
     """
     if time_scale != 1.0:
         schedule = [dataclasses.replace(r, send_s=r.send_s * time_scale) for r in schedule]
@@ -188,6 +191,8 @@ def run_schedule(
         e2e_ms=None if slo.e2e_ms is None else slo.e2e_ms * time_scale,
     )
     window_s = spec.duration_s * time_scale
-    result = LoadResult.from_file(run.records_path, slo=wall_slo, window_s=window_s)
+    result = LoadResult.from_file(
+        run.records_path, slo=wall_slo, window_s=window_s, cut_short=cut_short
+    )
     result = result.in_virtual_time(time_scale)
     return WorkloadRun(spec=spec, run=run, result=result, verdict=slo_verdict(spec, result))

@@ -73,6 +73,14 @@ def stop_rule(spec: WorkloadSpec, expected_requests: int, time_scale: float) -> 
     return StopRule(tightest.limit_ms, time_scale=time_scale, max_bad=max_bad)
 
 
+def drain_s(spec: WorkloadSpec) -> float:
+    """How long a level waits after its last send before cutting off what is still in
+    flight (measured as far as it got): long enough for any request within the TTFT
+    objective to have its first token, at least 4 emulated seconds."""
+    ttft = [o.limit_ms for o in spec.slo.objectives() if o.metric is SloMetric.TTFT]
+    return max(4.0, 1.5 * max(ttft, default=0.0) / 1000.0)
+
+
 def search_rate(
     live: LiveServer,
     spec: WorkloadSpec,
@@ -100,7 +108,10 @@ def search_rate(
             )
         )
         rule = stop_rule(level_spec, len(schedule), live.time_scale)
-        m = live.measure(level_spec, schedule, out_dir=out_dir / f"level-{index}", stop_when=rule)
+        m = live.measure(
+            level_spec, schedule, out_dir=out_dir / f"level-{index}", stop_when=rule,
+            drain_s=drain_s(level_spec),
+        )  # fmt: skip
         met = m.slo.met and not m.stopped_early and m.outcome is TrialOutcome.READY
         level = Level(index=index, rate_per_s=rate or 0.0, met=met, measurement=m)
         levels.append(level)

@@ -14,6 +14,7 @@ constraints (``tuner.sampling.CONSTRAINTS``) tell the sampler which were feasibl
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,7 +36,8 @@ from tuner.vllm_log import calibration_from_report
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 15
-GRACE_PERIOD_S = 60
+HEARTBEAT_ENV = "TUNER_HEARTBEAT_S"  # seconds between heartbeats; the grace is 4 of them
+PREPARE_WAIT_S = 600.0
 ROLE_DEFAULT = "vllm-default"
 ROLE_SEARCH = "search"
 
@@ -60,10 +62,11 @@ def open_storage(url: str) -> Any:
     try:
         with warnings.catch_warnings():  # heartbeats are stable in use, flagged experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            interval = int(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_INTERVAL_S)
             return RDBStorage(
                 url,
-                heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                grace_period=GRACE_PERIOD_S,
+                heartbeat_interval=interval,
+                grace_period=max(4 * interval, 2),
                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
                 **kwargs,
             )
@@ -158,33 +161,51 @@ class TrialLoop:
     # -- set-up shared by every worker --------------------------------------------------------
 
     def prepare(self) -> None:
-        """Time scale and calibration, shared through the study so every worker agrees."""
+        """Time scale, streamed share, calibration and the baseline trial, decided once per
+        study: the first worker claims the set-up (a marker study created once in the
+        storage), the others wait for it and adopt what it chose."""
+        import optuna
+
         attrs = self.study.user_attrs
-        if "time_scale" in attrs:
-            self.ctx.time_scale = float(attrs["time_scale"])
-            self.ctx.stream_fraction = float(attrs.get("stream_fraction", 1.0))
-        else:
-            self.ctx.time_scale, self.ctx.stream_fraction = self._choose_measurement()
-            self.study.set_user_attr("time_scale", self.ctx.time_scale)
-            self.study.set_user_attr("stream_fraction", self.ctx.stream_fraction)
+        if "time_scale" not in attrs:
+            if claim(self.study, "prepare"):
+                time_scale, fraction = self._choose_measurement()
+                for key, value in {
+                    "model": self.ctx.config.model,
+                    "gpu": self.ctx.gpu_name,
+                    "backend": self.ctx.backend.value,
+                    "vllm_version": str(self.ctx.version),
+                    "workload": self.ctx.workload.name,
+                    "objective": self.ctx.config.objective.value,
+                    "space": self.ctx.space.describe(),
+                    "stream_fraction": fraction,
+                }.items():
+                    self.study.set_user_attr(key, value)
+                if not self.study.trials:
+                    defaults = vllm_defaults(
+                        self.ctx.space, self.ctx.version, self.ctx.gpu_or_default
+                    )
+                    self.study.enqueue_trial(
+                        self.ctx.space.to_optuna(defaults), user_attrs={"role": ROLE_DEFAULT}
+                    )
+                self.study.set_user_attr("time_scale", time_scale)  # last: set-up complete
+            else:
+                self.progress("another worker is setting this study up; waiting for it")
+                deadline = time.monotonic() + PREPARE_WAIT_S
+                while "time_scale" not in self.study.user_attrs:
+                    if time.monotonic() > deadline:
+                        raise ConfigError(
+                            f"study {self.study.study_name!r}: the worker setting it up did not "
+                            f"finish within {PREPARE_WAIT_S:.0f} s; accepted: start again with --resume"
+                        )
+                    time.sleep(1.0)
+            attrs = optuna.load_study(
+                study_name=self.study.study_name, storage=self.study._storage
+            ).user_attrs
+        self.ctx.time_scale = float(attrs["time_scale"])
+        self.ctx.stream_fraction = float(attrs.get("stream_fraction", 1.0))
         if "calibration" in attrs and self.ctx.calibration is None:
             self.ctx.calibration = Calibration.model_validate(attrs["calibration"])
-        for key, value in {
-            "model": self.ctx.config.model,
-            "gpu": self.ctx.gpu_name,
-            "backend": self.ctx.backend.value,
-            "vllm_version": str(self.ctx.version),
-            "workload": self.ctx.workload.name,
-            "objective": self.ctx.config.objective.value,
-            "space": self.ctx.space.describe(),
-        }.items():
-            if key not in attrs:
-                self.study.set_user_attr(key, value)
-        if not self.study.trials:
-            defaults = vllm_defaults(self.ctx.space, self.ctx.version, self.ctx.gpu_or_default)
-            self.study.enqueue_trial(
-                self.ctx.space.to_optuna(defaults), user_attrs={"role": ROLE_DEFAULT}
-            )
 
     def _choose_measurement(self) -> tuple[float, float]:
         """The simulator's time scale and the share of requests streamed, so the load
@@ -333,6 +354,17 @@ class TrialLoop:
             f"trial {number:>3}  {ev.params.short():<52} {ev.verdict.value:<14} {what:<44} "
             f"{best_text}  {left / 60:4.1f} min left"
         )
+
+
+def claim(study: Any, what: str) -> bool:
+    """True for exactly one worker of a study: creating the marker study succeeds once."""
+    import optuna
+
+    try:
+        optuna.create_study(study_name=f"{study.study_name}.{what}", storage=study._storage)
+    except optuna.exceptions.DuplicatedStudyError:
+        return False
+    return True
 
 
 def objective_values(objective: Objective, ev: Evaluation) -> float | tuple[float, float]:

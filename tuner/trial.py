@@ -38,6 +38,7 @@ from tuner.processes import ChildRegistry
 from tuner.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
 from tuner.server_metrics import KvUsageWatcher, ServerCounters, scrape
 from workloads.metrics import LoadResult
+from workloads.runner import STARTUP_LEAD_PER_PROCESS_S, STARTUP_LEAD_S
 from workloads.schedule import RequestRecord, ScheduledRequest, sample_streams
 from workloads.spec import WarmupSpec, WorkloadSpec
 
@@ -240,13 +241,25 @@ class LiveServer:
         )
 
     def warm_up(self, workload: WorkloadSpec, warm: list[ScheduledRequest]) -> None:
-        """Send the workload's own warm-up requests; they finish before any window opens."""
+        """Send the workload's own warm-up requests; stopped once the last one is sent, so
+        the measured window never waits for the warm-up's longest answers."""
         if warm:
             run_schedule(
-                workload, sample_streams(warm, self.stream_fraction), base_url=self.server.base_url, model=self.model,
+                workload, sample_streams(warm, self.stream_fraction),
+                base_url=self.server.base_url, model=self.model,
                 out_dir=self.trial_dir / "warmup", registry=self.registry,
                 processes=self.processes, time_scale=self.time_scale,
+                stop_when=self._after_schedule(warm, drain_s=0.0),
             )  # fmt: skip
+
+    def _after_schedule(
+        self, schedule: list[ScheduledRequest], *, drain_s: float
+    ) -> Callable[[], bool]:
+        """True once the schedule's last send and ``drain_s`` more (emulated seconds) passed."""
+        last_s = max((r.send_s for r in schedule), default=0.0)
+        lead_s = STARTUP_LEAD_S + STARTUP_LEAD_PER_PROCESS_S * self.processes
+        deadline = time.monotonic() + lead_s + (last_s + drain_s) * self.time_scale
+        return lambda: time.monotonic() >= deadline
 
     def measure(
         self,
@@ -255,15 +268,35 @@ class LiveServer:
         *,
         out_dir: Path,
         stop_when: StopFactory | None = None,
+        drain_s: float | None = None,
     ) -> Measurement:
-        """One measured load run; /metrics deltas over exactly its window."""
+        """One measured load run; /metrics deltas over exactly its window.
+
+        ``drain_s`` (emulated seconds): stop the run that long after the last send, and
+        measure requests still in flight as far as they got, rather than waiting for the
+        longest answer (``LoadResult.from_records(cut_short=True)``).
+        """
         before = scrape(self.server.base_url)
         watcher = KvUsageWatcher(self.server.base_url).start()
         rule = stop_when.bind(out_dir) if stop_when is not None else None
+        cut = self._after_schedule(schedule, drain_s=drain_s) if drain_s is not None else None
+        fired: list[str] = []
+
+        def stop() -> bool:
+            if rule is not None and rule():
+                fired.append("slo")
+                return True
+            if cut is not None and cut():
+                fired.append("cut")
+                return True
+            return False
+
         run = run_schedule(
-            workload, sample_streams(schedule, self.stream_fraction), base_url=self.server.base_url, model=self.model,
-            out_dir=out_dir, registry=self.registry, processes=self.processes,
-            time_scale=self.time_scale, stop_when=rule,
+            workload, sample_streams(schedule, self.stream_fraction),
+            base_url=self.server.base_url, model=self.model, out_dir=out_dir,
+            registry=self.registry, processes=self.processes, time_scale=self.time_scale,
+            stop_when=stop if rule is not None or cut is not None else None,
+            cut_short=cut is not None,
         )  # fmt: skip
         peak_kv = watcher.stop()
         watcher.write_csv(out_dir / "metrics.csv")
@@ -280,7 +313,7 @@ class LiveServer:
             death=died,
             client_saturated=run.run.client_saturated,
             client_saturation_reason=run.run.saturation_reason,
-            stopped_early=run.run.stopped_by_caller,
+            stopped_early=run.run.stopped_by_caller and "slo" in fired,
         )
 
 

@@ -39,6 +39,7 @@ from tuner.space import TrialParams
 from tuner.study import (
     TrialLoop,
     best_trial,
+    claim,
     default_trial,
     fail_interrupted,
     load_evaluation,
@@ -97,17 +98,6 @@ def _reserve_s(ctx: TuneContext) -> float:
     level = c.level_duration_s * k + 4.0
     confirm = (2 + c.repeats) * (overhead + 2 * level) if c.confirm else 0.0
     return edge + confirm
-
-
-def _claim_finalize(study: Any, storage: Any) -> bool:
-    """True for exactly one worker of a study: creating the marker study succeeds once."""
-    import optuna
-
-    try:
-        optuna.create_study(study_name=f"{study.study_name}.finalize", storage=storage)
-    except optuna.exceptions.DuplicatedStudyError:
-        return False
-    return True
 
 
 def _log_to(path: Path) -> logging.Handler:
@@ -174,7 +164,7 @@ def _run(ctx: TuneContext, progress: Progress, began: float) -> TuneSummary:
         finalized = False
         if best is None:
             progress("no trial met the SLOs: no recommendation (see the trials' evaluation.json)")
-        elif _claim_finalize(study, study._storage):
+        elif claim(study, "finalize"):
             finalized = True
             rec = _finalize(ctx, study, best, registry, progress, loop.start_rate)
         else:

@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from workloads.load_errors import was_sent
+from workloads.load_errors import ABORTED, was_sent
 from workloads.schedule import RequestRecord, read_records
 
 DEFAULT_PROMPT_BUCKETS: tuple[int, ...] = (0, 512, 2048, 4096, 8192)
@@ -133,6 +133,9 @@ class LoadResult(BaseModel):
     # Completed requests with token timings; fewer than num_completed when only a
     # sample was streamed (TTFT/ITL/TPOT and goodput then come from that sample).
     num_streamed: int | None = None
+    # Streamed requests cut off in flight when a run was stopped after its window
+    # (``cut_short``): counted in the latencies with the timings they had.
+    num_truncated: int = 0
 
     @classmethod
     def from_records(
@@ -142,16 +145,24 @@ class LoadResult(BaseModel):
         slo: Slo | None = None,
         window_s: float | None = None,
         prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+        cut_short: bool = False,
     ) -> LoadResult:
-        frame = _frame([record for record in records if not record.warmup])
-        ok = frame[frame["ok"]]
+        """``cut_short``: the run was stopped on purpose once its window was over, so a
+        streamed request aborted in flight after its first token counts with the timings
+        it has (TTFT, and ITL/TPOT over its tokens so far), not as an error; it adds to no
+        throughput and has no e2e. One sent whole and cut off is not measured at all (nor
+        an error); a streamed one still without its first token is an error."""
+        frame = _frame([record for record in records if not record.warmup], cut_short=cut_short)
+        done = frame[frame["ok"]]
+        ok = frame[frame["ok"] | frame["truncated"]]
         num_requests = len(frame)
-        num_completed = len(ok)
+        num_completed = len(done)
+        num_truncated = int(frame["truncated"].sum())
         # Token timings exist only for streamed requests (all of them unless sampled).
         timed = ok[ok["streamed"]]
 
         ttft_s = timed["first_token_s"] - timed["scheduled_s"]
-        e2e_s = ok["end_s"] - ok["scheduled_s"]
+        e2e_s = done["end_s"] - done["scheduled_s"]
         last_s = timed["last_token_s"].fillna(timed["end_s"])
         multi = timed["output_tokens"] > 1
         tpot_s = (last_s - timed["first_token_s"])[multi] / (timed["output_tokens"][multi] - 1)
@@ -171,16 +182,20 @@ class LoadResult(BaseModel):
             if slo.e2e_ms is not None:
                 good &= (1000 * e2e_s.reindex(timed.index)) <= slo.e2e_ms
         num_good = int(good.sum())
-        if len(timed) < num_completed:  # sampled streams: the sample's share of good ones
+        if len(timed) < len(ok):  # sampled streams: the sample's share of good ones
             num_good = round(num_good / len(timed) * num_completed) if len(timed) else 0
+        else:
+            num_good = min(num_good, num_completed)
         output_tokens = int(ok["output_tokens"].sum())
 
         return cls(
             num_requests=num_requests,
             num_completed=num_completed,
-            num_errors=num_requests - num_completed,
+            num_errors=num_requests - num_completed - num_truncated,
             num_not_sent=int((~frame["sent"]).sum()),
-            error_rate=(num_requests - num_completed) / num_requests if num_requests else 0.0,
+            error_rate=(num_requests - num_completed - num_truncated) / num_requests
+            if num_requests
+            else 0.0,
             window_s=window_s,
             duration_s=duration_s,
             offered_rate=num_requests / window_s if window_s else None,
@@ -188,7 +203,7 @@ class LoadResult(BaseModel):
             request_throughput=_per_s(num_completed, duration_s),
             output_token_throughput=_per_s(output_tokens, duration_s),
             output_tokens=output_tokens,
-            prompt_tokens=int(ok["prompt_tokens"].sum()),
+            prompt_tokens=int(done["prompt_tokens"].sum()),
             slo=slo,
             num_good=num_good,
             goodput=_per_s(num_good, duration_s),
@@ -199,6 +214,7 @@ class LoadResult(BaseModel):
             send_lag_ms=Percentiles.from_values(1000 * lag_s),
             prompt_buckets=_buckets(frame, prompt_buckets),
             num_streamed=len(timed),
+            num_truncated=num_truncated,
         )
 
     def in_virtual_time(self, time_scale: float) -> LoadResult:
@@ -252,11 +268,13 @@ class LoadResult(BaseModel):
         slo: Slo | None = None,
         window_s: float | None = None,
         prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+        cut_short: bool = False,
     ) -> LoadResult:
         """From a records JSONL file (e.g. `LoadRun.records_path`)."""
         return cls.from_records(
-            read_records(path), slo=slo, window_s=window_s, prompt_buckets=prompt_buckets
-        )
+            read_records(path), slo=slo, window_s=window_s, prompt_buckets=prompt_buckets,
+            cut_short=cut_short,
+        )  # fmt: skip
 
 
 _COLUMNS = (
@@ -271,10 +289,11 @@ _COLUMNS = (
     "ok",
     "sent",
     "streamed",
+    "truncated",
 )
 
 
-def _frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
+def _frame(records: Sequence[RequestRecord], *, cut_short: bool = False) -> pd.DataFrame:
     frame = pd.DataFrame(
         {
             "scheduled_s": [r.scheduled_s for r in records],
@@ -288,6 +307,11 @@ def _frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
             "ok": [r.ok for r in records],
             "sent": [was_sent(r.error) for r in records],
             "streamed": [r.streamed for r in records],
+            # cut off in flight: a streamed request with its first token, or one sent whole
+            "truncated": [
+                cut_short and r.error == ABORTED and (r.first_token_s is not None or not r.streamed)
+                for r in records
+            ],
         },
         columns=list(_COLUMNS),
     )
@@ -295,7 +319,7 @@ def _frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
         frame[column] = frame[column].astype("float64")
     for column in ("prompt_tokens", "output_tokens"):
         frame[column] = frame[column].astype("int64")
-    for column in ("ok", "sent", "streamed"):
+    for column in ("ok", "sent", "streamed", "truncated"):
         frame[column] = frame[column].astype(bool)
     return frame
 
