@@ -228,7 +228,7 @@ def confirm(
                 out_dir=out_dir,
                 registry=registry,
                 start_rate_per_s=start_rate_per_s,
-                max_levels=2,
+                max_levels=3,
             )
         )
     return measured_of(runs)
@@ -300,10 +300,13 @@ def recommend(
         measured: Measured | None = None
         if ctx.config.confirm:
             repeats = ctx.config.repeats if name == "recommended" else 1
+            # Start where the best trial held (or lower, if the prediction for this
+            # variant says so): a confirmation measures the variant, not the SLO's edge.
             first = start_rate(params) if start_rate is not None else None
+            rates = [r for r in (first, best.rate_per_s) if r]
             measured = confirm(
                 ctx, name, params, registry=registry,
-                start_rate_per_s=first or best.rate_per_s, repeats=repeats,
+                start_rate_per_s=min(rates) if rates else None, repeats=repeats,
             )  # fmt: skip
             progress(
                 f"confirm     {name:<13} {params.short():<52} {measured.verdict.value:<12} "

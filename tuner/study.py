@@ -288,14 +288,15 @@ class TrialLoop:
         return objective_values(ctx.config.objective, evaluation)
 
     def start_rate(self, params: TrialParams) -> float | None:
-        """The first rate to measure: a little below the simulator's prediction for these
-        settings, else the best goodput so far, else the workload's own rate."""
+        """The first rate to measure: 10% below the simulator's prediction for these
+        settings (so the first level usually holds and the next one brackets the edge),
+        else the best goodput so far, else the workload's own rate."""
         ctx = self.ctx
         fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
         if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
             return fallback
         predicted = self.predicted_max_rate(params, fallback)
-        return predicted * 0.97 if predicted > 0 else fallback
+        return predicted * 0.9 if predicted > 0 else fallback
 
     def predicted_max_rate(self, params: TrialParams, start: float | None) -> float:
         """The simulator's highest arrival rate meeting the SLOs (cached per settings)."""

@@ -86,17 +86,17 @@ def describe(ctx: TuneContext) -> dict[str, Any]:
 
 
 def _reserve_s(ctx: TuneContext) -> float:
-    """Wall time kept back for the edge search and the confirmation runs."""
+    """Wall time kept back for the edge search and the confirmation runs: what they take
+    in the usual case (the calibrated model puts the edge within three launches, a
+    confirmation measures two or three rates)."""
     c = ctx.config
     k = ctx.time_scale
-    overhead = 8.0
-    edge = (
-        (c.max_edge_launches + c.seqs_edge_launches) * (overhead + c.edge_load_s * k)
-        if c.edge
-        else 0.0
-    )
-    level = c.level_duration_s * k + 4.0
-    confirm = (2 + c.repeats) * (overhead + 2 * level) if c.confirm else 0.0
+    overhead = 10.0  # launch, readiness, load generator start
+    edge_launches = min(c.max_edge_launches, 3) + c.seqs_edge_launches
+    edge = edge_launches * (overhead + c.edge_load_s * k) if c.edge else 0.0
+    level = (c.level_duration_s + 4.0) * k + 4.0
+    warm = ctx.workload.warmup.duration_s * k
+    confirm = (2 + c.repeats) * (overhead + warm + 2.5 * level) if c.confirm else 0.0
     return edge + confirm
 
 
