@@ -168,6 +168,8 @@ def evaluate(
                 if start_rate_per_s and ctx.workload.mean_rate_per_s is not None
                 else ctx.workload
             )
+            # Only the warm-up part is sent: plan no more than a second of window after it.
+            warm_spec = warm_spec.model_copy(update={"duration_s": 1.0})
             warm, _ = split_warmup(
                 plan_schedule(
                     warm_spec, max_model_len=ctx.base.max_model_len, model_dir=config.model_dir

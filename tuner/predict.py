@@ -45,7 +45,7 @@ class Prediction:
 
 
 def simulate_schedule(
-    setup: Setup, schedule: list[ScheduledRequest], slo: Slo
+    setup: Setup, schedule: list[ScheduledRequest], slo: Slo, stop_at_s: float | None = None
 ) -> tuple[MemoryPlan, SimulationResult | None]:
     plan, engine = build_engine(setup.model, setup.gpu, setup.params, setup.version, setup.options)
     if engine is None:
@@ -61,7 +61,7 @@ def simulate_schedule(
     ]
     result = run(
         engine, records, slo=slo, vocab=vocab, max_model_len=plan.max_model_len,
-        prompt_token_ids=ids,
+        prompt_token_ids=ids, stop_at_s=stop_at_s,
     )  # fmt: skip
     return plan, result
 
@@ -96,7 +96,9 @@ def predict(setup: Setup, spec: WorkloadSpec, rate_per_s: float | None = None) -
         tpot_s=min(limits.get(SloMetric.TPOT, math.inf), limits.get(SloMetric.ITL, math.inf))
         / 1000.0,
     )
-    plan, result = simulate_schedule(setup, schedule, slo)
+    # Cut where a measured level is cut (tuner.rate_search.drain_s), not at the last answer.
+    drain = max(4.0, 1.5 * limits.get(SloMetric.TTFT, 0.0) / 1000.0)
+    plan, result = simulate_schedule(setup, schedule, slo, stop_at_s=spec.duration_s + drain)
     rate = rate_per_s if rate_per_s is not None else (spec.mean_rate_per_s or 0.0)
     met = result is not None and slo_met(spec, result)
     return Prediction(rate_per_s=rate, plan=plan, result=result, met=met)

@@ -123,11 +123,14 @@ def run(
     seed: int = 0,
     max_model_len: int | None = None,
     prompt_token_ids: Sequence[list[int]] | None = None,
+    stop_at_s: float | None = None,
 ) -> SimulationResult:
     """Feed the arrivals to the engine on a virtual clock until every request is done.
 
     ``prompt_token_ids`` (one list per record): the prompts' own ids, e.g. a workload's
     text through the simulator's tokenizer, instead of ids made up from the record.
+    ``stop_at_s``: stop there, as a load test cut after its window; requests still
+    running count in TTFT/ITL/TPOT with the tokens they have (no e2e, no throughput).
     """
     now = 0.0
     nxt = 0
@@ -138,6 +141,8 @@ def run(
     died: str | None = None
     limit = max_model_len or 1 << 62
     while nxt < len(records) or engine.has_work:
+        if stop_at_s is not None and now >= stop_at_s and nxt >= len(records):
+            break
         while nxt < len(records) and records[nxt].arrival_s <= now:
             record = records[nxt]
             if record.prompt_tokens + 1 > limit or record.prompt_tokens == 0:
@@ -178,7 +183,12 @@ def run(
         now += result.duration_s
     if died is not None:
         failed += len(records) - len(finished)
-    return _summarise(engine, records, finished, failed, now, steps, peak_usage, slo, died)
+    partial = (
+        [r for r in engine.running if r.first_token_s is not None]
+        if stop_at_s is not None and died is None
+        else []
+    )
+    return _summarise(engine, records, finished, failed, now, steps, peak_usage, slo, died, partial)
 
 
 def _summarise(
@@ -191,6 +201,7 @@ def _summarise(
     peak_usage: float,
     slo: Slo,
     died: str | None,
+    partial: Sequence[SimRequest] = (),
 ) -> SimulationResult:
     ttft: list[float] = []
     itl: list[float] = []
@@ -208,6 +219,13 @@ def _summarise(
         tpot.append(per_token)
         if first <= slo.ttft_s and per_token <= slo.tpot_s:
             good += 1
+    for request in partial:
+        assert request.first_token_s is not None
+        ttft.append(request.first_token_s - request.arrival_s)
+        times = request.token_times_s
+        itl.extend(b - a for a, b in itertools.pairwise(times))
+        if len(times) > 1:
+            tpot.append((times[-1] - times[0]) / (len(times) - 1))
     start = records[0].arrival_s if records else 0.0
     duration = max(end_s - start, 1e-9)
     output_tokens = sum(len(r.output_token_ids) for r in finished)
