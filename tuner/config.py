@@ -40,6 +40,7 @@ class TuneConfig(BaseModel):
     vllm_version: str | None = None  # sim: the emulated release (default: current)
     model_dir: Path | None = None  # a local model directory whose tokenizer sizes prompts
     max_model_len: int | None = Field(default=None, ge=1)
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)  # a fixed KV cache size
     tensor_parallel_size: int = Field(default=1, ge=1)
     # The traffic and its objectives
     workload: str = "chat"

@@ -47,6 +47,8 @@ class TuneContext:
     space: SearchSpace
     base: ServingParams
     run_dir: Path
+    model_dir: Path | None = None  # whose tokenizer sizes the prompts
+    gpu_source: str = "auto"  # nvml, sim or none, resolved from the backend and NVML
     time_scale: float = 1.0
     stream_fraction: float = 1.0  # share of requests streamed (token timings); see sample_streams
     calibration: Calibration | None = None
@@ -144,7 +146,9 @@ def resolve(config: TuneConfig) -> TuneContext:
             "(every request at once); accepted: a workload with an arrival rate"
         )
     base = ServingParams(
-        max_model_len=config.max_model_len, tensor_parallel_size=config.tensor_parallel_size
+        max_model_len=config.max_model_len,
+        tensor_parallel_size=config.tensor_parallel_size,
+        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
     ).checked()
     notes: list[str] = []
     overrides: dict[Knob, Range] = {}
@@ -177,6 +181,8 @@ def resolve(config: TuneConfig) -> TuneContext:
         config=config, backend=backend, model=model, gpu=gpu, version=version,
         vllm_cmd=vllm_cmd, accepted_flags=accepted, workload=workload, space=space,
         base=base, run_dir=config.run_path(gpu.name if gpu else None), notes=notes,
+        model_dir=config.model_dir or (Path(config.model) if Path(config.model).is_dir() else None),
+        gpu_source=_gpu_source(config.gpu_source, backend, nvml_name),
     )  # fmt: skip
     if backend is Backend.SIM:
         ctx.notes.insert(
@@ -185,6 +191,22 @@ def resolve(config: TuneConfig) -> TuneContext:
             "memory accounting, scheduling and metrics",
         )
     return ctx
+
+
+def _gpu_source(wanted: str, backend: Backend, nvml_name: str | None) -> str:
+    """Where GPU memory is sampled from: the simulator's /sim/gpu, NVML, or nowhere."""
+    accepted = ("auto", "nvml", "sim", "none")
+    if wanted not in accepted:
+        raise ConfigError(
+            f"--gpu-source {wanted!r} is not accepted; accepted: {', '.join(accepted)}"
+        )
+    if wanted == "auto":
+        return "sim" if backend is Backend.SIM else ("nvml" if nvml_name else "none")
+    if wanted == "nvml" and nvml_name is None:
+        raise ConfigError(
+            "--gpu-source nvml: NVML sees no NVIDIA GPU here; accepted: sim (simulated backend) or none"
+        )
+    return wanted
 
 
 def _fit_context(

@@ -149,7 +149,7 @@ class EdgeSearch:
         began = time.monotonic()
         live = LiveServer(
             launch_spec(self.ctx, params), trial_dir=out, registry=self.registry,
-            gpu_source=self.ctx.config.gpu_source, processes=self.ctx.config.processes,
+            gpu_source=self.ctx.gpu_source, processes=self.ctx.config.processes,
             stream_fraction=self.ctx.stream_fraction,
         )  # fmt: skip
         measurement = None
@@ -160,7 +160,7 @@ class EdgeSearch:
             if live.ready:
                 seqs = startup.report.max_num_seqs if startup.report else None
                 case = worst_case(self.ctx, seqs or params.max_num_seqs or 256)
-                schedule = worst_case_schedule(case, self.ctx.config.model_dir)
+                schedule = worst_case_schedule(case, self.ctx.model_dir)
                 deadline = time.monotonic() + case.load_s * live.time_scale
                 measurement = live.measure(
                     _worst_spec(self.ctx, case), schedule, out_dir=out / "load",

@@ -153,7 +153,7 @@ def evaluate(
     config = ctx.config
     live = LiveServer(
         launch_spec(ctx, params), trial_dir=out_dir, registry=registry,
-        gpu_source=config.gpu_source, processes=config.processes,
+        gpu_source=ctx.gpu_source, processes=config.processes,
         stream_fraction=ctx.stream_fraction,
     )  # fmt: skip
     search: RateSearch | None = None
@@ -172,14 +172,14 @@ def evaluate(
             warm_spec = warm_spec.model_copy(update={"duration_s": 1.0})
             warm, _ = split_warmup(
                 plan_schedule(
-                    warm_spec, max_model_len=ctx.base.max_model_len, model_dir=config.model_dir
+                    warm_spec, max_model_len=ctx.base.max_model_len, model_dir=ctx.model_dir
                 )
             )
             live.warm_up(warm_spec, warm)
             search = search_rate(
                 live, ctx.workload, start_rate_per_s=start_rate_per_s, out_dir=out_dir,
                 level_duration_s=config.level_duration_s,
-                max_levels=max_levels or config.max_levels, model_dir=config.model_dir,
+                max_levels=max_levels or config.max_levels, model_dir=ctx.model_dir,
             )  # fmt: skip
     evaluation = _evaluation(ctx, params, out_dir, startup, search, live, kv_fill)
     evaluation.write()

@@ -32,6 +32,7 @@ def add_parser(sub: Any) -> None:
         "--model-dir", type=Path, help="a local model directory whose tokenizer sizes prompts"
     )
     p.add_argument("--max-model-len", type=int)
+    p.add_argument("--kv-cache-memory-bytes", type=int, help="a fixed KV cache size (bytes)")
     p.add_argument("--tensor-parallel-size", type=int)
     p.add_argument("--workload", help="built-in (chat, code, rag, batch, mixed-long-short) or YAML")
     p.add_argument("--rate", type=float, help="first arrival rate to measure (requests/s)")
@@ -97,6 +98,7 @@ def _space(items: list[str] | None) -> dict[str, str] | None:
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
     fields = (
         "model", "gpu", "backend", "vllm_cmd", "vllm_version", "model_dir", "max_model_len",
+        "kv_cache_memory_bytes",
         "tensor_parallel_size", "workload", "rate", "slo_ttft_ms", "slo_itl_ms", "objective",
         "trials", "budget_min", "seed", "screen", "level_duration_s", "max_levels", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
