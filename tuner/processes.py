@@ -10,16 +10,23 @@ left behind:
 3. the harness killed with SIGKILL: each child was started with a parent-death
    signal (Linux ``PR_SET_PDEATHSIG``), and the next run in the same run directory
    stops any recorded group that is still alive and says so.
+
+Several harnesses may share a run directory (tuning workers of one study on one
+host): each record names the harness that started it (host, pid and start time), a
+harness rewrites only its own records (under a lock, merging the others'), and the
+leftovers stopped at start are only those of harnesses no longer alive.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +55,31 @@ def _cmdline(pid: int) -> str:
     except OSError:
         return ""
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def process_id(pid: int) -> str:
+    """``host:pid:start`` naming one process even after its pid is reused ("" if gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+        start = stat.rsplit(")", 1)[1].split()[19]  # field 22: start time, ticks after boot
+    except (OSError, IndexError):
+        return ""
+    return f"{socket.gethostname()}:{pid}:{start}"
+
+
+def _on_this_host(owner: str) -> bool:
+    return owner.split(":", 1)[0] == socket.gethostname()
+
+
+def _owner_alive(owner: str) -> bool:
+    """Whether the harness that recorded a child still runs (another host's: assumed so)."""
+    if not _on_this_host(owner):
+        return True
+    try:
+        pid = int(owner.split(":")[1])
+    except (IndexError, ValueError):
+        return False
+    return process_id(pid) == owner
 
 
 def group_alive(pgid: int) -> bool:
@@ -101,6 +133,7 @@ class ChildRecord:
     cmdline: str
     started_at: float
     role: str
+    owner: str = ""  # process_id() of the harness that started it ("": an older file)
 
 
 class ChildRegistry:
@@ -109,6 +142,7 @@ class ChildRegistry:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / REGISTRY_FILE
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.owner = process_id(os.getpid())
         self._children: dict[int, ChildRecord] = {}
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._previous: dict[
@@ -118,9 +152,19 @@ class ChildRegistry:
     # -- leftovers of an earlier run --------------------------------------------------------
 
     def stop_leftovers(self) -> list[str]:
-        """Stop groups an earlier harness in this run directory left alive; say which."""
+        """Stop groups an earlier harness in this run directory left alive; say which.
+
+        Children of another harness still running here (a worker of the same study
+        sharing the run directory) are left alone.
+        """
         notes: list[str] = []
-        for record in self._read():
+        handled: set[tuple[str, int]] = set()
+        with self._locked():
+            records = self._read()
+        for record in records:
+            if record.owner and record.owner != self.owner and _owner_alive(record.owner):
+                continue
+            handled.add((record.owner, record.pgid))
             if not group_alive(record.pgid):
                 continue
             current = _cmdline(record.pgid)
@@ -132,7 +176,7 @@ class ChildRegistry:
                 f"(process group {record.pgid}: {record.cmdline[:120]})"
             )
         self._children.clear()
-        self._write()
+        self._write(handled)
         return notes
 
     # -- this run ----------------------------------------------------------------------------
@@ -164,6 +208,7 @@ class ChildRegistry:
             cmdline=_cmdline(proc.pid) or " ".join(cmd),
             started_at=time.time(),
             role=role,
+            owner=self.owner,
         )
         self._children[proc.pid] = record
         self._procs[proc.pid] = proc
@@ -199,16 +244,38 @@ class ChildRegistry:
 
     # -- the file ----------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self.path.with_name(REGISTRY_FILE + ".lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def _read(self) -> list[ChildRecord]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             return []
-        return [ChildRecord(**item) for item in data if isinstance(item, dict)]
+        fields = set(ChildRecord.__dataclass_fields__)
+        return [
+            ChildRecord(**{k: v for k, v in item.items() if k in fields})
+            for item in data
+            if isinstance(item, dict)
+        ]
 
-    def _write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps([asdict(r) for r in self._children.values()], indent=1), encoding="utf-8"
-        )
-        tmp.replace(self.path)
+    def _others(self, record: ChildRecord, drop: set[tuple[str, int]]) -> bool:
+        """Records of other harnesses kept when this one rewrites the file: their children
+        still alive (a dead harness's too, for the next run to stop), another host's."""
+        if record.owner == self.owner or (record.owner, record.pgid) in drop:
+            return False
+        return (bool(record.owner) and not _on_this_host(record.owner)) or group_alive(record.pgid)
+
+    def _write(self, drop: set[tuple[str, int]] | None = None) -> None:
+        with self._locked():
+            records = [r for r in self._read() if self._others(r, drop or set())]
+            records += self._children.values()
+            tmp = self.path.with_name(f"{REGISTRY_FILE}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps([asdict(r) for r in records], indent=1), encoding="utf-8")
+            tmp.replace(self.path)
