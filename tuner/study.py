@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 15
 HEARTBEAT_ENV = "TUNER_HEARTBEAT_S"  # seconds between heartbeats; the grace is 4 of them
 PREPARE_WAIT_S = 600.0
+OTHERS_POLL_S = 2.0  # how often a worker waiting for other workers' trials looks again
+FINALIZED_ATTR = "finalized"  # study attribute set once the finalize is written
+EVALUATION_ATTR = "evaluation"  # trial attribute: the Evaluation, for workers on other hosts
 ROLE_DEFAULT = "vllm-default"
 ROLE_SEARCH = "search"
 
@@ -59,7 +62,8 @@ def open_storage(url: str) -> Any:
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
-    try:
+
+    def attempt() -> Any:
         with warnings.catch_warnings():  # heartbeats are stable in use, flagged experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             interval = int(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_INTERVAL_S)
@@ -70,6 +74,9 @@ def open_storage(url: str) -> Any:
                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
                 **kwargs,
             )
+
+    try:
+        return _retry_schema_race(attempt)
     except (optuna.exceptions.StorageInternalError, ImportError, ValueError) as exc:
         raise ConfigError(
             f"cannot open the study storage {_redact(url)!r}: {exc}; accepted: a SQLAlchemy "
@@ -77,6 +84,22 @@ def open_storage(url: str) -> Any:
         ) from None
     except Exception as exc:  # SQLAlchemy's errors: unreachable host, bad credentials
         raise ConfigError(f"cannot open the study storage {_redact(url)!r}: {exc}") from None
+
+
+def _retry_schema_race(attempt: Callable[[], Any], tries: int = 5) -> Any:
+    """Workers opening a new database at once all create Optuna's tables; all but one
+    collide (duplicate type, table or version row). Once one has, opening again works."""
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for i in range(tries):
+        try:
+            return attempt()
+        except (IntegrityError, ProgrammingError):
+            if i == tries - 1:
+                raise
+            log.info("the study storage's tables were being created by another worker; again")
+            time.sleep(0.5 + i)
+    raise AssertionError("unreachable")
 
 
 def _redact(url: str) -> str:
@@ -106,14 +129,28 @@ def open_study(ctx: TuneContext) -> Any:
             f"study {name!r} already has {existing[name].n_trials} trials in "
             f"{_redact(url)!r}; accepted: --resume to continue it, or --study NEW for a new one"
         )
+    seed = config.seed
+    if seed is not None and config.storage is not None:
+        seed = worker_seed(seed)
     study = optuna.create_study(
         study_name=name,
         storage=storage,
         directions=config.objective.directions,
-        sampler=make_sampler(config.objective, seed=config.seed, n_trials=config.trials),
+        sampler=make_sampler(config.objective, seed=seed, n_trials=config.trials),
         load_if_exists=True,
     )
     return study
+
+
+def worker_seed(seed: int) -> int:
+    """The sampler's seed of this worker of a shared study: ``--seed`` mixed with the
+    worker's host and pid, so workers seeded alike do not suggest the same settings
+    (which makes a study shared by several workers unrepeatable anyway)."""
+    import socket
+    import zlib
+
+    identity = zlib.crc32(f"{socket.gethostname()}:{os.getpid()}".encode())
+    return (seed * 1_000_003 + identity) % 2**32
 
 
 def fail_interrupted(study: Any, *, local: bool) -> int:
@@ -122,12 +159,11 @@ def fail_interrupted(study: Any, *, local: bool) -> int:
     With a local SQLite study no other worker can be running, so every RUNNING trial
     was cut off; elsewhere only those whose heartbeat stopped.
     """
-    import optuna
     from optuna.trial import TrialState
 
     if not local:
         before = len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
-        optuna.storages.fail_stale_trials(study)
+        fail_stale(study)
         return len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,))) - before
     storage = study._storage
     failed = 0
@@ -254,12 +290,46 @@ class TrialLoop:
 
         return list(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
+    def running_trials(self) -> list[Any]:
+        from optuna.trial import TrialState
+
+        return list(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
     def run(self) -> None:
+        """Run trials until the study has ``trials`` complete ones and none running.
+
+        Between its trials a worker runs none, so the RUNNING trials are other
+        workers': it starts another only while complete and running trials together
+        are fewer than wanted, and otherwise waits for them (until its deadline), so
+        the finalize sees every trial. A worker that died mid-trial stops sending
+        heartbeats: its trial is failed here and retried (the storage's callback
+        enqueues it with the same settings), and a waiting worker runs the retry.
+        """
+        wanted = self.ctx.config.trials
+        said_waiting = False
         while True:
+            fail_stale(self.study)
             done = len(self.complete_trials())
-            if done >= self.ctx.config.trials:
-                return
+            running = len(self.running_trials())
             left = self.deadline_s - time.monotonic()
+            if done >= wanted and running == 0:
+                return
+            if done + running >= wanted:
+                if left <= 0:
+                    self.progress(
+                        f"time budget spent: not waiting for the {running} trial(s) other "
+                        "workers are running"
+                    )
+                    return
+                if not said_waiting:
+                    self.progress(
+                        f"{done} trial(s) complete, {running} running on other workers: "
+                        "waiting for them"
+                    )
+                    said_waiting = True
+                time.sleep(OTHERS_POLL_S)
+                continue
+            said_waiting = False
             if done > 0 and left < self.trial_estimate_s:
                 self.progress(
                     f"time budget: {left:.0f} s left, a trial takes ~{self.trial_estimate_s:.0f} s; "
@@ -357,6 +427,18 @@ class TrialLoop:
         )
 
 
+def fail_stale(study: Any) -> None:
+    """Fail the trials of workers whose heartbeat stopped (each is retried by the storage's
+    callback); what Optuna does itself before each trial, here also while waiting."""
+    import warnings
+
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
 def claim(study: Any, what: str) -> bool:
     """True for exactly one worker of a study: creating the marker study succeeds once."""
     import optuna
@@ -365,6 +447,27 @@ def claim(study: Any, what: str) -> bool:
         optuna.create_study(study_name=f"{study.study_name}.{what}", storage=study._storage)
     except optuna.exceptions.DuplicatedStudyError:
         return False
+    return True
+
+
+def mark_finalized(study: Any, run_dir: Path) -> None:
+    """Tell the other workers the edge search, recommendation and report are written."""
+    import socket
+
+    study.set_user_attr(
+        FINALIZED_ATTR, {"host": socket.gethostname(), "run_dir": str(run_dir), "at": time.time()}
+    )
+
+
+def wait_finalized(study: Any, *, deadline_s: float, progress: Progress) -> bool:
+    """Wait (until ``deadline_s``, monotonic) for the worker that claimed the finalize."""
+    while FINALIZED_ATTR not in study.user_attrs:
+        if time.monotonic() > deadline_s:
+            progress("the finalizing worker did not finish in time; reporting what is here")
+            return False
+        time.sleep(OTHERS_POLL_S)
+    where = study.user_attrs[FINALIZED_ATTR]
+    progress(f"finalized by the worker on {where.get('host')} in {where.get('run_dir')}")
     return True
 
 
@@ -405,6 +508,9 @@ def record(trial: Any, ev: Evaluation, *, role: str) -> None:
     }
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
+    # The whole evaluation too (~20 kB): a worker on another host finalizing the study
+    # reads it from the storage when this run directory is not on its filesystem.
+    trial.set_user_attr(EVALUATION_ATTR, ev.model_dump(mode="json"))
 
 
 def best_trial(study: Any) -> Any | None:
@@ -431,8 +537,14 @@ def default_trial(study: Any) -> Any | None:
 
 
 def load_evaluation(trial: Any) -> Evaluation | None:
+    """The trial's evaluation.json, else (run by a worker on another host) its copy in the
+    study."""
     path = Path(str(trial.user_attrs.get("dir", "")), "evaluation.json")
     try:
         return Evaluation.model_validate_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        pass
+    try:
+        return Evaluation.model_validate(trial.user_attrs[EVALUATION_ATTR])
+    except (KeyError, ValueError):
         return None

@@ -14,8 +14,10 @@
         summary.json           what the run came to, for scripts
 
 With several workers on one study (``--storage`` shared), every worker runs trials
-until the study has enough; the first to finish claims the edge search and the
-recommendation (a marker study created once in the storage), the others stop.
+until the study has enough and waits for the other workers' last trials; the first
+to finish claims the edge search and the recommendation (a marker study created once
+in the storage); the others wait for it to finish and then write the report into
+their own run directory (the same one for workers on one host sharing it).
 """
 
 from __future__ import annotations
@@ -38,18 +40,23 @@ from tuner.recommend import Recommendation, recommend
 from tuner.space import TrialParams
 from tuner.study import (
     TrialLoop,
+    _redact,
     best_trial,
     claim,
     default_trial,
     fail_interrupted,
     load_evaluation,
+    mark_finalized,
     open_study,
     storage_url,
+    wait_finalized,
 )
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
+
+FINALIZE_GRACE_S = 600.0  # past its own budget, how long a worker waits for the finalizing one
 
 
 class TuneSummary(BaseModel):
@@ -71,7 +78,10 @@ class TuneSummary(BaseModel):
 def describe(ctx: TuneContext) -> dict[str, Any]:
     return {
         "study": ctx.study_name,
-        "config": ctx.config.model_dump(mode="json"),
+        "config": {  # the storage URL's password stays out of the run directory
+            **ctx.config.model_dump(mode="json"),
+            "storage": _redact(ctx.config.storage) if ctx.config.storage else None,
+        },
         "backend": ctx.backend.value,
         "model": ctx.model.name,
         "gpu": ctx.gpu_name,
@@ -164,12 +174,18 @@ def _run(ctx: TuneContext, progress: Progress, began: float) -> TuneSummary:
         finalized = False
         if best is None:
             progress("no trial met the SLOs: no recommendation (see the trials' evaluation.json)")
-        elif claim(study, "finalize"):
+        elif claim(study, "finalize") or config.storage is None:
+            # (the study in the run directory has no other worker: a resumed run finalizes
+            # again, also when an earlier run claimed it and was cut off or had fewer trials)
             finalized = True
             rec = _finalize(ctx, study, best, registry, progress, loop.start_rate)
         else:
-            progress("another worker of this study finalizes it (edge search, recommendation)")
-        report = _report(ctx, progress) if finalized or best is None else None
+            progress(
+                "another worker of this study finalizes it (edge search, recommendation); "
+                "waiting for it to finish, then writing the report here"
+            )
+            wait_finalized(study, deadline_s=deadline + FINALIZE_GRACE_S, progress=progress)
+        report = _report(ctx, progress)
     summary = TuneSummary(
         study=ctx.study_name,
         run_dir=str(ctx.run_dir),
@@ -183,8 +199,23 @@ def _run(ctx: TuneContext, progress: Progress, began: float) -> TuneSummary:
         report=str(report) if report else None,
         wall_s=time.monotonic() - began,
     )
-    (ctx.run_dir / "summary.json").write_text(summary.model_dump_json(indent=2), encoding="utf-8")
+    _write_summary(ctx.run_dir / "summary.json", summary)
+    if finalized:
+        mark_finalized(study, ctx.run_dir)
     return summary
+
+
+def _write_summary(path: Path, summary: TuneSummary) -> None:
+    """summary.json, unless the worker that finalized this study wrote it into this (shared)
+    run directory: another worker's summary does not replace it."""
+    if not summary.finalized_here and path.exists():
+        try:
+            there = TuneSummary.model_validate_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            there = None
+        if there is not None and there.study == summary.study and there.finalized_here:
+            return
+    path.write_text(summary.model_dump_json(indent=2), encoding="utf-8")
 
 
 def _finalize(
