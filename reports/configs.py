@@ -765,9 +765,11 @@ def tuning_job_manifests(
 ) -> str:
     """A Secret with the storage URL, an Indexed Job of ``workers`` tuning workers, the claim.
 
-    Each pod gets one GPU and runs ``tuner tune --model M --storage $(TUNER_STORAGE)
-    --study NAME ...``; TUNER_STORAGE comes from the Secret through ``secretKeyRef``, so
-    the URL (and its password) is nowhere in the Job. Give ``storage_secret`` instead of
+    Each pod gets one GPU and runs ``tuner tune --model M --study NAME --resume ...``
+    (``--resume``: every worker joins the study, whichever starts first, and a retried
+    pod continues it); ``tuner tune`` reads the storage from TUNER_STORAGE, which comes
+    from the Secret through ``secretKeyRef``, so the URL (and its password) is nowhere
+    in the Job, nor on the worker's command line. Give ``storage_secret`` instead of
     ``storage_url`` to use a Secret that exists already (nothing secret is printed then).
     Pods are not restarted in place: a failed worker's pod stays for its log and the
     index is retried in a new pod, up to 3 times, while the other workers carry on.
@@ -846,8 +848,8 @@ def _tuning_job(
     }
     secret_ref = storage_secret or SecretKeyRef(name=f"{job_name}-storage", key=STORAGE_SECRET_KEY)
     claim_name = f"{job_name}-vllm-cache"
-    args = ["tune", "--model", _k8s_literal(model), "--storage", "$(TUNER_STORAGE)"]
-    args += ["--study", _k8s_literal(study), *(_k8s_literal(a) for a in extra_args)]
+    args = ["tune", "--model", _k8s_literal(model), "--study", _k8s_literal(study), "--resume"]
+    args += [_k8s_literal(a) for a in extra_args]
     container = {
         "name": "tuner",
         "image": image,

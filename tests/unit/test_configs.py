@@ -550,11 +550,12 @@ def test_tuning_job_is_an_indexed_job_of_one_gpu_workers_and_validates() -> None
         "tune",
         "--model",
         "meta-llama/Llama-3.1-8B-Instruct",
-        "--storage",
-        "$(TUNER_STORAGE)",
         "--study",
+        "llama8b-h100",
+        "--resume",
     ]
-    assert args[6:] == ["llama8b-h100", "--trials", "60", "--gpu", "H100-80GB"]
+    assert args[6:] == ["--trials", "60", "--gpu", "H100-80GB"]
+    assert not any("TUNER_STORAGE" in a or "--storage" in a for a in args)  # read from the env
     claim = by_kind(docs, "PersistentVolumeClaim")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # shared by every worker
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
@@ -600,7 +601,6 @@ def test_tuning_job_name_is_a_dns_label_and_literals_are_escaped() -> None:
     )
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "Llama 8B / H100 $$(sweep)" in args and "--note=$$(HOME)" in args
-    assert args.count("$(TUNER_STORAGE)") == 1
 
 
 @pytest.mark.parametrize(
