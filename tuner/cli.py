@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from tuner import check_cmd, load_cmd, report_cmd, serve_cmd, tune_cmd
+from tuner import check_cmd, k8s_cmd, load_cmd, report_cmd, serve_cmd, tune_cmd
 from tuner.errors import TunerError
 from tuner.sim import serve_cli, simulate_cli
 from tuner.vllm_flags import add_memory_flags, params_from_args
@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_parser(sub)
     load_cmd.add_parsers(sub)
     tune_cmd.add_parser(sub)
+    k8s_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
     check_cmd.add_parser(sub)
     return parser
