@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml
 
 test: install
 	bash tools/install_browser.sh
+	bash tools/install_postgres.sh
 	$(BIN)/python -m pytest
 
 lint: install

@@ -33,7 +33,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from tuner.gpu_sampler import GpuSampler, GpuSummary, ProcessTree, make_source
-from tuner.load import SloVerdict, plan_schedule, run_schedule, split_warmup
+from tuner.load import SloVerdict, WorkloadLoadError, plan_schedule, run_schedule, split_warmup
 from tuner.processes import ChildRegistry
 from tuner.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
 from tuner.server_metrics import KvUsageWatcher, ServerCounters, scrape
@@ -243,23 +243,35 @@ class LiveServer:
     def warm_up(self, workload: WorkloadSpec, warm: list[ScheduledRequest]) -> None:
         """Send the workload's own warm-up requests; stopped once the last one is sent, so
         the measured window never waits for the warm-up's longest answers."""
-        if warm:
+        if not warm:
+            return
+        out_dir = self.trial_dir / "warmup"
+        due = self._after_schedule(warm, drain_s=0.0)
+        try:
             run_schedule(
                 workload, sample_streams(warm, self.stream_fraction),
-                base_url=self.server.base_url, model=self.model,
-                out_dir=self.trial_dir / "warmup", registry=self.registry,
-                processes=self.processes, time_scale=self.time_scale,
-                stop_when=self._after_schedule(warm, drain_s=0.0),
+                base_url=self.server.base_url, model=self.model, out_dir=out_dir,
+                registry=self.registry, processes=self.processes, time_scale=self.time_scale,
+                stop_when=lambda: due(out_dir),
             )  # fmt: skip
+        except WorkloadLoadError as exc:  # a warm-up that measured nothing still warmed
+            log.warning("warm-up in %s: %s", out_dir, exc)
 
     def _after_schedule(
         self, schedule: list[ScheduledRequest], *, drain_s: float
-    ) -> Callable[[], bool]:
-        """True once the schedule's last send and ``drain_s`` more (emulated seconds) passed."""
+    ) -> Callable[[Path], bool]:
+        """True once the schedule's last send and ``drain_s`` more (emulated seconds) passed,
+        and the load generator has recorded something (a slow start is waited for)."""
         last_s = max((r.send_s for r in schedule), default=0.0)
         lead_s = STARTUP_LEAD_S + STARTUP_LEAD_PER_PROCESS_S * self.processes
         deadline = time.monotonic() + lead_s + (last_s + drain_s) * self.time_scale
-        return lambda: time.monotonic() >= deadline
+
+        def due(out_dir: Path) -> bool:
+            if time.monotonic() < deadline:
+                return False
+            return any(p.stat().st_size > 0 for p in out_dir.glob("records.jsonl.w*"))
+
+        return due
 
     def measure(
         self,
@@ -279,7 +291,8 @@ class LiveServer:
         before = scrape(self.server.base_url)
         watcher = KvUsageWatcher(self.server.base_url).start()
         rule = stop_when.bind(out_dir) if stop_when is not None else None
-        cut = self._after_schedule(schedule, drain_s=drain_s) if drain_s is not None else None
+        due = self._after_schedule(schedule, drain_s=drain_s) if drain_s is not None else None
+        cut = (lambda: due(out_dir)) if due is not None else None
         fired: list[str] = []
 
         def stop() -> bool:
