@@ -248,10 +248,13 @@ def _cpu_space(
     from tuner.space import LeftOut
 
     ranges: list[Range] = []
-    left: list[LeftOut] = []
+    gpu_only = (Knob.GPU_MEMORY_UTILIZATION, Knob.KV_CACHE_DTYPE, Knob.SWAP_SPACE)
+    left: list[LeftOut] = [
+        LeftOut(knob=knob, reason="no GPU: vLLM's CPU build has no device memory")
+        for knob in gpu_only
+    ]
     for knob in knobs:
-        if knob in (Knob.GPU_MEMORY_UTILIZATION, Knob.KV_CACHE_DTYPE, Knob.SWAP_SPACE):
-            left.append(LeftOut(knob=knob, reason="no GPU: vLLM's CPU build has no device memory"))
+        if knob in gpu_only:
             continue
         if accepted is not None and knob.flag not in accepted:
             left.append(LeftOut(knob=knob, reason=f"the target vLLM does not accept {knob.flag}"))
