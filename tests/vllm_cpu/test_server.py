@@ -141,6 +141,33 @@ def test_flags_the_installed_vllm_lacks_are_probed_and_left_out(live: Live) -> N
     assert f"'kv_cache_memory_bytes': {KV_CACHE_BYTES}" in args[1]
 
 
+def test_the_search_space_adapts_to_the_probed_flags(live: Live) -> None:
+    _ready(live)
+    from tuner.gpus import get_gpu
+    from tuner.models import resolve_model
+    from tuner.server import probe_vllm_flags
+    from tuner.space import Knob, build_space
+    from tuner.versions import VllmVersion
+
+    accepted = probe_vllm_flags(VLLM_CMD)
+    model, gpu = resolve_model(str(TINY_MODEL)), get_gpu("H100-80GB")
+    installed = VllmVersion.parse(".".join(_installed_version().split(".")[:2]))
+    space = build_space(model=model, gpu=gpu, version=installed, accepted_flags=accepted)
+    assert space.ranges and all(r.knob.flag in accepted for r in space.ranges)
+    # A release table that still has --swap-space meets the installed vLLM, which does not:
+    # the probe takes the knob out, and says so.
+    old = build_space(
+        model=model, gpu=gpu, version=VllmVersion.parse("0.17"), accepted_flags=accepted
+    )
+    left = {item.knob: item.reason for item in old.left_out}
+    assert Knob.SWAP_SPACE in left and "--swap-space" in left[Knob.SWAP_SPACE]
+    assert Knob.SWAP_SPACE not in {r.knob for r in old.ranges}
+    unprobed = build_space(
+        model=model, gpu=gpu, version=VllmVersion.parse("0.17"), accepted_flags=None
+    )
+    assert Knob.SWAP_SPACE in {r.knob for r in unprobed.ranges}
+
+
 def test_bench_counts_the_tokens_the_server_counted(live: Live, tmp_path: Path) -> None:
     base_url = _ready(live).server.base_url
     workload = write_workload(tmp_path / "tiny.yaml", rate_per_s=4, duration_s=5, warmup_requests=0)
