@@ -217,6 +217,7 @@ def confirm(
     registry: ChildRegistry,
     start_rate_per_s: float | None,
     repeats: int,
+    max_levels: int = 3,
 ) -> Measured:
     runs: list[Evaluation] = []
     for i in range(repeats):
@@ -228,7 +229,7 @@ def confirm(
                 out_dir=out_dir,
                 registry=registry,
                 start_rate_per_s=start_rate_per_s,
-                max_levels=3,
+                max_levels=max_levels,
             )
         )
     return measured_of(runs)
@@ -302,11 +303,13 @@ def recommend(
             repeats = ctx.config.repeats if name == "recommended" else 1
             # Start where the best trial held (or lower, if the prediction for this
             # variant says so): a confirmation measures the variant, not the SLO's edge.
+            # The variants are measured at that one rate, beside the recommendation.
             first = start_rate(params) if start_rate is not None else None
             rates = [r for r in (first, best.rate_per_s) if r]
             measured = confirm(
                 ctx, name, params, registry=registry,
                 start_rate_per_s=min(rates) if rates else None, repeats=repeats,
+                max_levels=3 if name == "recommended" else 1,
             )  # fmt: skip
             progress(
                 f"confirm     {name:<13} {params.short():<52} {measured.verdict.value:<12} "

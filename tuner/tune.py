@@ -102,12 +102,16 @@ def _reserve_s(ctx: TuneContext) -> float:
     c = ctx.config
     k = ctx.time_scale
     overhead = 10.0  # launch, readiness, load generator start
-    edge_launches = min(c.max_edge_launches, 3) + c.seqs_edge_launches
+    edge_launches = min(c.max_edge_launches, 3)
     edge = edge_launches * (overhead + c.edge_load_s * k) if c.edge else 0.0
     level = (c.level_duration_s + 4.0) * k + 4.0
     warm = ctx.workload.warmup.duration_s * k
-    confirm = (2 + c.repeats) * (overhead + warm + 2.5 * level) if c.confirm else 0.0
-    return edge + confirm
+    confirm = (
+        (overhead + warm + 3 * level) * c.repeats + 2 * (overhead + warm + level)
+        if c.confirm
+        else 0.0
+    )
+    return 1.25 * (edge + confirm)  # a busy machine runs them slower than planned
 
 
 def _log_to(path: Path) -> logging.Handler:
