@@ -22,7 +22,7 @@ from tuner.edge import EdgeResult
 from tuner.evaluate import Evaluation, Verdict
 from tuner.recommend import Recommendation
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the shared tune takes minutes
 
 
 def _study(run_dir: Path) -> Any:
