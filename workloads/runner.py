@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -334,8 +335,18 @@ def _locust_command(base_url: str, *, processes: int, run_time_s: int) -> list[s
         "0",
     ]
     if processes > 1:
-        cmd += ["--processes", str(processes)]
+        # The master's port for its workers: Locust's default (5557, every interface) is
+        # taken by any other Locust run with workers on the machine.
+        port = str(_free_local_port())
+        cmd += ["--processes", str(processes), "--master-bind-host", "127.0.0.1",
+                "--master-bind-port", port, "--master-host", "127.0.0.1", "--master-port", port]  # fmt: skip
     return cmd
+
+
+def _free_local_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _locust_env(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,7 +139,14 @@ def test_one_process_measures_every_request(sim: SimServer, tmp_path: Path) -> N
 
 def test_two_processes_split_the_schedule(sim: SimServer, tmp_path: Path) -> None:
     schedule = poisson_schedule(60, rate=10.0, seed=11)
-    run = run_load(base_url=sim.url, model=MODEL, schedule=schedule, out_dir=tmp_path, processes=2)
+    with contextlib.ExitStack() as stack:  # Locust's default master port taken (another run)
+        with contextlib.suppress(OSError):
+            taken = stack.enter_context(socket.socket())
+            taken.bind(("127.0.0.1", 5557))
+            taken.listen()
+        run = run_load(
+            base_url=sim.url, model=MODEL, schedule=schedule, out_dir=tmp_path, processes=2
+        )
     records = check_run(run, schedule)
 
     by_worker = {w: [r for r in records if r.worker == w] for w in ("w0", "w1")}
