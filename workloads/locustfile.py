@@ -60,6 +60,7 @@ response time, under the name ``<api> TTFT``, so the web UI and the summary show
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -132,6 +133,7 @@ class StampedSocket(gevent.socket.socket):  # type: ignore[misc]
         self.sent_s: float | None = None  # when the latest sendall began
         self.received_s: float | None = None
         self.stamping = False
+        self.drained = False  # the last read took everything the kernel had
         if kind == socket.SOCK_STREAM:
             self.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if SO_TIMESTAMPNS is not None:
@@ -148,7 +150,12 @@ class StampedSocket(gevent.socket.socket):  # type: ignore[misc]
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         if not self.stamping:
             return super().recv(bufsize, flags)  # type: ignore[no-any-return]
+        if self.drained and self.timeout is None:
+            # A stream's next event is rarely there yet: wait until it is, rather than
+            # try first and fail (a syscall and an exception per token event otherwise).
+            self._wait(self._read_event)
         data, ancillary, _flags, _address = self.recvmsg(bufsize, _CMSG_SPACE, flags)
+        self.drained = len(data) < bufsize
         self.received_s = None
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
@@ -336,7 +343,9 @@ class Dispatcher:
             settings.host,
             concurrency=settings.max_in_flight,
             connection_timeout=CONNECTION_TIMEOUT_S,
-            network_timeout=settings.request_timeout_s,
+            # No timeout per socket operation (each would start a timer per token event):
+            # every request runs under its own deadline (TUNER_REQUEST_TIMEOUT_S).
+            network_timeout=None,
         )
         self.kernel_timestamps = _stamp_sockets(self.client)
         self.opening_spare = False
@@ -360,6 +369,13 @@ class Dispatcher:
         self.records: IO[str] = records.open("a", encoding="utf-8")
 
     def start(self) -> None:
+        # Everything alive now (Locust, its imports, the schedule) lives to the end: out of
+        # the collector's way. Each token event allocates a few dicts, so collections are
+        # frequent, and a full one walking Locust's heap cost about a tenth of this
+        # process's CPU while streaming (perf, 32 streams). Locust does the same for
+        # --processes (before forking), not for one process.
+        gc.collect()
+        gc.freeze()
         self.greenlet = gevent.spawn(self._run)
         self.greenlet.link_exception(self._crashed)
 
@@ -418,13 +434,14 @@ class Dispatcher:
         """
         worker = self.settings.worker
         try:
-            _resolve_once(self.client)
-            response = self.client.get(self.path_prefix + "/v1/models", headers=self.headers)
-            response.read()
-            response.release()
+            with gevent.Timeout(CONNECTION_TIMEOUT_S):
+                _resolve_once(self.client)
+                response = self.client.get(self.path_prefix + "/v1/models", headers=self.headers)
+                response.read()
+                response.release()
             log.info("%s: warm-up GET /v1/models: HTTP %d", worker, response.status_code)
-        except Exception as exc:  # the schedule's requests will record the failure
-            log.warning("%s: warm-up before the schedule failed: %s", worker, exc)
+        except (Exception, gevent.Timeout) as exc:  # the schedule's requests record failures
+            log.warning("%s: warm-up before the schedule failed: %r", worker, exc)
 
     def stop(self) -> None:
         """The test stopped (run time, UI, SIGTERM): abort what is in flight, record the rest."""
