@@ -103,6 +103,9 @@ PATHS = {Api.COMPLETIONS: "/v1/completions", Api.CHAT: "/v1/chat/completions"}
 UNSET_START_DELAY_S = 1.0
 CONNECTION_TIMEOUT_S = 10.0
 ERROR_BODY_LIMIT = 500
+# The last stretch before a send time is spent yielding, not in a timer (_sleep_until).
+SPIN_S = 0.0015
+IDLE_YIELD_S = 50e-6  # a yield this short found nothing else to run
 # Linux's SO_TIMESTAMPNS (= SCM_TIMESTAMPNS; Python's socket module does not name it) on
 # the architectures where asm-generic/socket.h defines it; elsewhere no kernel timestamps.
 SO_TIMESTAMPNS = 35 if sys.platform == "linux" and os.uname().machine in (
@@ -354,6 +357,7 @@ class Dispatcher:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.lags_s: list[float] = []
+        self.spin_s = 0.0  # time spent yielding with nothing else to do (_sleep_until)
         self.read_delays_s: list[float] = []  # token event: read by this process - arrived
         self.token_events = 0
         self.coalesced_events = 0
@@ -403,8 +407,7 @@ class Dispatcher:
             scheduled_s = settings.start_at_s + request.send_s
             # Encoded while waiting for the send time, so its cost is not send lag.
             body = request_body(request, settings.model)
-            while (delay := scheduled_s - time.time()) > 0:
-                gevent.sleep(delay)
+            self._sleep_until(scheduled_s)
             self.next_index += 1
             if self.in_flight >= settings.max_in_flight:
                 self.counts["cap_hits"] += 1
@@ -420,6 +423,23 @@ class Dispatcher:
         if options is not None and options.headless and runner is not None:
             log.info("%s: every request done; quitting", settings.worker)
             runner.quit()
+
+    def _sleep_until(self, when_s: float) -> None:
+        """Wake at ``when_s`` to well under a millisecond.
+
+        The event loop's timers wake up to a millisecond late (epoll's timeout is in whole
+        milliseconds, rounded up), which was most of the send lag: p50 1.3 ms at 32
+        streams (``benchmarks/load_accuracy.py``). So the last stretch is spent yielding
+        to the loop (``sleep(0)`` still polls the sockets, so streams keep being read).
+        Yields that found nothing else to do are counted, and their time is left out of
+        the CPU this process reports, so an idle spin does not look like saturation.
+        """
+        while (delay := when_s - time.time()) > SPIN_S:
+            gevent.sleep(delay - SPIN_S)
+        while (now := time.time()) < when_s:
+            gevent.sleep(0)
+            if (spent := time.time() - now) < IDLE_YIELD_S:
+                self.spin_s += spent
 
     def _warm_up(self) -> None:
         """Before offset 0: resolve the host once, then one ``GET /v1/models``.
@@ -623,7 +643,7 @@ class Dispatcher:
         self.finished = True
         settings = self.settings
         wall_s = max(time.time() - self.wall_start_s, 1e-9)
-        cpu_s = time.process_time() - self.cpu_start_s
+        cpu_s = max(time.process_time() - self.cpu_start_s - self.spin_s, 0.0)
         stats = WorkerStats(
             worker=settings.worker,
             index=settings.worker_index,
