@@ -72,7 +72,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -601,7 +601,10 @@ def autotune_lists(
 
 def fingerprint(case: Case, quick: bool, space: SearchSpace) -> str:
     h = hashlib.sha256()
-    h.update(repr((CACHE_FORMAT, case, quick, RATE_STEP, MIN_RATE_PER_S)).encode())
+    # The search's own parameters too: where the SLO verdict is not monotone in the rate,
+    # the rung a search lands on depends on the rungs it tried.
+    search = (RATE_STEP, MIN_RATE_PER_S, GALLOP_NEAR_RUNGS, GALLOP_FAR_RUNGS)
+    h.update(repr((CACHE_FORMAT, case, quick, search)).encode())
     h.update(repr((space.describe(), AUTOTUNE_DEFAULT_LISTS)).encode())
     for name in SOURCES:
         h.update((ROOT / name).read_bytes())
@@ -667,8 +670,9 @@ def compute_landscape(case: Case, quick: bool, jobs: int, log: Callable[[str], N
 
     evaluated: list[PointResult] = list(results)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for i, fam in enumerate(pool.map(_evaluate_family, tasks), 1):
-            evaluated.extend(fam)
+        futures = [pool.submit(_evaluate_family, task) for task in tasks]
+        for i, future in enumerate(as_completed(futures), 1):
+            evaluated.extend(future.result())  # kept by point, so the order does not matter
             if i % max(1, len(tasks) // 10) == 0 or i == len(tasks):
                 log(f"  {i}/{len(tasks)} families ({time.perf_counter() - t0:.0f} s)")
     cpu = sum(p.cpu_s for p in evaluated)
