@@ -321,7 +321,9 @@ class ServerProcess:
         ]
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        # The harness's own settings stay out of the server's environment: TUNER_STORAGE
+        # holds the study database's password.
+        env = {key: value for key, value in os.environ.items() if not key.startswith("TUNER_")}
         if self.spec.cache_dir is not None:
             self.spec.cache_dir.mkdir(parents=True, exist_ok=True)
             env["VLLM_CACHE_DIR"] = str(self.spec.cache_dir)

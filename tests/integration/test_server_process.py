@@ -264,15 +264,21 @@ def test_stop_waits_until_the_device_memory_is_released(tmp_path: Path) -> None:
     assert fake.reads >= fake.release_after_reads
 
 
-def test_an_api_key_stays_in_the_environment(
+def test_an_api_key_stays_in_the_environment_and_the_study_password_out_of_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     secret = "sk-test-7f3a9c0e-never-in-logs"
     monkeypatch.setenv("VLLM_API_KEY", secret)
+    storage = "postgresql://tuner:pw-5d1e-not-for-servers@db.example:5432/tuner"
+    monkeypatch.setenv("TUNER_STORAGE", storage)
     server, _ = launch(tmp_path, model="qwen2.5-7b", params=ServingParams(max_model_len=4096))
     try:
         result = server.wait_ready()
         assert result.outcome is TrialOutcome.READY
+        assert server.pid is not None
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+        assert f"VLLM_API_KEY={secret}".encode() in environ  # the server needs its key
+        assert not any(entry.startswith(b"TUNER_STORAGE=") for entry in environ)
     finally:
         server.stop()
     assert secret not in " ".join(server.command)
