@@ -60,10 +60,13 @@ TEMPLATE = "report.html.j2"
 __all__ = ["REPORT_NAME", "render_report", "write_report"]
 
 
-def write_report(run_dir: Path) -> Path:
-    """Build ``run_dir/report.html`` from the run's files; ``ReportError`` if not a tune run."""
+def write_report(run_dir: Path, storage: str | None = None) -> Path:
+    """Build ``run_dir/report.html`` from the run's files; ``ReportError`` if not a tune run.
+
+    ``storage``: where the study is when it is not the run's own ``study.db``.
+    """
     run_dir = Path(run_dir)
-    text = render_report(run_dir)
+    text = render_report(run_dir, storage)
     out = run_dir / REPORT_NAME
     try:
         out.write_text(text, encoding="utf-8")
@@ -72,8 +75,8 @@ def write_report(run_dir: Path) -> Path:
     return out
 
 
-def render_report(run_dir: Path) -> str:
-    data = load_run(run_dir)
+def render_report(run_dir: Path, storage: str | None = None) -> str:
+    data = load_run(run_dir, storage)
     return _environment().get_template(TEMPLATE).render(**_context(data))
 
 

@@ -193,8 +193,12 @@ def _first_error(exc: ValidationError) -> str:
     return f"{loc}: {error['msg']}"
 
 
-def load_run(run_dir: Path) -> RunData:
-    """Everything the run left; ``ReportError`` when ``run_dir`` is not a tune run."""
+def load_run(run_dir: Path, storage: str | None = None) -> RunData:
+    """Everything the run left; ``ReportError`` when ``run_dir`` is not a tune run.
+
+    ``storage``: the SQLAlchemy URL of a study kept outside the run directory (a study
+    shared by several workers); by default the run's own ``study.db``.
+    """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(
@@ -238,7 +242,7 @@ def load_run(run_dir: Path) -> RunData:
     names = [
         n for n in (tune.study, summary.study if summary else None, rec.study if rec else None) if n
     ]
-    study, study_note = _open_study(run_dir, tune, names[0] if names else None)
+    study, study_note = _open_study(run_dir, tune, names[0] if names else None, storage)
     trials = _trials(run_dir, study, rec, missing)
     calibration = _calibration(run_dir, study, rec)
     importances = _importances(study, study_note)
@@ -254,29 +258,42 @@ def load_run(run_dir: Path) -> RunData:
     )  # fmt: skip
 
 
-def _open_study(run_dir: Path, tune: TuneRecord, name: str | None) -> tuple[Any | None, str | None]:
-    """The Optuna study from the run's own SQLite file (a shared storage is not reopened).
+def _open_study(
+    run_dir: Path, tune: TuneRecord, name: str | None, storage: str | None
+) -> tuple[Any | None, str | None]:
+    """The Optuna study from ``storage``, else from the run's own SQLite file.
 
-    Its name is the one the run recorded, else the one study in the file (the tune's
+    Its name is the one the run recorded, else the one study there (the tune's
     ``<study>.finalize`` marker aside).
     """
+    from tuner.study import redact_url
+
     db = run_dir / "study.db"
-    if not db.is_file():
-        where = tune.storage or "another storage"
-        return None, f"the study is not in this directory (its storage: {where})"
+    if storage:
+        url, where = storage, redact_url(storage)
+    elif db.is_file():
+        url, where = f"sqlite:///{db}", str(db)
+    else:
+        shared = tune.storage or "another storage"
+        return None, (
+            f"the study is not in this directory (its storage: {shared}); "
+            "`tuner report RUN_DIR --storage URL` reads it there"
+        )
     try:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        url = f"sqlite:///{db}"
         names = [n for n in optuna.get_all_study_names(storage=url) if not n.endswith(".finalize")]
-        if name not in names:  # not recorded, or the record is wrong: the file's one study
+        if name not in names:  # not recorded, or the record is wrong: the one study there
             if len(names) != 1:
-                return None, f"{db} holds {len(names)} studies, none named as the run recorded"
+                return None, f"{where} holds {len(names)} studies, none named as the run recorded"
             name = names[0]
         study = optuna.load_study(study_name=name, storage=url)
-    except Exception as exc:  # SQLAlchemy's and Optuna's errors: a damaged or foreign file
-        return None, f"the study in {db} could not be read ({type(exc).__name__}: {exc})"
+    except Exception as exc:  # SQLAlchemy's and Optuna's errors: a damaged or foreign store
+        text = f"{type(exc).__name__}: {exc}"
+        if storage:
+            text = text.replace(storage, where)
+        return None, f"the study in {where} could not be read ({text})"
     return study, None
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
+
+from tuner.tune_cmd import STORAGE_ENV
 
 
 def add_parser(sub: Any) -> None:
@@ -16,12 +19,19 @@ def add_parser(sub: Any) -> None:
         "launched; a partial run reports what it has and says what is missing.",
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory (runs/<study>)")
+    p.add_argument(
+        "--storage",
+        metavar="URL",
+        help="SQLAlchemy URL of a study kept outside the run directory (a study shared by "
+        f"several workers); default ${STORAGE_ENV} if set, else RUN_DIR/study.db",
+    )
     p.set_defaults(func=_cmd_report)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from reports.html import write_report
 
-    path = write_report(args.run_dir)
+    storage = args.storage or os.environ.get(STORAGE_ENV) or None
+    path = write_report(args.run_dir, storage)
     print(path)
     return 0

@@ -79,11 +79,11 @@ def open_storage(url: str) -> Any:
         return _retry_schema_race(attempt)
     except (optuna.exceptions.StorageInternalError, ImportError, ValueError) as exc:
         raise ConfigError(
-            f"cannot open the study storage {_redact(url)!r}: {exc}; accepted: a SQLAlchemy "
+            f"cannot open the study storage {redact_url(url)!r}: {exc}; accepted: a SQLAlchemy "
             "URL such as sqlite:///runs/study.db or postgresql://user@host/db"
         ) from None
     except Exception as exc:  # SQLAlchemy's errors: unreachable host, bad credentials
-        raise ConfigError(f"cannot open the study storage {_redact(url)!r}: {exc}") from None
+        raise ConfigError(f"cannot open the study storage {redact_url(url)!r}: {exc}") from None
 
 
 def _retry_schema_race(attempt: Callable[[], Any], tries: int = 5) -> Any:
@@ -102,7 +102,7 @@ def _retry_schema_race(attempt: Callable[[], Any], tries: int = 5) -> Any:
     raise AssertionError("unreachable")
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
     """The URL without its password."""
     head, sep, tail = url.partition("://")
     if not sep or "@" not in tail:
@@ -127,7 +127,7 @@ def open_study(ctx: TuneContext) -> Any:
     if name in existing and existing[name].n_trials > 0 and not config.resume:
         raise ConfigError(
             f"study {name!r} already has {existing[name].n_trials} trials in "
-            f"{_redact(url)!r}; accepted: --resume to continue it, or --study NEW for a new one"
+            f"{redact_url(url)!r}; accepted: --resume to continue it, or --study NEW for a new one"
         )
     seed = config.seed
     if seed is not None and config.storage is not None:

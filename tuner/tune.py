@@ -40,7 +40,6 @@ from tuner.recommend import Recommendation, recommend
 from tuner.space import TrialParams
 from tuner.study import (
     TrialLoop,
-    _redact,
     best_trial,
     claim,
     default_trial,
@@ -48,6 +47,7 @@ from tuner.study import (
     load_evaluation,
     mark_finalized,
     open_study,
+    redact_url,
     storage_url,
     wait_finalized,
 )
@@ -80,7 +80,7 @@ def describe(ctx: TuneContext) -> dict[str, Any]:
         "study": ctx.study_name,
         "config": {  # the storage URL's password stays out of the run directory
             **ctx.config.model_dump(mode="json"),
-            "storage": _redact(ctx.config.storage) if ctx.config.storage else None,
+            "storage": redact_url(ctx.config.storage) if ctx.config.storage else None,
         },
         "backend": ctx.backend.value,
         "model": ctx.model.name,
@@ -279,7 +279,7 @@ def _report(ctx: TuneContext, progress: Progress) -> Path | None:
     from reports.html import write_report  # here: reports reads tuner.tune's TuneSummary
 
     try:
-        path = write_report(ctx.run_dir)
+        path = write_report(ctx.run_dir, ctx.config.storage)
     except TunerError as exc:
         progress(f"report not written: {exc}")
         return None

@@ -209,6 +209,19 @@ def test_two_workers_one_killed_mid_trial_complete_the_study(
     assert len(optuna.load_study(study_name=STUDY, storage=postgres_url).trials) == len(trials)
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk["finalized_here"]  # the finalizer's summary is not replaced
+    # The workers' reports read the shared study; `tuner report` does with --storage (or
+    # $TUNER_STORAGE), and without it says where the study is and how to read it.
+    assert "the study is not in this directory" not in (run_dir / "report.html").read_text()
+    bare_env = {k: v for k, v in os.environ.items() if k != "TUNER_STORAGE"}
+    for extra, expect_note in (([], True), (["--storage", postgres_url], False)):
+        rebuilt = subprocess.run(
+            [sys.executable, "-m", "tuner.cli", "report", str(run_dir), *extra],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path, env=bare_env,
+        )  # fmt: skip
+        assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
+        html = (run_dir / "report.html").read_text()
+        assert ("`tuner report RUN_DIR --storage URL` reads it there" in html) is expect_note
+        assert PASSWORD not in html
 
 
 def test_workers_sharing_a_run_directory_leave_each_others_children_alone(

@@ -13,7 +13,7 @@ from tuner.errors import ConfigError
 from tuner.rate_search import stop_rule
 from tuner.recommend import capacity, config_hash, variant_params
 from tuner.space import Knob, TrialParams
-from tuner.study import _redact
+from tuner.study import redact_url
 from workloads.spec import load_workload
 
 
@@ -116,7 +116,7 @@ def test_stop_rule_allowance_follows_the_percentile() -> None:
 
 def test_storage_password_is_redacted() -> None:
     assert (
-        _redact("postgresql://tuner:s3cret@db:5432/optuna")
+        redact_url("postgresql://tuner:s3cret@db:5432/optuna")
         == "postgresql://tuner:***@db:5432/optuna"
     )
-    assert _redact("sqlite:///runs/x/study.db") == "sqlite:///runs/x/study.db"
+    assert redact_url("sqlite:///runs/x/study.db") == "sqlite:///runs/x/study.db"
