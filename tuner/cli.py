@@ -10,7 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from tuner import check_cmd, k8s_cmd, load_cmd, report_cmd, serve_cmd, tune_cmd
+from tuner import (
+    check_cmd,
+    k8s_cmd,
+    load_cmd,
+    load_worker_cmd,
+    report_cmd,
+    serve_cmd,
+    tune_cmd,
+)
 from tuner.errors import TunerError
 from tuner.sim import serve_cli, simulate_cli
 from tuner.vllm_flags import add_memory_flags, params_from_args
@@ -86,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_cli.add_parser(sub)
     serve_cmd.add_parser(sub)
     load_cmd.add_parsers(sub)
+    load_worker_cmd.add_parser(sub)
     tune_cmd.add_parser(sub)
     k8s_cmd.add_parser(sub)
     report_cmd.add_parser(sub)

@@ -35,6 +35,17 @@ Configuration (environment variables, read when a test starts, never at import):
 ``VLLM_API_KEY``
     Sent as ``Authorization: Bearer`` when set.
 
+A worker on another host (started by ``tuner load-worker --master HOST:PORT``) has no
+``TUNER_SCHEDULE``: that is how it knows it is remote. At test start it asks the master
+for its share; the master (which has the environment above) answers with the share
+and the settings (`workloads.remote.Share`). The worker sends its records back in
+batches every ``FLUSH_S`` and its stats with the last batch; the master writes them to
+``<TUNER_RECORDS>.w<i>`` and its ``.stats.json`` as a local process would, answers,
+and the worker quits (its agent starts a fresh one for the next run). With remote
+workers the master quits once every worker's stats are written, and a worker that
+connects to a run already under way idles until then. A loopback or wildcard host in
+the server's URL is replaced, on a remote worker, by the master's host.
+
 How it sends: when a test starts, each load-generating process (not a master) starts
 one dispatcher greenlet. It encodes each request's body, sleeps until its send time and
 spawns a greenlet that POSTs it (``stream``, ``stream_options.include_usage``,
@@ -76,6 +87,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 import gevent
+from gevent.event import AsyncResult, Event
 from gevent.pool import Group
 from geventhttpclient import HTTPClient
 from locust import User, constant, events, task
@@ -88,10 +100,20 @@ from workloads.load_errors import (
     STOPPED_BEFORE_SEND,
     TIMED_OUT,
 )
+from workloads.remote import (
+    DONE,
+    RECORDS,
+    SHARE,
+    SHARE_REQUEST,
+    RecordBatch,
+    Share,
+    reachable_url,
+)
 from workloads.runner import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_REQUEST_TIMEOUT_S,
     WorkerStats,
+    connected_workers_path,
     worker_records_path,
     worker_stats_path,
 )
@@ -111,6 +133,12 @@ IDLE_YIELD_S = 50e-6  # a yield this short found nothing else to run
 SO_TIMESTAMPNS = 35 if sys.platform == "linux" and os.uname().machine in (
     "x86_64", "aarch64", "arm64", "armv7l", "i686", "riscv64", "s390x", "ppc64le"
 ) else None  # fmt: skip
+# Remote workers: records go to the master in batches this often; how long a worker waits
+# for its share, and for the master's answer to its last batch before it quits anyway.
+FLUSH_S = 0.5
+SHARE_WAIT_S = 30.0
+DONE_WAIT_S = 30.0
+LATE_WARNING_S = 0.01
 _TIMESPEC = struct.Struct("@ll")  # struct timespec: tv_sec, tv_nsec
 _CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 
@@ -169,10 +197,11 @@ class StampedSocket(gevent.socket.socket):  # type: ignore[misc]
 
 @dataclass(frozen=True)
 class LoadSettings:
-    """This process's configuration, from the environment and Locust's runner."""
+    """This process's configuration: from the environment and Locust's runner (a local
+    process), or from the master's `Share` (a remote worker: no paths)."""
 
-    schedule_path: Path
-    records_path: Path  # TUNER_RECORDS; this process writes records_path + ".w<index>"
+    schedule_path: Path | None
+    records_path: Path | None  # TUNER_RECORDS; this process writes records_path + ".w<index>"
     model: str
     host: str
     worker_index: int
@@ -210,6 +239,21 @@ class LoadSettings:
                 environ.get("TUNER_REQUEST_TIMEOUT_S") or DEFAULT_REQUEST_TIMEOUT_S
             ),
             api_key=environ.get("VLLM_API_KEY") or None,
+        )
+
+    @classmethod
+    def from_share(cls, share: Share, environ: Mapping[str, str], master_host: str) -> LoadSettings:
+        return cls(
+            schedule_path=None,
+            records_path=None,
+            model=share.model,
+            host=reachable_url(share.host, master_host),
+            worker_index=share.index,
+            worker_count=share.count,
+            max_in_flight=share.max_in_flight,
+            start_at_s=share.start_at_s,
+            request_timeout_s=share.request_timeout_s,
+            api_key=share.api_key or environ.get("VLLM_API_KEY") or None,
         )
 
     @property
@@ -327,15 +371,17 @@ def _idle_connections(client: HTTPClient) -> int | None:
 class Dispatcher:
     """Sends one process's share of the schedule at its send times; records every request."""
 
-    def __init__(self, settings: LoadSettings, environment: Environment) -> None:
+    def __init__(
+        self,
+        settings: LoadSettings,
+        environment: Environment,
+        share: list[ScheduledRequest],
+        sink: FileSink | MasterSink,
+    ) -> None:
         self.settings = settings
         self.environment = environment
-        schedule = read_schedule(settings.schedule_path)
-        self.share = [
-            request
-            for i, request in enumerate(schedule)
-            if i % settings.worker_count == settings.worker_index
-        ]
+        self.share = share
+        self.sink = sink
         url = urlsplit(settings.host)
         self.path_prefix = url.path.rstrip("/")
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -368,9 +414,6 @@ class Dispatcher:
         self.cpu_start_s = 0.0
         self.wall_start_s = 0.0
         self.greenlet: gevent.Greenlet[Any, Any] | None = None
-        records = worker_records_path(settings.records_path, settings.worker_index)
-        records.parent.mkdir(parents=True, exist_ok=True)
-        self.records: IO[str] = records.open("a", encoding="utf-8")
 
     def start(self) -> None:
         # Everything alive now (Locust, its imports, the schedule) lives to the end: out of
@@ -418,9 +461,12 @@ class Dispatcher:
             self.group.spawn(self._send, request, scheduled_s, body)
         self.group.join()
         self._finish()
-        options = self.environment.parsed_options
         runner = self.environment.runner
-        if options is not None and options.headless and runner is not None:
+        # A remote worker quits once the master has written its records (its agent then
+        # starts the next worker).
+        if isinstance(self.sink, MasterSink) and not _State.done.wait(timeout=DONE_WAIT_S):
+            log.warning("%s: no answer from the master to the last records", settings.worker)
+        if _quits_when_done(self.environment) and runner is not None:
             log.info("%s: every request done; quitting", settings.worker)
             runner.quit()
 
@@ -620,8 +666,7 @@ class Dispatcher:
         self._fire(request, 0.0, record)
 
     def _write(self, record: RequestRecord) -> None:
-        self.records.write(record.to_json() + "\n")
-        self.records.flush()
+        self.sink.write(record)
 
     def _fire(
         self, request: ScheduledRequest, response_time_s: float, record: RequestRecord
@@ -670,12 +715,8 @@ class Dispatcher:
             read_delay_p50_ms=_percentile_ms(self.read_delays_s, 50),
             read_delay_p99_ms=_percentile_ms(self.read_delays_s, 99),
         )
-        self.records.close()
         self.client.close()
-        stats_path = worker_stats_path(settings.records_path, settings.worker_index)
-        tmp = stats_path.with_name(stats_path.name + ".tmp")
-        tmp.write_text(stats.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        tmp.replace(stats_path)  # the runner polls for this file: it appears complete
+        self.sink.finish(stats)
         log.info(
             "%s: %d sent, %d completed, %d failed, %d cap hits; CPU %.0f%%, lag p99 %s ms",
             settings.worker,
@@ -688,25 +729,248 @@ class Dispatcher:
         )
 
 
+def write_stats(stats_path: Path, stats: WorkerStats) -> None:
+    """Write a process's stats whole: the runner polls for this file."""
+    tmp = stats_path.with_name(stats_path.name + ".tmp")
+    tmp.write_text(stats.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    tmp.replace(stats_path)
+
+
+class FileSink:
+    """A local process's records and stats: files beside the schedule (flushed per record)."""
+
+    def __init__(self, records_path: Path, index: int) -> None:
+        self.records_path = records_path
+        self.index = index
+        path = worker_records_path(records_path, index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.records: IO[str] = path.open("a", encoding="utf-8")
+
+    def write(self, record: RequestRecord) -> None:
+        self.records.write(record.to_json() + "\n")
+        self.records.flush()
+
+    def finish(self, stats: WorkerStats) -> None:
+        self.records.close()
+        write_stats(worker_stats_path(self.records_path, self.index), stats)
+
+
+class MasterSink:
+    """A remote worker's records and stats: to the master in batches every ``FLUSH_S``."""
+
+    def __init__(self, environment: Environment, index: int) -> None:
+        self.environment = environment
+        self.index = index
+        self.lines: list[str] = []
+        self.flusher = gevent.spawn(self._flush_every)
+
+    def write(self, record: RequestRecord) -> None:
+        self.lines.append(record.to_json())
+
+    def _flush_every(self) -> None:
+        while True:
+            gevent.sleep(FLUSH_S)
+            if self.lines:
+                self._send(None)
+
+    def _send(self, stats: WorkerStats | None) -> None:
+        lines, self.lines = self.lines, []
+        batch = RecordBatch(index=self.index, lines=lines, stats=stats)
+        runner = self.environment.runner
+        assert runner is not None
+        runner.send_message(RECORDS, batch.to_data())
+
+    def finish(self, stats: WorkerStats) -> None:
+        if self.flusher is not gevent.getcurrent():
+            self.flusher.kill(block=True)
+        self._send(stats)
+
+
 class _State:
-    """The dispatcher of the test running in this process (None between tests)."""
+    """The dispatcher of the test running in this process (None between tests); on a
+    remote worker, the master's share and its answer to the last records."""
 
     dispatcher: Dispatcher | None = None
     tests_started = 0
+    share: AsyncResult[Share] = AsyncResult()
+    done = Event()
+    master: _Master | None = None
+
+
+def _is_remote() -> bool:
+    """A worker on another host than the master: it has no schedule file."""
+    return "TUNER_SCHEDULE" not in os.environ
+
+
+def _quits_when_done(environment: Environment) -> bool:
+    """Headless, or a remote worker (its agent starts the next one): quit when the share is done."""
+    options = environment.parsed_options
+    headless = options is not None and bool(options.headless)
+    return headless or (isinstance(environment.runner, WorkerRunner) and _is_remote())
+
+
+class _Master:
+    """The master's side of remote workers: shares out, records in, quit when all are done."""
+
+    def __init__(self, environment: Environment, runner: MasterRunner) -> None:
+        self.environment = environment
+        self.runner = runner
+        self.records_path = Path(os.environ.get("TUNER_RECORDS") or "records.jsonl")
+        self.count = int(os.environ.get("TUNER_WORKER_COUNT") or 1)
+        options = environment.parsed_options
+        processes = int(getattr(options, "processes", 0) or 0) if options is not None else 0
+        self.remote = max(self.count - processes, 0)
+        if options is not None and "TUNER_WORKER_COUNT" in os.environ:
+            # --processes N makes Locust expect N workers; the remote ones come on top.
+            options.expect_workers = self.count
+        self.connected: set[str] = set()
+        self.schedule_lines: list[str] | None = None
+        runner.register_message(SHARE_REQUEST, self.on_share_request)
+        runner.register_message(RECORDS, self.on_records)
+        environment.events.worker_connect.add_listener(self.on_connect)
+
+    def on_connect(self, client_id: str, **_kwargs: Any) -> None:
+        self.connected.add(client_id)
+        path = connected_workers_path(self.records_path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"connected": len(self.connected), "expected": self.count}))
+        tmp.replace(path)
+
+    def on_test_start(self) -> None:
+        if self.remote:
+            gevent.spawn(self._quit_when_all_done)
+
+    def on_share_request(self, environment: Environment, msg: Any, **_kwargs: Any) -> None:
+        index = self.runner.get_worker_index(msg.node_id)
+        requests: list[str] | None = None
+        if index < self.count:
+            if self.schedule_lines is None:
+                path = Path(os.environ["TUNER_SCHEDULE"])
+                lines = path.read_text(encoding="utf-8").splitlines()
+                self.schedule_lines = [line for line in lines if line.strip()]
+            requests = self.schedule_lines[index :: self.count]
+        else:
+            log.warning("worker %s (index %d) joined a run already under way", msg.node_id, index)
+        cap = int(os.environ.get("TUNER_MAX_IN_FLIGHT") or DEFAULT_MAX_IN_FLIGHT)
+        share = Share(
+            index=index,
+            count=self.count,
+            host=environment.host or "",
+            model=os.environ.get("TUNER_MODEL", ""),
+            start_at_s=float(os.environ.get("TUNER_START_AT") or time.time() + 1.0),
+            request_timeout_s=float(
+                os.environ.get("TUNER_REQUEST_TIMEOUT_S") or DEFAULT_REQUEST_TIMEOUT_S
+            ),
+            max_in_flight=max(1, math.ceil(cap / self.count)),
+            api_key=os.environ.get("VLLM_API_KEY") or None,
+            requests=requests,
+        )
+        self.runner.send_message(SHARE, share.to_data(), client_id=msg.node_id)
+        log.info("sent w%d its share: %d requests", index, len(requests or ()))
+
+    def on_records(self, environment: Environment, msg: Any, **_kwargs: Any) -> None:
+        batch = RecordBatch.from_data(msg.data)
+        index = self.runner.get_worker_index(msg.node_id)
+        if batch.lines:
+            with worker_records_path(self.records_path, index).open("a", encoding="utf-8") as out:
+                out.write("".join(line + "\n" for line in batch.lines))
+        if batch.stats is None:
+            return
+        write_stats(worker_stats_path(self.records_path, index), batch.stats)
+        if batch.stats.start_late_s > LATE_WARNING_S:
+            log.warning(
+                "w%d (remote) was ready %.3f s after TUNER_START_AT: its first sends are late "
+                "(are the load hosts' clocks synchronized with NTP?)",
+                index,
+                batch.stats.start_late_s,
+            )
+        log.info("w%d (remote): %d records and its stats written", index, batch.stats.scheduled)
+        self.runner.send_message(DONE, None, client_id=msg.node_id)
+
+    def _quit_when_all_done(self) -> None:
+        """With remote workers, quit once every share's stats are written: a remote worker's
+        agent may connect a fresh worker to this run, which would keep it alive."""
+        while not all(
+            worker_stats_path(self.records_path, index).exists() for index in range(self.count)
+        ):
+            gevent.sleep(0.2)
+        options = self.environment.parsed_options
+        if options is not None and options.headless:
+            log.info("every worker's share is done; quitting")
+            self.runner.quit()
+
+
+@events.init.add_listener
+def _on_init(environment: Environment, runner: Any = None, **_kwargs: Any) -> None:
+    if isinstance(runner, MasterRunner):
+        _State.master = _Master(environment, runner)
+    elif isinstance(runner, WorkerRunner) and _is_remote():
+        runner.register_message(SHARE, _on_share)
+        runner.register_message(DONE, _on_done)
+
+
+def _on_share(environment: Environment, msg: Any, **_kwargs: Any) -> None:
+    _State.share.set(Share.from_data(msg.data))
+
+
+def _on_done(environment: Environment, msg: Any, **_kwargs: Any) -> None:
+    _State.done.set()
 
 
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
     if isinstance(environment.runner, MasterRunner):
+        if _State.master is not None:
+            _State.master.on_test_start()
         return  # the master only aggregates; its workers send
     _State.tests_started += 1
+    if isinstance(environment.runner, WorkerRunner) and _is_remote():
+        gevent.spawn(_start_remote, environment)
+        return
     try:
         settings = LoadSettings.from_env(
             os.environ, environment, first_test=_State.tests_started == 1
         )
-        _State.dispatcher = Dispatcher(settings, environment)
+        assert settings.schedule_path is not None and settings.records_path is not None
+        schedule = read_schedule(settings.schedule_path)
+        share = [
+            request
+            for i, request in enumerate(schedule)
+            if i % settings.worker_count == settings.worker_index
+        ]
+        sink = FileSink(settings.records_path, settings.worker_index)
+        _State.dispatcher = Dispatcher(settings, environment, share, sink)
     except Exception:
         log.exception("cannot send the schedule")
+        _give_up(environment)
+        return
+    _State.dispatcher.start()
+
+
+def _start_remote(environment: Environment) -> None:
+    """A remote worker's test start: ask the master for the share, then send it."""
+    runner = environment.runner
+    assert isinstance(runner, WorkerRunner)
+    try:
+        runner.send_message(SHARE_REQUEST, {})
+        share = _State.share.get(timeout=SHARE_WAIT_S)
+        if share.requests is None:
+            log.info("w%d: the run was under way when this worker joined; idle", share.index)
+            return
+        options = environment.parsed_options
+        master_host = str(getattr(options, "master_host", "") or runner.master_host)
+        settings = LoadSettings.from_share(share, os.environ, master_host)
+        if time.time() > settings.start_at_s:
+            log.warning(
+                "%s: got its share %.3f s after TUNER_START_AT (clocks synchronized with NTP?)",
+                settings.worker,
+                time.time() - settings.start_at_s,
+            )
+        requests = [ScheduledRequest.from_json(line) for line in share.requests]
+        sink = MasterSink(environment, settings.worker_index)
+        _State.dispatcher = Dispatcher(settings, environment, requests, sink)
+    except (Exception, gevent.Timeout):
+        log.exception("cannot send the share of the schedule")
         _give_up(environment)
         return
     _State.dispatcher.start()
@@ -715,8 +979,8 @@ def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
 def _give_up(environment: Environment) -> None:
     """Headless, nothing is left to wait for: exit non-zero instead of idling to --run-time."""
     environment.process_exit_code = 2
-    options, runner = environment.parsed_options, environment.runner
-    if options is not None and options.headless and runner is not None:
+    runner = environment.runner
+    if _quits_when_done(environment) and runner is not None:
         gevent.spawn(runner.quit)
 
 

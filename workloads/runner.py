@@ -12,6 +12,7 @@ Files in ``out_dir``::
     locust.log                      Locust's stdout and stderr
     records.jsonl.w<i>              records of Locust process i (appended, one per request)
     records.jsonl.w<i>.stats.json   that process's `WorkerStats`
+    workers-connected.json          with remote workers: how many connected to the master
     requests.jsonl                  every record, merged, sorted by scheduled time
 
 How the load is generated (see the locustfile for the details): in each Locust process
@@ -24,6 +25,18 @@ rate × latency. What bounds the greenlets is the in-flight cap: a request due w
 ``max_in_flight`` requests are in flight is recorded as not sent
 (`load_errors.CAP_REACHED`) and counted in ``cap_hits``.
 
+Load from several hosts (``remote_workers``): the master listens on ``master_bind`` and
+waits for ``processes`` local workers and ``remote_workers`` Locust workers started by
+``tuner load-worker --master HOST:PORT`` on load hosts. A remote worker shares no files
+with the master: it gets its share of the schedule and its settings from the master
+and sends its records and stats back in Locust messages (`workloads.remote`); the
+master writes them to the same ``records.jsonl.w<i>`` files, so a run reads the same
+whoever generated it. The schedule's offset 0 is a wall-clock time every worker
+honours, so load hosts need clocks synchronized with NTP (a worker's lateness is in
+its stats, ``start_late_s``). The server's URL, as the master sees it, goes to the
+remote workers; a loopback or wildcard host in it is replaced there by the master's
+host, so a server launched beside the master must listen on an interface they reach.
+
 This module never imports Locust or gevent: ``import locust`` monkey-patches the
 process, so it happens only inside the subprocess.
 """
@@ -31,6 +44,8 @@ process, so it happens only inside the subprocess.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import json
 import logging
 import math
 import os
@@ -62,6 +77,9 @@ SATURATION_COALESCED_PERCENT = 1.0  # of token events, whose gaps read as 0
 # workers and connects them to the master before the test starts.
 STARTUP_LEAD_S = 3.0
 STARTUP_LEAD_PER_PROCESS_S = 0.5
+# With remote workers: the master waits for each to connect, then sends it its share.
+STARTUP_LEAD_REMOTE_S = 3.0
+WORKERS_WAIT_S = 30.0  # how long the master waits for every worker to connect
 # After the last request's deadline: Locust stops, prints its summary and exits.
 SHUTDOWN_GRACE_S = 30.0
 KILL_GRACE_S = 5.0
@@ -77,6 +95,56 @@ def worker_records_path(records_path: Path, index: int) -> Path:
 def worker_stats_path(records_path: Path, index: int) -> Path:
     """Where Locust process ``index`` writes its `WorkerStats` when its share is done."""
     return records_path.with_name(f"{records_path.name}.w{index}.stats.json")
+
+
+def connected_workers_path(records_path: Path) -> Path:
+    """Where the master keeps the count of workers that connected to it (remote runs)."""
+    return records_path.with_name("workers-connected.json")
+
+
+def startup_lead_s(processes: int, remote_workers: int = 0) -> float:
+    """Seconds from launching Locust to offset 0 of the schedule."""
+    lead = STARTUP_LEAD_S + STARTUP_LEAD_PER_PROCESS_S * (processes + remote_workers)
+    return lead + (STARTUP_LEAD_REMOTE_S if remote_workers else 0.0)
+
+
+def parse_host_port(text: str, what: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6addr]:PORT`` for IPv6) as (host, port); LoadConfigError naming ``what``."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    accepted = "accepted: HOST:PORT with a port 1-65535, e.g. 10.0.0.5:5557"
+    if not sep or not host or not port_text:
+        raise LoadConfigError(f"{what} {text!r} has no host and port; {accepted}")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise LoadConfigError(
+            f"{what} {text!r}: port {port_text!r} is not a number; {accepted}"
+        ) from None
+    if not 1 <= port <= 65535:
+        raise LoadConfigError(f"{what} {text!r}: port {port} is out of range; {accepted}")
+    return host, port
+
+
+def is_any_address(host: str) -> bool:
+    """Whether ``host`` is a wildcard bind address (every interface), not one to connect to."""
+    if host in ("*", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+def is_local_address(host: str) -> bool:
+    """Loopback or wildcard: an address that means 'this machine' only on this machine."""
+    if host == "localhost" or is_any_address(host):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class WorkerStats(BaseModel):
@@ -125,7 +193,7 @@ class LoadRun(BaseModel):
     schedule_path: Path
     records_path: Path  # requests.jsonl, every record merged
     log_path: Path
-    processes: int
+    processes: int  # local Locust processes
     start_at_s: float  # Unix time of offset 0
     wall_s: float  # from launch to the Locust process group's exit
     num_scheduled: int
@@ -138,6 +206,7 @@ class LoadRun(BaseModel):
     exit_code: int | None  # Locust's; None when it had to be killed
     killed: bool  # past its deadline (or on the caller's stop_when), the process group was killed
     stopped_by_caller: bool = False  # stop_when() returned True before the schedule was done
+    remote_workers: int = 0  # Locust workers on other hosts (tuner load-worker)
 
 
 def run_load(
@@ -147,16 +216,23 @@ def run_load(
     schedule: Sequence[ScheduledRequest],
     out_dir: Path,
     processes: int = 1,
+    remote_workers: int = 0,
+    master_bind: str | None = None,
     max_in_flight: int | None = None,
     timeout_s: float | None = None,
     spawn: Spawn | None = None,
     stop_when: Callable[[], bool] | None = None,
+    workers_wait_s: float = WORKERS_WAIT_S,
 ) -> LoadRun:
     """Send ``schedule`` to ``base_url`` (e.g. ``http://127.0.0.1:8000``) and collect the records.
 
     ``processes``: Locust processes (``--processes N`` when N > 1); the schedule is split
     between them round-robin, so each sends 1/N of the rate and the load stays open-loop.
-    ``max_in_flight``: cap on requests in flight over all processes, split evenly
+    ``remote_workers`` K: Locust workers on other hosts (``tuner load-worker --master
+    HOST:PORT``), with ``master_bind`` (``HOST:PORT``) where the master listens for them;
+    the schedule is split over the ``processes + K`` workers the same way. The master
+    waits ``workers_wait_s`` for all of them to connect (LoadGeneratorError naming how
+    many did otherwise). ``max_in_flight``: cap on requests in flight over all processes, split evenly
     (default 4096). ``timeout_s``: a request unfinished this long after its scheduled time
     is abandoned and recorded with a timeout error (default 600 s); the whole run is
     bounded by the last send time plus ``timeout_s`` plus a shutdown grace, after which
@@ -167,7 +243,15 @@ def run_load(
     (a warm-up that reached its target, a level whose SLO is already clearly broken):
     requests not yet sent or still in flight then have no record (``num_missing``).
     """
-    _validate(schedule, processes=processes, max_in_flight=max_in_flight, timeout_s=timeout_s)
+    bind = _validate(
+        schedule,
+        processes=processes,
+        remote_workers=remote_workers,
+        master_bind=master_bind,
+        max_in_flight=max_in_flight,
+        timeout_s=timeout_s,
+    )
+    workers_total = processes + remote_workers
     request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
     cap = DEFAULT_MAX_IN_FLIGHT if max_in_flight is None else max_in_flight
 
@@ -176,30 +260,43 @@ def run_load(
     worker_base = out_dir / "records.jsonl"
     merged_path = out_dir / "requests.jsonl"
     log_path = out_dir / "locust.log"
-    for stale in (*out_dir.glob(f"{worker_base.name}.w*"), merged_path):  # an earlier run's
+    connected_path = connected_workers_path(worker_base)
+    stale_files = (*out_dir.glob(f"{worker_base.name}.w*"), merged_path, connected_path)
+    for stale in stale_files:  # an earlier run's
         stale.unlink(missing_ok=True)
     num_scheduled = write_schedule(schedule_path, schedule)
 
     launched_s = time.time()
-    start_at_s = launched_s + STARTUP_LEAD_S + STARTUP_LEAD_PER_PROCESS_S * processes
+    start_at_s = launched_s + startup_lead_s(processes, remote_workers)
     last_send_s = max(request.send_s for request in schedule)
     run_time_s = math.ceil(start_at_s - launched_s + last_send_s + request_timeout_s + 5.0)
     deadline_s = launched_s + run_time_s + SHUTDOWN_GRACE_S
+    if remote_workers:  # --run-time counts from the test start, after the workers connected
+        deadline_s += workers_wait_s
 
-    cmd = _locust_command(base_url, processes=processes, run_time_s=run_time_s)
+    cmd = _locust_command(
+        base_url,
+        processes=processes,
+        run_time_s=run_time_s,
+        remote_workers=remote_workers,
+        bind=bind,
+        workers_wait_s=workers_wait_s,
+    )
     env = _locust_env(
         schedule_path=schedule_path,
         records_path=worker_base,
         model=model,
         max_in_flight=cap,
         processes=processes,
+        remote_workers=remote_workers,
         start_at_s=start_at_s,
         request_timeout_s=request_timeout_s,
     )
     log.info(
-        "locust: %d requests, %d process(es), offset 0 at %.3f, log %s",
+        "locust: %d requests, %d local process(es), %d remote worker(s), offset 0 at %.3f, log %s",
         num_scheduled,
         processes,
+        remote_workers,
         start_at_s,
         log_path,
     )
@@ -207,7 +304,7 @@ def run_load(
     pgid = _own_group(proc, log_path)
     killed = False
     try:
-        killed = _wait(proc, worker_base, processes, deadline_s, stop_when)
+        killed = _wait(proc, worker_base, workers_total, deadline_s, stop_when)
     finally:
         # Also on success: nothing of the group (forked workers) may outlive the run.
         _stop_group(proc, pgid)
@@ -217,17 +314,25 @@ def run_load(
 
     workers = tuple(
         WorkerStats.model_validate_json(path.read_text(encoding="utf-8"))
-        for index in range(processes)
+        for index in range(workers_total)
         if (path := worker_stats_path(worker_base, index)).exists()
     )
-    records = _merge(worker_base, processes, merged_path)
+    records = _merge(worker_base, workers_total, merged_path)
     if not workers and not records:
+        connected = _connected_count(connected_path)
+        if bind is not None and not stopped_by_caller and connected < workers_total:
+            raise LoadGeneratorError(
+                f"only {connected} of {workers_total} Locust workers ({processes} local, "
+                f"{remote_workers} remote) connected to the master on {master_bind} within "
+                f"{workers_wait_s:g} s; start `tuner load-worker --master HOST:{bind[1]}` on "
+                f"each load host, reaching this host through its firewall (log {log_path})"
+            )
         raise LoadGeneratorError(
             f"Locust exited with {exit_code} without measuring anything; "
             f"last lines of {log_path}:\n{_tail(log_path)}"
         )
-    if len(workers) < processes:
-        log.warning("only %d of %d Locust processes wrote their stats", len(workers), processes)
+    if len(workers) < workers_total:
+        log.warning("only %d of %d Locust processes wrote their stats", len(workers), workers_total)
     saturated, reason = client_saturation(workers)
     recorded_ids = {record.request_id for record in records}
     return LoadRun(
@@ -248,6 +353,7 @@ def run_load(
         exit_code=exit_code,
         killed=killed,
         stopped_by_caller=stopped_by_caller,
+        remote_workers=remote_workers,
     )
 
 
@@ -274,20 +380,56 @@ def client_saturation(workers: Sequence[WorkerStats]) -> tuple[bool, str | None]
     return bool(reasons), "; ".join(reasons) or None
 
 
+def _connected_count(path: Path) -> int:
+    try:
+        return int(json.loads(path.read_text(encoding="utf-8"))["connected"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def validate_generators(
+    *, processes: int, remote_workers: int, master_bind: str | None
+) -> tuple[str, int] | None:
+    """Check how the load is generated; the master's (host, port) when remote workers come.
+
+    ``processes`` may be 0 with remote workers: this host then runs only the master."""
+    if remote_workers < 0:
+        raise LoadConfigError(f"remote_workers={remote_workers} is out of range; accepted: >= 0")
+    if remote_workers and master_bind is None:
+        raise LoadConfigError(
+            f"remote_workers={remote_workers} needs master_bind, the HOST:PORT the Locust "
+            "master listens on for them; accepted: e.g. 0.0.0.0:5557"
+        )
+    if processes < (0 if remote_workers else 1):
+        raise LoadConfigError(
+            f"processes={processes} is out of range; accepted: >= 1, or >= 0 with remote workers"
+        )
+    if master_bind is not None and not remote_workers:
+        raise LoadConfigError(
+            f"master_bind={master_bind!r} is only used with remote workers; "
+            "accepted: remote_workers >= 1 with it, or no master_bind"
+        )
+    return None if master_bind is None else parse_host_port(master_bind, "master_bind")
+
+
 def _validate(
     schedule: Sequence[ScheduledRequest],
     *,
     processes: int,
+    remote_workers: int,
+    master_bind: str | None,
     max_in_flight: int | None,
     timeout_s: float | None,
-) -> None:
+) -> tuple[str, int] | None:
     if not schedule:
         raise LoadConfigError("schedule is empty; accepted: at least one request")
-    if processes < 1:
-        raise LoadConfigError(f"processes={processes} is out of range; accepted: >= 1")
-    if max_in_flight is not None and max_in_flight < processes:
+    bind = validate_generators(
+        processes=processes, remote_workers=remote_workers, master_bind=master_bind
+    )
+    total = processes + remote_workers
+    if max_in_flight is not None and max_in_flight < total:
         raise LoadConfigError(
-            f"max_in_flight={max_in_flight} is out of range; accepted: >= processes ({processes})"
+            f"max_in_flight={max_in_flight} is out of range; accepted: >= Locust workers ({total})"
         )
     if timeout_s is not None and not timeout_s > 0:
         raise LoadConfigError(f"timeout_s={timeout_s} is out of range; accepted: > 0")
@@ -310,9 +452,19 @@ def _validate(
             raise LoadConfigError(f"completions request {request.request_id!r} has no prompt")
         if request.api is Api.CHAT and not request.messages:
             raise LoadConfigError(f"chat request {request.request_id!r} has no messages")
+    return bind
 
 
-def _locust_command(base_url: str, *, processes: int, run_time_s: int) -> list[str]:
+def _locust_command(
+    base_url: str,
+    *,
+    processes: int,
+    run_time_s: int,
+    remote_workers: int = 0,
+    bind: tuple[str, int] | None = None,
+    workers_wait_s: float = WORKERS_WAIT_S,
+) -> list[str]:
+    workers = processes + remote_workers
     cmd = [
         sys.executable,
         "-m",
@@ -324,9 +476,9 @@ def _locust_command(base_url: str, *, processes: int, run_time_s: int) -> list[s
         base_url,
         # One idle vehicle user per process: the dispatcher, not the users, sends.
         "--users",
-        str(processes),
+        str(workers),
         "--spawn-rate",
-        str(processes),
+        str(workers),
         "--run-time",
         f"{run_time_s}s",
         "--only-summary",
@@ -334,12 +486,26 @@ def _locust_command(base_url: str, *, processes: int, run_time_s: int) -> list[s
         "--exit-code-on-error",
         "0",
     ]
-    if processes > 1:
+    if bind is not None:
+        # Locust's --processes sets --expect-workers to N; the locustfile raises it to
+        # TUNER_WORKER_COUNT (local + remote) on the master. Local workers connect to
+        # the bind address, or to loopback when it is every interface.
+        host, port = bind
+        connect = "127.0.0.1" if is_any_address(host) else host
+        cmd += ["--master-bind-host", host, "--master-bind-port", str(port),
+                "--expect-workers", str(workers),
+                "--expect-workers-max-wait", str(math.ceil(workers_wait_s))]  # fmt: skip
+        if processes:
+            cmd += ["--processes", str(processes), "--master-host", connect,
+                    "--master-port", str(port)]  # fmt: skip
+        else:  # every worker is remote: this host runs only the master
+            cmd.append("--master")
+    elif processes > 1:
         # The master's port for its workers: Locust's default (5557, every interface) is
         # taken by any other Locust run with workers on the machine.
-        port = str(_free_local_port())
+        port_text = str(_free_local_port())
         cmd += ["--processes", str(processes), "--master-bind-host", "127.0.0.1",
-                "--master-bind-port", port, "--master-host", "127.0.0.1", "--master-port", port]  # fmt: skip
+                "--master-bind-port", port_text, "--master-host", "127.0.0.1", "--master-port", port_text]  # fmt: skip
     return cmd
 
 
@@ -358,25 +524,37 @@ def _locust_env(
     processes: int,
     start_at_s: float,
     request_timeout_s: float,
+    remote_workers: int = 0,
 ) -> dict[str, str]:
-    # LOCUST_* settings of the caller's environment would change the command line's meaning.
-    env = {key: value for key, value in os.environ.items() if not key.startswith("LOCUST_")}
-    python_path = [str(PROJECT_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env = locust_base_env()
     env.update(
-        PYTHONPATH=os.pathsep.join(python_path),
-        PYTHONUNBUFFERED="1",
         TUNER_SCHEDULE=str(schedule_path),
         TUNER_RECORDS=str(records_path),
         TUNER_MODEL=model,
         TUNER_MAX_IN_FLIGHT=str(max_in_flight),
-        TUNER_WORKER_COUNT=str(processes),
+        TUNER_WORKER_COUNT=str(processes + remote_workers),
         TUNER_START_AT=repr(start_at_s),
         TUNER_REQUEST_TIMEOUT_S=repr(request_timeout_s),
     )
     # With several processes Locust forks the workers; each takes its index from the master.
     env.pop("TUNER_WORKER_INDEX", None)
-    if processes == 1:
+    if processes == 1 and not remote_workers:
         env["TUNER_WORKER_INDEX"] = "0"
+    return env
+
+
+def locust_base_env() -> dict[str, str]:
+    """The caller's environment for a Locust process, less what must not reach it.
+
+    LOCUST_* settings would change the command line's meaning; TUNER_* settings are
+    the harness's (TUNER_STORAGE holds a database password; a TUNER_SCHEDULE would make
+    a remote worker read a file it does not have). The project is on PYTHONPATH.
+    """
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("LOCUST_", "TUNER_"))
+    }
+    python_path = [str(PROJECT_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env.update(PYTHONPATH=os.pathsep.join(python_path), PYTHONUNBUFFERED="1")
     return env
 
 
@@ -412,7 +590,7 @@ def _own_group(proc: subprocess.Popen[bytes], log_path: Path) -> int | None:
 def _wait(
     proc: subprocess.Popen[bytes],
     worker_base: Path,
-    processes: int,
+    workers: int,
     deadline_s: float,
     stop_when: Callable[[], bool] | None = None,
 ) -> bool:
@@ -427,7 +605,7 @@ def _wait(
             log.info("load run stopped early by its caller")
             return True
         if done_grace_until is None and all(
-            worker_stats_path(worker_base, index).exists() for index in range(processes)
+            worker_stats_path(worker_base, index).exists() for index in range(workers)
         ):
             # Every share is done; Locust quits on its own, give it time to print its summary.
             done_grace_until = now + SHUTDOWN_GRACE_S
@@ -454,9 +632,9 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _merge(worker_base: Path, processes: int, merged_path: Path) -> list[RequestRecord]:
+def _merge(worker_base: Path, workers: int, merged_path: Path) -> list[RequestRecord]:
     records: list[RequestRecord] = []
-    for index in range(processes):
+    for index in range(workers):
         path = worker_records_path(worker_base, index)
         if path.exists():
             records.extend(read_records(path))
