@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import ConfigError
+from tuner.load import LoadGenerators
 from tuner.sampling import Objective
 
 
@@ -77,7 +78,9 @@ class TuneConfig(BaseModel):
     capacity_headroom: float = Field(default=0.2, ge=0, lt=1)
     cache_volume: str = "pvc"
     # Measurement
-    processes: int = Field(default=1, ge=1)
+    processes: int = Field(default=1, ge=0)  # Locust processes here (0: all on load hosts)
+    load_workers: int = Field(default=0, ge=0)  # Locust workers on load hosts (tuner load-worker)
+    load_master_bind: str | None = None  # HOST:PORT the Locust master listens on for them
     gpu_source: str = "auto"
     time_scale: float | None = Field(default=None, gt=0)  # sim: slower clock; None: automatic
     max_events_per_s: float = Field(default=5000.0, gt=0)  # auto time scale keeps below this
@@ -86,6 +89,14 @@ class TuneConfig(BaseModel):
     stream_fraction: float | None = Field(default=None, gt=0, le=1)
     min_stream_fraction: float = Field(default=0.25, gt=0, le=1)
     sim_startup_delay_s: float = Field(default=1.0, ge=0)
+
+    def load_generators(self) -> LoadGenerators:
+        """Who sends the load (ConfigError when the three settings do not go together)."""
+        return LoadGenerators(
+            processes=self.processes,
+            remote_workers=self.load_workers,
+            master_bind=self.load_master_bind,
+        )
 
     def study_name(self, gpu_name: str | None) -> str:
         """The given name, else one from the model, the GPU the run resolved and the workload."""
@@ -123,9 +134,11 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:
         else:
             data[key] = value
     try:
-        return TuneConfig.model_validate(data)
+        config = TuneConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_one_line(exc, path)) from None
+    config.load_generators()  # checked here, before any server is launched
+    return config
 
 
 def _one_line(exc: ValidationError, path: Path | None) -> str:

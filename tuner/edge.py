@@ -149,7 +149,7 @@ class EdgeSearch:
         began = time.monotonic()
         live = LiveServer(
             launch_spec(self.ctx, params), trial_dir=out, registry=self.registry,
-            gpu_source=self.ctx.gpu_source, processes=self.ctx.config.processes,
+            gpu_source=self.ctx.gpu_source, generators=self.ctx.config.load_generators(),
             stream_fraction=self.ctx.stream_fraction,
         )  # fmt: skip
         measurement = None

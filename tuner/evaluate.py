@@ -108,6 +108,7 @@ def launch_spec(ctx: TuneContext, params: TrialParams) -> LaunchSpec:
         cache_dir=ctx.run_dir / "vllm-cache",
         sim_startup_delay_s=ctx.config.sim_startup_delay_s,
         sim_time_scale=ctx.time_scale,
+        host=ctx.config.load_generators().server_host,
     )
 
 
@@ -153,7 +154,7 @@ def evaluate(
     config = ctx.config
     live = LiveServer(
         launch_spec(ctx, params), trial_dir=out_dir, registry=registry,
-        gpu_source=ctx.gpu_source, processes=config.processes,
+        gpu_source=ctx.gpu_source, generators=config.load_generators(),
         stream_fraction=ctx.stream_fraction,
     )  # fmt: skip
     search: RateSearch | None = None

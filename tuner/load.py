@@ -24,7 +24,14 @@ from workloads.build import build_schedule
 from workloads.load_errors import LoadConfigError, LoadGeneratorError
 from workloads.metrics import LoadResult, Slo
 from workloads.prompts import prompt_builder_for
-from workloads.runner import LoadRun, run_load
+from workloads.runner import (
+    LoadRun,
+    is_any_address,
+    is_local_address,
+    run_load,
+    startup_lead_s,
+    validate_generators,
+)
 from workloads.schedule import ScheduledRequest
 from workloads.spec import SloMetric, WorkloadError, WorkloadSpec, load_workload
 from workloads.traces import TraceError
@@ -32,6 +39,65 @@ from workloads.traces import TraceError
 
 class WorkloadLoadError(TunerError):
     """A workload could not be loaded, built or run."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadGenerators:
+    """Who sends the load: ``processes`` Locust processes here and ``remote_workers`` Locust
+    workers on load hosts (``tuner load-worker``), which connect to the master at
+    ``master_bind`` (``HOST:PORT``). Checked when made: a bad value is a ConfigError."""
+
+    processes: int = 1
+    remote_workers: int = 0
+    master_bind: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.processes < (0 if self.remote_workers else 1):
+            raise ConfigError(
+                f"--processes {self.processes} is out of range; accepted: an integer >= 1 "
+                "(>= 0 with --load-workers: all the load from load hosts)"
+            )
+        if self.remote_workers < 0:
+            raise ConfigError(
+                f"--load-workers {self.remote_workers} is out of range; accepted: an integer >= 0"
+            )
+        if self.remote_workers and self.master_bind is None:
+            raise ConfigError(
+                f"--load-workers {self.remote_workers} needs --load-master-bind HOST:PORT, "
+                "where the Locust master listens for them; accepted e.g. 0.0.0.0:5557"
+            )
+        if self.master_bind is not None and not self.remote_workers:
+            raise ConfigError(
+                f"--load-master-bind {self.master_bind!r} is only used with remote workers; "
+                "accepted: --load-workers K (K >= 1) with it, or no --load-master-bind"
+            )
+        try:
+            validate_generators(
+                processes=self.processes,
+                remote_workers=self.remote_workers,
+                master_bind=self.master_bind,
+            )
+        except LoadConfigError as exc:
+            raise ConfigError(str(exc).replace("master_bind", "--load-master-bind")) from exc
+
+    @property
+    def startup_lead_s(self) -> float:
+        """From launching Locust to offset 0 of the schedule."""
+        return startup_lead_s(self.processes, self.remote_workers)
+
+    @property
+    def server_host(self) -> str:
+        """The address a server the tuner launches listens on: loopback, unless workers
+        on other hosts must reach it (then the master's address, or every interface)."""
+        if not self.remote_workers or self.master_bind is None:
+            return "127.0.0.1"
+        host = self.master_bind.rpartition(":")[0].strip("[]")
+        if is_any_address(host):
+            return "0.0.0.0"
+        return "127.0.0.1" if is_local_address(host) else host  # loopback: workers are here
+
+
+LOCAL_LOAD = LoadGenerators()  # one Locust process on this host
 
 
 class SloVerdict(BaseModel):
@@ -155,7 +221,7 @@ def run_schedule(
     model: str,
     out_dir: Path,
     registry: ChildRegistry,
-    processes: int = 1,
+    generators: LoadGenerators = LOCAL_LOAD,
     time_scale: float = 1.0,
     stop_when: Callable[[], bool] | None = None,
     cut_short: bool = False,
@@ -181,7 +247,8 @@ def run_schedule(
     try:
         run = run_load(
             base_url=base_url, model=model, schedule=schedule, out_dir=out_dir,
-            processes=processes, spawn=spawn, stop_when=stop_when,
+            processes=generators.processes, remote_workers=generators.remote_workers,
+            master_bind=generators.master_bind, spawn=spawn, stop_when=stop_when,
         )  # fmt: skip
     except (LoadConfigError, LoadGeneratorError) as exc:
         raise WorkloadLoadError(f"load run failed: {exc}") from exc

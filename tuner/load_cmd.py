@@ -7,10 +7,13 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigError
 from tuner.vllm_flags import add_memory_flags, params_from_args
+
+if TYPE_CHECKING:
+    from tuner.load import LoadGenerators
 
 
 def _add_workload_flags(p: argparse.ArgumentParser) -> None:
@@ -24,6 +27,14 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         "--duration", type=float, help="seconds of the measured window (default: the workload's)"
     )
     p.add_argument("--processes", type=int, default=1, help="Locust processes generating the load")
+    p.add_argument(
+        "--load-workers", type=int, default=0, metavar="K",
+        help="Locust workers on load hosts (`tuner load-worker` there), on top of --processes",
+    )  # fmt: skip
+    p.add_argument(
+        "--load-master-bind", metavar="HOST:PORT",
+        help="where the Locust master listens for --load-workers (e.g. 0.0.0.0:5557)",
+    )  # fmt: skip
     p.add_argument(
         "--model-dir", type=Path, help="a local model directory whose tokenizer sizes the prompts"
     )
@@ -65,16 +76,22 @@ def add_parsers(sub: Any) -> None:
     trial.set_defaults(func=_cmd_trial)
 
 
-def _check_processes(processes: int) -> None:
-    if processes < 1:
-        raise ConfigError(f"--processes {processes} is out of range; accepted: an integer >= 1")
+def load_generators(args: argparse.Namespace) -> LoadGenerators:
+    """The load generators the flags ask for (ConfigError for a bad combination)."""
+    from tuner.load import LoadGenerators
+
+    return LoadGenerators(
+        processes=args.processes,
+        remote_workers=args.load_workers,
+        master_bind=args.load_master_bind,
+    )
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from tuner.load import plan_schedule, resolve_workload, run_schedule, served_model
     from tuner.processes import ChildRegistry
 
-    _check_processes(args.processes)
+    generators = load_generators(args)
     spec = resolve_workload(args.workload, rate_per_s=args.rate, duration_s=args.duration)
     model, max_len = served_model(args.url)
     schedule = plan_schedule(spec, max_model_len=max_len, model_dir=args.model_dir)
@@ -84,7 +101,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     with registry.guard():
         done = run_schedule(
             spec, schedule, base_url=args.url, model=model, out_dir=args.out, registry=registry,
-            processes=args.processes,
+            generators=generators,
         )  # fmt: skip
     payload = {
         "workload": spec.name,
@@ -105,7 +122,7 @@ def _cmd_trial(args: argparse.Namespace) -> int:
     from tuner.server import Backend, LaunchSpec, TrialOutcome
     from tuner.trial import run_trial
 
-    _check_processes(args.processes)
+    generators = load_generators(args)
     backends = [b.value for b in Backend]
     if args.backend not in backends:
         raise ConfigError(
@@ -127,6 +144,7 @@ def _cmd_trial(args: argparse.Namespace) -> int:
         enable_prefix_caching=args.prefix,
         cache_dir=args.out / "vllm-cache",
         sim_startup_delay_s=args.sim_startup_delay,
+        host=generators.server_host,
     )
     registry = ChildRegistry(args.out)
     for note in registry.stop_leftovers():
@@ -134,7 +152,7 @@ def _cmd_trial(args: argparse.Namespace) -> int:
     with registry.guard():
         result = run_trial(
             launch, spec, trial_dir=args.out, registry=registry, gpu_source=args.gpu_source,
-            model_dir=args.model_dir, processes=args.processes,
+            model_dir=args.model_dir, generators=generators,
         )  # fmt: skip
     payload = result.model_dump(mode="json")
     print(json.dumps(payload, indent=2) if args.json else _text(payload))

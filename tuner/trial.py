@@ -33,12 +33,19 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from tuner.gpu_sampler import GpuSampler, GpuSummary, ProcessTree, make_source
-from tuner.load import SloVerdict, WorkloadLoadError, plan_schedule, run_schedule, split_warmup
+from tuner.load import (
+    LOCAL_LOAD,
+    LoadGenerators,
+    SloVerdict,
+    WorkloadLoadError,
+    plan_schedule,
+    run_schedule,
+    split_warmup,
+)
 from tuner.processes import ChildRegistry
 from tuner.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
 from tuner.server_metrics import KvUsageWatcher, ServerCounters, scrape
 from workloads.metrics import LoadResult
-from workloads.runner import STARTUP_LEAD_PER_PROCESS_S, STARTUP_LEAD_S
 from workloads.schedule import RequestRecord, ScheduledRequest, sample_streams
 from workloads.spec import WarmupSpec, WorkloadSpec
 
@@ -135,14 +142,14 @@ class LiveServer:
         registry: ChildRegistry,
         gpu_source: str = "auto",
         gpu_sample_interval_s: float = 0.1,
-        processes: int = 1,
+        generators: LoadGenerators = LOCAL_LOAD,
         stream_fraction: float = 1.0,
     ) -> None:
         self.launch = launch
         self.stream_fraction = stream_fraction
         self.trial_dir = trial_dir
         self.registry = registry
-        self.processes = processes
+        self.generators = generators
         self.time_scale = launch.sim_time_scale if launch.backend is Backend.SIM else 1.0
         trial_dir.mkdir(parents=True, exist_ok=True)
         self.server = ServerProcess(launch, registry=registry, log_path=trial_dir / "server.log")
@@ -228,7 +235,7 @@ class LiveServer:
             run = run_schedule(
                 spec, schedule, base_url=self.server.base_url, model=self.model,
                 out_dir=self.trial_dir / "kv-fill", registry=self.registry,
-                processes=self.processes, time_scale=self.time_scale,
+                generators=self.generators, time_scale=self.time_scale,
                 stop_when=lambda: (watcher.peak or 0.0) >= target,
             )  # fmt: skip
         finally:
@@ -251,7 +258,7 @@ class LiveServer:
             run_schedule(
                 workload, sample_streams(warm, self.stream_fraction),
                 base_url=self.server.base_url, model=self.model, out_dir=out_dir,
-                registry=self.registry, processes=self.processes, time_scale=self.time_scale,
+                registry=self.registry, generators=self.generators, time_scale=self.time_scale,
                 stop_when=lambda: due(out_dir),
             )  # fmt: skip
         except WorkloadLoadError as exc:  # a warm-up that measured nothing still warmed
@@ -263,7 +270,7 @@ class LiveServer:
         """True once the schedule's last send and ``drain_s`` more (emulated seconds) passed,
         and the load generator has recorded something (a slow start is waited for)."""
         last_s = max((r.send_s for r in schedule), default=0.0)
-        lead_s = STARTUP_LEAD_S + STARTUP_LEAD_PER_PROCESS_S * self.processes
+        lead_s = self.generators.startup_lead_s
         deadline = time.monotonic() + lead_s + (last_s + drain_s) * self.time_scale
 
         def due(out_dir: Path) -> bool:
@@ -307,7 +314,7 @@ class LiveServer:
         run = run_schedule(
             workload, sample_streams(schedule, self.stream_fraction),
             base_url=self.server.base_url, model=self.model, out_dir=out_dir,
-            registry=self.registry, processes=self.processes, time_scale=self.time_scale,
+            registry=self.registry, generators=self.generators, time_scale=self.time_scale,
             stop_when=stop if rule is not None or cut is not None else None,
             cut_short=cut is not None,
         )  # fmt: skip
@@ -392,7 +399,7 @@ def run_trial(
     gpu_source: str = "auto",
     gpu_sample_interval_s: float = 0.1,
     model_dir: Path | None = None,
-    processes: int = 1,
+    generators: LoadGenerators = LOCAL_LOAD,
 ) -> TrialResult:
     """Run one trial; a server that fails to start or dies is an outcome, not an exception."""
     schedule = plan_schedule(
@@ -402,7 +409,7 @@ def run_trial(
     fields: dict[str, object] = {"trial_dir": str(trial_dir), "settings": settings_of(launch)}
     live = LiveServer(
         launch, trial_dir=trial_dir, registry=registry, gpu_source=gpu_source,
-        gpu_sample_interval_s=gpu_sample_interval_s, processes=processes,
+        gpu_sample_interval_s=gpu_sample_interval_s, generators=generators,
     )  # fmt: skip
     with live:
         assert live.startup is not None

@@ -68,6 +68,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--capacity-headroom", type=float)
     p.add_argument("--cache-volume", help="pvc[:SIZE[:CLASS]] (default) or hostpath:/path")
     p.add_argument("--processes", type=int, help="Locust processes generating the load")
+    p.add_argument(
+        "--load-workers", type=int, metavar="K",
+        help="Locust workers on load hosts (`tuner load-worker` there), on top of --processes",
+    )  # fmt: skip
+    p.add_argument(
+        "--load-master-bind", metavar="HOST:PORT",
+        help="where the Locust master listens for --load-workers (e.g. 0.0.0.0:5557)",
+    )  # fmt: skip
     p.add_argument("--gpu-source", help="nvml, sim, none or auto")
     p.add_argument(
         "--time-scale", type=float, help="sim: run its clock K times slower (default auto)"
@@ -103,6 +111,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "trials", "budget_min", "seed", "screen", "level_duration_s", "max_levels", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
         "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "processes",
+        "load_workers", "load_master_bind",
         "gpu_source", "time_scale", "stream_fraction",
     )  # fmt: skip
     values: dict[str, Any] = {name: getattr(args, name) for name in fields}
