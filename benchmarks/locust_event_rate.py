@@ -10,7 +10,10 @@ reads the same streams with each client, all pinned to CPU 1:
   each data line JSON-parsed, times taken when the line is read (the way vLLM's own
   benchmark client reads streams);
 - ``locust xP``: `workloads.runner.run_load` with ``processes=P`` (P Locust processes,
-  all on CPU 1; with P > 1 Locust adds a master process).
+  all on CPU 1; with P > 1 Locust adds a master process);
+- ``locust rR`` (``--remote R``): ``run_load(processes=0, remote_workers=R)``: R
+  ``tuner load-worker`` agents on loopback, as load hosts would run them (no shared
+  files: shares and records travel in Locust messages), their workers on CPU 1 too.
 
 Each request carries an ``X-Request-Id``, so every measured request is compared with the
 simulator's ground truth (``/sim/requests``: when the server read the request and when it
@@ -30,7 +33,8 @@ client core, so ``--processes 2`` shows what a second process costs there, not w
 gains on a machine with a core to spare for it. Other work on the machine shows in the
 load average and in the errors' p99.
 
-Run: ``python benchmarks/locust_event_rate.py [--streams 16,32,64] [--processes 1,2]``
+Run: ``python benchmarks/locust_event_rate.py [--streams 16,32,64] [--processes 1,2]
+[--remote 2]``
 (Linux, 2+ cores).
 """
 
@@ -180,19 +184,28 @@ class ClientRun:
     locust: dict[str, Any] | None = None  # Locust's own health figures
 
 
-def run_locust(url: str, requests: list[ScheduledRequest], processes: int, out: Path) -> ClientRun:
+def run_locust(
+    url: str,
+    requests: list[ScheduledRequest],
+    processes: int,
+    out: Path,
+    remote: int = 0,
+    master_bind: str | None = None,
+) -> ClientRun:
     run = run_load(
         base_url=url,
         model=MODEL,
         schedule=requests,
         out_dir=out,
         processes=processes,
+        remote_workers=remote,
+        master_bind=master_bind,
         timeout_s=300,
         spawn=pinned_spawn(CLIENT_CPU),
     )
     records: list[RequestRecord] = list(read_records(run.records_path))
     bad = [r.error for r in records if not r.ok]
-    if bad or len(records) != len(requests) or len(run.workers) != processes:
+    if bad or len(records) != len(requests) or len(run.workers) != processes + remote:
         raise RuntimeError(f"locust: {len(records)} records, errors {bad[:3]} (log {run.log_path})")
     events = sum(w.token_events for w in run.workers)
     delays = [w.read_delay_p99_ms for w in run.workers if w.read_delay_p99_ms is not None]
@@ -289,11 +302,16 @@ def main() -> int:
     parser.add_argument(
         "--processes", default="1,2", help="Locust process counts to run, comma-separated"
     )
+    parser.add_argument(
+        "--remote", type=int, default=0, help="also R remote-style workers (tuner load-worker)"
+    )
     parser.add_argument("--no-aiohttp", action="store_true", help="skip the aiohttp client")
     args = parser.parse_args()
     levels = [int(n) for n in args.streams.split(",")]
     clients = [] if args.no_aiohttp else ["aiohttp"]
-    clients += [f"locust x{int(p)}" for p in args.processes.split(",")]
+    clients += [f"locust x{int(p)}" for p in args.processes.split(",") if p]
+    if args.remote:
+        clients.append(f"locust r{args.remote}")
 
     work = Path(tempfile.mkdtemp(prefix="locust-event-rate-"))
     port = free_port()
@@ -313,6 +331,8 @@ def main() -> int:
     os.sched_setaffinity(0, {CLIENT_CPU})
     url = f"http://127.0.0.1:{port}"
     rows: list[Row] = []
+    master_port = free_port()
+    agents = [start_agent(work / f"agent{i}", master_port) for i in range(args.remote)]
     try:
         for _ in range(400):
             try:
@@ -334,6 +354,9 @@ def main() -> int:
                 load = os.getloadavg()[0]
                 if client == "aiohttp":
                     got = run_aiohttp(url, requests)
+                elif client.startswith("locust r"):
+                    bind = f"127.0.0.1:{master_port}"
+                    got = run_locust(url, requests, 0, work / tag, args.remote, bind)
                 else:
                     processes = int(client.rpartition("x")[2])
                     got = run_locust(url, requests, processes, work / tag)
@@ -369,9 +392,29 @@ def main() -> int:
         )
         print(json.dumps({"rows": [asdict(r) for r in rows], "summary": summary}))
     finally:
+        for agent in agents:  # the agent stops the Locust worker it runs
+            os.killpg(agent.pid, signal.SIGTERM)
+            agent.wait(timeout=30)
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=10)
     return 0
+
+
+def start_agent(cwd: Path, master_port: int) -> subprocess.Popen[bytes]:
+    """``tuner load-worker`` on CPU 1, as on a load host: its own directory, no TUNER_*."""
+    cwd.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNER_", "LOCUST_"))}
+    cmd = [sys.executable, "-m", "tuner.cli", "load-worker", "--master", f"127.0.0.1:{master_port}"]
+    with (cwd / "agent.log").open("wb") as out:
+        return subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, {CLIENT_CPU}),
+        )
 
 
 if __name__ == "__main__":
