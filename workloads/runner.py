@@ -77,6 +77,10 @@ SATURATION_COALESCED_PERCENT = 1.0  # of token events, whose gaps read as 0
 # workers and connects them to the master before the test starts.
 STARTUP_LEAD_S = 3.0
 STARTUP_LEAD_PER_PROCESS_S = 0.5
+# With a master (--processes N > 1, or remote workers): its workers report ready, then
+# it sends the spawn jobs about a second later. A CI run with 2 processes was ready
+# 0.7 s after a 4 s lead.
+STARTUP_LEAD_MASTER_S = 2.0
 # With remote workers: the master waits for each to connect, then sends it its share.
 STARTUP_LEAD_REMOTE_S = 3.0
 WORKERS_WAIT_S = 30.0  # how long the master waits for every worker to connect
@@ -105,6 +109,8 @@ def connected_workers_path(records_path: Path) -> Path:
 def startup_lead_s(processes: int, remote_workers: int = 0) -> float:
     """Seconds from launching Locust to offset 0 of the schedule."""
     lead = STARTUP_LEAD_S + STARTUP_LEAD_PER_PROCESS_S * (processes + remote_workers)
+    if processes > 1 or remote_workers:
+        lead += STARTUP_LEAD_MASTER_S
     return lead + (STARTUP_LEAD_REMOTE_S if remote_workers else 0.0)
 
 
