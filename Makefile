@@ -17,7 +17,7 @@ SLO_TTFT_MS ?=
 SLO_ITL_MS  ?=
 ARGS       ?=
 
-.PHONY: install test lint tune bench clean vllm-cpu
+.PHONY: install test test-vllm-cpu lint tune bench clean vllm-cpu
 
 install: $(STAMP)
 
@@ -28,10 +28,14 @@ $(STAMP): pyproject.toml
 	$(UV) --python $(BIN)/python -e '.[dev]'
 	touch $(STAMP)
 
+# The suite against vLLM's CPU build (tests/vllm_cpu, ~10 min) has its own target.
 test: install
 	bash tools/install_browser.sh
 	bash tools/install_postgres.sh
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m 'not vllm_cpu'
+
+test-vllm-cpu: install vllm-cpu
+	$(BIN)/python -m pytest -m vllm_cpu tests/vllm_cpu
 
 lint: install
 	$(BIN)/ruff check .
