@@ -19,7 +19,7 @@ from workloads.metrics import LoadResult
 from workloads.runner import LoadRun, run_load
 from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_records
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timing, pytest.mark.timeout(120)]
 
 MODEL = "qwen2.5-7b"
 OUTPUT_TOKENS = 32

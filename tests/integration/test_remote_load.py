@@ -34,7 +34,7 @@ from tuner.server import free_port
 from workloads.metrics import LoadResult
 from workloads.runner import connected_workers_path, run_load
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timing, pytest.mark.timeout(120)]
 
 AGENTS = 2
 
