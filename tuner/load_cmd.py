@@ -27,18 +27,24 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         "--duration", type=float, help="seconds of the measured window (default: the workload's)"
     )
     p.add_argument("--processes", type=int, default=1, help="Locust processes generating the load")
+    add_remote_load_args(p, default_workers=0)
     p.add_argument(
-        "--load-workers", type=int, default=0, metavar="K",
+        "--model-dir", type=Path, help="a local model directory whose tokenizer sizes the prompts"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_remote_load_args(p: Any, *, default_workers: int | None) -> None:
+    """--load-workers and --load-master-bind (bench, trial and tune; tune's default None
+    lets its YAML config decide)."""
+    p.add_argument(
+        "--load-workers", type=int, default=default_workers, metavar="K",
         help="Locust workers on load hosts (`tuner load-worker` there), on top of --processes",
     )  # fmt: skip
     p.add_argument(
         "--load-master-bind", metavar="HOST:PORT",
         help="where the Locust master listens for --load-workers (e.g. 0.0.0.0:5557)",
     )  # fmt: skip
-    p.add_argument(
-        "--model-dir", type=Path, help="a local model directory whose tokenizer sizes the prompts"
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def add_parsers(sub: Any) -> None:

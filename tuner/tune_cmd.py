@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError
+from tuner.load_cmd import add_remote_load_args
 
 STORAGE_ENV = "TUNER_STORAGE"
 
@@ -68,14 +69,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--capacity-headroom", type=float)
     p.add_argument("--cache-volume", help="pvc[:SIZE[:CLASS]] (default) or hostpath:/path")
     p.add_argument("--processes", type=int, help="Locust processes generating the load")
-    p.add_argument(
-        "--load-workers", type=int, metavar="K",
-        help="Locust workers on load hosts (`tuner load-worker` there), on top of --processes",
-    )  # fmt: skip
-    p.add_argument(
-        "--load-master-bind", metavar="HOST:PORT",
-        help="where the Locust master listens for --load-workers (e.g. 0.0.0.0:5557)",
-    )  # fmt: skip
+    add_remote_load_args(p, default_workers=None)
     p.add_argument("--gpu-source", help="nvml, sim, none or auto")
     p.add_argument(
         "--time-scale", type=float, help="sim: run its clock K times slower (default auto)"
