@@ -23,6 +23,12 @@ from each server's /metrics (polled every ``--poll-ms``, and counters' deltas):
 * prompt and generation tokens (``vllm:prompt_tokens_total``,
   ``vllm:generation_tokens_total``): the same work was done.
 
+The running and waiting caps also depend on how the closed batch's requests reach
+the server between two engine steps (they arrive over some milliseconds, a step lasts
+a few): the same scenario shows a running cap of 11 in one run and 14 in another on
+either backend. Preemptions, the prefix hit rate, peak KV usage and token counts do
+not move from run to run.
+
 Scenarios: ``seq-bound`` (few sequences, ample KV: ``--max-num-seqs`` caps the batch,
 no preemption) and ``kv-bound`` (many sequences, few blocks: the KV cache caps the
 batch and decode growth forces preemptions).

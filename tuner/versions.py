@@ -23,6 +23,7 @@ SWAP_SPACE_REMOVED = (0, 18)  # `--swap-space` is an unrecognized argument
 BLOCK_SIZE_256_ACCEPTED = (0, 11, 2)  # argparse choices gain 256
 BLOCK_SIZE_ANY_INT = (0, 18)  # --block-size is a plain positive int, no choices
 KV_CACHE_MEMORY_BYTES_FLAG = (0, 10, 2)
+RESERVE_FULL_ISL = (0, 19)  # a waiting request is admitted only if its whole sequence fits
 CUDAGRAPH_IN_BUDGET = (0, 20)  # CUDA-graph estimate subtracted from the KV budget
 DEFAULT_UTILIZATION_092 = (0, 20)  # default gpu_memory_utilization 0.9 -> 0.92
 TOKENS_FROM_CONCURRENCY = (0, 21)  # "GPU KV cache size" = int(max_concurrency * max_model_len)
@@ -57,6 +58,11 @@ class VllmVersion(BaseModel):
     @property
     def has_swap_space(self) -> bool:
         return not self.at_least(SWAP_SPACE_REMOVED)
+
+    @property
+    def reserves_full_sequence(self) -> bool:
+        """The scheduler admits a waiting request only when its whole sequence fits in free blocks."""
+        return self.at_least(RESERVE_FULL_ISL)
 
     @property
     def cudagraph_in_budget(self) -> bool:

@@ -9,7 +9,7 @@ from tuner.memory import ServingParams
 from tuner.models import resolve_model
 from tuner.sim.blocks import BlockPool, EvictionPolicy
 from tuner.sim.build import SimOptions, build_engine
-from tuner.sim.engine import RequestStatus, SimEngine, SimRequest
+from tuner.sim.engine import RequestStatus, SimEngine, SimRequest, block_hashes
 from tuner.sim.timing import StepWork
 from tuner.versions import VllmVersion
 
@@ -90,6 +90,61 @@ def test_shared_prefix_hits_the_cache() -> None:
     assert eng.prefix_queries_tokens == 2 * (16 * 20 + 3)
 
 
+def test_requests_admitted_in_the_same_step_share_the_prefix_blocks() -> None:
+    """vLLM caches a block when it is scheduled, so the next admission reuses it at once."""
+    eng = engine()
+    system = list(range(1000, 1000 + 16 * 4))  # 4 full blocks
+    first, second = req(0, [*system, 1, 2, 3]), req(1, [*system, 7, 8, 9])
+    eng.add_request(first)
+    eng.add_request(second)
+    result = eng.step(0.0)
+    assert result.num_running == 2
+    assert second.cached_prompt_tokens == 16 * 4
+    assert result.num_scheduled_tokens == (16 * 4 + 3) + 3
+    assert first.block_ids[:4] == second.block_ids[:4]
+
+
+def test_output_blocks_are_cached_for_a_resumed_request() -> None:
+    eng = engine()
+    r = req(0, list(range(40)), out=40)  # 80 tokens: 5 full blocks, 3 of them past the prompt
+    eng.add_request(r)
+    drain(eng)
+    assert r.block_hashes[:2] == block_hashes(list(range(40)), 16)[:2]
+    assert len(r.block_hashes) == 80 // 16
+    # The last output token never goes through the model, so its block is never cached.
+    assert len(eng.pool.lookup(r.block_hashes, now_s=1.0)) == 4
+
+
+def test_the_null_block_is_never_handed_out() -> None:
+    pool = BlockPool(8)
+    assert pool.num_free == 7
+    assert pool.allocate(8, now_s=0.0) is None
+    blocks = pool.allocate(7, now_s=0.0)
+    assert blocks is not None and 0 not in blocks
+    assert pool.usage == 1.0
+
+
+@pytest.mark.parametrize(("version", "admitted_at_once"), [("0.18", True), ("0.19", False)])
+def test_from_0_19_a_prompt_waits_until_it_fits_whole(version: str, admitted_at_once: bool) -> None:
+    """scheduler_reserve_full_isl: the first chunk fitting is no longer enough."""
+    params = ServingParams(
+        max_model_len=1024, kv_cache_memory_bytes=64 * 2 * 1024 * 1024, max_num_batched_tokens=128
+    )
+    _, eng = build_engine(MODEL, H100, params, VllmVersion.parse(version))
+    assert eng is not None and eng.pool.num_free == 63
+    running = req(0, list(range(600)), out=200)  # holds 38 blocks once prefilled
+    eng.add_request(running)
+    now = 0.0
+    while running.first_token_s is None:
+        now += eng.step(now).duration_s
+    long = req(1, list(range(5000, 5500)), out=1)  # needs 32 blocks, 8 for its first chunk
+    eng.add_request(long)
+    eng.step(now)
+    assert (long.status is RequestStatus.RUNNING) is admitted_at_once
+    drain(eng)
+    assert len(long.output_token_ids) == 1 and len(running.output_token_ids) == 200
+
+
 def test_a_small_kv_cache_preempts_and_still_finishes_everything() -> None:
     eng = engine(kv_bytes=64 * 2 * 1024 * 1024, max_model_len=1024)  # 64 blocks of 16 tokens
     reqs = [req(i, list(range(i * 1000, i * 1000 + 200)), out=100) for i in range(8)]
@@ -167,7 +222,7 @@ def test_logprobs_beyond_the_headroom_kill_the_engine() -> None:
 
 @pytest.mark.parametrize("policy", list(EvictionPolicy))
 def test_eviction_policies_choose_their_victim(policy: EvictionPolicy) -> None:
-    pool = BlockPool(4, policy)
+    pool = BlockPool(5, policy)  # 4 blocks and the null block
     blocks = pool.allocate(4, now_s=0.0)
     assert blocks is not None
     for i, block in enumerate(blocks):

@@ -4,7 +4,8 @@ As in vLLM V1 (``vllm/v1/core/block_pool.py``): a full block's hash chains the
 parent block's hash with the block's token ids, so two requests sharing a prefix
 share its blocks. Freed blocks that hold a cached prefix stay reusable until the
 pool needs them; which cached block is evicted first is the eviction policy's
-choice (vLLM: least recently used).
+choice (vLLM: least recently used). Block 0 is vLLM's null block: never handed out,
+and left out of the usage vLLM reports.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.policy = policy
         self._blocks = [_Block(i) for i in range(num_blocks)]
-        self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))
+        # Block 0 is the null block (vLLM's placeholder for skipped blocks): never allocated.
+        self._free_plain: list[int] = list(range(num_blocks - 1, 0, -1))
         # Free blocks that still hold a cached prefix, in eviction order (LRU / FIFO).
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         # LFU / tiered: a heap of (priority..., counter, block_id) with lazy deletion.
@@ -63,7 +65,8 @@ class BlockPool:
     @property
     def usage(self) -> float:
         """Fraction of blocks in use, as vLLM's kv_cache_usage_perc (cached free blocks count free)."""
-        return 1.0 - self.num_free / self.num_blocks if self.num_blocks else 0.0
+        usable = self.num_blocks - 1  # the null block is never free nor in use
+        return 1.0 - self.num_free / usable if usable > 0 else 0.0
 
     # -- prefix cache -----------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ def build_engine(
         swap_blocks=swap_blocks,
         pcie_bytes_per_s=gpu.pcie_bandwidth_bytes_per_s,
         runtime_headroom_bytes=runtime_headroom_bytes(startup),
+        reserve_full_sequence=version.reserves_full_sequence,
         seed=options.seed,
     )
     timer = StepTimer(

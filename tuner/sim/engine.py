@@ -8,11 +8,15 @@ when ``now_s`` is. Scheduling follows ``vllm/v1/core/sched/scheduler.py``:
 * running requests first (a decode token each, or their next prefill chunk),
   then waiting ones, within ``max_num_batched_tokens`` and ``max_num_seqs``;
 * prompts longer than the budget are prefilled in chunks (chunked prefill);
-* KV blocks of ``block_size`` tokens are allocated as tokens are computed; when
+* KV blocks of ``block_size`` tokens are allocated as tokens are scheduled; when
   none is free the newest running request is preempted and recomputed later
   (or, under an emulated version with ``--swap-space``, swapped to host memory
   at PCIe speed while the host pool has room);
-* full prompt blocks are cached by chained hash and reused by later requests.
+* from 0.19 a waiting request is admitted only when its whole sequence fits in the
+  free blocks (``scheduler_reserve_full_isl``), not just its first prefill chunk;
+* full blocks (prompt and output) are cached by chained hash when they are
+  scheduled, so a request admitted later in the same step already reuses them,
+  and a preempted request resumes from its own cached blocks.
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class EngineConfig:
     swap_blocks: int = 0  # host blocks for swapped-out requests (0: recompute)
     pcie_bytes_per_s: float = 25e9
     runtime_headroom_bytes: int = 1 << 62  # device memory left while running
+    reserve_full_sequence: bool = True  # admit only if the whole sequence fits (vLLM >= 0.19)
     seed: int = 0
 
 
@@ -130,6 +135,22 @@ def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
         parent = hash((parent, tuple(chunk)))
         hashes.append(parent)
     return hashes
+
+
+def _extend_block_hashes(request: SimRequest, block_size: int) -> None:
+    """Hash the block an output token just filled, as vLLM hashes a request's blocks as it grows."""
+    if (
+        request.num_tokens % block_size
+        or len(request.block_hashes) != request.num_tokens // block_size - 1
+    ):
+        return
+    outputs = request.output_token_ids
+    if len(outputs) >= block_size:
+        chunk = outputs[-block_size:]
+    else:
+        chunk = request.prompt_token_ids[len(outputs) - block_size :] + outputs
+    parent = request.block_hashes[-1] if request.block_hashes else 0
+    request.block_hashes.append(hash((parent, tuple(chunk))))
 
 
 class SimEngine:
@@ -206,6 +227,7 @@ class SimEngine:
                     break
             if n == 0:
                 break
+            self._cache_full_blocks(request, request.num_computed_tokens + n, now_s)
             scheduled.append((request, n))
             budget -= n
             i += 1
@@ -261,6 +283,7 @@ class SimEngine:
     def _admit(self, request: SimRequest, budget: int, now_s: float) -> tuple[int, float] | None:
         """Take a waiting request in: prefix-cache hits, blocks for its first chunk."""
         swap_in_s = 0.0
+        hit_tokens: int | None = None
         if request.status is RequestStatus.SWAPPED:
             swapped = request.num_computed_tokens
             need = -(-swapped // self.config.block_size)
@@ -277,12 +300,15 @@ class SimEngine:
             request.block_ids = hits
             request.num_cached_blocks = len(hits)
             request.num_computed_tokens = len(hits) * self.config.block_size
-            if request.num_preemptions == 0:
-                self.prefix_queries_tokens += request.num_prompt_tokens
-                self.prefix_hits_tokens += request.num_computed_tokens
-                request.cached_prompt_tokens = request.num_computed_tokens
+            hit_tokens = request.num_computed_tokens
         n = min(request.num_tokens - request.num_computed_tokens, budget)
-        if not self._grow(request, n, now_s):
+        whole_fits = (
+            not self.config.reserve_full_sequence
+            or request.status is RequestStatus.SWAPPED
+            or self._blocks_needed(request, request.num_tokens - request.num_computed_tokens)
+            <= self.pool.num_free
+        )
+        if not whole_fits or not self._grow(request, n, now_s):
             if request.status is RequestStatus.SWAPPED:
                 self.swap_used_blocks += len(request.block_ids)
             self.pool.free(request.block_ids, now_s)
@@ -291,7 +317,22 @@ class SimEngine:
                 request.num_computed_tokens = 0
                 request.num_cached_blocks = 0
             return None
+        if hit_tokens is not None and request.num_preemptions == 0:
+            # vLLM records a lookup at admission (0.32), over the request's tokens.
+            self.prefix_queries_tokens += request.num_tokens
+            self.prefix_hits_tokens += hit_tokens
+            request.cached_prompt_tokens = hit_tokens
+        self._cache_full_blocks(request, request.num_computed_tokens + n, now_s)
         return n, swap_in_s
+
+    def _cache_full_blocks(self, request: SimRequest, num_tokens: int, now_s: float) -> None:
+        """Cache the blocks the first num_tokens fill, at scheduling as vLLM's allocate_slots does."""
+        if not self.config.enable_prefix_caching:
+            return
+        full = min(num_tokens // self.config.block_size, len(request.block_hashes))
+        for j in range(request.num_cached_blocks, full):
+            self.pool.cache_block(request.block_ids[j], request.block_hashes[j], j, now_s)
+        request.num_cached_blocks = max(request.num_cached_blocks, full)
 
     def _preempt(self, request: SimRequest, now_s: float) -> float:
         """Preempt: swap out if the host pool has room, else free and recompute later."""
@@ -348,15 +389,12 @@ class SimEngine:
         events: list[TokenEvent] = []
         for request, n in scheduled:
             request.num_computed_tokens += n
-            if self.config.enable_prefix_caching:
-                full = min(request.num_computed_tokens, request.num_prompt_tokens) // size
-                for j in range(request.num_cached_blocks, min(full, len(request.block_hashes))):
-                    self.pool.cache_block(request.block_ids[j], request.block_hashes[j], j, end_s)
-                request.num_cached_blocks = max(request.num_cached_blocks, full)
             if request.num_computed_tokens < request.num_tokens:
                 continue  # a prefill chunk that has not reached the end of the prompt
             token = self._next_token(request)
             request.output_token_ids.append(token)
+            if self.config.enable_prefix_caching:
+                _extend_block_hashes(request, size)
             request.token_times_s.append(end_s)
             self.generation_tokens_total += 1
             if request.first_token_s is None:
