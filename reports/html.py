@@ -654,7 +654,9 @@ def _how(data: RunData) -> dict[str, Any]:
          if c.edge else "off (--no-edge)"),
         ("Confirmation", f"{c.repeats} run(s) of the recommendation" if c.confirm else "off (--no-confirm)"),
         ("Safety margin", f"{c.safety_margin:g} of utilization below the edge"),
-        ("Load generator", f"Locust, {c.processes} process(es), open loop"),
+        ("Load generator", f"Locust, {c.processes} local process(es)" + (
+            f" and {c.load_workers} worker(s) on load hosts (master {c.load_master_bind})"
+            if c.load_workers else "") + ", open loop"),
         ("GPU memory source", c.gpu_source + (" (sim: the simulator's /sim/gpu)" if tune.simulated and c.gpu_source == "auto" else "")),
         ("Time scale", f"{data.time_scale:g}" + (
             " (the simulator ran its clock this many times slower; every time and rate here is in "

@@ -340,6 +340,19 @@ def test_a_run_tuned_with_no_edge_says_so(tuned_run: Path, tmp_path: Path) -> No
     assert "chart-memory-probe-" not in text
 
 
+def test_the_load_generator_row_names_the_load_hosts(tuned_run: Path, tmp_path: Path) -> None:
+    assert "Locust, 1 local process(es), open loop" in (tuned_run / "report.html").read_text()
+    run = copy_run(tuned_run, tmp_path / "run")
+    tune = json.loads((run / "tune.json").read_text())
+    tune["config"].update(processes=0, load_workers=4, load_master_bind="10.0.0.5:5557")
+    (run / "tune.json").write_text(json.dumps(tune))
+    text = write_report(run).read_text(encoding="utf-8")
+    assert (
+        "Locust, 0 local process(es) and 4 worker(s) on load hosts (master 10.0.0.5:5557), "
+        "open loop" in text
+    )
+
+
 def test_a_directory_that_is_not_a_tune_run_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ReportError, match=r"tune\.json is missing"):
         write_report(tmp_path)
