@@ -242,6 +242,7 @@ def _setting_rows(rec: dict[str, object], default: dict[str, object]) -> list[Se
 class VariantRow:
     name: str
     settings: list[str]
+    offered: str
     goodput: str
     p99_ttft: str
     p99_e2e: str
@@ -250,11 +251,20 @@ class VariantRow:
     verdict: str
 
 
+def _offered(m: Measured | None) -> str:
+    """The offered rate a variant's goodput was measured at (its last rate if none held)."""
+    if m is None:
+        return "–"
+    rate = m.rate_per_s or (m.rates_per_s[-1] if m.rates_per_s else None)
+    return _num(rate) if rate else "–"
+
+
 def _variant_row(v: Variant) -> VariantRow:
     m = v.measured
     return VariantRow(
         name=v.name,
         settings=[f"--{k} {_value(val)}" for k, val in v.flags.items()],
+        offered=_offered(m),
         goodput=_num(m.goodput) if m else "not measured",
         p99_ttft=_ms(_latency(m.ttft_ms, "p99")) if m else "–",
         p99_e2e=_ms(_latency(m.e2e_ms, "p99")) if m else "–",
@@ -433,6 +443,10 @@ def _summary(data: RunData) -> dict[str, Any]:
         "headroom": headroom,
         "capacity": capacity,
         "variants": [_variant_row(v) for v in rec.variants] if rec is not None else [],
+        "variants_one_rate": rec is not None
+        and any(
+            v.measured is not None and len(v.measured.rates_per_s) == 1 for v in rec.variants[1:]
+        ),
         "noise": (
             f"{len(rec_measured.goodput_runs)} confirmation runs, goodput spread {rec_measured.goodput_spread:.1%}"
             if rec_measured is not None and len(rec_measured.goodput_runs) > 1

@@ -51,6 +51,8 @@ class Measured(BaseModel):
     verdict: Verdict
     goodput: float  # requests/s at the highest rate meeting the SLOs (mean over repeats)
     goodput_runs: list[float]  # each repeat's goodput, for the run-to-run noise
+    rate_per_s: float | None = None  # the offered rate goodput was measured at (last run)
+    rates_per_s: list[float] = []  # every offered rate the last run measured
     throughput: float  # output tokens/s there
     ttft_ms: Latency | None
     itl_ms: Latency | None
@@ -197,6 +199,8 @@ def measured_of(runs: list[Evaluation]) -> Measured:
         verdict=last.verdict,
         goodput=statistics.fmean(goodputs),
         goodput_runs=goodputs,
+        rate_per_s=last.rate_per_s,
+        rates_per_s=[level.rate_per_s for level in last.levels],
         throughput=statistics.fmean(r.throughput for r in runs),
         ttft_ms=lat("ttft_ms"),
         itl_ms=lat("itl_ms"),
@@ -293,6 +297,7 @@ def recommend(
     """Confirm the variants (when configured), write every config, return the recommendation."""
     points = variant_params(ctx, best.params, edge)
     variants: list[Variant] = []
+    held_rate: float | None = None  # the rate the recommendation held, for the other variants
     for name, params in points.items():
         for r in ctx.space.ranges:  # stay inside what the search allowed
             value = getattr(params, r.knob.field)
@@ -301,19 +306,27 @@ def recommend(
         measured: Measured | None = None
         if ctx.config.confirm:
             repeats = ctx.config.repeats if name == "recommended" else 1
-            # Start where the best trial held (or lower, if the prediction for this
-            # variant says so): a confirmation measures the variant, not the SLO's edge.
-            # The variants are measured at that one rate, beside the recommendation.
-            first = start_rate(params) if start_rate is not None else None
-            rates = [r for r in (first, best.rate_per_s) if r]
+            # The recommendation starts where the best trial held (or lower, if the
+            # prediction for it says so) and climbs up to three rates. The other variants
+            # are measured at the one rate the recommendation held, so the table compares
+            # them under the same load: what headroom costs, not each one's own maximum.
+            if name == "recommended" or held_rate is None:
+                first = start_rate(params) if start_rate is not None else None
+                rates = [r for r in (first, best.rate_per_s) if r]
+                start = min(rates) if rates else None
+            else:
+                start = held_rate
             measured = confirm(
-                ctx, name, params, registry=registry,
-                start_rate_per_s=min(rates) if rates else None, repeats=repeats,
+                ctx, name, params, registry=registry, start_rate_per_s=start, repeats=repeats,
                 max_levels=3 if name == "recommended" else 1,
             )  # fmt: skip
+            if name == "recommended":
+                held_rate = measured.rate_per_s
+            at = measured.rate_per_s or (measured.rates_per_s[-1] if measured.rates_per_s else None)
             progress(
                 f"confirm     {name:<13} {params.short():<52} {measured.verdict.value:<12} "
                 f"goodput {measured.goodput:.2f} req/s"
+                + (f" at {at:.2f} req/s offered" if at else "")
             )
         variants.append(make_variant(ctx, name, params, measured, edge))
     default_variant = (

@@ -165,6 +165,12 @@ def test_summary_shows_the_recommendation_beside_the_defaults(tuned_run: Path, r
     for label in ("TTFT p50", "TTFT p99", "ITL p99", "End-to-end p99", "Replicas"):
         assert label in summary
     assert "Headroom to the OOM edge" in summary
+    # The variants' table says at which offered rate each was measured: the same one.
+    held = rec.recommended.measured.rate_per_s
+    assert held is not None
+    table = summary[summary.index("What headroom costs") :]
+    assert "Offered<br>req/s" in table and "the other variants at that same offered rate" in table
+    assert table.count(f'<td class="num">{held:.2f}</td>') >= 3  # goodput may equal it
 
 
 def test_latency_cdf_is_in_the_emulated_gpus_time_and_matches_the_measured_p99(

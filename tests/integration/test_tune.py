@@ -101,6 +101,13 @@ def test_recommendation_steps_back_from_the_edge_and_writes_configs(tuned_run: P
     for variant in rec.variants:
         assert variant.measured is not None  # each variant confirmed by its own run
         assert Path(variant.measured.dir, "evaluation.json").exists()
+    # The other variants are measured once, under the load the recommendation held.
+    assert rec.recommended.measured is not None and rec.recommended.measured.rate_per_s
+    held = rec.recommended.measured.rate_per_s
+    assert rec.recommended.measured.rates_per_s[-1] >= held
+    for variant in (conservative, aggressive):
+        assert variant.measured is not None
+        assert variant.measured.rates_per_s == [pytest.approx(held)]
     assert rec.default is not None and rec.default.measured is not None
     # The command line starts the settings it claims, and the hash follows the settings.
     args = (out / "vllm-args.txt").read_text()
