@@ -54,7 +54,7 @@ class Measured(BaseModel):
     rate_per_s: float | None = None  # the offered rate goodput was measured at (last run)
     rates_per_s: list[float] = []  # every offered rate the last run measured
     throughput: float  # output tokens/s there
-    ttft_ms: Latency | None
+    ttft_ms: Latency | None  # at rate_per_s; at the last rate measured when none met the SLOs
     itl_ms: Latency | None
     tpot_ms: Latency | None
     e2e_ms: Latency | None
@@ -185,8 +185,11 @@ def variant_params(
 
 
 def measured_of(runs: list[Evaluation]) -> Measured:
+    """The confirmation runs of one variant; latencies at the rate goodput was measured at,
+    or, when no rate met the SLOs, at the last rate measured (how far it missed)."""
     last = runs[-1]
-    best = last.best.load if last.best else None
+    decided = last.best or (last.levels[-1] if last.levels else None)
+    best = decided.load if decided else None
 
     def lat(name: str) -> Latency | None:
         if best is None:

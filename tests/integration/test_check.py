@@ -234,6 +234,9 @@ def test_a_worse_setting_fails(
     assert "REGRESSION: goodput (req/s) -100.0%" in done.stdout
     worse = recommendation(worse_run).recommended.measured
     assert worse is not None and worse.verdict is Verdict.SLO_MISSED
+    # Its latencies are those of the rate it missed at, so the report shows by how much.
+    assert worse.rate_per_s is None and worse.rates_per_s
+    assert worse.ttft_ms is not None and worse.e2e_ms is not None
     # Even a tolerance that forgives much does not forgive serving nothing.
     assert tuner_check(worse_run, "--baseline", baseline, "--tolerance", "50").returncode == 1
     # As a user runs it: exit 1 for the regression, told apart from bad input (exit 2,
