@@ -107,7 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        # Timestamps and module names when debugging; a plain line on the terminal otherwise
+        # (each run's own log file keeps the full format).
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        if args.verbose
+        else "tuner: %(levelname)s: %(message)s",
     )
     try:
         code: int = args.func(args)
