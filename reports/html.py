@@ -251,20 +251,12 @@ class VariantRow:
     verdict: str
 
 
-def _offered(m: Measured | None) -> str:
-    """The offered rate a variant's goodput was measured at (its last rate if none held)."""
-    if m is None:
-        return "–"
-    rate = m.rate_per_s or (m.rates_per_s[-1] if m.rates_per_s else None)
-    return _num(rate) if rate else "–"
-
-
 def _variant_row(v: Variant) -> VariantRow:
     m = v.measured
     return VariantRow(
         name=v.name,
         settings=[f"--{k} {_value(val)}" for k, val in v.flags.items()],
-        offered=_offered(m),
+        offered=_num(m.offered_rate_per_s) if m else "–",
         goodput=_num(m.goodput) if m else "not measured",
         p99_ttft=_ms(_latency(m.ttft_ms, "p99")) if m else "–",
         p99_e2e=_ms(_latency(m.e2e_ms, "p99")) if m else "–",

@@ -64,6 +64,12 @@ class Measured(BaseModel):
     dir: str
 
     @property
+    def offered_rate_per_s(self) -> float | None:
+        """The offered rate behind goodput and the latencies: rate_per_s, or the last rate
+        measured when none met the SLOs (None when nothing was measured)."""
+        return self.rate_per_s or (self.rates_per_s[-1] if self.rates_per_s else None)
+
+    @property
     def goodput_spread(self) -> float:
         """Relative run-to-run spread of goodput (max-min over mean; 0 with one run)."""
         runs = [g for g in self.goodput_runs if g > 0]
@@ -325,7 +331,7 @@ def recommend(
             )  # fmt: skip
             if name == "recommended":
                 held_rate = measured.rate_per_s
-            at = measured.rate_per_s or (measured.rates_per_s[-1] if measured.rates_per_s else None)
+            at = measured.offered_rate_per_s
             progress(
                 f"confirm     {name:<13} {params.short():<52} {measured.verdict.value:<12} "
                 f"goodput {measured.goodput:.2f} req/s"

@@ -126,13 +126,17 @@ class EngineDead(Exception):
     """The engine hit an unrecoverable error (a CUDA out-of-memory under load)."""
 
 
+def _chain_hash(parent: int, chunk: list[int]) -> int:
+    """A full block's key: its parent block's hash chained with its token ids (0: no parent)."""
+    return hash((parent, tuple(chunk)))
+
+
 def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
     """Chained hashes of the full blocks of a token sequence, as vLLM's prefix cache keys them."""
     hashes: list[int] = []
     parent = 0
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        chunk = token_ids[start : start + block_size]
-        parent = hash((parent, tuple(chunk)))
+        parent = _chain_hash(parent, token_ids[start : start + block_size])
         hashes.append(parent)
     return hashes
 
@@ -150,7 +154,7 @@ def _extend_block_hashes(request: SimRequest, block_size: int) -> None:
     else:
         chunk = request.prompt_token_ids[len(outputs) - block_size :] + outputs
     parent = request.block_hashes[-1] if request.block_hashes else 0
-    request.block_hashes.append(hash((parent, tuple(chunk))))
+    request.block_hashes.append(_chain_hash(parent, chunk))
 
 
 class SimEngine:
