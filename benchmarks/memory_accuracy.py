@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from tuner.accuracy import evaluate, load_cases, summary
+from tuner.accuracy import LogOrigin, evaluate, load_cases, summary, transfer_rows
 
 LOG_DIR = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm_logs"
 
@@ -35,24 +35,44 @@ def main() -> int:
     skipped = [case.file for case in cases if case.unified_memory]
     cases = [case for case in cases if not case.unified_memory]
     rows = [evaluate(case, LOG_DIR) for case in cases]
+    transfers = [row for case in cases for row in transfer_rows(case, LOG_DIR)]
     stats = summary(rows)
     if args.json:
-        print(json.dumps({"rows": [r.model_dump() for r in rows], "summary": stats}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "rows": [r.model_dump() for r in rows],
+                    "transfers": [r.model_dump() | {"error": r.error} for r in transfers],
+                    "summary": stats,
+                },
+                indent=2,
+            )
+        )
         return 0
     header = f"{'log':<52} {'version':>8} {'tp':>2} {'logged':>10} {'uncal.':>10} {'err':>7} {'calib.':>10} {'err':>7}"
     print(header)
     print("-" * len(header))
     for r in rows:
+        mark = "*" if r.origin is LogOrigin.BUILT_FROM_FORMAT else " "
         print(
-            f"{r.file[:52]:<52} {r.vllm_version:>8} {r.tp:>2} {r.logged_tokens:>10,} "
+            f"{r.file[:51]:<51}{mark} {r.vllm_version:>8} {r.tp:>2} {r.logged_tokens:>10,} "
             f"{_tokens(r.predicted_tokens):>10} {_pct(r.error):>7} {r.calibrated_tokens:>10,} "
             f"{r.calibrated_error:>+7.2%}"
         )
     print()
+    print("calibrated at other settings (expected: the log's KV memory moved by the budget change)")
+    for t in transfers:
+        mark = "*" if t.origin is LogOrigin.BUILT_FROM_FORMAT else " "
+        print(
+            f"{t.file[:51]:<51}{mark} {t.vllm_version[:8]:>8} {t.setting:<32} "
+            f"{t.expected_tokens:>10,} {t.predicted_tokens:>10,} {t.error:>+7.2%}"
+        )
+    print()
+    print("* built from vLLM's line format (no real log of that release found): not in the summary")
     if skipped:
         print(f"not scored (unified CPU/GPU memory): {', '.join(skipped)}")
     print(
-        f"{stats['cases']} logs ({stats['uncalibrated_cases']} with a known GPU); uncalibrated |error| median {stats['median_abs_error']:.1%}, "
+        f"{stats['cases']} real logs ({stats['uncalibrated_cases']} with a known GPU); uncalibrated |error| median {stats['median_abs_error']:.1%}, "
         f"max {stats['max_abs_error']:.1%}; calibrated |error| median "
         f"{stats['median_abs_calibrated_error']:.2%}, max {stats['max_abs_calibrated_error']:.2%}"
     )

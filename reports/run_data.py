@@ -42,7 +42,7 @@ from workloads.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
 
-ROLE_DEFAULT = "vllm-default"  # tuner.study.ROLE_DEFAULT (not imported: it pulls in the loop)
+ROLE_DEFAULT = "vllm-default"  # tuner.study.ROLE_DEFAULT
 MIN_TRIALS_FOR_IMPORTANCE = 5
 
 M = TypeVar("M", bound=BaseModel)
@@ -263,14 +263,27 @@ def _open_study(
 ) -> tuple[Any | None, str | None]:
     """The Optuna study from ``storage``, else from the run's own SQLite file.
 
-    Its name is the one the run recorded, else the one study there (the tune's
-    ``<study>.finalize`` marker aside).
+    Its name is the one the run recorded, else the one study there. A ``storage`` given
+    (``--storage``, ``$TUNER_STORAGE``) that cannot be read is a ``ReportError``: nothing is
+    written. The run's own ``study.db`` unreadable (damaged, truncated) or absent: the
+    report is built from the run's files and ``RunData.study_note`` says why.
     """
-    from tuner.study import redact_url
+    from tuner.errors import ConfigError
+    from tuner.study import check_storage_url, foreign_message, redact_url, study_names
 
     db = run_dir / "study.db"
     if storage:
         url, where = storage, redact_url(storage)
+        try:
+            check_storage_url(storage)
+        except ConfigError as exc:
+            raise ReportError(str(exc)) from None
+        missing_file = _missing_sqlite_file(storage)
+        if missing_file is not None:
+            raise ReportError(
+                f"--storage {where!r}: {missing_file} does not exist; accepted: the SQLAlchemy "
+                "URL of the storage that holds the run's study"
+            )
     elif db.is_file():
         url, where = f"sqlite:///{db}", str(db)
     else:
@@ -283,29 +296,59 @@ def _open_study(
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        names = [n for n in optuna.get_all_study_names(storage=url) if not n.endswith(".finalize")]
+        names = study_names(url)
         if name not in names:  # not recorded, or the record is wrong: the one study there
             if len(names) != 1:
-                return None, f"{where} holds {len(names)} studies, none named as the run recorded"
+                note = (
+                    f"{where} holds {len(names)} studies, none named as the run recorded ({name!r})"
+                )
+                if storage:
+                    raise ReportError(f"{note}; accepted: --storage URL of the run's study")
+                return None, note
             name = names[0]
         study = optuna.load_study(study_name=name, storage=url)
+        study.get_trials(deepcopy=False)  # read now: a damaged file fails here, not later
+        _ = study.user_attrs
+    except ReportError:
+        raise
     except Exception as exc:  # SQLAlchemy's and Optuna's errors: a damaged or foreign store
-        text = f"{type(exc).__name__}: {exc}"
+        note = f"the study in {where} could not be read ({type(exc).__name__}: "
+        note += f"{foreign_message(exc, url)})"
         if storage:
-            text = text.replace(storage, where)
-        return None, f"the study in {where} could not be read ({text})"
+            raise ReportError(
+                f"{note}; accepted: --storage URL of a study storage this host can reach"
+            ) from None
+        return None, note
     return study, None
+
+
+def _missing_sqlite_file(url: str) -> str | None:
+    """The file a ``sqlite:///`` URL names when it does not exist (opening it would create
+    an empty one), else None."""
+    if not url.startswith("sqlite"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    if not database or database == ":memory:" or Path(database).is_file():
+        return None
+    return database
 
 
 def _trials(
     run_dir: Path, study: Any | None, rec: Recommendation | None, missing: list[str]
 ) -> list[TrialRow]:
+    from tuner.study import EVALUATION_ATTR
+
     states: dict[int, str] = {}
     roles: dict[int, str] = {}
+    copies: dict[int, Any] = {}  # the evaluation each trial also keeps in the study
     if study is not None:
         for t in study.get_trials(deepcopy=False):
             states[t.number] = t.state.name
             roles[t.number] = str(t.user_attrs.get("role", "search"))
+            if EVALUATION_ATTR in t.user_attrs:
+                copies[t.number] = t.user_attrs[EVALUATION_ATTR]
     numbers = set(states)
     trials_dir = run_dir / "trials"
     if trials_dir.is_dir():
@@ -318,6 +361,18 @@ def _trials(
             _optional(path, Evaluation, missing, f"trial {number}") if path.is_file() else None
         )
         state = states.get(number, "UNKNOWN")
+        if evaluation is None and number in copies:
+            try:
+                evaluation = Evaluation.model_validate(copies[number])
+            except ValidationError as exc:
+                missing.append(
+                    f"trial {number}: its copy in the study is not an evaluation ({_first_error(exc)})"
+                )
+            else:
+                missing.append(
+                    f"trial {number}: no evaluation.json in {tdir}; shown from the copy the "
+                    "study keeps (the level files it names may be missing too)"
+                )
         if evaluation is None and state == "COMPLETE":
             missing.append(f"trial {number}: no evaluation.json in {tdir}")
         rows.append(
@@ -377,6 +432,12 @@ def _importances(study: Any | None, study_note: str | None) -> Importances:
         )
     except (ValueError, RuntimeError) as exc:
         return Importances(None, f"not computed: Optuna says {exc}")
+    except ImportError as exc:  # an install without scikit-learn, which fANOVA needs
+        log.warning("parameter importances not computed: %s", exc)
+        return Importances(
+            None,
+            f"not computed: {exc.name or 'a package'} is not installed (pip install scikit-learn)",
+        )
     if not values:
         return Importances(None, "not computed: no parameter varied across the trials")
     return Importances(

@@ -30,6 +30,7 @@ model and GPU are exact.
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
@@ -122,6 +123,8 @@ class Calibration(BaseModel):
     weights_bytes: int | None = None
     activation_bytes: int | None = None
     non_torch_bytes: int | None = None
+    # Weights + non-torch (+ the CUDA-graph estimate within the budget), 0.28 on.
+    consumed_bytes: int | None = None
     cudagraph_bytes: int | None = None
     available_kv_bytes: int | None = None
     total_bytes: int | None = None
@@ -130,6 +133,29 @@ class Calibration(BaseModel):
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     cudagraph_in_budget: bool | None = None
+
+
+class MemoryComponent(StrEnum):
+    """A part of vLLM's startup budget."""
+
+    WEIGHTS = "weights"
+    ACTIVATION = "activation"
+    NON_TORCH = "non_torch"
+    CUDAGRAPH = "cudagraph"
+
+
+class AppliedCalibration(BaseModel):
+    """Which components of a plan came from a real log, and how."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    # Printed by vLLM in the log (activation shifted to other batch limits by the model).
+    measured: list[MemoryComponent]
+    # Solved from the log's budget (what the KV memory it printed leaves for them).
+    derived: list[MemoryComponent]
+    # Still the model's estimate.
+    estimated: list[MemoryComponent]
 
 
 class MemoryPlan(BaseModel):
@@ -143,6 +169,8 @@ class MemoryPlan(BaseModel):
     fits: bool
     failure: StartupFailure | None
     calibrated: bool
+    # What the calibration supplied (None: uncalibrated).
+    calibration: AppliedCalibration | None = None
     total_bytes: int
     free_bytes: int
     requested_bytes: int
@@ -443,8 +471,9 @@ def plan(
     activation = activation_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
     non_torch = non_torch_bytes(tp)
     graphs = cudagraph_bytes(model, params.enforce_eager)
+    applied = None
     if calibration is not None:
-        weights, activation, non_torch, graphs = _apply_calibration(
+        (weights, activation, non_torch, graphs), applied = _apply_calibration(
             calibration,
             model,
             tp,
@@ -455,6 +484,7 @@ def plan(
             max_num_seqs,
             (weights, activation, non_torch, graphs),
             version,
+            (default_seqs, default_tokens),
         )
     graphs_in_budget = graphs if version.cudagraph_in_budget else 0
     if params.kv_cache_memory_bytes is not None:
@@ -481,6 +511,7 @@ def plan(
         gpu=gpu.name,
         vllm_version=str(version),
         calibrated=calibration is not None,
+        calibration=applied,
         total_bytes=total,
         free_bytes=free,
         requested_bytes=requested,
@@ -524,40 +555,92 @@ def _apply_calibration(
     max_num_seqs: int,
     predicted: tuple[int, int, int, int],
     version: VllmVersion,
-) -> tuple[int, int, int, int]:
+    default_limits_: tuple[int, int],
+) -> tuple[tuple[int, int, int, int], AppliedCalibration]:
     """Replace predicted (weights, activation, non-torch, graphs) by measured ones.
 
-    A log that gives the components replaces each. A log that gives only the
-    weights and the KV memory fixes the rest of the budget: activation plus
-    non-torch is taken as measured (split as the model splits it). Activation
-    measured at other batch limits is shifted by the model's predicted difference.
+    A log that gives every component replaces each. Otherwise what the log's KV
+    memory leaves of its budget (or, without a KV line, its consumed memory) fixes
+    what the log does not give: non-torch memory when the activation is measured,
+    else activation plus non-torch (split as the model splits it). So the KV
+    memory at the log's own settings is the one it printed. Activation measured at
+    other batch limits is shifted by the model's predicted difference (a log that does
+    not print its batch limits ran with vLLM's defaults for the GPU and release).
     """
     weights, activation, non_torch, graphs = predicted
+    measured: list[MemoryComponent] = []
+    derived: list[MemoryComponent] = []
     if cal.weights_bytes is not None:
         weights = max(cal.weights_bytes - int(cpu_offload_gb * 1e9), 0)
+        measured.append(MemoryComponent.WEIGHTS)
     if cal.cudagraph_bytes is not None:
         graphs = cal.cudagraph_bytes
-    shift = 0
-    if cal.max_num_batched_tokens and cal.max_num_seqs:
-        at_log = activation_bytes(model, tp, cal.max_num_batched_tokens, cal.max_num_seqs)
-        shift = activation - at_log
-    if cal.activation_bytes is not None and cal.non_torch_bytes is not None:
-        return weights, cal.activation_bytes + shift, cal.non_torch_bytes, graphs
-    if cal.available_kv_bytes is not None and cal.weights_bytes is not None:
+        measured.append(MemoryComponent.CUDAGRAPH)
+    log_tokens = cal.max_num_batched_tokens or default_limits_[1]
+    log_seqs = cal.max_num_seqs or min(default_limits_[0], log_tokens)
+    shift = activation - activation_bytes(model, tp, log_tokens, log_seqs)
+    in_budget = (
+        cal.cudagraph_in_budget
+        if cal.cudagraph_in_budget is not None
+        else version.cudagraph_in_budget
+    )
+    graphs_in_budget = graphs if in_budget else 0
+    # activation + non-torch at the log's settings, from its budget; None if it cannot say.
+    rest: float | None = None
+    if cal.weights_bytes is not None and cal.available_kv_bytes is not None:
         cal_requested = (cal.total_bytes or total) * (cal.gpu_memory_utilization or utilization)
-        in_budget = (
-            cal.cudagraph_in_budget
-            if cal.cudagraph_in_budget is not None
-            else version.cudagraph_in_budget
-        )
-        rest = (
-            cal_requested
-            - cal.available_kv_bytes
-            - cal.weights_bytes
-            - (graphs if in_budget else 0)
-        )
-        return weights, int(rest - non_torch) + shift, non_torch, graphs
-    return weights, activation + shift, non_torch, graphs
+        rest = cal_requested - cal.available_kv_bytes - cal.weights_bytes - graphs_in_budget
+    elif (
+        cal.weights_bytes is not None
+        and cal.consumed_bytes is not None
+        and cal.activation_bytes is not None
+    ):
+        rest = cal.consumed_bytes - cal.weights_bytes - graphs_in_budget + cal.activation_bytes
+
+    if cal.activation_bytes is not None and cal.non_torch_bytes is not None:
+        activation, non_torch = cal.activation_bytes + shift, cal.non_torch_bytes
+        measured += [MemoryComponent.ACTIVATION, MemoryComponent.NON_TORCH]
+    elif cal.activation_bytes is not None and rest is not None:
+        non_torch = int(rest - cal.activation_bytes)
+        if non_torch < 0 and in_budget:
+            # vLLM's consumed figure can hold less than the graph estimate: keep the sum.
+            moved = min(-non_torch, graphs)
+            graphs, non_torch = graphs - moved, non_torch + moved
+        activation = cal.activation_bytes + shift
+        measured.append(MemoryComponent.ACTIVATION)
+        derived.append(MemoryComponent.NON_TORCH)
+    elif rest is not None:
+        activation = int(rest - non_torch) + shift
+        derived.append(MemoryComponent.ACTIVATION)
+    elif cal.activation_bytes is not None:
+        activation = cal.activation_bytes + shift
+        measured.append(MemoryComponent.ACTIVATION)
+    else:
+        activation = activation + shift
+    known = set(measured) | set(derived)
+    applied = AppliedCalibration(
+        source=cal.source,
+        measured=measured,
+        derived=derived,
+        estimated=[c for c in MemoryComponent if c not in known],
+    )
+    return (weights, activation, non_torch, graphs), applied
+
+
+def scheduler_config_failure(
+    max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, enable_chunked_prefill: bool
+) -> StartupFailure | None:
+    """vLLM's SchedulerConfig check (``verify_max_model_len``), in its order.
+
+    It runs on the values vLLM resolved, defaults included: ``--max-num-seqs 10000``
+    alone is refused against the default batch limit, as vLLM refuses it. The plan,
+    the simulated engine's startup and the tuner's pre-launch screening all come here.
+    """
+    if max_num_batched_tokens < max_model_len and not enable_chunked_prefill:
+        return msg.batched_tokens_below_model_len(max_num_batched_tokens, max_model_len)
+    if max_num_batched_tokens < max_num_seqs:
+        return msg.batched_tokens_below_seqs(max_num_batched_tokens, max_num_seqs)
+    return None
 
 
 def _invalid_configuration(
@@ -570,14 +653,11 @@ def _invalid_configuration(
     tp = params.tensor_parallel_size
     if params.max_model_len is not None and p.max_model_len > model.max_position_embeddings:
         return msg.max_model_len_above_derived(p.max_model_len, model.max_position_embeddings)
-    if (
-        params.max_num_seqs is not None
-        and params.max_num_batched_tokens is not None
-        and p.max_num_batched_tokens < p.max_num_seqs
-    ):
-        return msg.batched_tokens_below_seqs(p.max_num_batched_tokens, p.max_num_seqs)
-    if not params.enable_chunked_prefill and p.max_num_batched_tokens < p.max_model_len:
-        return msg.batched_tokens_below_model_len(p.max_num_batched_tokens, p.max_model_len)
+    scheduler = scheduler_config_failure(
+        p.max_num_batched_tokens, p.max_num_seqs, p.max_model_len, params.enable_chunked_prefill
+    )
+    if scheduler is not None:
+        return scheduler
     if model.num_attention_heads % tp:
         return msg.heads_not_divisible(model.num_attention_heads, tp)
     if params.kv_cache_dtype not in gpu.kv_cache_dtypes and params.kv_cache_dtype.startswith("fp8"):

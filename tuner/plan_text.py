@@ -11,16 +11,31 @@ def _gib(value: int) -> str:
     return f"{value / GiB:8.2f} GiB"
 
 
+def _prediction(p: MemoryPlan) -> str:
+    cal = p.calibration
+    if cal is None:
+        return "uncalibrated estimate"
+    parts = [f"calibrated from {cal.source}"]
+    for label, components in (
+        ("measured", cal.measured),
+        ("derived", cal.derived),
+        ("estimated", cal.estimated),
+    ):
+        if components:
+            parts.append(f"{label}: {', '.join(c.value for c in components)}")
+    return "; ".join(parts)
+
+
 def format_plan(p: MemoryPlan) -> str:
     status = "starts" if p.fits else f"FAILS ({p.failure.kind.value})" if p.failure else "FAILS"
-    graphs_note = "" if p.cudagraph_bytes == 0 else "  (outside the KV budget before 0.12)"
+    graphs_note = "" if p.cudagraph_bytes == 0 else "  (outside the KV budget before 0.20)"
     lines = [
         f"model            {p.model}",
         f"gpu              {p.gpu}   vLLM {p.vllm_version}   tensor-parallel {p.tensor_parallel_size}",
         f"settings         max-model-len {p.max_model_len}  max-num-seqs {p.max_num_seqs}  "
         f"max-num-batched-tokens {p.max_num_batched_tokens}  block-size {p.block_size}  "
         f"kv-cache-dtype {p.kv_cache_dtype}",
-        f"prediction       {'calibrated from a real log' if p.calibrated else 'uncalibrated estimate'}",
+        f"prediction       {_prediction(p)}",
         "",
         f"  device total        {_gib(p.total_bytes)}",
         f"  requested budget    {_gib(p.requested_bytes)}",

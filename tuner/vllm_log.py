@@ -12,6 +12,12 @@ or ``VLLM_CPU_KVCACHE_SPACE``) or ``Auto set (X/Y) GiB for KV cache on node N, w
 R GiB requested memory for the worker. C GiB memory was consumed by non-kv
 usages.`` (``--gpu-memory-utilization`` of the node's memory). It prints no
 weights size, only ``Loading weights took S seconds``.
+
+From 0.28 the memory summary is one budget line, ``Free memory on device (F/T GiB)
+... Actual usage is C GiB for consumed memory (weights + non-torch), A GiB for peak
+activation, and G GiB for CUDAGraph memory ... Current kv cache memory in use is K
+GiB.`` (K = requested - C - A); from 0.32 it is the only place K is printed (no
+``Available KV cache memory`` line).
 """
 
 from __future__ import annotations
@@ -67,10 +73,13 @@ RE_CONSUMED_DETAIL = re.compile(
     rf"is \({_NUM}, {_NUM} GiB\)\. Actual usage is {_NUM} GiB for consumed memory "
     rf"\(weights \+ non-torch\), {_NUM} GiB for peak activation, and {_NUM} GiB for CUDAGraph memory"
 )
+# The KV memory vLLM sized, in the budget line (from 0.32 the only place it is printed).
+RE_CURRENT_KV = re.compile(rf"Current kv cache memory in use is {_NUM}\s*(GiB|bytes)")
 RE_PROFILE_RESULT = re.compile(
     rf"Total non KV cache memory: {_NUM}\s*GiB; torch peak memory increase: {_NUM}\s*GiB; "
     rf"non-torch forward increase memory: {_NUM}\s*GiB; weights memory: {_NUM}\s*GiB"
 )
+RE_CHUNKED_PREFILL = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=([0-9]+)")
 RE_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 RE_NON_DEFAULT_ARGS = re.compile(r"non-default args:\s*(\{.*\})\s*$")
 RE_ENGINE_CONFIG = re.compile(r"with config:\s*(.*)$")
@@ -89,6 +98,9 @@ class StartupReport(BaseModel):
     gpu_memory_utilization: float | None = None
     activation_bytes: int | None = None
     non_torch_bytes: int | None = None
+    # Weights plus non-torch memory (and the CUDA-graph estimate within the budget), as
+    # the budget line of 0.28 on measures it: the KV memory is requested - consumed - activation.
+    consumed_bytes: int | None = None
     cudagraph_bytes: int | None = None
     cudagraph_estimate_bytes: int | None = None
     available_kv_bytes: int | None = None
@@ -201,8 +213,13 @@ def parse_startup_log(text: str) -> StartupReport:
         if m := RE_CONSUMED_DETAIL.search(line):
             once("total_bytes", _gib_bytes(m[2]))
             once("gpu_memory_utilization", float(m[3]))
+            once("consumed_bytes", _gib_bytes(m[5]))
             once("activation_bytes", _gib_bytes(m[6]))
             once("cudagraph_estimate_bytes", _gib_bytes(m[7]))
+        if m := RE_CURRENT_KV.search(line):
+            # The same figure as "Available KV cache memory" (per rank; vLLM keeps the smallest).
+            kv_now = int(m[1]) if m[2] == "bytes" else _gib_bytes(m[1])
+            smallest("current_kv_bytes", kv_now)
         if m := RE_PROFILE_RESULT.search(line):
             once("activation_bytes", _gib_bytes(m[2]))
             once("non_torch_bytes", _gib_bytes(m[3]))
@@ -231,8 +248,14 @@ def parse_startup_log(text: str) -> StartupReport:
             once("kv_cache_dtype", cfg.get("kv_cache_dtype"))
             if "enforce_eager" in cfg:
                 once("enforce_eager", cfg["enforce_eager"] == "True")
+        if m := RE_CHUNKED_PREFILL.search(line):
+            # The batch limit the engine resolved, defaults included.
+            once("max_num_batched_tokens", int(m[1]))
         if RE_READY.search(line):
             found["ready"] = True
+    current = found.pop("current_kv_bytes", None)
+    if current is not None and "available_kv_bytes" not in found:
+        found["available_kv_bytes"] = current
     if found.pop("cpu_kv_explicit", False):
         _exact_cpu_kv_size(found)
     return StartupReport(**found)
@@ -265,7 +288,8 @@ def calibration_from_report(
     if report.available_kv_bytes is None and report.activation_bytes is None:
         raise LogParseError(
             f"{source}: no vLLM memory summary found; a calibration log needs "
-            "'Available KV cache memory: X GiB' or the 'Memory profiling takes' block"
+            "'Available KV cache memory: X GiB', the 'Free memory on device ... Current kv cache "
+            "memory in use is X GiB' line or the 'Memory profiling takes' block"
         )
     if report.weights_bytes is None:
         raise LogParseError(f"{source}: no 'Model loading took X GiB' line found")
@@ -274,6 +298,7 @@ def calibration_from_report(
         weights_bytes=report.weights_bytes,
         activation_bytes=report.activation_bytes,
         non_torch_bytes=report.non_torch_bytes,
+        consumed_bytes=report.consumed_bytes,
         cudagraph_bytes=report.cudagraph_estimate_bytes or report.cudagraph_bytes,
         available_kv_bytes=report.available_kv_bytes,
         total_bytes=report.total_bytes,

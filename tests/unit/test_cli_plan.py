@@ -193,3 +193,26 @@ def test_utilization_sweep_reports_both_edges() -> None:
         f"{data['upper_edge'] + 0.01:.2f}",
     )
     assert json.loads(above.stdout)["failure"]["kind"] == "cuda_oom_in_warmup_or_graph_capture"
+
+
+def test_calibration_from_a_032_log_says_what_it_took() -> None:
+    """vLLM 0.32's budget line alone: the JSON names the measured and derived components, and
+    the plan at the log's own settings has the KV memory the log printed."""
+    log = (
+        Path(__file__).resolve().parents[1]
+        / "fixtures"
+        / "vllm_logs"
+        / "d03-llama-3.1-8b-h100-tp1-v0.33.0.log"
+    )
+    args = ["plan", "--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--max-model-len", "32768"]
+    args += ["--gpu-memory-utilization", "0.9", "--calibrate-from", str(log)]
+    out = tuner(*args, "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["calibration"]["measured"] == ["weights", "cudagraph", "activation"]
+    assert data["calibration"]["derived"] == ["non_torch"]
+    assert data["kv_cache_tokens"] == 446128
+    text = tuner(*args)
+    assert "measured: weights, cudagraph, activation; derived: non_torch" in text.stdout
+    uncalibrated = json.loads(tuner(*args[:-2], "--json").stdout)
+    assert uncalibrated["calibration"] is None
