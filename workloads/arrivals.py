@@ -9,8 +9,9 @@ seed gives the same times on every machine:
 * ``ramp_arrivals`` and ``diurnal_arrivals``: non-homogeneous Poisson processes
   (Lewis–Shedler thinning) whose rate moves linearly, or along a sinusoid from
   trough to peak and back, over the run;
-* ``trace_arrivals``: a trace's own arrival times, rescaled to a target mean rate,
-  looping when the run outlasts the trace;
+* ``trace_arrivals``: a trace's own arrival times, rescaled to a target mean rate
+  over the part that is replayed, then cut to the run (looping when the run
+  outlasts the trace); ``replay_trace`` gives the replayed rows themselves;
 * closed (offline): every request at once.
 
 ``plan_arrivals`` applies a spec: warm-up first, then the measured window.
@@ -18,6 +19,7 @@ seed gives the same times on every machine:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -139,35 +141,73 @@ def trace_arrivals(
     records: Sequence[TraceRecord],
     *,
     rate_per_s: float | None,
-    duration_s: float,
+    duration_s: float | None,
+    max_requests: int | None = None,
     span_s: float | None = None,
 ) -> tuple[FloatArray, IntArray]:
-    """A trace's arrival times on [0, duration_s) and the index of each one's row.
+    """A trace's replay: its arrival times and the index of each one's row.
 
-    The trace loops (one mean gap after its last arrival) when the run outlasts it.
-    With ``rate_per_s`` the times are scaled by one factor so that the first
-    ``span_s`` seconds (default duration_s) of the replay hold rate_per_s × span_s
-    requests: the offered load is the target over the part of the trace that is
-    actually replayed, whatever the rest of the trace does, and the trace's own
-    burstiness within it is kept.
+    The one rule of every replay (``tuner bench``/``trial``/``tune`` through
+    ``plan_arrivals``, ``tuner simulate`` directly): first scale, then cut.
+
+    * Scale: without ``rate_per_s`` the trace keeps its recorded times. With it, every
+      time is multiplied by one factor chosen so that the part of the trace that is
+      replayed holds rate_per_s requests a second: round(rate_per_s × span) requests
+      in the first ``span_s`` seconds (default ``duration_s``), or, with no duration,
+      the first ``max_requests`` requests (default: all of them) in
+      max_requests / rate_per_s seconds. The trace's burstiness within it is kept.
+    * Cut: the arrivals before ``duration_s`` (the trace looping, one mean gap after
+      its last arrival, when the replay outlasts it), then at most the first
+      ``max_requests`` of them. With neither, one pass of the trace.
     """
+    if not records:
+        raise WorkloadError("the trace has no requests")
     base = np.array([r.arrival_s for r in records], dtype=np.float64)
     base -= base[0]
     n = len(base)
     span = float(base[-1])
     period = span + (span / (n - 1) if n > 1 and span > 0 else 1.0)
+    count = max_requests if max_requests is not None else (n if duration_s is None else None)
     if rate_per_s is not None:
-        wanted = max(1, round(rate_per_s * (span_s if span_s is not None else duration_s)))
+        window = span_s if span_s is not None else duration_s
+        wanted = max(1, round(rate_per_s * window)) if window is not None else 0
+        if count is not None:
+            wanted = min(wanted, count) if window is not None else count
         loops, index = divmod(wanted, n)
         reach = float(base[index]) + loops * period  # where the first unwanted arrival lies
         factor = (wanted / rate_per_s) / reach if reach > 0 else 1.0 / (rate_per_s * period / n)
         base *= factor
         period *= factor
-    loops = max(1, math.ceil(duration_s / period) + 1)
+    if duration_s is not None:
+        loops = max(1, math.ceil(duration_s / period) + 1)
+    else:
+        assert count is not None
+        loops = max(1, math.ceil(count / n))
     times = np.concatenate([base + k * period for k in range(loops)])
     rows = np.tile(np.arange(n, dtype=np.int64), loops)
-    keep = times < duration_s
-    return times[keep], rows[keep]
+    if duration_s is not None:
+        keep = times < duration_s
+        times, rows = times[keep], rows[keep]
+    if count is not None:
+        times, rows = times[:count], rows[:count]
+    return times, rows
+
+
+def replay_trace(
+    records: Sequence[TraceRecord],
+    *,
+    rate_per_s: float | None,
+    duration_s: float | None,
+    max_requests: int | None = None,
+) -> list[TraceRecord]:
+    """The rows of a replay (``trace_arrivals``' rule), each at its replayed arrival time."""
+    times, rows = trace_arrivals(
+        records, rate_per_s=rate_per_s, duration_s=duration_s, max_requests=max_requests
+    )
+    return [
+        dataclasses.replace(records[int(row)], arrival_s=float(t))
+        for t, row in zip(times, rows, strict=True)
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,6 +10,9 @@ How a request's text is made:
 * completions: ``[system prompt] [shared trace blocks] new text``, one string;
 * chat: an optional ``system`` message with the system prompt, then the user
   message ``[shared trace blocks] new text``;
+* a shared trace block (a Mooncake hash id, an own ``prefix_id``) opens with its id
+  written as words (``block_id_words``), so equal ids give equal text and distinct
+  ids distinct text, whatever their seeds;
 * a session's turn n: completions extend turn n-1's prompt with its answer and
   the new text; chat appends turn n-1's answer as an ``assistant`` message and the
   new ``user`` message. Answers are placeholder text of turn n-1's ``max_tokens``
@@ -35,9 +38,9 @@ from workloads.lengths import (
     read_trace_ref,
     sample_lengths,
 )
-from workloads.prompts import PromptBuilder, WordPromptBuilder, text_of
+from workloads.prompts import VOCABULARY, PromptBuilder, WordPromptBuilder, text_of
 from workloads.schedule import Api, ScheduledRequest
-from workloads.spec import TraceArrival, WorkloadSpec
+from workloads.spec import TraceArrival, WorkloadError, WorkloadSpec
 from workloads.traces import TraceRecord
 
 # Independent random streams of one spec's seed (changing one aspect keeps the others).
@@ -83,12 +86,42 @@ class _Texts:
             size = min(row.block_tokens, prompt_tokens - used)
             key = (block, size)
             if key not in self.blocks:
-                self.blocks[key] = text_of(
-                    self.builder, size, seed=_seed(self.spec.seed, _BLOCK_TEXT, block)
+                self.blocks[key] = block_text(
+                    self.builder, block, size, seed=_seed(self.spec.seed, _BLOCK_TEXT, block)
                 )
             parts.append(self.blocks[key])
             used += size
         return " ".join(parts), used
+
+
+def block_id_words(block_id: int) -> list[str]:
+    """A block id as words, prefix-free: its digit count, then its digits in base len(VOCABULARY).
+
+    Distinct ids give word sequences of which neither starts the other, so the texts
+    they begin differ whatever follows.
+    """
+    if block_id < 0:
+        raise WorkloadError(f"block id {block_id} is negative; accepted: an integer >= 0")
+    base = len(VOCABULARY)
+    digits: list[int] = []
+    rest = block_id
+    while True:
+        rest, digit = divmod(rest, base)
+        digits.append(digit)
+        if rest == 0:
+            break
+    return [VOCABULARY[len(digits) % base], *(VOCABULARY[d] for d in reversed(digits))]
+
+
+def block_text(builder: PromptBuilder, block_id: int, n_tokens: int, *, seed: int) -> str:
+    """A shared trace block of exactly n_tokens: equal ids give equal text, distinct ids
+    distinct text (the id's words open it; only a block too short for them is seeded text
+    alone)."""
+    head = " ".join(block_id_words(block_id))
+    head_tokens = builder.count(head)
+    if head_tokens > n_tokens:
+        return text_of(builder, n_tokens, seed=seed)
+    return builder.extend(head, n_tokens - head_tokens, seed=seed)
 
 
 def _chat_tokens(builder: PromptBuilder, messages: Sequence[Message]) -> int:

@@ -261,6 +261,7 @@ def run_load(
     request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
     cap = DEFAULT_MAX_IN_FLIGHT if max_in_flight is None else max_in_flight
 
+    out_dir = out_dir.absolute()  # Locust runs in out_dir: the paths it is given are absolute
     out_dir.mkdir(parents=True, exist_ok=True)
     schedule_path = out_dir / "schedule.jsonl"
     worker_base = out_dir / "records.jsonl"

@@ -17,6 +17,7 @@ accepted: poisson, gamma, ramp, diurnal, trace, closed``.
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ class WorkloadError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are no rate, length, duration or weight: rejected like any bad value.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _check_trace_ref(ref: str, info: ValidationInfo) -> str:
@@ -400,8 +402,10 @@ class WorkloadSpec(_Model):
 
     def with_rate(self, rate_per_s: float) -> WorkloadSpec:
         """The same workload at another mean arrival rate (the shape of ramp and diurnal kept)."""
-        if not rate_per_s > 0:
-            raise WorkloadError(f"rate {rate_per_s!r} is not accepted; accepted: a number > 0")
+        if not (math.isfinite(rate_per_s) and rate_per_s > 0):
+            raise WorkloadError(
+                f"rate {rate_per_s!r} is not accepted; accepted: a finite number > 0"
+            )
         rate_per_s = float(rate_per_s)
         arrival = self.arrival
         update: dict[str, Any]
@@ -425,6 +429,14 @@ class WorkloadSpec(_Model):
                 "accepted: poisson, gamma, ramp, diurnal or trace arrivals"
             )
         return self.model_copy(update={"arrival": arrival.model_copy(update=update)})
+
+    def with_duration(self, duration_s: float) -> WorkloadSpec:
+        """The same workload with another measured window."""
+        if not (math.isfinite(duration_s) and duration_s > 0):
+            raise WorkloadError(
+                f"duration {duration_s!r} is not accepted; accepted: a finite number of seconds > 0"
+            )
+        return self.model_copy(update={"duration_s": float(duration_s)})
 
 
 # --- loading --------------------------------------------------------------------------

@@ -280,23 +280,3 @@ def load_trace(path: Path) -> tuple[TraceRecord, ...]:
 def _load_trace_cached(path: str, size: int, mtime_ns: int) -> tuple[TraceRecord, ...]:
     del size, mtime_ns  # cache key only
     return tuple(read_trace(Path(path)))
-
-
-def scale_to_rate(records: list[TraceRecord], rate_per_s: float) -> list[TraceRecord]:
-    """Compress or stretch inter-arrival times so the trace's mean rate is rate_per_s."""
-    if len(records) < 2 or rate_per_s <= 0:
-        return records
-    span = records[-1].arrival_s - records[0].arrival_s
-    if span <= 0:
-        return records
-    factor = (len(records) - 1) / rate_per_s / span
-    return [
-        TraceRecord(
-            r.arrival_s * factor,
-            r.prompt_tokens,
-            r.output_tokens,
-            r.prefix_block_ids,
-            r.block_tokens,
-        )
-        for r in records
-    ]

@@ -352,3 +352,123 @@ def test_logprobs_without_headroom_kill_the_engine(launch: Launch) -> None:
     assert "EngineCore encountered a fatal error." in log
     assert "torch.OutOfMemoryError: CUDA out of memory." in log
     assert "died unexpectedly" in log
+
+
+def test_a_prompt_that_fills_the_context_gets_vllms_400_body(shared: SimServer) -> None:
+    body = {"model": "qwen2.5-7b", "prompt": words(4096), "max_tokens": 1}
+    response = httpx.post(f"{shared.url}/v1/completions", json=body, timeout=10)
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "message": "This model's maximum context length is 4096 tokens. However, your "
+            "request has 4096 input tokens. Please reduce the length of the input messages.",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ("--time-scale", "nan"),
+            "--time-scale nan is not accepted; accepted: a finite number > 0",
+        ),
+        (("--time-scale", "-1"), "--time-scale -1.0 is not accepted"),
+        (("--startup-delay", "inf"), "--startup-delay inf is not accepted"),
+        (("--swap-space", "nan", "--vllm-version", "0.17"), "--swap-space nan is not accepted"),
+        (("--cpu-offload-gb", "-2"), "--cpu-offload-gb -2.0 is not accepted"),
+    ],
+)
+def test_bad_simulator_values_are_one_line_before_serving(
+    launch: Launch, args: tuple[str, ...], expected: str
+) -> None:
+    server = launch(*SMALL, *args, healthy=False)
+    assert server.wait_exit() == 2
+    (line,) = server.log().strip().splitlines()
+    assert line.startswith("tuner: error: ") and expected in line
+
+
+class TestApiKey:
+    """vLLM's --api-key / VLLM_API_KEY: every /v1 path needs the key, the rest is open."""
+
+    def test_the_key_from_the_environment_guards_every_v1_path(
+        self, launch: Launch, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("VLLM_API_KEY", "sk-sim")
+        server = launch(*SMALL)
+        v1 = ("/v1/models", "/v1/nowhere")
+        for path in v1:
+            response = httpx.get(server.url + path, timeout=5)
+            assert (response.status_code, response.json()) == (401, {"error": "Unauthorized"})
+            wrong = httpx.get(server.url + path, headers={"Authorization": "Bearer x"}, timeout=5)
+            assert wrong.status_code == 401
+        body = {"prompt": words(5), "max_tokens": 2}
+        assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=5).status_code == 401
+        good = {"Authorization": "bearer sk-sim"}  # the scheme in any case, as vLLM takes it
+        assert httpx.get(f"{server.url}/v1/models", headers=good, timeout=5).status_code == 200
+        done = httpx.post(f"{server.url}/v1/completions", json=body, headers=good, timeout=5)
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 2
+        for path in ("/health", "/metrics", "/version", "/sim/gpu"):
+            assert httpx.get(server.url + path, timeout=5).status_code == 200, path
+
+    def test_the_flag_takes_precedence_over_the_environment(
+        self, launch: Launch, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("VLLM_API_KEY", "from-env")
+        server = launch(*SMALL, "--api-key", "one", "two")
+        for key, status in (("one", 200), ("two", 200), ("from-env", 401)):
+            auth = {"Authorization": f"Bearer {key}"}
+            assert httpx.get(f"{server.url}/v1/models", headers=auth, timeout=5).status_code == (
+                status
+            ), key
+
+    def test_no_key_no_authentication(self, shared: SimServer) -> None:
+        assert httpx.get(f"{shared.url}/v1/models", timeout=5).status_code == 200
+
+
+def _tuner(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+
+
+def test_bench_sends_the_key_and_without_it_says_401(launch: Launch, tmp_path: Path) -> None:
+    from tests.integration.tune_run import TINY_WORKLOAD
+
+    server = launch(*SMALL, "--api-key", "sk-bench")
+    bench = ("bench", "--url", server.url, "--workload", str(TINY_WORKLOAD), "--duration", "2")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    with_key = _tuner(*bench, "--out", str(tmp_path / "with"), "--json",
+                      env={**env, "VLLM_API_KEY": "sk-bench"})  # fmt: skip
+    assert with_key.returncode == 0, with_key.stderr[-3000:]
+    load = json.loads(with_key.stdout)["load"]
+    assert load["num_completed"] > 0 and load["num_errors"] == 0
+
+    without = _tuner(*bench, "--out", str(tmp_path / "without"), env=env)
+    assert without.returncode == 2
+    assert "answers 401 Unauthorized" in without.stderr and "VLLM_API_KEY is not set" in (
+        without.stderr
+    )
+    assert len(without.stderr.strip().splitlines()) == 1
+    wrong = _tuner(*bench, "--out", str(tmp_path / "wrong"), env={**env, "VLLM_API_KEY": "nope"})
+    assert wrong.returncode == 2 and "is not one it accepts" in wrong.stderr
+
+
+def test_a_trial_with_a_key_uses_it_everywhere(tmp_path: Path) -> None:
+    """The launched simulator enforces VLLM_API_KEY; readiness, warm-up and load all send it."""
+    from tests.integration.tune_run import TINY_WORKLOAD
+
+    out_dir = tmp_path / "trial"
+    done = _tuner("trial", "--model", "qwen2.5-7b", "--max-model-len", "4096",
+                  "--workload", str(TINY_WORKLOAD), "--duration", "2", "--sim-startup-delay",
+                  "0.1", "--out", str(out_dir), "--json",
+                  env={**os.environ, "VLLM_API_KEY": "sk-trial"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["load"]["num_completed"] > 0 and result["load"]["num_errors"] == 0
+    log = (out_dir / "server.log").read_text()
+    assert '"GET /v1/models HTTP/1.1" 200' in log and " 401 " not in log

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from workloads.traces import TraceError, read_trace, scale_to_rate
+from workloads.arrivals import replay_trace
+from workloads.traces import TraceError, read_trace
 
 AZURE = (
     Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure-llm-inference-2023-code.csv"
@@ -20,8 +21,11 @@ def test_reads_the_azure_code_trace() -> None:
     assert records[1].arrival_s == pytest.approx(0.052, abs=0.001)
     assert (records[0].prompt_tokens, records[0].output_tokens) == (4808, 10)
     assert 3000 < records[-1].arrival_s < 3700  # about one hour
-    scaled = scale_to_rate(records, 10.0)
-    assert (len(scaled) - 1) / scaled[-1].arrival_s == pytest.approx(10.0)
+    scaled = replay_trace(records, rate_per_s=10.0, duration_s=None)
+    assert len(scaled) == len(records)
+    # One pass: n requests in n / rate seconds (the span and one mean gap after it).
+    n = len(scaled)
+    assert n / (scaled[-1].arrival_s * n / (n - 1)) == pytest.approx(10.0)
 
 
 def test_the_shipped_excerpt_is_the_head_of_the_trace() -> None:

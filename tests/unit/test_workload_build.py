@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from tuner.sim.engine import block_hashes
 from tuner.sim.tokenizer import encode, encode_chat
-from workloads.build import build_schedule
+from workloads.build import block_id_words, build_schedule
 from workloads.schedule import Api, ScheduledRequest, read_schedule, write_schedule
 from workloads.spec import WorkloadSpec, load_workload, validate_workload
 
@@ -230,6 +231,36 @@ class TestTraceBlocks:
         assert words[2][:512] == words[0][:512]  # block 1
         assert words[2][512:700] != words[0][512:700]  # block 4 vs 2
         assert words[3][:512] != words[0][:512]
+
+    def test_distinct_hash_ids_never_share_a_block_even_when_their_seeds_collide(
+        self, tmp_path: Path
+    ) -> None:
+        # Under spec seed 0 these two ids draw the same 32-bit text seed: before, their
+        # blocks were the same words and the server saw a prefix hit that is not there.
+        rows = [
+            {"timestamp": 0, "input_length": 512, "output_length": 5, "hash_ids": [13303]},
+            {"timestamp": 100, "input_length": 512, "output_length": 5, "hash_ids": [68198]},
+            {"timestamp": 200, "input_length": 512, "output_length": 5, "hash_ids": [13303]},
+        ]
+        trace = tmp_path / "mooncake.jsonl"
+        trace.write_text("\n".join(json.dumps(r) for r in rows))
+        spec = spec_of(
+            arrival={"kind": "trace", "path": str(trace)},
+            prompt_tokens={"kind": "trace"},
+            output_tokens={"kind": "trace"},
+            duration_s=0.25,
+            seed=0,
+        )
+        prompts = [r.prompt for r in build_schedule(spec) if r.prompt is not None]
+        first, other, again = (block_hashes(encode(p, VOCAB), 16) for p in prompts)
+        assert first == again  # equal ids: every KV block shared
+        assert first[0] != other[0]  # distinct ids: not even the first block
+
+    def test_block_id_words_are_prefix_free(self) -> None:
+        words = {i: block_id_words(i) for i in [*range(600), 60_515, 60_516, 182_789, 10**12]}
+        for (a, wa), (b, wb) in itertools.combinations(words.items(), 2):
+            n = min(len(wa), len(wb))
+            assert wa[:n] != wb[:n], (a, b)
 
     def test_own_jsonl_prefix_ids_share_their_prefix(self, tmp_path: Path) -> None:
         trace = tmp_path / "own.jsonl"

@@ -22,6 +22,7 @@ from workloads.spec import (
     WorkloadSpec,
     builtin_workloads,
     load_workload,
+    parse_workload,
     validate_workload,
 )
 
@@ -305,10 +306,46 @@ class TestWithRate:
         with pytest.raises(WorkloadError, match=r"closed .* has no rate"):
             load_workload("batch").with_rate(3)
 
-    @pytest.mark.parametrize("rate", [0, -1.0, float("nan")])
+    @pytest.mark.parametrize("rate", [0, -1.0, float("nan"), float("inf")])
     def test_rate_must_be_positive(self, rate: float) -> None:
-        with pytest.raises(WorkloadError, match="is not accepted; accepted: a number > 0"):
+        with pytest.raises(WorkloadError, match="is not accepted; accepted: a finite number > 0"):
             validate_workload(minimal()).with_rate(rate)
+
+
+@pytest.mark.parametrize("duration", [0, -5.0, float("nan"), float("inf")])
+def test_a_duration_override_must_be_a_finite_positive_number(duration: float) -> None:
+    with pytest.raises(WorkloadError, match=f"duration {duration!r} is not accepted"):
+        validate_workload(minimal()).with_duration(duration)
+    assert validate_workload(minimal()).with_duration(12).duration_s == 12.0
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "where"),
+    [
+        (("arrival", "rate_per_s"), ".inf", "arrival.rate_per_s"),
+        (("arrival", "rate_per_s"), ".nan", "arrival.rate_per_s"),
+        (("duration_s",), ".inf", "duration_s"),
+        (("warmup", "duration_s"), ".inf", "warmup.duration_s"),
+        (("prompt_tokens", "median"), ".inf", "prompt_tokens.median"),
+        (("sessions", "think_time_s"), ".nan", "sessions.think_time_s"),
+    ],
+)
+def test_nan_and_infinity_in_a_spec_are_one_line(
+    path: tuple[str, ...], value: str, where: str
+) -> None:
+    """YAML's .inf and .nan are floats: no rate, duration or length can be one."""
+    data = minimal(prompt_tokens={"kind": "lognormal", "median": 100, "sigma": 0.5})
+    data.setdefault("sessions", {"turns": {"kind": "fixed", "value": 2}})
+    data.setdefault("warmup", {})
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = yaml.safe_load(value)
+    with pytest.raises(WorkloadError) as err:
+        parse_workload(yaml.safe_dump(data), label="w.yaml")
+    message = str(err.value)
+    assert message.startswith(f"workload w.yaml: {where} ") and "finite number" in message
+    assert "\n" not in message
 
 
 def test_slo_objectives_are_typed() -> None:

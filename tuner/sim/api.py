@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import logging
 import os
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_request import BaseRequest
 from pydantic import BaseModel, ConfigDict
 
@@ -83,6 +86,8 @@ class ServeSettings:
     time_scale: float
     enable_prefix_caching: bool
     stats_interval_s: float = STATS_INTERVAL_S
+    # vLLM's --api-key / VLLM_API_KEY: one of them is required on every /v1 path.
+    api_keys: tuple[str, ...] = ()
 
 
 class GpuReport(BaseModel):
@@ -222,7 +227,10 @@ class SimServer:
         return ReadStampingProtocol(server(), loop.time, self._read_stamps)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_fastapi_errors])
+        middlewares: list[Middleware] = [_fastapi_errors]
+        if self.settings.api_keys:
+            middlewares.insert(0, _authentication(self.settings.api_keys))
+        app = web.Application(middlewares=middlewares)
         app.on_response_prepare.append(self._add_headers)
         app.cleanup_ctx.append(self._lifecycle)
         handlers: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
@@ -544,9 +552,7 @@ class _DirectWriter:
 
 
 @web.middleware
-async def _fastapi_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
+async def _fastapi_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Unknown paths and methods answered as FastAPI answers them."""
     try:
         return await handler(request)
@@ -554,6 +560,32 @@ async def _fastapi_errors(
         return _json({"detail": "Not Found"}, status=404)
     except web.HTTPMethodNotAllowed:
         return _json({"detail": "Method Not Allowed"}, status=405)
+
+
+def _authentication(keys: tuple[str, ...]) -> Middleware:
+    """vLLM's AuthenticationMiddleware: a /v1 path (any method but OPTIONS) needs
+    ``Authorization: Bearer <one of the keys>``, else 401 ``{"error": "Unauthorized"}``;
+    other paths (/health, /metrics, /version, /sim/...) are open."""
+    digests = [hashlib.sha256(key.encode()).digest() for key in keys]
+
+    def authorized(header: str | None) -> bool:
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(token.encode()).digest()
+        return any([secrets.compare_digest(digest, known) for known in digests])
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if (
+            request.method != "OPTIONS"
+            and request.path.startswith("/v1")
+            and not authorized(request.headers.get("Authorization"))
+        ):
+            return _json({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return authenticate
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

@@ -24,6 +24,15 @@ MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default (OpenAI's legacy one)
 
 JsonObject = dict[str, Any]
+EMPTY_PROMPT_MESSAGE = "The decoder prompt cannot be empty"
+
+
+def context_length_message(max_model_len: int, prompt_tokens: int) -> str:
+    """vLLM's 400 for a prompt that leaves no room for an output token (prompt >= max_model_len)."""
+    return (
+        f"This model's maximum context length is {max_model_len} tokens. However, your "
+        f"request has {prompt_tokens} input tokens. Please reduce the length of the input messages."
+    )
 
 
 class Endpoint(StrEnum):
@@ -156,14 +165,10 @@ def parse_generation(
             f"{MAX_LOGPROBS}",
         )
     if not ids:
-        raise ApiError(400, "The decoder prompt cannot be empty")
+        raise ApiError(400, EMPTY_PROMPT_MESSAGE)
     n_prompt = len(ids)
     if n_prompt >= max_model_len:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"request has {n_prompt} input tokens. Please reduce the length of the input messages.",
-        )
+        raise ApiError(400, context_length_message(max_model_len, n_prompt))
     if max_tokens is None:
         max_tokens = max_model_len - n_prompt
     elif n_prompt + max_tokens > max_model_len:

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import re
 import signal
 import socket
@@ -29,6 +30,7 @@ from tuner.failures import StartupFailure, StartupFailureKind
 from tuner.gpus import GpuSpec, get_gpu
 from tuner.memory import KV_CACHE_DTYPES, MemoryPlan, ServingParams
 from tuner.models import ModelSpec, resolve_model
+from tuner.sim import flag_values as check
 from tuner.sim.blocks import EvictionPolicy
 from tuner.sim.build import SimOptions, build_engine
 from tuner.sim.engine import SimEngine
@@ -52,6 +54,7 @@ from tuner.versions import KV_CACHE_MEMORY_BYTES_FLAG, VllmVersion
 
 log = logging.getLogger(__name__)
 
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's: the key when --api-key is not given
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 LOADING_SHARE = 0.6  # of --startup-delay spent loading weights; the rest profiling and graphs
@@ -113,6 +116,12 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--vllm-version", help="emulated vLLM version X.Y (default: current release)")
     p.add_argument("--disable-uvicorn-access-log", action="store_true")
+    p.add_argument(
+        "--api-key",
+        nargs="+",
+        metavar="KEY",
+        help=f"require one of these keys on /v1 paths (default: ${API_KEY_ENV} when set)",
+    )
     sim = p.add_argument_group("simulator")
     sim.add_argument(
         "--startup-delay",
@@ -155,6 +164,7 @@ class _Launch:
     startup_delay_s: float
     time_scale: float
     access_log: bool
+    api_keys: tuple[str, ...]  # required on /v1 paths; empty: no authentication
 
 
 def run(args: argparse.Namespace) -> int:
@@ -206,10 +216,10 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
             raise _VllmArgumentError(
                 f"vllm serve: error: argument --swap-space: invalid float value: {args.swap_space!r}"
             ) from None
-    if args.time_scale <= 0:
-        raise ConfigError(f"--time-scale {args.time_scale} is out of range; accepted: > 0")
-    if args.startup_delay < 0:
-        raise ConfigError(f"--startup-delay {args.startup_delay} is negative; accepted: >= 0")
+    check.positive_number("--time-scale", args.time_scale)
+    check.non_negative_number("--startup-delay", args.startup_delay)
+    check.non_negative_number("--swap-space", swap_space_gib)
+    check.non_negative_number("--cpu-offload-gb", args.cpu_offload_gb)
     if args.port is not None and not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port} is out of range; accepted: 0 to 65535")
 
@@ -265,6 +275,8 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
         startup_delay_s=args.startup_delay,
         time_scale=args.time_scale,
         access_log=not args.disable_uvicorn_access_log,
+        # As vLLM: --api-key takes precedence over VLLM_API_KEY; empty keys do not count.
+        api_keys=tuple(k for k in (args.api_key or [os.environ.get(API_KEY_ENV)]) if k),
     )
 
 
@@ -395,6 +407,7 @@ async def _serve(launch: _Launch) -> int:
         vocab_size=launch.model.vocab_size,
         time_scale=launch.time_scale,
         enable_prefix_caching=who.enable_prefix_caching,
+        api_keys=launch.api_keys,
     )
     server = SimServer(engine, plan, launch.gpu, settings, vllm_log)
     runner_options: dict[str, Any] = {"access_log": None}

@@ -8,14 +8,18 @@ metrics a load test would report.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
+from tuner.sim.openai_format import EMPTY_PROMPT_MESSAGE, context_length_message
 from workloads.traces import TraceRecord
 
 
@@ -50,6 +54,27 @@ class Slo:
     tpot_s: float = 0.1
 
 
+class FailureReason(StrEnum):
+    """Why a simulated request did not finish."""
+
+    PROMPT_TOO_LONG = "prompt_too_long"  # vLLM answers 400: the prompt fills max_model_len
+    EMPTY_PROMPT = "empty_prompt"  # vLLM answers 400: an empty prompt
+    NEVER_SCHEDULED = "never_scheduled"  # the KV cache cannot hold it even alone
+    ENGINE_DIED = "engine_died"  # the engine died with it waiting or running
+
+
+class FailedRequests(BaseModel):
+    """The requests that failed for one reason, and what the server said of the first."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reason: FailureReason
+    count: int
+    # vLLM's error message (the body of its HTTP 400 for a rejected request).
+    message: str
+    http_status: int | None = None  # what a client is answered; None: no answer (died, stuck)
+
+
 class SimulationResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -69,6 +94,7 @@ class SimulationResult(BaseModel):
     prefix_cache_hit_rate: float
     engine_steps: int
     engine_died: str | None = None
+    failures: tuple[FailedRequests, ...] = ()  # num_failed, by reason
 
 
 def synthetic_arrivals(
@@ -100,14 +126,35 @@ def synthetic_arrivals(
     return records
 
 
+@functools.lru_cache(maxsize=4096)
+def block_token_ids(block_id: int, n_tokens: int, vocab: int, seed: int) -> tuple[int, ...]:
+    """The tokens of a shared trace block: equal ids give equal tokens, distinct ids distinct ones.
+
+    The block opens with its id written prefix-free in base ``vocab`` (the digit count,
+    then the digits), so two distinct ids differ within their first few tokens and never
+    share a KV block; the rest is drawn from a generator seeded by (seed, id).
+    """
+    if block_id < 0 or seed < 0 or vocab < 2:
+        raise ValueError(f"block id {block_id}, seed {seed} or vocabulary {vocab} out of range")
+    digits: list[int] = []
+    rest = block_id
+    while True:
+        rest, digit = divmod(rest, vocab)
+        digits.append(digit)
+        if rest == 0:
+            break
+    head = [len(digits) % vocab, *reversed(digits)]
+    tail = np.random.default_rng([seed, block_id]).integers(0, vocab, max(n_tokens - len(head), 0))
+    return tuple([*head, *tail.tolist()][:n_tokens])
+
+
 def prompt_ids(record: TraceRecord, index: int, vocab: int, seed: int) -> list[int]:
     """Token ids for a trace row: shared blocks from their ids, the rest unique to the request."""
     ids: list[int] = []
     for block in record.prefix_block_ids:
         if len(ids) >= record.prompt_tokens:
             break
-        base = (block * 1_000_003 + seed) % vocab
-        ids.extend((base + j * 7) % vocab for j in range(record.block_tokens))
+        ids.extend(block_token_ids(block, record.block_tokens, vocab, seed))
     ids = ids[: record.prompt_tokens]
     rng = random.Random(seed * 7_919 + index)
     ids.extend(rng.randrange(vocab) for _ in range(record.prompt_tokens - len(ids)))
@@ -137,7 +184,7 @@ def run(
     steps = 0
     peak_usage = 0.0
     finished: list[SimRequest] = []
-    failed = 0
+    failures = _Failures()
     died: str | None = None
     limit = max_model_len or 1 << 62
     while nxt < len(records) or engine.has_work:
@@ -145,8 +192,12 @@ def run(
             break
         while nxt < len(records) and records[nxt].arrival_s <= now:
             record = records[nxt]
-            if record.prompt_tokens + 1 > limit or record.prompt_tokens == 0:
-                failed += 1  # vLLM answers 400: prompt longer than max_model_len
+            if record.prompt_tokens == 0:
+                failures.add(FailureReason.EMPTY_PROMPT, EMPTY_PROMPT_MESSAGE, 400)
+            elif record.prompt_tokens >= limit:
+                # vLLM's 400: the prompt leaves no room for a single output token.
+                message = context_length_message(limit, record.prompt_tokens)
+                failures.add(FailureReason.PROMPT_TOO_LONG, message, 400)
             else:
                 engine.add_request(
                     SimRequest(
@@ -178,24 +229,57 @@ def run(
             if nxt < len(records):
                 now = max(now, records[nxt].arrival_s)
                 continue
-            failed += len(engine.waiting) + len(engine.running)
+            stuck = [*engine.waiting, *engine.running]
+            longest = max(r.num_tokens for r in stuck)
+            message = (
+                f"the KV cache cannot hold a request of {longest} tokens even alone "
+                "(more KV-cache memory, or a lower --max-model-len)"
+            )
+            failures.add(FailureReason.NEVER_SCHEDULED, message, None, count=len(stuck))
             break
         now += result.duration_s
     if died is not None:
-        failed += len(records) - len(finished)
+        lost = len(records) - len(finished) - failures.total
+        failures.add(FailureReason.ENGINE_DIED, died, None, count=lost)
     partial = (
         [r for r in engine.running if r.first_token_s is not None]
         if stop_at_s is not None and died is None
         else []
     )
-    return _summarise(engine, records, finished, failed, now, steps, peak_usage, slo, died, partial)
+    return _summarise(
+        engine, records, finished, failures, now, steps, peak_usage, slo, died, partial
+    )
+
+
+class _Failures:
+    """Failed requests counted by reason, with the first message of each."""
+
+    def __init__(self) -> None:
+        self.by_reason: dict[FailureReason, FailedRequests] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(f.count for f in self.by_reason.values())
+
+    def add(
+        self, reason: FailureReason, message: str, http_status: int | None, *, count: int = 1
+    ) -> None:
+        if count <= 0:
+            return
+        seen = self.by_reason.get(reason)
+        if seen is None:
+            self.by_reason[reason] = FailedRequests(
+                reason=reason, count=count, message=message, http_status=http_status
+            )
+        else:
+            self.by_reason[reason] = seen.model_copy(update={"count": seen.count + count})
 
 
 def _summarise(
     engine: SimEngine,
     records: Sequence[TraceRecord],
     finished: list[SimRequest],
-    failed: int,
+    failures: _Failures,
     end_s: float,
     steps: int,
     peak_usage: float,
@@ -234,7 +318,7 @@ def _summarise(
     return SimulationResult(
         num_requests=len(records),
         num_finished=len(finished),
-        num_failed=failed,
+        num_failed=failures.total,
         duration_s=duration,
         request_throughput=len(finished) / duration,
         output_token_throughput=output_tokens / duration,
@@ -248,4 +332,5 @@ def _summarise(
         prefix_cache_hit_rate=engine.prefix_hits_tokens / queries if queries else 0.0,
         engine_steps=steps,
         engine_died=died,
+        failures=tuple(failures.by_reason.values()),
     )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError, TraceReadError
+from tuner.sim import flag_values as check
 from tuner.vllm_flags import add_memory_flags, params_from_args
+
+POISSON_DURATION_S = 60.0
 
 
 def add_parser(sub: Any) -> None:
@@ -32,23 +34,58 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--compare-eviction", action="store_true", help="run once per eviction policy")
     source = p.add_argument_group("workload")
-    source.add_argument("--trace", type=Path, help="Azure CSV or Mooncake JSONL trace")
     source.add_argument(
-        "--rate", type=float, help="requests/s (Poisson, or the trace scaled to it)"
+        "--trace",
+        help="Azure CSV, Mooncake JSONL or own JSONL trace file, or builtin:azure-code",
     )
     source.add_argument(
-        "--duration", type=float, default=60.0, help="seconds of arrivals (Poisson)"
+        "--rate",
+        type=float,
+        help="requests/s: Poisson, or the trace scaled to it over the part replayed",
+    )
+    source.add_argument(
+        "--duration",
+        type=float,
+        help=f"seconds of arrivals (default {POISSON_DURATION_S:g} for Poisson; a trace: "
+        "one pass of it, or as long as --max-requests takes)",
     )
     source.add_argument("--prompt-tokens", type=int, default=512)
     source.add_argument("--output-tokens", type=int, default=128)
     source.add_argument("--shared-prefix-tokens", type=int, default=0)
     source.add_argument("--shared-fraction", type=float, default=0.0)
-    source.add_argument("--max-requests", type=int, help="only the first N requests of the trace")
+    source.add_argument(
+        "--max-requests", type=int, help="at most the first N requests of the replay"
+    )
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=100.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_simulate)
+
+
+def _check_values(args: argparse.Namespace) -> None:
+    """Every number of the command, before anything runs (ConfigError naming the first bad one)."""
+    check.positive_number("--rate", args.rate)
+    check.positive_number("--duration", args.duration)
+    check.integer_at_least("--max-requests", args.max_requests, 1)
+    check.integer_at_least("--prompt-tokens", args.prompt_tokens, 1)
+    check.integer_at_least("--output-tokens", args.output_tokens, 1)
+    check.integer_at_least("--shared-prefix-tokens", args.shared_prefix_tokens, 0)
+    if args.shared_prefix_tokens > args.prompt_tokens:
+        raise ConfigError(
+            f"--shared-prefix-tokens {args.shared_prefix_tokens} is more than --prompt-tokens "
+            f"{args.prompt_tokens}; accepted: 0 to --prompt-tokens"
+        )
+    check.fraction("--shared-fraction", args.shared_fraction)
+    check.positive_number("--slo-ttft-ms", args.slo_ttft_ms)
+    check.positive_number("--slo-tpot-ms", args.slo_tpot_ms)
+    check.non_negative_number("--swap-space", args.swap_space)
+    check.non_negative_number("--cpu-offload-gb", args.cpu_offload_gb)
+    check.integer_at_least("--seed", args.seed, 0)
+    if args.trace is None and args.rate is None:
+        raise ConfigError("give --trace FILE, or --rate R (> 0 requests/s) for Poisson arrivals")
+    if args.trace is None and args.max_requests is not None:
+        raise ConfigError("--max-requests cuts a trace replay; give --trace FILE with it")
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -59,8 +96,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from tuner.sim.simulate import Slo, run, synthetic_arrivals
     from tuner.sim.simulate_text import format_result
     from tuner.versions import VllmVersion
-    from workloads.traces import TraceError, read_trace, scale_to_rate
+    from workloads.arrivals import replay_trace
+    from workloads.traces import TraceError, load_trace, resolve_trace
 
+    _check_values(args)
     params = params_from_args(args)
     policies = [p.value for p in EvictionPolicy]
     if args.prefix_cache_eviction not in policies:
@@ -68,28 +107,22 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             f"--prefix-cache-eviction {args.prefix_cache_eviction!r} is not a policy; "
             f"accepted: {', '.join(policies)}"
         )
-    if args.trace is None and (args.rate is None or args.rate <= 0):
-        raise ConfigError("give --trace FILE, or --rate R (> 0 requests/s) for Poisson arrivals")
-    if args.shared_fraction < 0 or args.shared_fraction > 1:
-        raise ConfigError(
-            f"--shared-fraction {args.shared_fraction} is out of range; accepted: 0 to 1"
-        )
     version = VllmVersion.parse(args.vllm_version) if args.vllm_version else VllmVersion.current()
     gpu = get_gpu(args.gpu)
     model = resolve_model(args.model)
     if args.trace is not None:
         try:
-            records = read_trace(args.trace)
+            trace = load_trace(resolve_trace(str(args.trace)))
         except TraceError as exc:
             raise TraceReadError(str(exc)) from exc
-        if args.max_requests:
-            records = records[: args.max_requests]
-        if args.rate:
-            records = scale_to_rate(records, args.rate)
+        # The one rule of every replay (bench, trial and tune too): scale, then cut.
+        records = replay_trace(
+            trace, rate_per_s=args.rate, duration_s=args.duration, max_requests=args.max_requests
+        )
     else:
         records = synthetic_arrivals(
             rate_per_s=args.rate,
-            duration_s=args.duration,
+            duration_s=POISSON_DURATION_S if args.duration is None else args.duration,
             prompt_tokens=args.prompt_tokens,
             output_tokens=args.output_tokens,
             shared_prefix_tokens=args.shared_prefix_tokens,

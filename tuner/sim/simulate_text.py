@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from tuner.sim.simulate import Percentiles, SimulationResult
+from tuner.sim.simulate import FailedRequests, Percentiles, SimulationResult
 
 
 def _row(name: str, p: Percentiles) -> str:
     return f"  {name:<6} p50 {p.p50:9.1f}   p90 {p.p90:9.1f}   p99 {p.p99:9.1f}  ms"
 
 
+def _failed(f: FailedRequests) -> str:
+    """Why some requests failed: what the server answers the first of them."""
+    answer = f"vLLM answers {f.http_status}: " if f.http_status is not None else ""
+    return f"    {f.count} failed ({f.reason.value.replace('_', ' ')}): {answer}{f.message}"
+
+
 def format_result(title: str, r: SimulationResult) -> str:
     lines = [
         title,
         f"  requests          {r.num_finished} finished, {r.num_failed} failed, of {r.num_requests}",
+        *(_failed(f) for f in r.failures),
         f"  duration          {r.duration_s:.1f} s (simulated), {r.engine_steps} engine steps",
         f"  throughput        {r.request_throughput:.2f} req/s, {r.output_token_throughput:.0f} output tok/s",
         f"  goodput at SLO    {r.goodput:.2f} req/s",
