@@ -105,8 +105,11 @@ class ServingParams(BaseModel):
                 f"--kv-cache-dtype {self.kv_cache_dtype!r} is not accepted; accepted: "
                 + ", ".join(KV_CACHE_DTYPES)
             )
-        if self.cpu_offload_gb < 0:
-            raise ConfigError(f"--cpu-offload-gb {self.cpu_offload_gb} is negative; accepted: >= 0")
+        if not (math.isfinite(self.cpu_offload_gb) and self.cpu_offload_gb >= 0):
+            raise ConfigError(
+                f"--cpu-offload-gb {self.cpu_offload_gb} is not accepted; accepted: a finite "
+                "number of GiB >= 0"
+            )
         if self.other_process_bytes < 0:
             raise ConfigError(
                 f"memory used by other processes {self.other_process_bytes} is negative"

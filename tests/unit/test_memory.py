@@ -216,6 +216,9 @@ def test_mla_backends_force_their_block_size() -> None:
         (ServingParams(block_size=0), "--block-size 0"),
         (ServingParams(kv_cache_dtype="int3"), "--kv-cache-dtype 'int3'"),
         (ServingParams(cpu_offload_gb=-2), "--cpu-offload-gb -2"),
+        (ServingParams(cpu_offload_gb=float("nan")), "--cpu-offload-gb nan"),
+        (ServingParams(cpu_offload_gb=float("inf")), "--cpu-offload-gb inf"),
+        (ServingParams(gpu_memory_utilization=float("nan")), "--gpu-memory-utilization nan"),
     ],
 )
 def test_out_of_range_values_are_config_errors(params: ServingParams, flag: str) -> None:
