@@ -57,7 +57,13 @@ from workloads.spec import WorkloadSpec
 REPORT_NAME = "report.html"
 TEMPLATE = "report.html.j2"
 
-__all__ = ["REPORT_NAME", "render_report", "write_report"]
+__all__ = ["REPORT_NAME", "WrittenReport", "render_report", "write_report", "write_report_noting"]
+
+
+@dataclass(frozen=True)
+class WrittenReport:
+    path: Path
+    study_note: str | None  # why the report was built without the study, when it was
 
 
 def write_report(run_dir: Path, storage: str | None = None) -> Path:
@@ -65,14 +71,21 @@ def write_report(run_dir: Path, storage: str | None = None) -> Path:
 
     ``storage``: where the study is when it is not the run's own ``study.db``.
     """
+    return write_report_noting(run_dir, storage).path
+
+
+def write_report_noting(run_dir: Path, storage: str | None = None) -> WrittenReport:
+    """``write_report``, also saying whether the study could be read (the report of a run
+    whose study is damaged or elsewhere shows its files only: the terminal should say so)."""
     run_dir = Path(run_dir)
-    text = render_report(run_dir, storage)
+    data = load_run(run_dir, storage)
+    text = _environment().get_template(TEMPLATE).render(**_context(data))
     out = run_dir / REPORT_NAME
     try:
         out.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise ReportError(f"{out}: cannot be written ({exc.strerror})") from exc
-    return out
+    return WrittenReport(path=out, study_note=data.study_note)
 
 
 def render_report(run_dir: Path, storage: str | None = None) -> str:

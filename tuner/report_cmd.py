@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from tuner.tune_cmd import STORAGE_ENV
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: Any) -> None:
@@ -29,9 +32,15 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from reports.html import write_report
+    """Exit 0: the report is written from the run and its study; 1: written, but without
+    the study (damaged or kept elsewhere), said on stderr; 2: not written (a bad directory,
+    or a --storage that cannot be read)."""
+    from reports.html import write_report_noting
 
     storage = args.storage or os.environ.get(STORAGE_ENV) or None
-    path = write_report(args.run_dir, storage)
-    print(path)
+    written = write_report_noting(args.run_dir, storage)
+    print(written.path)
+    if written.study_note is not None:
+        log.warning("the report shows the run's files only: %s", written.study_note)
+        return 1
     return 0

@@ -46,7 +46,8 @@ def is_feasible(frozen_trial: Any) -> bool:
 
 
 def make_sampler(objective: Objective, *, seed: int | None, n_trials: int) -> Any:
-    """TPE with constraints for one objective, NSGA-II for the Pareto front.
+    """TPE with constraints for one objective, NSGA-II for the Pareto front, each drawing
+    only settings no trial of the study has (``DistinctSampler``).
 
     The first third of the trials (at least 3, at most 8) are random, so the model
     of the landscape starts from a spread of points; vLLM's defaults are enqueued
@@ -54,11 +55,17 @@ def make_sampler(objective: Objective, *, seed: int | None, n_trials: int) -> An
     """
     import optuna
 
+    from tuner.distinct_sampler import DistinctSampler
+
     startup = max(3, min(8, n_trials // 3))
     if objective is Objective.PARETO:
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, startup))
+        return DistinctSampler(
+            optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, startup))
+        )
     with warnings.catch_warnings():  # multivariate TPE is stable in use, flagged experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(
-            seed=seed, n_startup_trials=startup, multivariate=True, group=True
+        return DistinctSampler(
+            optuna.samplers.TPESampler(
+                seed=seed, n_startup_trials=startup, multivariate=True, group=True
+            )
         )

@@ -13,12 +13,19 @@ constraints (``tuner.sampling.CONSTRAINTS``) tell the sampler which were feasibl
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import unquote, unquote_plus
+
+from pydantic import BaseModel, ConfigDict
 
 from tuner.context import TuneContext, auto_stream_fraction, auto_time_scale
 from tuner.errors import ConfigError
@@ -45,6 +52,7 @@ ROLE_DEFAULT = "vllm-default"
 ROLE_SEARCH = "search"
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
 
 
 def storage_url(ctx: TuneContext) -> str:
@@ -53,12 +61,34 @@ def storage_url(ctx: TuneContext) -> str:
     return f"sqlite:///{(ctx.run_dir / 'study.db').resolve()}"
 
 
+def check_storage_url(url: str, *, what: str = "the study storage") -> None:
+    """A URL SQLAlchemy would read otherwise than its user meant: ConfigError, before any
+    connection. SQLAlchemy ends the password at its first ``@``, so a password holding a
+    raw ``@`` sends the rest of it to the driver as the host name."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        host = make_url(url).host or ""
+    except (ArgumentError, ValueError):
+        raise ConfigError(
+            f"{what} {redact_url(url)!r} is not a SQLAlchemy URL; accepted: e.g. "
+            "sqlite:///runs/study.db or postgresql+psycopg://user:PASSWORD@host:5432/db"
+        ) from None
+    if "@" in host:
+        raise ConfigError(
+            f"{what} {redact_url(url)!r}: the password holds an '@', which SQLAlchemy reads as "
+            "the end of the password; accepted: the password percent-encoded ('@' as %40)"
+        )
+
+
 def open_storage(url: str) -> Any:
     import warnings
 
     import optuna
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
+    check_storage_url(url)
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
@@ -79,16 +109,19 @@ def open_storage(url: str) -> Any:
         return _retry_schema_race(attempt)
     except (optuna.exceptions.StorageInternalError, ImportError, ValueError) as exc:
         raise ConfigError(
-            f"cannot open the study storage {redact_url(url)!r}: {exc}; accepted: a SQLAlchemy "
-            "URL such as sqlite:///runs/study.db or postgresql://user@host/db"
+            f"cannot open the study storage {redact_url(url)!r}: {foreign_message(exc, url)}; "
+            "accepted: a SQLAlchemy URL such as sqlite:///runs/study.db or "
+            "postgresql+psycopg://user@host/db"
         ) from None
     except Exception as exc:  # SQLAlchemy's errors: unreachable host, bad credentials
-        raise ConfigError(f"cannot open the study storage {redact_url(url)!r}: {exc}") from None
+        raise ConfigError(
+            f"cannot open the study storage {redact_url(url)!r}: {foreign_message(exc, url)}"
+        ) from None
 
 
-def _retry_schema_race(attempt: Callable[[], Any], tries: int = 5) -> Any:
-    """Workers opening a new database at once all create Optuna's tables; all but one
-    collide (duplicate type, table or version row). Once one has, opening again works."""
+def _retry_schema_race(attempt: Callable[[], T], tries: int = 5) -> T:
+    """Workers opening a new database at once all create its tables; all but one collide
+    (duplicate type, table or version row). Once one has, opening again works."""
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     for i in range(tries):
@@ -102,55 +135,516 @@ def _retry_schema_race(attempt: Callable[[], Any], tries: int = 5) -> Any:
     raise AssertionError("unreachable")
 
 
-def redact_url(url: str) -> str:
-    """The URL without its password."""
+# --- storage URLs and the messages of drivers: no password is shown -----------------------
+
+REDACTED = "***"
+# Query parameters that carry a secret (libpq's password and sslpassword, MySQL's passwd,
+# tokens); matched by name, in any case.
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|token", re.IGNORECASE)
+# As SQLAlchemy reads it, the user name ends at the first ':' and may hold an '@'; here the
+# userinfo ends at the first '@' followed by a host and then '/', '?', '#' or the end (a
+# password may hold '@' and '/', a host neither), so a password with a raw '@' is found whole.
+_USERINFO = re.compile(r"^(?P<user>[^:/]*?)(?::(?P<password>.*?))?@(?=[\w.%\[\]:-]*(?:[/?#]|$))")
+_BACKGROUND = re.compile(r"\s*\(Background on this error at: [^)]*\)")
+
+
+@dataclass(frozen=True)
+class _UrlParts:
+    scheme: str  # "postgresql+psycopg://"
+    user: str | None  # None: no userinfo
+    password: str | None  # as written (percent-encoded or not)
+    location: str  # host, port and database
+    query: list[tuple[str, str]]  # as written
+
+    def secret_values(self) -> list[str]:
+        found = [self.password] if self.password else []
+        return found + [v for k, v in self.query if v and _SECRET_PARAM.search(unquote_plus(k))]
+
+
+def _url_parts(url: str) -> _UrlParts | None:
     head, sep, tail = url.partition("://")
-    if not sep or "@" not in tail:
+    if not sep:
+        return None
+    match = _USERINFO.match(tail)
+    user: str | None = None
+    password: str | None = None
+    if match is not None:
+        user, password, tail = match["user"], match["password"], tail[match.end() :]
+    location, _, query = tail.partition("?")
+    params: list[tuple[str, str]] = []
+    for item in query.split("&") if query else []:
+        key, _, value = item.partition("=")
+        params.append((key, value))
+    return _UrlParts(f"{head}://", user, password, location, params)
+
+
+def redact_url(url: str) -> str:
+    """The URL without its secrets: the password of its userinfo (also one holding an '@')
+    and every query parameter that carries one (``password``, ``sslpassword``, ...)."""
+    parts = _url_parts(url)
+    if parts is None:  # not a URL (a typo such as "postgresql:/u:pw@host"): mask ":...@"
+        return re.sub(r"(?<=:)[^:@]*(?=@)", REDACTED, url)
+    if not parts.secret_values():
         return url
-    creds, _, host = tail.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{head}://{user}:***@{host}" if ":" in creds else url
+    userinfo = ""
+    if parts.user is not None:
+        userinfo = parts.user + (f":{REDACTED}" if parts.password is not None else "") + "@"
+    query = "&".join(
+        f"{k}={REDACTED}" if v and _SECRET_PARAM.search(unquote_plus(k)) else f"{k}={v}"
+        for k, v in parts.query
+    )
+    return parts.scheme + userinfo + parts.location + (f"?{query}" if parts.query else "")
 
 
-def open_study(ctx: TuneContext) -> Any:
-    """Create the study, or load it with ``--resume`` (an existing one without it is an error)."""
+def storage_location(url: str) -> str:
+    """Where a storage is, for records and messages: its URL without user name and secrets."""
+    parts = _url_parts(redact_url(url))
+    if parts is None or parts.user is None:
+        return redact_url(url)
+    query = "&".join(f"{k}={v}" for k, v in parts.query)
+    return parts.scheme + parts.location + (f"?{query}" if parts.query else "")
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secrets of a storage URL in every form a message may show them: as written,
+    percent-decoded and percent-encoded; longest first."""
+    from urllib.parse import quote
+
+    parts = _url_parts(url)
+    forms: set[str] = set()
+    for secret in parts.secret_values() if parts is not None else []:
+        forms |= {secret, unquote(secret), unquote_plus(secret), quote(unquote(secret), safe="")}
+    return sorted((f for f in forms if f), key=len, reverse=True)
+
+
+def redact_text(text: str, url: str) -> str:
+    """``text`` (a driver's or SQLAlchemy's message) with the URL redacted and its secrets
+    masked wherever they appear, also the part of a password after an '@' (SQLAlchemy
+    sends it to the driver as the host name, which error messages show)."""
+    text = text.replace(url, redact_url(url))
+    for secret in url_secrets(url):
+        if len(secret) >= 4:
+            text = text.replace(secret, REDACTED)
+        else:  # a short one only where it stands alone, not inside every word
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", REDACTED, text)
+        for i, ch in enumerate(secret):
+            if ch == "@":  # ...@tail@host: the driver's host name starts with "tail@"
+                tail = secret[i + 1 :]
+                if tail:
+                    text = text.replace(f"{tail}@", f"{REDACTED}@")
+    return text
+
+
+def foreign_message(exc: BaseException, url: str) -> str:
+    """A third-party exception as one line for the user: its type and message, without the
+    storage's secrets and without SQLAlchemy's "Background on this error" link."""
+    text = _BACKGROUND.sub("", str(exc))
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return redact_text(text or type(exc).__name__, url)
+
+
+# --- which studies a storage holds, and the claims of a study's workers --------------------
+
+
+class Duty(StrEnum):
+    """What exactly one worker of a study does."""
+
+    PREPARE = "prepare"  # the set-up: time scale, streamed share, vLLM's defaults as trial 0
+    FINALIZE = "finalize"  # the OOM edge, the confirmations and the recommendation
+
+
+def _legacy_marker(name: str, names: set[str]) -> bool:
+    """A ``<study>.prepare`` or ``<study>.finalize`` study older runs created as a claim."""
+    base, dot, what = name.rpartition(".")
+    return bool(dot) and what in {d.value for d in Duty} and base in names
+
+
+def study_names(storage: Any) -> list[str]:
+    """The studies of a storage (an RDBStorage or a URL), without the claim markers of older
+    runs; what every reader of a storage lists (the tune, the report)."""
+    import optuna
+
+    names = set(optuna.get_all_study_names(storage=storage))
+    return sorted(n for n in names if not _legacy_marker(n, names))
+
+
+CLAIMS_TABLE = "tuner_claims"
+
+
+class Claims:
+    """The duties of one study's workers, each taken by exactly one of them.
+
+    A row per duty in a table of the tuner's own beside Optuna's (its primary key makes
+    the second insert fail), so the study list (``optuna-dashboard``, ``tuner report``)
+    shows only the study. Older runs claimed by creating marker studies; those still count.
+    """
+
+    def __init__(self, storage: Any, study_name: str) -> None:
+        self.storage = storage  # optuna.storages.RDBStorage
+        self.study_name = study_name
+
+    def _table(self) -> Any:
+        import sqlalchemy as sa
+
+        metadata = sa.MetaData()
+        table = sa.Table(
+            CLAIMS_TABLE, metadata,
+            sa.Column("study_id", sa.Integer, primary_key=True),
+            sa.Column("duty", sa.String(32), primary_key=True),
+            sa.Column("study_name", sa.String(512), nullable=False),
+            sa.Column("holder", sa.String(512), nullable=False),
+            sa.Column("at_unix_s", sa.Float, nullable=False),
+        )  # fmt: skip
+        _retry_schema_race(lambda: metadata.create_all(self.storage.engine, checkfirst=True))
+        return table
+
+    def take(self, duty: Duty) -> bool:
+        """True for exactly one caller per study and duty."""
+        import socket
+
+        from sqlalchemy.exc import IntegrityError
+
+        if f"{self.study_name}.{duty.value}" in _all_study_names(self.storage):
+            return False  # claimed by an older run, as a marker study
+        table = self._table()
+        study_id = self.storage.get_study_id_from_name(self.study_name)
+        row = {
+            "study_id": study_id, "duty": duty.value, "study_name": self.study_name,
+            "holder": f"{socket.gethostname()}:{os.getpid()}", "at_unix_s": time.time(),
+        }  # fmt: skip
+        try:
+            with self.storage.engine.begin() as conn:
+                conn.execute(table.insert().values(**row))
+        except IntegrityError:
+            return False
+        return True
+
+    def holder(self, duty: Duty) -> str | None:
+        """Who took ``duty`` (host:pid), None when nobody has."""
+        import sqlalchemy as sa
+
+        table = self._table()
+        study_id = self.storage.get_study_id_from_name(self.study_name)
+        with self.storage.engine.connect() as conn:
+            found = conn.execute(
+                sa.select(table.c.holder).where(
+                    table.c.study_id == study_id, table.c.duty == duty.value
+                )
+            ).scalar()
+        return str(found) if found is not None else None
+
+
+def _all_study_names(storage: Any) -> set[str]:
+    import optuna
+
+    return set(optuna.get_all_study_names(storage=storage))
+
+
+# --- which study a run directory and a study belong to ------------------------------------
+
+
+class StudySettings(BaseModel):
+    """What a study's trials are measured under. A run directory belongs to one study and a
+    study to one set of these: a trial measured under others would not compare, so
+    continuing (``--resume``) with other settings is refused. What may change on resume:
+    the trial count, the time budget, the seed, the edge search and the confirmations."""
+
+    model_config = ConfigDict(frozen=True)
+
+    study: str
+    model: str
+    gpu: str | None
+    backend: str
+    vllm_version: str
+    workload: dict[str, Any]  # the resolved workload spec, SLO overrides applied
+    objective: str
+    space: dict[str, str]  # knob -> its range as --space writes it
+    max_model_len: int | None
+    kv_cache_memory_bytes: int | None
+    tensor_parallel_size: int
+    level_duration_s: float
+    max_levels: int
+
+    @classmethod
+    def of(cls, ctx: TuneContext) -> StudySettings:
+        c = ctx.config
+        return cls(
+            study=ctx.study_name, model=ctx.model.name, gpu=ctx.gpu_name,
+            backend=ctx.backend.value, vllm_version=str(ctx.version),
+            workload=ctx.workload.model_dump(mode="json"), objective=c.objective.value,
+            space={r.knob.value: r.describe() for r in ctx.space.ranges},
+            max_model_len=c.max_model_len, kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+            tensor_parallel_size=c.tensor_parallel_size, level_duration_s=c.level_duration_s,
+            max_levels=c.max_levels,
+        )  # fmt: skip
+
+    def flat(self) -> dict[str, Any]:
+        return _flatten(self.model_dump(mode="json"))
+
+
+SETTINGS_ATTR = "settings"  # study attribute: the StudySettings it was set up with
+
+
+def _flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested documents as dotted keys of their leaves (``workload.slo.ttft.p99_ms``)."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def recorded_settings(tune_json: dict[str, Any]) -> dict[str, Any]:
+    """What a run's ``tune.json`` (``tuner.tune.describe``) says it was tuned with, flat;
+    the fields an older or damaged file lacks are left out (not compared)."""
+    from tuner.space import Range
+
+    found = tune_json.get("config")
+    config: dict[str, Any] = found if isinstance(found, dict) else {}
+    doc: dict[str, Any] = {
+        k: tune_json[k]
+        for k in ("study", "model", "gpu", "backend", "vllm_version")
+        if k in tune_json
+    }
+    if isinstance(tune_json.get("workload"), dict):
+        doc["workload"] = tune_json["workload"]
+    if isinstance(tune_json.get("space"), list):
+        try:
+            ranges = [Range.model_validate(r) for r in tune_json["space"]]
+            doc["space"] = {r.knob.value: r.describe() for r in ranges}
+        except ValueError:
+            pass
+    for key in ("objective", "max_model_len", "kv_cache_memory_bytes", "tensor_parallel_size",
+                "level_duration_s", "max_levels"):  # fmt: skip
+        if key in config:
+            doc[key] = config[key]
+    return _flatten(doc)
+
+
+def _legacy_study_settings(attrs: dict[str, Any]) -> dict[str, Any]:
+    """What a study set up by an older tuner recorded of its settings (no SETTINGS_ATTR)."""
+    doc: dict[str, Any] = {
+        k: attrs[k] for k in ("model", "gpu", "backend", "vllm_version", "objective") if k in attrs
+    }
+    if isinstance(attrs.get("workload"), str):
+        doc["workload.name"] = attrs["workload"]
+    return doc
+
+
+_LABELS = {
+    "study": "--study", "model": "--model", "gpu": "--gpu", "backend": "--backend",
+    "vllm_version": "vLLM (--vllm-version)", "objective": "--objective",
+    "max_model_len": "--max-model-len",
+    "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
+    "tensor_parallel_size": "--tensor-parallel-size", "level_duration_s": "--level-duration",
+    "max_levels": "--max-levels", "workload.name": "--workload",
+    "workload.slo.ttft": "--slo-ttft-ms", "workload.slo.itl": "--slo-itl-ms",
+}  # fmt: skip
+_ORDER = ("model", "gpu", "backend", "vllm_version", "workload", "objective", "space")
+
+
+def _label(key: str) -> str:
+    if key in _LABELS:
+        return _LABELS[key]
+    for prefix in ("workload.slo.ttft", "workload.slo.itl"):
+        if key.startswith(prefix + "."):
+            return f"{_LABELS[prefix]} (the workload's {key.removeprefix('workload.')})"
+    if key.startswith("space."):
+        return f"--space {key.removeprefix('space.')}"
+    if key.startswith("workload."):
+        return f"the workload's {key.removeprefix('workload.')}"
+    return key
+
+
+def _ancestors(key: str) -> list[str]:
+    parts = key.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _shown(flat: dict[str, Any], key: str) -> str:
+    if key in flat:
+        return "(none)" if flat[key] is None else repr(flat[key])
+    if any(k.startswith(key + ".") for k in flat):
+        return "(set)"
+    return "(not searched)" if key.startswith("space.") else "(none)"
+
+
+def settings_differences(recorded: dict[str, Any], given: dict[str, Any]) -> list[str]:
+    """The flat keys whose values differ, most telling first. A key only one side has
+    counts where the other side has a leaf above it (a document against none) and for
+    the knobs of the space; otherwise it is a field one tuner version lacks (or an older
+    record does not hold), not compared."""
+    differing: list[str] = []
+    for key in dict.fromkeys([*recorded, *given]):
+        if key in recorded and key in given:
+            if recorded[key] != given[key]:
+                differing.append(key)
+            continue
+        other = given if key in recorded else recorded
+        above = next((a for a in _ancestors(key) if a in other), None)
+        if above is not None:
+            differing.append(above)
+        elif key.startswith("space.") and any(k.startswith("space.") for k in other):
+            differing.append(key)
+
+    def rank(key: str) -> tuple[int, int, str]:
+        top = key.split(".", 1)[0]
+        order = _ORDER.index(top) if top in _ORDER else len(_ORDER) + (top == "study")
+        return order, 0 if key == "workload.name" else 1, key
+
+    return sorted(dict.fromkeys(differing), key=rank)
+
+
+def _refuse_other_settings(
+    where: str, owner: str, recorded: dict[str, Any], given: dict[str, Any]
+) -> None:
+    differing = settings_differences(recorded, given)
+    if not differing:
+        return
+    first = differing[0]
+    also = f" (also {', '.join(_label(k) for k in differing[1:4])})" if differing[1:] else ""
+    if first == "study":
+        raise ConfigError(
+            f"{where} belongs to study {recorded['study']!r}; given --study {given['study']!r}; "
+            f"accepted: --study {recorded['study']} (with --resume) to continue it, or another "
+            "--run-dir for a new study"
+        )
+    raise ConfigError(
+        f"{where} belongs to study {owner!r}, measured with {_label(first)} "
+        f"{_shown(recorded, first)}; given {_shown(given, first)}{also}; accepted: the "
+        "study's own settings to continue it (--resume), or another --run-dir (or --study) "
+        "for these"
+    )
+
+
+def _trial_dirs(run_dir: Path) -> list[int]:
+    """The trial numbers with evidence in ``run_dir/trials`` (a non-empty directory each)."""
+    trials = run_dir / "trials"
+    if not trials.is_dir():
+        return []
+    found = []
+    for path in trials.iterdir():
+        if path.is_dir() and path.name.isdigit() and any(path.iterdir()):
+            found.append(int(path.name))
+    return sorted(found)
+
+
+def check_run_dir(run_dir: Path, settings: StudySettings) -> None:
+    """Refuse a run directory whose ``tune.json`` records another study or other settings,
+    before anything is written into it."""
+    path = run_dir / "tune.json"
+    if not path.is_file():
+        return
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"run directory {run_dir} holds a tune.json that cannot be read ({exc}), so which "
+            "study it belongs to is unknown; accepted: another --run-dir"
+        ) from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"run directory {run_dir}: its tune.json is not a tune run's record")
+    recorded = recorded_settings(doc)
+    _refuse_other_settings(
+        f"run directory {run_dir}", str(recorded.get("study", "?")), recorded, settings.flat()
+    )
+
+
+def open_study(ctx: TuneContext) -> OpenStudy:
+    """Create the study, or load it with ``--resume`` (an existing one without it is an error).
+
+    Refused before anything is written: a run directory whose tune.json, study or trial
+    evidence belongs to another study, and a study set up with other settings.
+    """
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     config = ctx.config
+    settings = StudySettings.of(ctx)
+    check_run_dir(ctx.run_dir, settings)
     url = storage_url(ctx)
+    local = config.storage is None
+    name = ctx.study_name
+    evidence = _trial_dirs(ctx.run_dir)  # listed before the study is read: see below
+    if local and evidence and not (ctx.run_dir / "study.db").is_file():
+        raise ConfigError(
+            f"run directory {ctx.run_dir} holds trials (trials/{evidence[0]:03d}...) but no "
+            "study.db: they belong to a study kept elsewhere or lost; accepted: another "
+            "--run-dir, or --storage URL of their study"
+        )
     if url.startswith("sqlite"):
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
     storage = open_storage(url)
-    name = ctx.study_name
     existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
-    if name in existing and existing[name].n_trials > 0 and not config.resume:
+    names = study_names(storage)
+    where = f"study.db in {ctx.run_dir}" if local else redact_url(url)
+    others = [n for n in names if n != name]
+    if local and others:
         raise ConfigError(
-            f"study {name!r} already has {existing[name].n_trials} trials in "
-            f"{redact_url(url)!r}; accepted: --resume to continue it, or --study NEW for a new one"
+            f"run directory {ctx.run_dir} belongs to study {others[0]!r} (its study.db); given "
+            f"--study {name!r}; accepted: --study {others[0]} (with --resume) to continue it, "
+            "or another --run-dir for a new study"
         )
-    seed = config.seed
-    if seed is not None and config.storage is not None:
-        seed = worker_seed(seed)
+    n_trials = existing[name].n_trials if name in existing else 0
+    if name in existing:
+        attrs = storage.get_study_user_attrs(storage.get_study_id_from_name(name))
+        recorded = (
+            StudySettings.model_validate(attrs[SETTINGS_ATTR]).flat()
+            if SETTINGS_ATTR in attrs
+            else _legacy_study_settings(attrs)
+        )
+        _refuse_other_settings(f"study {name!r} in {where}", name, recorded, settings.flat())
+    if n_trials > 0 and not config.resume:
+        raise ConfigError(
+            f"study {name!r} already has {n_trials} trials in {where}; accepted: --resume to "
+            "continue it, or --study NEW for a new one"
+        )
+    # Trial n writes trials/<n>; a directory there numbered past the study's trials holds
+    # another study's evidence, which its next trials would overwrite. (Listed first: a
+    # trial is in the storage before its directory is made, so other workers' new trials
+    # are counted.)
+    foreign = [n for n in evidence if n >= n_trials]
+    if foreign:
+        raise ConfigError(
+            f"run directory {ctx.run_dir} holds trials/{foreign[0]:03d}, which study {name!r} "
+            f"in {where} did not write ({n_trials} trial(s)); accepted: another --run-dir"
+        )
     study = optuna.create_study(
         study_name=name,
         storage=storage,
         directions=config.objective.directions,
-        sampler=make_sampler(config.objective, seed=seed, n_trials=config.trials),
+        sampler=make_sampler(
+            config.objective,
+            seed=sampler_seed(config.seed, trials_so_far=n_trials, shared=not local),
+            n_trials=config.trials,
+        ),
         load_if_exists=True,
     )
-    return study
+    return OpenStudy(study=study, claims=Claims(storage, name), settings=settings)
 
 
-def worker_seed(seed: int) -> int:
-    """The sampler's seed of this worker of a shared study: ``--seed`` mixed with the
-    worker's host and pid, so workers seeded alike do not suggest the same settings
-    (which makes a study shared by several workers unrepeatable anyway)."""
+@dataclass(frozen=True)
+class OpenStudy:
+    study: Any  # optuna.Study
+    claims: Claims
+    settings: StudySettings
+
+
+def sampler_seed(seed: int, *, trials_so_far: int, shared: bool) -> int:
+    """The sampler's seed: ``--seed`` for a new study of one worker (repeatable), mixed with
+    the trials the study already has, so a resumed sampler does not replay the draws of the
+    run before it, and with the worker's host and pid in a shared study, so workers seeded
+    alike do not suggest the same settings (a shared study is not repeatable anyway)."""
     import socket
     import zlib
 
-    identity = zlib.crc32(f"{socket.gethostname()}:{os.getpid()}".encode())
-    return (seed * 1_000_003 + identity) % 2**32
+    if trials_so_far == 0 and not shared:
+        return seed
+    identity = f"{socket.gethostname()}:{os.getpid()}" if shared else ""
+    return zlib.crc32(f"{seed}:{trials_so_far}:{identity}".encode())
 
 
 def fail_interrupted(study: Any, *, local: bool) -> int:
@@ -180,14 +674,16 @@ class TrialLoop:
     def __init__(
         self,
         ctx: TuneContext,
-        study: Any,
+        opened: OpenStudy,
         registry: ChildRegistry,
         *,
         deadline_s: float,
         progress: Progress,
     ) -> None:
         self.ctx = ctx
-        self.study = study
+        self.study = opened.study
+        self.claims = opened.claims
+        self.settings = opened.settings
         self.registry = registry
         self.deadline_s = deadline_s
         self.progress = progress
@@ -198,15 +694,16 @@ class TrialLoop:
 
     def prepare(self) -> None:
         """Time scale, streamed share, calibration and the baseline trial, decided once per
-        study: the first worker claims the set-up (a marker study created once in the
-        storage), the others wait for it and adopt what it chose."""
+        study: the first worker claims the set-up (``Claims``), the others wait for it
+        and adopt what it chose."""
         import optuna
 
         attrs = self.study.user_attrs
         if "time_scale" not in attrs:
-            if claim(self.study, "prepare"):
+            if self.claims.take(Duty.PREPARE):
                 time_scale, fraction = self._choose_measurement()
                 for key, value in {
+                    SETTINGS_ATTR: self.settings.model_dump(mode="json"),
                     "model": self.ctx.config.model,
                     "gpu": self.ctx.gpu_name,
                     "backend": self.ctx.backend.value,
@@ -348,6 +845,14 @@ class TrialLoop:
         params = ctx.space.suggest(trial)
         role = trial.user_attrs.get("role", ROLE_SEARCH)
         out_dir = ctx.run_dir / "trials" / f"{trial.number:03d}"
+        if out_dir.is_dir() and any(out_dir.iterdir()):
+            # Trial n of this study is the only writer of trials/<n>: what is there is
+            # another study's evidence (open_study refuses such a run directory up front).
+            raise ConfigError(
+                f"{out_dir} already holds another trial's evidence, which trial "
+                f"{trial.number} of study {self.study.study_name!r} would overwrite; "
+                "accepted: another --run-dir"
+            )
         start = self.start_rate(params)
         evaluation = evaluate(
             ctx, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start
@@ -437,17 +942,6 @@ def fail_stale(study: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
-
-
-def claim(study: Any, what: str) -> bool:
-    """True for exactly one worker of a study: creating the marker study succeeds once."""
-    import optuna
-
-    try:
-        optuna.create_study(study_name=f"{study.study_name}.{what}", storage=study._storage)
-    except optuna.exceptions.DuplicatedStudyError:
-        return False
-    return True
 
 
 def mark_finalized(study: Any, run_dir: Path) -> None:

@@ -15,8 +15,8 @@
 
 With several workers on one study (``--storage`` shared), every worker runs trials
 until the study has enough and waits for the other workers' last trials; the first
-to finish claims the edge search and the recommendation (a marker study created once
-in the storage); the others wait for it to finish and then write the report into
+to finish claims the edge search and the recommendation (``tuner.study.Claims``, once
+per study); the others wait for it to finish and then write the report into
 their own run directory (the same one for workers on one host sharing it).
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,15 +40,17 @@ from tuner.processes import ChildRegistry
 from tuner.recommend import Recommendation, recommend
 from tuner.space import TrialParams
 from tuner.study import (
+    Duty,
+    OpenStudy,
     TrialLoop,
     best_trial,
-    claim,
     default_trial,
     fail_interrupted,
     load_evaluation,
     mark_finalized,
     open_study,
     redact_url,
+    storage_location,
     storage_url,
     wait_finalized,
 )
@@ -91,8 +94,15 @@ def describe(ctx: TuneContext) -> dict[str, Any]:
         "space": [r.model_dump(mode="json") for r in ctx.space.ranges],
         "left_out": [o.model_dump(mode="json") for o in ctx.space.left_out],
         "notes": ctx.notes,
-        "storage": storage_url(ctx).split("@")[-1],
+        "storage": storage_location(storage_url(ctx)),
     }
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a run killed mid-write leaves the old file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _reserve_s(ctx: TuneContext) -> float:
@@ -132,18 +142,21 @@ def _log_to(path: Path) -> logging.Handler:
 def run_tune(config: TuneConfig, progress: Progress) -> TuneSummary:
     began = time.monotonic()
     ctx = resolve(config)  # every bad value fails here, before anything is launched
+    # A run directory or a study of another study (or other settings) is refused here,
+    # before anything is written into it.
+    opened = open_study(ctx)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     handler = _log_to(ctx.run_dir / "tune.log")
     try:
-        return _run(ctx, progress, began)
+        return _run(ctx, opened, progress, began)
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
 
 
-def _run(ctx: TuneContext, progress: Progress, began: float) -> TuneSummary:
+def _run(ctx: TuneContext, opened: OpenStudy, progress: Progress, began: float) -> TuneSummary:
     config = ctx.config
-    study = open_study(ctx)
+    study = opened.study
     registry = ChildRegistry(ctx.run_dir)
     for note in registry.stop_leftovers():
         progress(f"tuner: {note}")
@@ -163,11 +176,11 @@ def _run(ctx: TuneContext, progress: Progress, began: float) -> TuneSummary:
                     f"resume: {failed} trial(s) cut off by an earlier run marked failed and retried"
                 )
         deadline = began + config.budget_min * 60.0
-        loop = TrialLoop(ctx, study, registry, deadline_s=deadline, progress=progress)
+        loop = TrialLoop(ctx, opened, registry, deadline_s=deadline, progress=progress)
         loop.prepare()
-        (ctx.run_dir / "tune.json").write_text(
+        _write_atomic(
+            ctx.run_dir / "tune.json",
             json.dumps({**describe(ctx), "time_scale": ctx.time_scale}, indent=2, default=str),
-            encoding="utf-8",
         )
         loop.deadline_s = deadline - _reserve_s(ctx)
         loop.run()
@@ -178,7 +191,7 @@ def _run(ctx: TuneContext, progress: Progress, began: float) -> TuneSummary:
         finalized = False
         if best is None:
             progress("no trial met the SLOs: no recommendation (see the trials' evaluation.json)")
-        elif claim(study, "finalize") or config.storage is None:
+        elif opened.claims.take(Duty.FINALIZE) or config.storage is None:
             # (the study in the run directory has no other worker: a resumed run finalizes
             # again, also when an earlier run claimed it and was cut off or had fewer trials)
             finalized = True
@@ -276,12 +289,14 @@ def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) 
 
 
 def _report(ctx: TuneContext, progress: Progress) -> Path | None:
-    from reports.html import write_report  # here: reports reads tuner.tune's TuneSummary
+    from reports.html import write_report_noting  # here: reports reads tuner.tune's TuneSummary
 
     try:
-        path = write_report(ctx.run_dir, ctx.config.storage)
+        written = write_report_noting(ctx.run_dir, ctx.config.storage)
     except TunerError as exc:
         progress(f"report not written: {exc}")
         return None
-    progress(f"report: {path}")
-    return path
+    progress(f"report: {written.path}")
+    if written.study_note is not None:
+        progress(f"  (the report shows the run's files only: {written.study_note})")
+    return written.path

@@ -388,6 +388,58 @@ def test_tuner_report_rebuilds_the_report(tuned_run: Path, tmp_path: Path) -> No
     assert str(run) in text
 
 
+def _report_cmd(run: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "report", str(run), *extra],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_a_damaged_study_is_said_on_the_terminal(tuned_run: Path, tmp_path: Path) -> None:
+    run = copy_run(tuned_run, tmp_path / "run")
+    db = run / "study.db"
+    db.write_bytes(db.read_bytes()[:2048])  # truncated: the header, none of the tables
+    done = _report_cmd(run)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tuner: WARNING:"), done.stderr
+    assert str(db) in lines[0] and "could not be read" in lines[0]
+    assert "Background on this error" not in lines[0]
+    assert (run / "report.html").is_file()  # what the run's own files hold
+
+
+def test_an_unreadable_storage_is_one_error_line_and_writes_nothing(
+    tuned_run: Path, tmp_path: Path
+) -> None:
+    run = copy_run(tuned_run, tmp_path / "run")
+    secret = "Rpt-s3cret-9"
+    for url in (
+        f"postgresql+psycopg://tuner@127.0.0.1:1/tuning?password={secret}",
+        f"postgresql+psycopg://tuner:{secret}@127.0.0.1:1/tuning",
+        f"postgresql+psycopg://tuner:{secret}@x@127.0.0.1:1/tuning",  # a raw '@' in it
+        f"sqlite:///{tmp_path / 'nowhere.db'}",
+    ):
+        done = _report_cmd(run, "--storage", url)
+        assert done.returncode == 2, done.stdout + done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("tuner: error:"), done.stderr
+        assert secret not in done.stderr and "x@127" not in done.stderr
+        assert "Background on this error" not in done.stderr
+        assert not (run / "report.html").exists()
+    assert not (tmp_path / "nowhere.db").exists()
+
+
+def test_a_deleted_evaluation_is_read_from_the_studys_copy(tuned_run: Path, tmp_path: Path) -> None:
+    run = copy_run(tuned_run, tmp_path / "run")
+    (run / "trials" / "001" / "evaluation.json").unlink()
+    done = _report_cmd(run)
+    assert done.returncode == 0, done.stderr
+    text = (run / "report.html").read_text(encoding="utf-8")
+    assert "no evidence" not in text
+    missing = text[text.index('id="missing"') : text.index('id="summary"')]
+    assert "trial 1" in missing and "copy the study keeps" in missing
+
+
 # --- in a real browser -----------------------------------------------------------------------
 
 ALLOWED_SCHEMES = ("file:", "data:", "blob:", "about:")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -170,7 +171,9 @@ def test_bad_input_is_one_line_before_any_launch(
     assert not (run_dir / "trials").exists()
 
 
-def test_existing_study_needs_resume_and_a_killed_trial_is_retried(tmp_path: Path) -> None:
+def test_existing_study_needs_resume_a_killed_trial_is_retried_and_no_draw_is_replayed(
+    tmp_path: Path,
+) -> None:
     run_dir = tmp_path / "run"
     fast = ("--no-edge", "--no-confirm", "--trials", "2")
     cmd = [
@@ -213,10 +216,96 @@ def test_existing_study_needs_resume_and_a_killed_trial_is_retried(tmp_path: Pat
     retried = [t for t in complete if t.user_attrs.get("retried_from") == 1]
     assert len(retried) == 1 and retried[0].params == cut_params
 
+    # Resumed once more, the sampler (seeded alike, in a new process) draws new settings:
+    # it does not replay the draw of trial 1 (the first random draw of the first run).
+    more = tune(run_dir, "--no-edge", "--no-confirm", "--trials", "3", "--resume", timeout_s=600)
+    assert more.returncode == 0, more.stdout + more.stderr
+    trials = _study_by_name(run_dir).get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(trials) == 3
+    assert trials[-1].params not in [t.params for t in trials[:-1]], [t.params for t in trials]
+
 
 def _study_by_name(run_dir: Path) -> Any:
     storage = f"sqlite:///{run_dir / 'study.db'}"
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-    return optuna.load_study(
-        study_name=next(n for n in names if not n.endswith(".finalize")), storage=storage
-    )
+    (name,) = optuna.get_all_study_names(storage)  # the study, and no claim marker beside it
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """Every file of a run directory with its size and modification time."""
+    return {
+        str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tuner: error:"), done.stderr
+    return lines[0]
+
+
+def test_a_run_directory_belongs_to_one_study(tuned_run: Path, tmp_path: Path) -> None:
+    """Resuming a finished run with other settings, or into it as another study, is refused
+    in one line naming the setting and both values, and leaves every file as it was."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tuned_run, run_dir, ignore=shutil.ignore_patterns("vllm-cache"))
+    before = _snapshot(run_dir)
+    line = _one_error_line(tune(run_dir, "--workload", "rag", "--resume", timeout_s=120))
+    assert "--workload" in line and "'tiny'" in line and "'rag'" in line
+    line = _one_error_line(tune(run_dir, "--slo-ttft-ms", "250", "--resume", timeout_s=120))
+    assert "--slo-ttft-ms" in line and "1000.0" in line and "250.0" in line
+    line = _one_error_line(tune(run_dir, "--space", "block-size=8,16", "--resume", timeout_s=120))
+    assert "--space block-size" in line
+    line = _one_error_line(tune(run_dir, "--study", "another", "--resume", timeout_s=120))
+    assert "'another'" in line and "belongs to study" in line
+    assert _snapshot(run_dir) == before
+
+    # Without tune.json the study.db still tells whose directory it is.
+    (run_dir / "tune.json").unlink()
+    line = _one_error_line(tune(run_dir, "--study", "another", "--resume", timeout_s=120))
+    assert "study.db" in line and "'another'" in line
+    # Trials the study did not write (its study.db lost, or trials from elsewhere) are
+    # never overwritten by new trials.
+    shutil.copytree(run_dir / "trials" / "000", run_dir / "trials" / "007")
+    line = _one_error_line(tune(run_dir, "--resume", timeout_s=120))
+    assert "trials/007" in line
+    shutil.rmtree(run_dir / "trials" / "007")
+    (run_dir / "study.db").unlink()
+    line = _one_error_line(tune(run_dir, "--resume", timeout_s=120))
+    assert "no study.db" in line
+    assert not (run_dir / "study.db").exists()
+
+
+def test_a_study_name_is_a_name_not_a_path(tmp_path: Path) -> None:
+    cwd = tmp_path / "a" / "b"
+    cwd.mkdir(parents=True)
+    for name in ("../../x", "x/y", ".hidden", "a b"):
+        done = subprocess.run(
+            [sys.executable, "-m", "tuner.cli", "tune", *SMALL_TUNE_ARGS, "--study", name],
+            capture_output=True, text=True, timeout=120, cwd=cwd,
+        )  # fmt: skip
+        line = _one_error_line(done)
+        assert repr(name) in line and "study name" in line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b"]  # nothing was written
+
+
+def test_a_storage_password_is_never_shown(tmp_path: Path) -> None:
+    """In every URL form; the driver's message (unreachable host) passes through redacted,
+    without SQLAlchemy's link line, before anything is launched or written."""
+    secret = "Tn-s3cret-42"
+    for url in (
+        f"postgresql+psycopg://tuner@127.0.0.1:1/tuning?password={secret}",
+        f"postgresql+psycopg://tuner@127.0.0.1:1/tuning?sslmode=disable&sslpassword={secret}",
+        f"postgresql+psycopg://tuner:{secret}@127.0.0.1:1/tuning",
+        f"postgresql+psycopg://tuner:{secret.replace('-', '%2D')}@127.0.0.1:1/tuning",
+        f"postgresql+psycopg://tuner:{secret}@half@127.0.0.1:1/tuning",
+    ):
+        run_dir = tmp_path / "run"
+        line = _one_error_line(tune(run_dir, "--storage", url, timeout_s=120))
+        assert secret not in line and secret.replace("-", "%2D") not in line, line
+        assert "half" not in line and "Background on this error" not in line, line
+        assert "127.0.0.1" in line
+        assert not (run_dir / "trials").exists() and not (run_dir / "tune.json").exists()
