@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tuner import (
     check_cmd,
@@ -20,6 +22,7 @@ from tuner import (
     tune_cmd,
 )
 from tuner.errors import TunerError
+from tuner.processes import Interrupted, raise_interrupted
 from tuner.sim import serve_cli, simulate_cli
 from tuner.vllm_flags import add_memory_flags, params_from_args
 
@@ -102,23 +105,98 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _absolute_paths(args: argparse.Namespace) -> None:
+    """Every path given on the command line (or by default) made absolute, here, once:
+    child processes (Locust, the server) run in other working directories."""
+    for name, value in vars(args).items():
+        if isinstance(value, Path):
+            setattr(args, name, value.absolute())
+
+
+class _TerminalFormatter(logging.Formatter):
+    """One plain line per record: tracebacks stay in the run's own log (and with -v)."""
+
+    def formatException(self, ei: Any) -> str:
+        return ""
+
+    def formatStack(self, stack_info: str) -> str:
+        return ""
+
+
+class _NoInterruptNoise(logging.Filter):
+    """Leaves out the records an interruption makes on its way out (Optuna's "trial N
+    failed" pair with its traceback): the command line reports it in one line."""
+
+    _TRIAL = re.compile(r"^Trial (\d+) failed with (?:parameters|value)")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._interrupted_trials: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = self._TRIAL.match(record.getMessage())
+        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+            if match:
+                self._interrupted_trials.add(match.group(1))
+            return False
+        return not (match and match.group(1) in self._interrupted_trials)
+
+
+def _log_to_terminal(*, verbose: bool) -> None:
+    handler = logging.StreamHandler()
+    handler.addFilter(_NoInterruptNoise())
+    if verbose:
+        # Timestamps and module names when debugging, with tracebacks.
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        # A plain line on the terminal (each run's own log file keeps the full format).
+        handler.setFormatter(_TerminalFormatter("tuner: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        # Timestamps and module names when debugging; a plain line on the terminal otherwise
-        # (each run's own log file keeps the full format).
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        if args.verbose
-        else "tuner: %(levelname)s: %(message)s",
-    )
+    _absolute_paths(args)
+    _log_to_terminal(verbose=args.verbose)
+    previous = {sig: signal.signal(sig, raise_interrupted) for sig in INTERRUPT_SIGNALS}
     try:
         code: int = args.func(args)
     except TunerError as exc:
         print(f"tuner: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        interrupted = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+        print(f"tuner: {_interrupted_line(args.command, interrupted)}", file=sys.stderr)
+        return interrupted.exit_code
+    except OSError as exc:  # a disk, permission or descriptor failure outside what was checked
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"tuner: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return code
+
+
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+# How to carry on after an interruption, by command.
+_RESUME = {
+    "tune": "run the same command with --resume to continue the study",
+    "trial": "run the same command again to measure it again",
+    "bench": "run the same command again to measure it again",
+}
+
+
+def _interrupted_line(command: str, exc: Interrupted) -> str:
+    """One line: which signal, that nothing is left running, what was kept, how to go on."""
+    parts = [f"interrupted by {exc.signal.name}", "no server or load generator left running"]
+    if exc.run_dir is not None:
+        parts.append(f"what was recorded is kept in {exc.run_dir}")
+    if command in _RESUME and exc.run_dir is not None:
+        parts.append(_RESUME[command])
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":

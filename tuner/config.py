@@ -19,19 +19,26 @@ before any server is launched.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
+from reports.configs import parse_cache_volume
 from tuner.errors import ConfigError
 from tuner.load import LoadGenerators
 from tuner.sampling import Objective
 
+# A study's name names its run directory (runs/<study>) and its rows in a shared storage.
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
 
 class TuneConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan: every number is finite (nan and inf pass `gt=0` checks otherwise).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # What to tune
     model: str = "llama-3.1-8b"
@@ -90,6 +97,12 @@ class TuneConfig(BaseModel):
     min_stream_fraction: float = Field(default=0.25, gt=0, le=1)
     sim_startup_delay_s: float = Field(default=1.0, ge=0)
 
+    @field_validator("model_dir", "run_dir")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        # Child processes run in other directories: paths are absolute from here on.
+        return None if value is None else value.absolute()
+
     def load_generators(self) -> LoadGenerators:
         """Who sends the load (ConfigError when the three settings do not go together)."""
         return LoadGenerators(
@@ -98,13 +111,29 @@ class TuneConfig(BaseModel):
             master_bind=self.load_master_bind,
         )
 
+    @field_validator("study")
+    @classmethod
+    def _study_is_a_name(cls, value: str | None) -> str | None:
+        if value is not None and not STUDY_NAME.fullmatch(value):
+            raise PydanticCustomError(
+                "study_name",
+                "a study name is 1 to 100 letters, digits, '.', '_' or '-', starting with a "
+                "letter or digit (no path: the run goes to runs/<study> or --run-dir), "
+                "e.g. llama8b-h100",
+            )
+        return value
+
     def study_name(self, gpu_name: str | None) -> str:
         """The given name, else one from the model, the GPU the run resolved and the workload."""
         if self.study:
             return self.study
-        slug = "".join(c if c.isalnum() or c in "-." else "-" for c in Path(self.model).name)
-        gpu = (gpu_name or "cpu").lower()
-        return f"{slug.lower()}-{gpu}-{Path(self.workload).stem}"
+
+        def slug(text: str) -> str:
+            return "".join(c if c.isalnum() or c in "-." else "-" for c in text).lower()
+
+        parts = (Path(self.model).name, gpu_name or "cpu", Path(self.workload).stem)
+        name = "-".join(slug(part) for part in parts)
+        return re.sub(r"^[^A-Za-z0-9]+", "", name)[:100] or "study"
 
     def run_path(self, gpu_name: str | None) -> Path:
         """The run directory, absolute (load generators run in their own directories)."""
@@ -120,7 +149,9 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:
         except OSError as exc:
             raise ConfigError(f"cannot read tune config {str(path)!r}: {exc.strerror}") from exc
         except yaml.YAMLError as exc:
-            raise ConfigError(f"tune config {str(path)!r} is not YAML: {exc}") from exc
+            raise ConfigError(
+                f"tune config {str(path)!r} is not YAML: {_yaml_problem(exc)}"
+            ) from exc
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -138,7 +169,20 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:
     except ValidationError as exc:
         raise ConfigError(_one_line(exc, path)) from None
     config.load_generators()  # checked here, before any server is launched
+    try:
+        parse_cache_volume(config.cache_volume)
+    except ConfigError as exc:
+        raise ConfigError(f"--cache-volume: {exc}") from None
     return config
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as one line: where (line and column) and what (PyYAML prints both on
+    several lines, with the source and a caret)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem or exc).split())
 
 
 def _one_line(exc: ValidationError, path: Path | None) -> str:
@@ -149,4 +193,11 @@ def _one_line(exc: ValidationError, path: Path | None) -> str:
         accepted = ", ".join(TuneConfig.model_fields)
         return f"{where}setting {loc!r} is not accepted; accepted: {accepted}"
     value = error.get("input")
+    if path is None:  # the value came from a flag
+        flag = _FLAGS.get(loc, "--" + loc.replace("_", "-").split(".")[0])
+        return f"{flag} {value!r} is not accepted: {error['msg']}"
     return f"{where}{loc} = {value!r} is not accepted: {error['msg']}"
+
+
+# Fields whose flag is not the field's name with dashes.
+_FLAGS = {"level_duration_s": "--level-duration"}

@@ -24,14 +24,16 @@ from tuner.gpus import GpuSpec, get_gpu
 from tuner.load import resolve_workload
 from tuner.memory import Calibration, ServingParams
 from tuner.models import ModelSpec, resolve_model
+from tuner.processes import writable_dir
 from tuner.server import Backend, probe_vllm_flags, sim_flags
-from tuner.space import Knob, Range, SearchSpace, build_space, parse_range
+from tuner.space import Knob, Range, SearchSpace, build_space, check_for_target, parse_range
 from tuner.versions import VllmVersion
 from workloads.spec import PercentileLimits, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SIM_GPU = "H100-80GB"
+ALLOW_LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 
 
 @dataclass
@@ -155,6 +157,11 @@ def resolve(config: TuneConfig) -> TuneContext:
     for name, text in config.space.items():
         knob = Knob.parse(name)
         overrides[knob] = parse_range(knob, str(text))
+        check_for_target(overrides[knob], model=model, version=version, gpu=gpu is not None)
+    _check_context_length(config.max_model_len, model)
+    model_dir = config.model_dir or (Path(config.model) if Path(config.model).is_dir() else None)
+    if model_dir is not None:
+        _check_tokenizer(model_dir, given=config.model_dir is not None)
     if gpu is None:
         # vLLM's CPU build: no device memory to search or screen; its KV cache is
         # VLLM_CPU_KVCACHE_SPACE.
@@ -180,8 +187,12 @@ def resolve(config: TuneConfig) -> TuneContext:
     ctx = TuneContext(
         config=config, backend=backend, model=model, gpu=gpu, version=version,
         vllm_cmd=vllm_cmd, accepted_flags=accepted, workload=workload, space=space,
-        base=base, run_dir=config.run_path(gpu.name if gpu else None), notes=notes,
-        model_dir=config.model_dir or (Path(config.model) if Path(config.model).is_dir() else None),
+        base=base, notes=notes,
+        run_dir=writable_dir(
+            config.run_path(gpu.name if gpu else None),
+            what="--run-dir" if config.run_dir is not None else "run directory",
+        ),
+        model_dir=None if model_dir is None else model_dir.absolute(),
         gpu_source=_gpu_source(config.gpu_source, backend, nvml_name),
     )  # fmt: skip
     if backend is Backend.SIM:
@@ -191,6 +202,33 @@ def resolve(config: TuneConfig) -> TuneContext:
             "memory accounting, scheduling and metrics",
         )
     return ctx
+
+
+def _check_context_length(max_model_len: int | None, model: ModelSpec) -> None:
+    """vLLM refuses a --max-model-len beyond the model's context unless told to allow it."""
+    if max_model_len is None or max_model_len <= model.max_position_embeddings:
+        return
+    if os.environ.get(ALLOW_LONG_MAX_MODEL_LEN_ENV, "").strip().lower() in ("1", "true"):
+        return
+    raise ConfigError(
+        f"--max-model-len {max_model_len} is greater than {model.name}'s context "
+        f"(max_position_embeddings={model.max_position_embeddings}): vLLM refuses it "
+        f"('User-specified max_model_len ({max_model_len}) is greater than the derived "
+        "max_model_len'); accepted: 1 to "
+        f"{model.max_position_embeddings}, or {ALLOW_LONG_MAX_MODEL_LEN_ENV}=1 in the environment"
+    )
+
+
+def _check_tokenizer(model_dir: Path, *, given: bool) -> None:
+    """The prompts are sized with a model directory's own tokenizer: it must load."""
+    from workloads.prompts import prompt_builder_for
+    from workloads.spec import WorkloadError
+
+    try:
+        prompt_builder_for(model_dir)
+    except WorkloadError as exc:
+        flag = "--model-dir" if given else "--model"
+        raise ConfigError(f"{flag} {str(model_dir)!r}: {exc}") from exc
 
 
 def _gpu_source(wanted: str, backend: Backend, nvml_name: str | None) -> str:

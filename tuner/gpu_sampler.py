@@ -389,6 +389,17 @@ def make_source(
             return NoneSource()
 
 
+def release_watch(kind: str) -> GpuSource | None:
+    """What a launch watches to know the previous server's device memory is free again.
+
+    NVML on a GPU host (vLLM's workers can hold memory for a moment after their process
+    group is gone); nothing for the simulated engine, whose virtual device belongs to its
+    own process and is gone when it exits, or where no GPU is sampled. Every launch path
+    (trial, edge probe, confirmation, serve) takes its memory source from here.
+    """
+    return NvmlSource() if GpuSourceKind(kind) is GpuSourceKind.NVML else None
+
+
 # --- process tree ----------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import urllib.error
 import urllib.request
@@ -124,12 +125,10 @@ def resolve_workload(
         spec = load_workload(name)
         if rate_per_s is not None:
             spec = spec.with_rate(rate_per_s)
+        if duration_s is not None:
+            spec = spec.with_duration(duration_s)  # NaN and inf rejected as well
     except (WorkloadError, TraceError) as exc:
         raise WorkloadLoadError(str(exc)) from exc
-    if duration_s is not None:
-        if duration_s <= 0:
-            raise ConfigError(f"--duration {duration_s} is out of range; accepted: > 0 seconds")
-        spec = spec.model_copy(update={"duration_s": duration_s})
     return spec
 
 
@@ -162,9 +161,21 @@ def slo_verdict(spec: WorkloadSpec, result: LoadResult) -> SloVerdict:
 
 def served_model(base_url: str) -> tuple[str, int | None]:
     """The first model the server lists, and its max_model_len when it says."""
+    request = urllib.request.Request(base_url.rstrip("/") + "/v1/models")
+    key = os.environ.get("VLLM_API_KEY")
+    if key:  # the key the load generators send too
+        request.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             body = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            state = "is not one it accepts" if key else "is not set"
+            raise ConfigError(
+                f"the server at {base_url!r} answers 401 Unauthorized: it requires an API key "
+                f"and VLLM_API_KEY {state}; set VLLM_API_KEY to the server's key"
+            ) from exc
+        raise ConfigError(f"no OpenAI-compatible server answers at {base_url!r}: {exc}") from exc
     except (urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"no OpenAI-compatible server answers at {base_url!r}: {exc}") from exc
     models = body.get("data") or []

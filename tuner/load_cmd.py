@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.cli_args import non_negative_float, positive_float
 from tuner.errors import ConfigError
 from tuner.vllm_flags import add_memory_flags, params_from_args
 
@@ -22,9 +23,11 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         default="chat",
         help="built-in (chat, code, rag, batch, mixed-long-short) or a YAML file",
     )
-    p.add_argument("--rate", type=float, help="requests/s (default: the workload's)")
+    p.add_argument("--rate", type=positive_float, help="requests/s (default: the workload's)")
     p.add_argument(
-        "--duration", type=float, help="seconds of the measured window (default: the workload's)"
+        "--duration",
+        type=positive_float,
+        help="seconds of the measured window (default: the workload's)",
     )
     p.add_argument("--processes", type=int, default=1, help="Locust processes generating the load")
     add_remote_load_args(p, default_workers=0)
@@ -71,12 +74,12 @@ def add_parsers(sub: Any) -> None:
     trial.add_argument("--gpu", default="H100-80GB", help="virtual GPU of the sim backend")
     trial.add_argument("--vllm-cmd", default="vllm serve")
     add_memory_flags(trial)
-    trial.add_argument("--swap-space", type=float)
+    trial.add_argument("--swap-space", type=non_negative_float)
     trial.add_argument(
         "--no-enable-prefix-caching", dest="prefix", action="store_false", default=None
     )
     trial.add_argument("--gpu-source", default="auto", help="nvml, sim, none, or auto")
-    trial.add_argument("--sim-startup-delay", type=float, default=1.0)
+    trial.add_argument("--sim-startup-delay", type=non_negative_float, default=1.0)
     trial.add_argument("--out", type=Path, default=Path("runs/trial"), help="the trial directory")
     _add_workload_flags(trial)
     trial.set_defaults(func=_cmd_trial)
@@ -95,13 +98,13 @@ def load_generators(args: argparse.Namespace) -> LoadGenerators:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from tuner.load import plan_schedule, resolve_workload, run_schedule, served_model
-    from tuner.processes import ChildRegistry
+    from tuner.processes import ChildRegistry, writable_dir
 
     generators = load_generators(args)
     spec = resolve_workload(args.workload, rate_per_s=args.rate, duration_s=args.duration)
     model, max_len = served_model(args.url)
     schedule = plan_schedule(spec, max_model_len=max_len, model_dir=args.model_dir)
-    registry = ChildRegistry(args.out)
+    registry = ChildRegistry(writable_dir(args.out, what="--out"))
     for note in registry.stop_leftovers():
         print(f"tuner: {note}", file=sys.stderr)
     with registry.guard():
@@ -124,7 +127,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_trial(args: argparse.Namespace) -> int:
     from tuner.gpus import get_gpu
     from tuner.load import resolve_workload
-    from tuner.processes import ChildRegistry
+    from tuner.processes import ChildRegistry, writable_dir
     from tuner.server import Backend, LaunchSpec, TrialOutcome
     from tuner.trial import run_trial
 
@@ -152,7 +155,7 @@ def _cmd_trial(args: argparse.Namespace) -> int:
         sim_startup_delay_s=args.sim_startup_delay,
         host=generators.server_host,
     )
-    registry = ChildRegistry(args.out)
+    registry = ChildRegistry(writable_dir(args.out, what="--out"))
     for note in registry.stop_leftovers():
         print(f"tuner: {note}", file=sys.stderr)
     with registry.guard():

@@ -28,16 +28,68 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
 
+from tuner.errors import TunerError
+
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 REGISTRY_FILE = "children.json"
+FORCED_EXIT_AFTER_S = 45.0  # from SIGINT or SIGTERM to a forced exit if unwinding hangs
+
+
+class RunDirError(TunerError):
+    """A run (or trial) directory cannot be created or written."""
+
+
+def writable_dir(path: Path, *, what: str = "run directory") -> Path:
+    """``path`` made absolute, created and checked writable; RunDirError (one line) if not."""
+    path = path.absolute()
+    probe = path / f".tuner-write-check.{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        existing = next((p for p in (path, *path.parents) if p.exists()), path)
+        if not existing.is_dir():
+            reason = f"{existing} is a file, not a directory"
+        elif exc.filename and Path(exc.filename) not in (path, probe):
+            reason += f": {exc.filename}"
+        raise RunDirError(
+            f"{what} {str(path)!r} cannot be used ({reason}); accepted: a directory this "
+            "user can create and write"
+        ) from exc
+    return path
+
+
+class Interrupted(KeyboardInterrupt):
+    """The harness got SIGINT or SIGTERM; the exit status is 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        self.signal = signal.Signals(signum)
+        self.run_dir: Path | None = None  # where what was recorded is kept (set by the guard)
+        super().__init__(self.signal.name)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signal)
+
+
+def raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    """A signal handler: SIGINT and SIGTERM become ``Interrupted`` where the program is."""
+    raise Interrupted(signum)
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    log.warning("%s while stopping the children: still stopping them", signal.Signals(signum).name)
 
 
 def set_parent_death_signal() -> None:
@@ -140,8 +192,8 @@ class ChildRegistry:
     """The process groups this run started, on disk, so none outlives the harness."""
 
     def __init__(self, run_dir: Path) -> None:
+        run_dir = writable_dir(run_dir)
         self.path = run_dir / REGISTRY_FILE
-        run_dir.mkdir(parents=True, exist_ok=True)
         self.owner = process_id(os.getpid())
         self._children: dict[int, ChildRecord] = {}
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -199,7 +251,7 @@ class ChildRegistry:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                cwd=cwd,
+                cwd=None if cwd is None else cwd.absolute(),
                 start_new_session=True,
                 preexec_fn=set_parent_death_signal,
             )
@@ -227,20 +279,44 @@ class ChildRegistry:
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[ChildRegistry]:
-        """Stop every child on exit, exception, SIGINT or SIGTERM (re-raised as KeyboardInterrupt)."""
+        """Stop every child on exit, exception, SIGINT or SIGTERM (raised as ``Interrupted``,
+        a KeyboardInterrupt); a second signal while the children are stopped does not cut
+        the stopping short."""
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            raise KeyboardInterrupt(f"signal {signum}")
+            # The exception unwinds from wherever the program was; should that be inside a
+            # lock the unwinding needs again, the watchdog still stops every child and exits.
+            watchdog = threading.Timer(FORCED_EXIT_AFTER_S, self._force_exit, args=(signum,))
+            watchdog.daemon = True
+            watchdog.start()
+            raise Interrupted(signum)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, on_signal)
         try:
             yield self
+        except Interrupted as exc:
+            if exc.run_dir is None:
+                exc.run_dir = self.path.parent
+            raise
         finally:
-            self.stop_all()
-            for signum, handler in self._previous.items():
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+            for sig in self._previous:
+                signal.signal(sig, _ignore)
+            try:
+                self.stop_all()
+            finally:
+                for signum, handler in self._previous.items():
+                    signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def _force_exit(self, signum: int) -> None:
+        """The watchdog of an interruption that did not finish unwinding in time."""
+        for pgid in list(self._children):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        name = signal.Signals(signum).name
+        os.write(2, f"tuner: interrupted by {name}; stopped every child process\n".encode())
+        os._exit(128 + signum)
 
     # -- the file ----------------------------------------------------------------------------
 

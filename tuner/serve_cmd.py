@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner.cli_args import non_negative_float, positive_float
 from tuner.errors import ConfigError
 from tuner.vllm_flags import add_memory_flags, params_from_args
 
@@ -32,15 +33,19 @@ def add_parser(sub: Any) -> None:
         "'python -m vllm.entrypoints.openai.api_server')",
     )
     add_memory_flags(p)
-    p.add_argument("--swap-space", type=float, help="GiB of CPU swap (vLLM < 0.18 only)")
+    p.add_argument(
+        "--swap-space", type=non_negative_float, help="GiB of CPU swap (vLLM < 0.18 only)"
+    )
     p.add_argument("--enable-prefix-caching", dest="prefix", action="store_true", default=None)
     p.add_argument("--no-enable-prefix-caching", dest="prefix", action="store_false")
     p.add_argument("--served-model-name")
     p.add_argument("--port", type=int, default=0, help="default: a free port on 127.0.0.1")
     p.add_argument("--cuda-visible-devices", help="CUDA_VISIBLE_DEVICES for the server")
     p.add_argument("--run-dir", type=Path, default=Path("runs/serve"), help="default runs/serve")
-    p.add_argument("--startup-timeout", type=float, help="seconds (default scales with model size)")
-    p.add_argument("--sim-startup-delay", type=float, default=1.0)
+    p.add_argument(
+        "--startup-timeout", type=positive_float, help="seconds (default scales with model size)"
+    )
+    p.add_argument("--sim-startup-delay", type=non_negative_float, default=1.0)
     p.add_argument(
         "--no-adapt",
         dest="adapt",
@@ -54,14 +59,15 @@ def add_parser(sub: Any) -> None:
         help="GPU memory sampling while holding: nvml, sim, none, or auto (sim for the sim "
         "backend, nvml for vllm)",
     )
-    p.add_argument("--gpu-sample-hz", type=float, default=10.0)
+    p.add_argument("--gpu-sample-hz", type=positive_float, default=10.0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_serve)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from tuner.gpu_sampler import release_watch
     from tuner.gpus import get_gpu
-    from tuner.processes import ChildRegistry
+    from tuner.processes import ChildRegistry, writable_dir
     from tuner.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
 
     backends = [b.value for b in Backend]
@@ -102,13 +108,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         startup_timeout_s=args.startup_timeout,
         sim_startup_delay_s=args.sim_startup_delay,
     )
-    registry = ChildRegistry(args.run_dir)
+    registry = ChildRegistry(writable_dir(args.run_dir, what="--run-dir"))
     for note in registry.stop_leftovers():
         print(f"tuner: {note}", file=sys.stderr)
     with registry.guard():
         server = ServerProcess(
-            spec, registry=registry, log_path=args.run_dir / "server.log", adapt=args.adapt
-        )
+            spec, registry=registry, log_path=args.run_dir / "server.log", adapt=args.adapt,
+            memory_source=release_watch(_gpu_source_kind(args)),
+        )  # fmt: skip
         if args.hold and _gpu_source_kind(args) == "nvml":
             from tuner.gpu_sampler import make_source
 
@@ -156,9 +163,7 @@ def _hold(server: Any, args: argparse.Namespace) -> int:
             time.sleep(1.0)
         _print(died, as_json=args.json)
         code = 1
-    except KeyboardInterrupt:
-        pass
-    finally:
+    finally:  # also on SIGINT or SIGTERM, which the command line reports in one line
         summary = sampler.stop()
         server.stop()
         print(f"GPU: {summary.model_dump_json()}", file=sys.stderr, flush=True)

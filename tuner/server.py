@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.failures import StartupFailure, StartupFailureKind
-from tuner.gpu_sampler import GpuSource, wait_until_released
+from tuner.gpu_sampler import GpuReadError, GpuSamplingUnavailable, GpuSource, wait_until_released
 from tuner.memory import ServingParams
 from tuner.processes import ChildRegistry
 from tuner.versions import KV_CACHE_MEMORY_BYTES_FLAG, VllmVersion
@@ -97,6 +97,14 @@ class LaunchSpec:
     sim_startup_delay_s: float = 1.0
     sim_time_scale: float = 1.0
     extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The server may run in another working directory: a local model directory and
+        # the cache directory cross the process boundary as absolute paths.
+        if not Path(self.model).is_absolute() and Path(self.model).is_dir():
+            object.__setattr__(self, "model", str(Path(self.model).absolute()))
+        if self.cache_dir is not None and not self.cache_dir.is_absolute():
+            object.__setattr__(self, "cache_dir", self.cache_dir.absolute())
 
     @property
     def name(self) -> str:
@@ -347,8 +355,11 @@ class ServerProcess:
         with self.log_path.open("w", encoding="utf-8") as out:
             out.write(f"# tuner: {shlex.join(self.command)}\n")
         if self.memory_source is not None:
-            readings = self.memory_source.read(frozenset())
-            self._baseline_used = {r.device_index: r.used_bytes for r in readings}
+            baseline = self._memory_baseline(self.memory_source)
+            if baseline is None:
+                self.memory_source = None  # unreadable: no release to wait for
+            else:
+                self._baseline_used = baseline
         self._started_s = time.monotonic()
         self._proc = self.registry.spawn(
             self.command,
@@ -421,20 +432,44 @@ class ServerProcess:
         return self._result(outcome, failure=failure, exit_code=code)
 
     def stop(self, grace_s: float = 10.0, release_timeout_s: float = 60.0) -> None:
+        """Stop the server's process group; with a memory source, return only once the
+        device memory is back to what it was before the launch (or the timeout passed),
+        so the next launch does not see less free memory than it asks for."""
         if self._proc is None:
             return
         self.registry.stop(self._proc.pid, grace_s=grace_s)
-        if self.memory_source is not None and self.memory_released is None:
+        source = self.memory_source
+        if source is None or self.memory_released is not None:
+            return
+        began = time.monotonic()
+        try:
             self.memory_released = wait_until_released(
-                self.memory_source,
-                baseline_used_bytes=self._baseline_used,
-                timeout_s=release_timeout_s,
+                source, baseline_used_bytes=self._baseline_used, timeout_s=release_timeout_s
             )
-            if not self.memory_released:
-                log.warning(
-                    "GPU memory was not released within %.0f s of stopping the server",
-                    release_timeout_s,
-                )
+        except GpuReadError as exc:
+            log.warning("GPU memory release not checked: %s", exc)
+            self.memory_released = False
+        finally:
+            source.close()
+        waited_s = time.monotonic() - began
+        if self.memory_released:
+            note = f"GPU memory released {waited_s:.1f} s after the server stopped ({source.name})"
+        else:
+            note = f"GPU memory NOT released within {release_timeout_s:.0f} s ({source.name})"
+            log.warning("%s of stopping the server (log %s)", note, self.log_path)
+        with self.log_path.open("a", encoding="utf-8") as out:
+            out.write(f"# tuner: {note}\n")
+
+    @staticmethod
+    def _memory_baseline(source: GpuSource) -> dict[int, int] | None:
+        """Each device's used memory before the launch; None when the source cannot be read."""
+        try:
+            source.open()
+            return {r.device_index: r.used_bytes for r in source.read(frozenset())}
+        except (GpuSamplingUnavailable, GpuReadError) as exc:
+            source.close()
+            log.warning("GPU memory release will not be checked: %s", exc)
+            return None
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ comma list of choices, e.g. ``--space max-num-seqs=32..512`` or
 
 from __future__ import annotations
 
+import decimal
 import math
 from enum import StrEnum
 from typing import Any
@@ -103,7 +104,9 @@ class Range(BaseModel):
         assert self.low is not None and self.high is not None
         if self.step:
             n = round((self.high - self.low) / self.step)
-            return [_num(self.knob, self.low + i * self.step) for i in range(n + 1)]
+            return [
+                _num(self.knob, on_step(self.low + i * self.step, self.step)) for i in range(n + 1)
+            ]
         out: list[Choice] = []
         v = self.low
         while v <= self.high:
@@ -195,14 +198,24 @@ class SearchSpace(BaseModel):
                 )
             else:
                 assert r.low is not None and r.high is not None
-                values[r.knob.field] = trial.suggest_float(
+                value = trial.suggest_float(
                     name, r.low, r.high, step=r.step, log=r.log and not r.step
                 )
+                values[r.knob.field] = on_step(value, r.step)
         return TrialParams.model_validate(values)
 
     def from_optuna(self, params: dict[str, Any]) -> TrialParams:
+        steps = {
+            r.knob.value: r.step
+            for r in self.ranges
+            if r.choices is None and r.step and r.knob not in INTEGER_KNOBS
+        }
         return TrialParams.model_validate(
-            {Knob(name).field: value for name, value in params.items() if name in _NAMES}
+            {
+                Knob(name).field: on_step(value, steps[name]) if name in steps else value
+                for name, value in params.items()
+                if name in _NAMES
+            }
         )
 
     def to_optuna(self, point: TrialParams) -> dict[str, Choice]:
@@ -274,6 +287,19 @@ def _check_values(r: Range) -> None:
     """Each value a vLLM could take; the message names the knob and what is accepted."""
     knob = r.knob
     values = list(r.choices) if r.choices is not None else [r.low, r.high]
+    if r.step is not None:
+        values.append(r.step)
+    for value in values:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(
+                f"--space {knob.value} value {value} is not accepted; accepted: finite numbers"
+            )
+        if knob in INTEGER_KNOBS and isinstance(value, float) and value != int(value):
+            raise ConfigError(
+                f"--space {knob.value} value {_fmt(value)} is not an integer; accepted: "
+                "integers >= 1"
+            )
+    values = values[:-1] if r.step is not None else values
     for value in values:
         if knob is Knob.GPU_MEMORY_UTILIZATION and not (
             isinstance(value, float | int) and 0 < value <= 1
@@ -293,6 +319,35 @@ def _check_values(r: Range) -> None:
             raise ConfigError(
                 f"--space kv-cache-dtype value {value!r} is not accepted; accepted: "
                 + ", ".join(KV_CACHE_DTYPES)
+            )
+
+
+def check_for_target(r: Range, *, model: ModelSpec, version: VllmVersion, gpu: bool) -> None:
+    """A range given with ``--space`` against what the target vLLM accepts for this model;
+    one ConfigError line before anything is launched. ``gpu``: a CUDA device (vLLM's
+    attention backends there take block sizes in multiples of 16, MLA models aside)."""
+    if r.knob is not Knob.BLOCK_SIZE:
+        return
+    allowed = version.block_size_choices
+    sixteen = gpu and not model.is_mla
+    rule = f"one of {', '.join(map(str, allowed))}" if allowed is not None else "an integer >= 1"
+    if sixteen:
+        rule += " and a multiple of 16 (vLLM: 'Block size must be a multiple of 16.')"
+    if r.choices is None:
+        assert r.low is not None
+        steps_ok = r.step is not None and (not sixteen or (r.low % 16 == 0 and r.step % 16 == 0))
+        if allowed is not None or not steps_ok or r.low != int(r.low) or r.step != int(r.step or 0):
+            raise ConfigError(
+                f"--space block-size={r.describe()} is not accepted for vLLM {version}: each "
+                f"value must be {rule}; accepted: a comma list such as 16,32"
+                + (" or LOW..HIGH/STEP in multiples of 16" if allowed is None else "")
+            )
+        return
+    for value in r.choices:
+        if (allowed is not None and value not in allowed) or (sixteen and int(value) % 16):
+            raise ConfigError(
+                f"--space block-size value {_fmt(value)} is not accepted by vLLM {version} for "
+                f"{model.name}; accepted: {rule}"
             )
 
 
@@ -433,8 +488,20 @@ def clamp(r: Range, value: Choice) -> Choice:
     assert isinstance(value, int | float)
     v = min(max(float(value), r.low), r.high)
     if r.step:
-        v = r.low + round((v - r.low) / r.step) * r.step
+        v = on_step(r.low + round((v - r.low) / r.step) * r.step, r.step)
     return _num(r.knob, v)
+
+
+def step_decimals(step: float) -> int:
+    """The decimals a value on a grid of ``step`` needs: 2 for 0.01, 3 for 0.005, 0 for 16."""
+    exponent = decimal.Decimal(repr(float(step))).normalize().as_tuple().exponent
+    return max(0, -exponent) if isinstance(exponent, int) else 0
+
+
+def on_step(value: float, step: float | None) -> float:
+    """A value drawn on a grid of ``step`` written as the grid writes it (0.87, not
+    0.8700000000000001: low + k x step in binary floating point)."""
+    return value if not step else round(value, step_decimals(step))
 
 
 def _first(r: Range) -> Choice:

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.gpu_sampler import GpuSampler, GpuSummary, ProcessTree, make_source
+from tuner.gpu_sampler import GpuSampler, GpuSummary, ProcessTree, make_source, release_watch
 from tuner.load import (
     LOCAL_LOAD,
     LoadGenerators,
@@ -152,12 +152,15 @@ class LiveServer:
         self.generators = generators
         self.time_scale = launch.sim_time_scale if launch.backend is Backend.SIM else 1.0
         trial_dir.mkdir(parents=True, exist_ok=True)
-        self.server = ServerProcess(launch, registry=registry, log_path=trial_dir / "server.log")
         self.source_kind = (
             gpu_source
             if gpu_source != "auto"
             else ("sim" if launch.backend is Backend.SIM else "nvml")
         )
+        self.server = ServerProcess(
+            launch, registry=registry, log_path=trial_dir / "server.log",
+            memory_source=release_watch(self.source_kind),
+        )  # fmt: skip
         self.sampler = GpuSampler(
             make_source(self.source_kind, base_url=self.server.base_url),
             interval_s=gpu_sample_interval_s,

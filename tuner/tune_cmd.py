@@ -117,11 +117,21 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
+def _optuna_logs_through_ours() -> None:
+    """Optuna's records go where the tuner's go (the terminal's one-line handler and the
+    run's tune.log), not to a handler of its own printing tracebacks on the terminal."""
+    import optuna
+
+    optuna.logging.disable_default_handler()
+    optuna.logging.enable_propagation()
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
     from tuner.config import load_config
     from tuner.tune import run_tune
 
     config = load_config(args.config, overrides_of(args))
+    _optuna_logs_through_ours()
 
     def progress(line: str) -> None:
         print(line, flush=True)

@@ -15,6 +15,7 @@ from tuner.space import (
     SearchSpace,
     TrialParams,
     build_space,
+    clamp,
     parse_range,
     vllm_defaults,
 )
@@ -193,3 +194,44 @@ def test_vllm_defaults_lie_inside_the_space(gpu, version) -> None:  # type: igno
 def test_vllm_defaults_take_vllms_max_num_batched_tokens(gpu, batched) -> None:  # type: ignore[no-untyped-def]
     space = _space(gpu=gpu, extra=(Knob.MAX_NUM_BATCHED_TOKENS,))
     assert vllm_defaults(space, CURRENT, gpu).max_num_batched_tokens == batched
+
+
+@pytest.mark.parametrize("objective", ["goodput", "pareto"])
+def test_stepped_floats_are_stored_as_their_step_writes_them(objective: str) -> None:
+    """The study (and so the report and the recommended command lines) holds 0.87, not
+    0.8700000000000001, for a utilization drawn on a 0.01 grid, whichever sampler draws it."""
+    from tuner.sampling import Objective, make_sampler
+
+    space = SearchSpace(
+        ranges=(
+            parse_range(Knob.GPU_MEMORY_UTILIZATION, "0.80..0.97/0.01"),
+            parse_range(Knob.SWAP_SPACE, "0..2/0.005"),
+            parse_range(Knob.MAX_NUM_SEQS, "16..256"),
+        )
+    )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    chosen = Objective(objective)
+    study = optuna.create_study(
+        directions=chosen.directions, sampler=make_sampler(chosen, seed=1, n_trials=30)
+    )
+    study.enqueue_trial(space.to_optuna(space.grid()[7]))
+    drawn: set[float] = set()
+    for _ in range(30):
+        trial = study.ask()
+        point = space.suggest(trial)
+        assert point.gpu_memory_utilization == round(point.gpu_memory_utilization or 0, 2), point
+        assert point.swap_space_gib == round(point.swap_space_gib or 0, 3), point
+        value = (point.gpu_memory_utilization or 0) * (point.max_num_seqs or 0)
+        study.tell(trial, [value, 1.0] if objective == "pareto" else value)
+        drawn.add(point.gpu_memory_utilization or 0)
+    for trial in study.trials:
+        util = trial.params["gpu-memory-utilization"]
+        assert util == round(util, 2) and repr(util) == f"{util:.2f}".rstrip("0").rstrip("."), util
+        assert trial.params["swap-space"] == round(trial.params["swap-space"], 3)
+    assert len(drawn) > 10
+
+
+def test_grid_and_clamp_values_are_written_as_the_step_writes_them() -> None:
+    r = parse_range(Knob.GPU_MEMORY_UTILIZATION, "0.80..0.97/0.01")
+    assert all(repr(v) == f"{v:.2f}".rstrip("0").rstrip(".") for v in r.values())
+    assert clamp(r, 0.8712) == 0.87
