@@ -34,7 +34,7 @@ from tuner.load import plan_schedule
 from tuner.memory import Calibration
 from tuner.predict import Setup, max_rate
 from tuner.processes import ChildRegistry
-from tuner.rate_search import level_workload
+from tuner.rate_search import GoodputBound, goodput_text, level_workload
 from tuner.sampling import Objective, make_sampler
 from tuner.server import Backend
 from tuner.space import TrialParams, vllm_defaults
@@ -664,8 +664,20 @@ def fail_interrupted(study: Any, *, local: bool) -> int:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
             failed += 1
-            study.enqueue_trial(trial.params, user_attrs={"retried_from": trial.number})
+            retry_trial(study, trial)
     return failed
+
+
+def retry_trial(study: Any, trial: Any) -> None:
+    """Enqueue a cut-off trial again with its settings and its role, so that a resumed
+    study still measures what it was measuring (vLLM's defaults above all: the baseline
+    every recommendation is compared with)."""
+    attrs: dict[str, Any] = {"retried_from": trial.number}
+    if "role" in trial.user_attrs:
+        attrs["role"] = trial.user_attrs["role"]
+    # An enqueued trial cut off before its first suggestion has its settings here only.
+    params = trial.params or trial.system_attrs.get("fixed_params") or {}
+    study.enqueue_trial(params, user_attrs=attrs)
 
 
 class TrialLoop:
@@ -689,6 +701,7 @@ class TrialLoop:
         self.progress = progress
         self.trial_estimate_s = 0.0
         self._predicted: dict[str, float] = {}
+        self._current_trial: int | None = None
 
     # -- set-up shared by every worker --------------------------------------------------------
 
@@ -834,13 +847,31 @@ class TrialLoop:
                 )
                 return
             began = time.monotonic()
-            self.study.optimize(self._objective, n_trials=1, catch=())
+            try:
+                self.study.optimize(self._objective, n_trials=1, catch=())
+            except KeyboardInterrupt:  # SIGINT or SIGTERM: Optuna has failed the trial
+                self._retry_cut_off()
+                raise
             took = time.monotonic() - began
             self.trial_estimate_s = (
                 max(self.trial_estimate_s * 0.5, took) if self.trial_estimate_s else took
             )
 
+    def _retry_cut_off(self) -> None:
+        """The trial an interruption cut off runs again, with the same settings, on
+        ``--resume``: an interrupted trial measured nothing."""
+        from optuna.trial import TrialState
+
+        number = self._current_trial
+        if number is None:
+            return
+        trial = self.study.get_trials(deepcopy=False)[number]
+        if trial.state is TrialState.FAIL:
+            retry_trial(self.study, trial)
+            log.info("trial %d was interrupted; --resume runs it again", number)
+
     def _objective(self, trial: Any) -> float | tuple[float, float]:
+        self._current_trial = trial.number
         ctx = self.ctx
         params = ctx.space.suggest(trial)
         role = trial.user_attrs.get("role", ROLE_SEARCH)
@@ -916,12 +947,17 @@ class TrialLoop:
 
     def _line(self, number: int, ev: Evaluation) -> str:
         best = best_trial(self.study)
-        best_text = (
-            f"best {best.user_attrs['goodput']:.2f} req/s (#{best.number})" if best else "best -"
-        )
+        best_text = "best -"
+        if best is not None:
+            at_least = best.user_attrs.get("goodput_bound") == GoodputBound.LOWER_BOUND
+            goodput = f"{'>=' if at_least else ''}{best.user_attrs['goodput']:.2f}"
+            best_text = f"best {goodput} req/s (#{best.number})"
         left = max(0.0, self.deadline_s - time.monotonic())
         if ev.verdict is Verdict.MET:
-            what = f"goodput {ev.goodput:6.2f} req/s  p99 TTFT {ev.p99_ttft_ms or 0:,.0f} ms"
+            what = (
+                f"goodput {goodput_text(ev.goodput, ev.goodput_bound)}  "
+                f"p99 TTFT {ev.p99_ttft_ms or 0:,.0f} ms"
+            )
         elif ev.failure is not None:
             what = f"{ev.failure.kind.value}"
         else:
@@ -988,6 +1024,7 @@ def record(trial: Any, ev: Evaluation, *, role: str) -> None:
         "dir": ev.dir,
         "flags": ev.flags,
         "goodput": ev.goodput,
+        "goodput_bound": ev.goodput_bound.value,
         "throughput": ev.throughput,
         "rate_per_s": ev.rate_per_s,
         "failure_kind": ev.failure.kind.value if ev.failure else None,

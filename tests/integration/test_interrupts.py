@@ -106,6 +106,18 @@ def test_tune_interrupted(tmp_path: Path, sig: signal.Signals) -> None:
     assert (run_dir / "study.db").stat().st_size > 0
     assert list(run_dir.glob("trials/*/server.log"))
     assert _children(run_dir) == []
+    # The cut-off trial (vLLM's defaults, the baseline) waits to run again on --resume.
+    import optuna
+    from optuna.trial import TrialState
+
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{run_dir / 'study.db'}")
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    cut = study.trials[0]
+    assert cut.state is TrialState.FAIL
+    assert [(t.user_attrs.get("retried_from"), t.user_attrs.get("role")) for t in waiting] == [
+        (0, "vllm-default")
+    ]
+    assert waiting[0].system_attrs["fixed_params"] == cut.params
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
