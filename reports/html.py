@@ -50,6 +50,7 @@ from reports.run_data import (
 from tuner.edge import KnobEdge
 from tuner.errors import ReportError
 from tuner.evaluate import Evaluation, LevelSummary
+from tuner.rate_search import Goodput, GoodputUnit
 from tuner.recommend import HARNESS_VERSION, Latency, Measured, Recommendation, Variant
 from workloads.metrics import BucketLatency
 from workloads.spec import WorkloadSpec
@@ -186,6 +187,25 @@ def _change(
     return f"{rel:+.0%}", (rel > 0) == higher_is_better
 
 
+def _at_least(m: Measured | None, text: str = "≥") -> str:
+    """``text`` before a goodput that is only a lower bound (no measured rate broke)."""
+    return text if m is not None and m.goodput_bound.is_lower_bound else ""
+
+
+def _unit(data: RunData) -> GoodputUnit:
+    """The unit the run states goodput in: the workload's (requests/s when it is unreadable)."""
+    return (
+        GoodputUnit.of(data.workload) if data.workload is not None else GoodputUnit.REQUESTS_PER_S
+    )
+
+
+def _figures(g: Goodput) -> str:
+    """A goodput's other figures: "41.50 req/s, 9,800 output tok/s" (no req/s when that
+    is already its unit)."""
+    requests = [] if g.unit is GoodputUnit.REQUESTS_PER_S else [f"{g.requests_per_s:.2f} req/s"]
+    return ", ".join([*requests, f"{g.output_tokens_per_s:,.0f} output tok/s"])
+
+
 def _latency(lat: Latency | None, pct: str) -> float | None:
     return None if lat is None else getattr(lat, pct)
 
@@ -202,8 +222,9 @@ def _measured_of_eval(ev: Evaluation) -> Measured | None:
 
     return Measured(
         verdict=ev.verdict, goodput=ev.goodput, goodput_runs=[ev.goodput],
-        throughput=ev.throughput, ttft_ms=lat("ttft_ms"), itl_ms=lat("itl_ms"),
-        tpot_ms=lat("tpot_ms"), e2e_ms=lat("e2e_ms"),
+        goodput_bound=ev.goodput_bound, throughput=ev.throughput, ttft_ms=lat("ttft_ms"),
+        goodput_figures=ev.stated_goodput,
+        itl_ms=lat("itl_ms"), tpot_ms=lat("tpot_ms"), e2e_ms=lat("e2e_ms"),
         peak_used_bytes=ev.gpu.peak_used_bytes if ev.gpu else None,
         total_bytes=ev.gpu.total_bytes if ev.gpu else None,
         kv_cache_tokens=ev.startup.kv_cache_tokens if ev.startup else None, dir=ev.dir,
@@ -217,8 +238,24 @@ def _compare_rows(rec: Measured | None, default: Measured | None) -> list[Compar
         change, better = _change(r, d, higher)
         rows.append(CompareRow(label, fmt(r), fmt(d), change, better))
 
-    add("Goodput at the SLO (req/s)", rec.goodput if rec else None,
-        default.goodput if default else None, _num, True)  # fmt: skip
+    r_stated = rec.stated_goodput if rec else None
+    d_stated = default.stated_goodput if default else None
+    unit = (r_stated or d_stated or Goodput()).unit
+    r_arrivals = r_stated.arrival_rate_per_s if r_stated else None
+    d_arrivals = d_stated.arrival_rate_per_s if d_stated else None
+    rows.append(
+        CompareRow(f"Goodput at the SLO ({unit.label})", _at_least(rec) + _num(r_arrivals),
+                   _at_least(default) + _num(d_arrivals), *_change(r_arrivals, d_arrivals, True))
+    )  # fmt: skip
+    if unit is not GoodputUnit.REQUESTS_PER_S:
+        r_goodput, d_goodput = (
+            (rec.goodput if rec else None),
+            (default.goodput if default else None),
+        )
+        rows.append(
+            CompareRow("Goodput at the SLO (req/s)", _at_least(rec) + _num(r_goodput),
+                       _at_least(default) + _num(d_goodput), *_change(r_goodput, d_goodput, True))
+        )  # fmt: skip
     add("Output throughput (tokens/s)", rec.throughput if rec else None,
         default.throughput if default else None, lambda v: _num(v, 0), True)  # fmt: skip
     for name, label in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "End-to-end")):
@@ -270,7 +307,7 @@ def _variant_row(v: Variant) -> VariantRow:
         name=v.name,
         settings=[f"--{k} {_value(val)}" for k, val in v.flags.items()],
         offered=_num(m.offered_rate_per_s) if m else "–",
-        goodput=_num(m.goodput) if m else "not measured",
+        goodput=_at_least(m) + _num(m.stated_goodput.arrival_rate_per_s) if m else "not measured",
         p99_ttft=_ms(_latency(m.ttft_ms, "p99")) if m else "–",
         p99_e2e=_ms(_latency(m.e2e_ms, "p99")) if m else "–",
         peak=_gib(m.peak_used_bytes) if m else "–",
@@ -295,7 +332,9 @@ class TrialView:
     seqs: int | None
     block: int | None
     dtype: str
-    goodput: float | None
+    goodput: float | None  # in the workload's unit (conversations/s where it has sessions)
+    goodput_at_least: bool  # no measured rate broke the SLOs: goodput is a lower bound
+    goodput_requests: float | None  # the same goodput in requests/s
     throughput: float | None
     rate: float | None
     p99_ttft: float | None
@@ -317,7 +356,8 @@ def _trial_view(t: TrialRow, data: RunData, winner: int | None) -> TrialView:
             number=t.number, role=t.role, state=t.state, verdict="no evidence",
             verdict_color="#9e9e9e", failure_kind="", failure_message="", log_excerpt="",
             dropped_flags=[], settings=[], util=None, seqs=None, block=None, dtype="", goodput=None,
-            throughput=None, rate=None, p99_ttft=None, p99_itl=None, p99_e2e=None,
+            goodput_at_least=False, goodput_requests=None, throughput=None, rate=None, p99_ttft=None, p99_itl=None,
+            p99_e2e=None,
             peak_bytes=None, kv_tokens=None, startup_s=None, levels=0, violations=[],
             winner=t.number == winner, dir=str(t.dir.relative_to(data.run_dir)),
         )  # fmt: skip
@@ -336,7 +376,9 @@ def _trial_view(t: TrialRow, data: RunData, winner: int | None) -> TrialView:
         seqs=pred.max_num_seqs if pred else ev.params.max_num_seqs,
         block=pred.block_size if pred else ev.params.block_size,
         dtype=ev.params.kv_cache_dtype,
-        goodput=ev.goodput if ev.levels else None,
+        goodput=ev.stated_goodput.arrival_rate_per_s if ev.levels else None,
+        goodput_at_least=ev.goodput_bound.is_lower_bound,
+        goodput_requests=ev.goodput if ev.levels else None,
         throughput=ev.throughput if ev.levels else None, rate=ev.rate_per_s,
         p99_ttft=load.ttft_ms.p99 if load else None, p99_itl=load.itl_ms.p99 if load else None,
         p99_e2e=load.e2e_ms.p99 if load else None,
@@ -417,20 +459,52 @@ def _summary(data: RunData) -> dict[str, Any]:
     headroom_config = data.tune.config.capacity_headroom
     if rec is not None and rec.capacity is not None:
         c = rec.capacity
+        u = c.unit.label
+        peak = f"{c.target_peak_rate:g} {u}" + (
+            f" (about {c.peak_requests_per_s:,.0f} req/s)"
+            if c.unit is not GoodputUnit.REQUESTS_PER_S and c.peak_requests_per_s is not None
+            else ""
+        )
+        each = f"{c.goodput_per_replica:.2f} {u}" + (
+            f" ({_figures(c.goodput)})" if c.goodput else ""
+        )
         capacity = (
-            f"{c.replicas} replica(s) serve the target peak of {c.target_peak_rate:g} req/s: "
-            f"each holds {c.goodput_per_replica:.2f} req/s at the SLO and is planned to "
+            f"{c.replicas} replica(s) serve the target peak of {peak}: "
+            f"each holds {each} at the SLO and is planned to "
             f"{1 - c.headroom:.0%} of it ({c.headroom:.0%} headroom kept)."
         )
-        replicas_kpi = (str(c.replicas), f"for a peak of {c.target_peak_rate:g} req/s")
+        replicas_kpi = (str(c.replicas), f"for a peak of {c.target_peak_rate:g} {u}")
+        if c.replicas_is_upper_bound:
+            capacity = (
+                f"At most {c.replicas} replica(s) serve the target peak of "
+                f"{peak}: each holds at least "
+                f"{each} at the SLO (no rate measured broke it, "
+                f"so it may hold more and the peak need fewer) and is planned to "
+                f"{1 - c.headroom:.0%} of that ({c.headroom:.0%} headroom kept)."
+            )
+            replicas_kpi = (
+                f"at most {c.replicas}",
+                f"for a peak of {c.target_peak_rate:g} {u} (goodput is a lower bound)",
+            )
     elif rec_measured is not None and rec_measured.goodput > 0:
-        per = rec_measured.goodput * (1 - headroom_config)
+        g = rec_measured.stated_goodput
+        u = g.unit.label
+        per = g.arrival_rate_per_s * (1 - headroom_config)
+        lower = rec_measured.goodput_bound.is_lower_bound
         capacity = (
-            f"No target peak was given (--target-peak-rate). One replica holds "
-            f"{rec_measured.goodput:.2f} req/s at the SLO; keeping {headroom_config:.0%} headroom, "
-            f"plan one replica per {per:.2f} req/s of peak traffic."
+            f"No target peak was given (--target-peak-rate, in {u}). One replica holds "
+            f"{_at_least(rec_measured, 'at least ')}{g.arrival_rate_per_s:.2f} {u} "
+            f"({_figures(g)}) at the SLO"
+            + (" (no rate measured broke it)" if lower else "")
+            + f"; keeping {headroom_config:.0%} headroom, plan one replica per {per:.2f} {u} "
+            + "of peak traffic"
+            + (" (an upper bound on the replicas needed: each may hold more)." if lower else ".")
         )
-        replicas_kpi = (f"1 per {per:.1f} req/s", f"of peak traffic ({headroom_config:.0%} kept)")
+        replicas_kpi = (
+            f"1 per {per:.1f} {u}",
+            f"of peak traffic ({headroom_config:.0%} kept"
+            + ("; each may hold more)" if lower else ")"),
+        )
     else:
         capacity = "Not known: no settings met the SLOs."
         replicas_kpi = ("–", "no settings met the SLOs")
@@ -482,12 +556,19 @@ def _kpis(
 ) -> list[Kpi]:
     out: list[Kpi] = []
     if rec is not None:
-        change, better = _change(rec.goodput, default.goodput if default else None, True)
-        sub = "defaults not measured"
-        if default is not None:
-            sub = f"vLLM defaults {default.goodput:.2f}" + (f" ({change})" if change else "")
+        g = rec.stated_goodput
+        d = default.stated_goodput if default is not None else None
+        change, better = _change(g.arrival_rate_per_s, d.arrival_rate_per_s if d else None, True)
+        sub = _figures(g) + "; defaults not measured"
+        if d is not None:
+            sub = f"{_figures(g)}; vLLM defaults {_at_least(default)}{d.arrival_rate_per_s:.2f}" + (
+                f" ({change})" if change else ""
+            )
+        if rec.goodput_bound.is_lower_bound:
+            sub = "no rate measured broke the SLO; " + sub
+        value = f"{_at_least(rec, 'at least ')}{g.arrival_rate_per_s:.2f} {g.unit.label}"
         out.append(
-            Kpi("Goodput at the SLO", f"{rec.goodput:.2f} req/s", sub,
+            Kpi("Goodput at the SLO", value, sub,
                 "good" if better else ("bad" if better is False else ""))
         )  # fmt: skip
         p99 = _latency(rec.ttft_ms, "p99")
@@ -569,8 +650,9 @@ def _edge(data: RunData) -> dict[str, Any]:
 
 
 def _level_dirs(ev: Evaluation, base: Path) -> list[tuple[str, Path]]:
+    u = ev.stated_goodput.unit.label  # a level's rate is the workload's arrival rate
     return [
-        (f"level {i}: {lv.rate_per_s:.2f} req/s{' (met)' if lv.met else ''}", rebase(lv.dir, base))
+        (f"level {i}: {lv.rate_per_s:.2f} {u}{' (met)' if lv.met else ''}", rebase(lv.dir, base))
         for i, lv in enumerate(ev.levels)
     ]
 
@@ -624,7 +706,8 @@ def _latency_section(data: RunData) -> dict[str, Any]:
         if lat is None:
             notes.append(f"{label}: no request records in {rebase(level.dir, base).name}")
         else:
-            runs.append((f"{label} at {level.rate_per_s:.2f} req/s", color, lat))
+            u = ev.stated_goodput.unit.label
+            runs.append((f"{label} at {level.rate_per_s:.2f} {u}", color, lat))
         buckets.append((label, color, level.load.prompt_buckets))
 
     confirmed = data.confirm.get("recommended")
@@ -789,6 +872,7 @@ def _context(data: RunData) -> dict[str, Any]:
         },
         "missing": data.missing + ([f"study: {data.study_note}"] if data.study_note else []),
         "summary": _summary(data),
+        "unit": _unit(data).label,
         "edge": _edge(data),
         "tradeoffs": _figure(tr),
         "importances": _figure(imp),

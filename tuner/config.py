@@ -81,7 +81,9 @@ class TuneConfig(BaseModel):
     safety_margin: float = Field(default=0.02, ge=0, lt=0.5)  # utilization kept from the edge
     confirm: bool = True
     repeats: int = Field(default=1, ge=1)  # confirmation runs of the recommendation
-    target_peak_rate: float | None = Field(default=None, gt=0)  # requests/s the fleet must serve
+    target_peak_rate: float | None = Field(
+        default=None, gt=0
+    )  # the peak, in the workload's unit (conversations/s with sessions)
     capacity_headroom: float = Field(default=0.2, ge=0, lt=1)
     cache_volume: str = "pvc"
     # Measurement

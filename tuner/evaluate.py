@@ -15,13 +15,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.backlog import BacklogCheck
 from tuner.context import TuneContext
 from tuner.failures import StartupFailure
 from tuner.gpu_sampler import GpuSummary
 from tuner.load import plan_schedule, split_warmup
 from tuner.memory import MemoryPlan, plan
 from tuner.processes import ChildRegistry
-from tuner.rate_search import RateSearch, search_rate
+from tuner.rate_search import Goodput, GoodputBound, GoodputUnit, RateSearch, search_rate
 from tuner.server import Backend, LaunchSpec, StartupResult, TrialOutcome
 from tuner.space import TrialParams
 from tuner.trial import KvFill, LiveServer, Measurement
@@ -57,6 +58,12 @@ class LevelSummary(BaseModel):
     num_preemptions: int | None
     max_kv_cache_usage: float | None
     prefix_cache_hit_rate: float | None
+    backlog: BacklogCheck | None = None  # the backlog guard's trends (tuner.backlog)
+    stopped_by_backlog: bool = False
+
+    @property
+    def failed_by_backlog(self) -> bool:
+        return self.stopped_by_backlog or (self.backlog is not None and self.backlog.growing)
 
 
 class Evaluation(BaseModel):
@@ -76,8 +83,13 @@ class Evaluation(BaseModel):
     startup_s: float | None = None
     dropped_flags: list[str] = []
     goodput: float = 0.0  # requests/s at the best level meeting the SLOs
+    # BRACKETED: a higher rate broke; LOWER_BOUND: none did, the server holds at least this
+    goodput_bound: GoodputBound = GoodputBound.NONE
     rate_per_s: float | None = None  # the workload's arrival rate at that level
     throughput: float = 0.0  # output tokens/s at that level
+    # The same goodput stated whole: in the workload's unit, requests/s, output tokens/s
+    # (None in an evaluation.json written before it was: ``stated_goodput`` rebuilds it)
+    goodput_figures: Goodput | None = None
     best: LevelSummary | None = None
     levels: list[LevelSummary] = []
     gpu: GpuSummary | None = None
@@ -86,8 +98,30 @@ class Evaluation(BaseModel):
     time_scale: float = 1.0
 
     @property
+    def stated_goodput(self) -> Goodput:
+        """The goodput in the workload's unit and in requests/s and output tokens/s."""
+        if self.goodput_figures is not None:
+            return self.goodput_figures
+        return Goodput(
+            arrival_rate_per_s=self.goodput, unit=GoodputUnit.REQUESTS_PER_S,
+            requests_per_s=self.goodput, output_tokens_per_s=self.throughput,
+            bound=self.goodput_bound,
+        )  # fmt: skip
+
+    @property
     def p99_ttft_ms(self) -> float | None:
         return None if self.best is None else self.best.load.ttft_ms.p99
+
+    @property
+    def backlog_note(self) -> str | None:
+        """The lowest rate that failed by backlog, e.g. ``backlog: waiting +35 over 8 s at
+        6.00/s`` (None when none did)."""
+        failed = [s for s in self.levels if s.failed_by_backlog and s.backlog is not None]
+        if not failed:
+            return None
+        level = min(failed, key=lambda s: s.rate_per_s)
+        assert level.backlog is not None
+        return f"{level.backlog.summary()} at {level.rate_per_s:.2f}/s"
 
     def write(self) -> None:
         Path(self.dir, "evaluation.json").write_text(self.model_dump_json(indent=2), "utf-8")
@@ -184,6 +218,8 @@ def evaluate(
             )  # fmt: skip
     evaluation = _evaluation(ctx, params, out_dir, startup, search, live, kv_fill)
     evaluation.write()
+    if evaluation.backlog_note:
+        log.info("%s: %s", out_dir, evaluation.backlog_note)
     return evaluation
 
 
@@ -226,8 +262,12 @@ def _evaluation(
         startup_s=startup.ready_s,
         dropped_flags=startup.dropped_flags,
         goodput=search.goodput if search else 0.0,
+        goodput_bound=search.bound if search else GoodputBound.NONE,
         rate_per_s=search.best.rate_per_s if search and search.best else None,
         throughput=search.throughput if search else 0.0,
+        goodput_figures=search.goodput_of(ctx.workload)
+        if search
+        else Goodput(unit=GoodputUnit.of(ctx.workload)),
         best=best,
         levels=levels,
         gpu=live.gpu,
@@ -250,4 +290,6 @@ def _summary(rate: float, met: bool, m: Measurement) -> LevelSummary:
         num_preemptions=m.server.num_preemptions if m.server else None,
         max_kv_cache_usage=m.server.max_kv_cache_usage if m.server else None,
         prefix_cache_hit_rate=m.server.prefix_cache_hit_rate if m.server else None,
+        backlog=m.backlog,
+        stopped_by_backlog=m.stopped_by_backlog,
     )

@@ -1,27 +1,134 @@
 """Goodput of one server: the highest request rate at which the workload's SLOs hold.
 
-On a live server (``trial.LiveServer``) the workload is sent at a first rate, then
-at higher rates while the SLOs hold or lower ones once they break (bracketing by
-``growth``), then at the geometric middle of the bracket until it is narrower than
-``precision`` or the level budget is spent. A level whose SLO is already clearly
-broken stops early (``trial.StopRule``). Every level keeps its own directory with
-the load run's evidence.
+On a live server (``trial.LiveServer``) the workload is sent at a first rate, then:
+
+* while every rate held, at a higher one, by a step the last level's evidence sets
+  (``climb_step``): up to x2 while the latencies are far below their limits and the
+  KV cache far from full, down to ``growth`` as they come close (or once the engine
+  preempts);
+* while every rate broke, at a lower one, by a step how far the lowest one missed
+  sets (``descent_step``: its percentiles past their limits, the share of its requests
+  that failed): x1/2 when it missed by far or stopped early, down to 1/``growth`` when
+  it barely missed (a first rate the twin placed just above the edge);
+* once a rate held and a higher one broke, at the geometric middle of that bracket,
+  until it is narrower than ``precision`` or the level budget is spent.
+
+A level whose SLO is already clearly broken stops early (``trial.StopRule``). A level
+that builds a backlog (its queue, KV usage or TTFT trends up through its window,
+``tuner.backlog``) is a miss whatever its percentiles say, and stops early once its
+queue clearly grows (``trial.BacklogStopRule``). Every level keeps its own directory with the load run's evidence.
 
 Rates are the workload's arrival rate (requests/s, or sessions/s for a multi-turn
-workload); ``goodput`` is the request rate the best level offered, as measured.
+workload); ``goodput`` is the request rate the best level offered, as measured, and
+``goodput_of`` states it whole (``Goodput``): in the workload's own unit (conversations/s
+where it has sessions), in requests/s and in output tokens/s. It is
+the goodput only when a higher rate broke (``GoodputBound.BRACKETED``); a search that
+never found a breaking rate within its budget knows only that the server holds at
+least that much (``GoodputBound.LOWER_BOUND``).
 """
 
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from tuner.load import plan_schedule, split_warmup
-from tuner.server import TrialOutcome
-from tuner.trial import LiveServer, Measurement, StopRule
-from workloads.spec import SloMetric, WarmupSpec, WorkloadSpec
+from tuner.server import LaunchSpec, TrialOutcome
+from tuner.trial import (
+    AnyStop,
+    BacklogStopRule,
+    Measurement,
+    StopFactory,
+    StopRule,
+    loosest_ttft_ms,
+)
+from workloads.schedule import ScheduledRequest
+from workloads.spec import SessionStart, SloMetric, WarmupSpec, WorkloadSpec
+from workloads.stationary import TURN_MIX_FILE, turn_mix, write_turn_mix
+
+MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
+
+
+class GoodputBound(StrEnum):
+    """What a search's goodput is: the goodput, or only a lower bound on it."""
+
+    BRACKETED = "bracketed"  # a rate above the best one that held broke the SLOs (or the engine)
+    LOWER_BOUND = "lower_bound"  # no measured rate broke: the server holds at least this
+    NONE = "none"  # no level met the SLOs
+
+    @property
+    def is_lower_bound(self) -> bool:
+        return self is GoodputBound.LOWER_BOUND
+
+
+class GoodputUnit(StrEnum):
+    """The unit of a workload's arrival rate, the unit its goodput and peak are stated in."""
+
+    CONVERSATIONS_PER_S = "conversations_per_s"  # a multi-turn workload: new sessions/s
+    REQUESTS_PER_S = "requests_per_s"
+
+    @property
+    def label(self) -> str:
+        return "conversations/s" if self is GoodputUnit.CONVERSATIONS_PER_S else "req/s"
+
+    @classmethod
+    def of(cls, spec: WorkloadSpec) -> GoodputUnit:
+        """Conversations/s for an open-loop workload with sessions, else requests/s (a
+        closed-loop one has no arrival rate of its own: its requests are what it sends)."""
+        if spec.sessions is not None and spec.mean_rate_per_s is not None:
+            return cls.CONVERSATIONS_PER_S
+        return cls.REQUESTS_PER_S
+
+
+class Goodput(BaseModel):
+    """A goodput, stated whole: the arrival rate in the workload's own unit at the best
+    level that met the SLOs, what that level offered in requests/s (the figure the
+    sampler and the regression gate compare) and its output tokens/s, and whether it is
+    the goodput or only a lower bound on it. Zero everywhere when no level met the SLOs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    arrival_rate_per_s: float = 0.0  # in ``unit``
+    unit: GoodputUnit = GoodputUnit.REQUESTS_PER_S
+    requests_per_s: float = 0.0
+    output_tokens_per_s: float = 0.0
+    bound: GoodputBound = GoodputBound.NONE
+
+    def text(self) -> str:
+        """As every printer says it: "12.00 conversations/s (41.50 req/s, 9,800 output
+        tok/s)", "41.50 req/s (9,800 output tok/s)" for a single-turn workload, "at least
+        ..., no breaking rate found" when no rate above it broke."""
+        figures = [f"{self.arrival_rate_per_s:.2f} {self.unit.label}"]
+        if self.unit is not GoodputUnit.REQUESTS_PER_S:
+            figures.append(f"{self.requests_per_s:.2f} req/s")
+        tokens = f"{self.output_tokens_per_s:,.0f} output tok/s"
+        text = f"{figures[0]} ({', '.join([*figures[1:], tokens])})"
+        if self.bound.is_lower_bound:
+            return f"at least {text}, no breaking rate found"
+        return text
+
+    @classmethod
+    def mean(cls, goodputs: list[Goodput]) -> Goodput:
+        """The mean over repeats (a lower bound when any repeat's was one)."""
+        if not goodputs:
+            return cls()
+        bounds = {g.bound for g in goodputs}
+        bound = next(
+            (b for b in (GoodputBound.LOWER_BOUND, GoodputBound.BRACKETED) if b in bounds),
+            GoodputBound.NONE,
+        )
+        n = len(goodputs)
+        return cls(
+            arrival_rate_per_s=sum(g.arrival_rate_per_s for g in goodputs) / n,
+            unit=goodputs[-1].unit,
+            requests_per_s=sum(g.requests_per_s for g in goodputs) / n,
+            output_tokens_per_s=sum(g.output_tokens_per_s for g in goodputs) / n,
+            bound=bound,
+        )
 
 
 class Level(BaseModel):
@@ -55,11 +162,48 @@ class RateSearch(BaseModel):
     def throughput(self) -> float:
         return 0.0 if self.best is None else self.best.measurement.load.output_token_throughput
 
+    def goodput_of(self, spec: WorkloadSpec) -> Goodput:
+        """The goodput in ``spec``'s unit: for sessions the best level's arrival rate (the
+        records hold requests, not sessions, so the sessions/s the level was sent at),
+        else the requests/s it offered, as measured."""
+        unit = GoodputUnit.of(spec)
+        if self.best is None:
+            return Goodput(unit=unit)
+        requests = self.goodput
+        arrivals = self.best.rate_per_s if unit is GoodputUnit.CONVERSATIONS_PER_S else requests
+        return Goodput(
+            arrival_rate_per_s=arrivals, unit=unit, requests_per_s=requests,
+            output_tokens_per_s=self.throughput, bound=self.bound,
+        )  # fmt: skip
+
+    @property
+    def bound(self) -> GoodputBound:
+        """BRACKETED when a level above the best one broke, LOWER_BOUND when none did."""
+        best = self.best
+        if best is None:
+            return GoodputBound.NONE
+        broke_above = any(not lv.met and lv.rate_per_s > best.rate_per_s for lv in self.levels)
+        return GoodputBound.BRACKETED if broke_above else GoodputBound.LOWER_BOUND
+
+
+def goodput_text(goodput: float, bound: GoodputBound, unit: str = "req/s") -> str:
+    """A goodput as the terminal says it: "12.50 req/s", or "at least 12.50 req/s (no
+    breaking rate found)" when the search found no rate above it that broke."""
+    if bound.is_lower_bound:
+        return f"at least {goodput:.2f} {unit} (no breaking rate found)"
+    return f"{goodput:.2f} {unit}"
+
 
 def level_workload(spec: WorkloadSpec, rate_per_s: float | None, duration_s: float) -> WorkloadSpec:
-    """The workload at one level: its shape at ``rate_per_s``, a window of ``duration_s``, no warm-up."""
+    """The workload at one level: its shape at ``rate_per_s``, a window of ``duration_s``, no
+    warm-up; with sessions, opening on the conversations already under way at that rate
+    (``sessions.start: stationary``, unless the spec sets ``start`` itself)."""
     level = spec if rate_per_s is None else spec.with_rate(rate_per_s)
-    return level.model_copy(update={"duration_s": duration_s, "warmup": WarmupSpec()})
+    update: dict[str, object] = {"duration_s": duration_s, "warmup": WarmupSpec()}
+    sessions = level.sessions
+    if sessions is not None and "start" not in sessions.model_fields_set:
+        update["sessions"] = sessions.model_copy(update={"start": SessionStart.STATIONARY})
+    return level.model_copy(update=update)
 
 
 def stop_rule(spec: WorkloadSpec, expected_requests: int, time_scale: float) -> StopRule | None:
@@ -81,8 +225,90 @@ def drain_s(spec: WorkloadSpec) -> float:
     return max(4.0, 1.5 * max(ttft, default=0.0) / 1000.0)
 
 
+def level_met(m: Measurement) -> bool:
+    """The SLOs held over the whole window, the engine lived, and no backlog built up."""
+    backlog = m.stopped_by_backlog or (m.backlog is not None and m.backlog.growing)
+    return m.slo.met and not m.stopped_early and not backlog and m.outcome is TrialOutcome.READY
+
+
+def bracket(levels: list[Level]) -> tuple[Level | None, Level | None]:
+    """The best level that held, and the lowest level above it that broke (or killed the
+    engine); with no level held, the lowest level that broke."""
+    low = max((lv for lv in levels if lv.met), key=lambda lv: lv.rate_per_s, default=None)
+    broke = (lv for lv in levels if not lv.met and (low is None or lv.rate_per_s > low.rate_per_s))
+    return low, min(broke, key=lambda lv: lv.rate_per_s, default=None)
+
+
+def _shares(spec: WorkloadSpec, m: Measurement) -> list[float]:
+    """Each SLO objective's measured percentile as a share of its limit (1: at the limit)."""
+    shares = []
+    for objective in spec.slo.objectives():
+        percentiles = getattr(m.load, f"{objective.metric.value}_ms")
+        value = getattr(percentiles, f"p{objective.percentile}")
+        if value is not None and value > 0:
+            shares.append(value / objective.limit_ms)
+    return shares
+
+
+def climb_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
+    """The factor from a level that held to the next rate while none has broken: what its
+    evidence allows, between ``growth`` and ``max(MAX_STEP, growth)``.
+
+    * an SLO percentile at a share f of its limit allows 1/sqrt(f) (x2 at a quarter of
+      the limit, x1.41 at half, ``growth`` past about three quarters): latency stays flat
+      below the knee and climbs steeply near it, so its headroom is read cautiously;
+    * a peak KV-cache usage u allows 1/u: below the knee the cache holds about rate x
+      time in flight, linear in the rate;
+    * a level that preempted is at the edge of its memory: ``growth``.
+    """
+    top = max(MAX_STEP, growth)
+    server = m.server
+    if server is not None and server.num_preemptions > 0:
+        return growth
+    allowed = min([top, *(1.0 / math.sqrt(share) for share in _shares(spec, m))])
+    if server is not None and server.max_kv_cache_usage:
+        allowed = min(allowed, 1.0 / server.max_kv_cache_usage)
+    return min(top, max(growth, allowed))
+
+
+def descent_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
+    """The factor down from a level that broke while none has held, between ``growth``
+    (it barely missed) and ``max(MAX_STEP, growth)`` (halving):
+
+    * sqrt of how far its worst percentile went past its limit (x1/2 at four times it);
+    * 1/(1 - e) when a share e of its requests failed: an overloaded server serves about
+      its capacity and the excess queues until it times out, so capacity ~ rate x (1 - e);
+    * halving when the level stopped early: how far it would have missed is unknown.
+    """
+    top = max(MAX_STEP, growth)
+    if m.stopped_early:
+        return top
+    load = m.load
+    failed = load.num_errors / load.num_requests if load.num_requests else 0.0
+    needed = [math.sqrt(share) for share in _shares(spec, m)]
+    needed.append(1.0 / (1.0 - failed) if failed < 1.0 else top)
+    return min(top, max(growth, *needed))
+
+
+class LevelServer(Protocol):
+    """What the search measures on: ``trial.LiveServer``, or a stand-in in tests."""
+
+    launch: LaunchSpec
+    time_scale: float
+
+    def measure(
+        self,
+        workload: WorkloadSpec,
+        schedule: list[ScheduledRequest],
+        *,
+        out_dir: Path,
+        stop_when: StopFactory | None = None,
+        drain_s: float | None = None,
+    ) -> Measurement: ...
+
+
 def search_rate(
-    live: LiveServer,
+    live: LevelServer,
     spec: WorkloadSpec,
     *,
     start_rate_per_s: float | None,
@@ -93,10 +319,12 @@ def search_rate(
     precision: float = 0.15,
     model_dir: Path | None = None,
 ) -> RateSearch:
-    """Measure levels on a READY server until the goodput is bracketed to ``precision``."""
+    """Measure levels on a READY server until the goodput is bracketed to ``precision``
+    or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
+
+    ``growth`` is the smallest step from one level to the next (``climb_step`` up from
+    a level that held, ``descent_step`` down from a first one that broke: at most x2)."""
     levels: list[Level] = []
-    low: Level | None = None
-    high: float | None = None
     closed = spec.mean_rate_per_s is None
     rate: float | None = None if closed else (start_rate_per_s or spec.mean_rate_per_s)
     died = False
@@ -108,29 +336,36 @@ def search_rate(
             )
         )
         rule = stop_rule(level_spec, len(schedule), live.time_scale)
+        backlog = BacklogStopRule(
+            level_duration_s, time_scale=live.time_scale, ttft_limit_ms=loosest_ttft_ms(level_spec)
+        )
         m = live.measure(
-            level_spec, schedule, out_dir=out_dir / f"level-{index}", stop_when=rule,
-            drain_s=drain_s(level_spec),
+            level_spec, schedule, out_dir=out_dir / f"level-{index}",
+            stop_when=AnyStop(rule, backlog), drain_s=drain_s(level_spec),
         )  # fmt: skip
-        met = m.slo.met and not m.stopped_early and m.outcome is TrialOutcome.READY
+        if level_spec.sessions is not None:  # the turns the window held, against stationary
+            mix = turn_mix(schedule, level_spec.sessions)
+            write_turn_mix(out_dir / f"level-{index}" / TURN_MIX_FILE, mix)
+        met = level_met(m)
         level = Level(index=index, rate_per_s=rate or 0.0, met=met, measurement=m)
         levels.append(level)
         if m.outcome is not TrialOutcome.READY:
             died = True
             break
         if rate is None:
-            low = level if met else None
             break
-        if met:
-            low = level if low is None or rate > low.rate_per_s else low
-        else:
-            high = rate if high is None else min(high, rate)
-        if high is None:
-            rate *= growth
-        elif low is None:
-            rate /= growth
-        elif high / low.rate_per_s <= 1.0 + precision:
+        low, high = bracket(levels)
+        if low is None:  # every rate so far broke: down by how far the lowest missed
+            assert high is not None
+            rate = high.rate_per_s / descent_step(spec, high.measurement, growth)
+        elif high is None:  # every rate so far held: up by what the best one allows
+            rate = low.rate_per_s * climb_step(spec, low.measurement, growth)
+        elif high.rate_per_s / low.rate_per_s <= 1.0 + precision:
             break
         else:
-            rate = math.sqrt(low.rate_per_s * high)
-    return RateSearch(levels=tuple(levels), best=low, broken_rate_per_s=high, died=died)
+            rate = math.sqrt(low.rate_per_s * high.rate_per_s)
+    low, high = bracket(levels)
+    return RateSearch(
+        levels=tuple(levels), best=low, broken_rate_per_s=high.rate_per_s if high else None,
+        died=died,
+    )  # fmt: skip

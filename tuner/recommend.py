@@ -30,6 +30,7 @@ from tuner.edge import EdgeResult
 from tuner.evaluate import Evaluation, Verdict, evaluate
 from tuner.memory import Calibration
 from tuner.processes import ChildRegistry
+from tuner.rate_search import Goodput, GoodputBound, GoodputUnit
 from tuner.space import Knob, TrialParams, clamp
 
 HARNESS_VERSION = "0.1.0"
@@ -51,9 +52,13 @@ class Measured(BaseModel):
     verdict: Verdict
     goodput: float  # requests/s at the highest rate meeting the SLOs (mean over repeats)
     goodput_runs: list[float]  # each repeat's goodput, for the run-to-run noise
+    # LOWER_BOUND when a run found no breaking rate: the variant holds at least goodput
+    goodput_bound: GoodputBound = GoodputBound.NONE
     rate_per_s: float | None = None  # the offered rate goodput was measured at (last run)
     rates_per_s: list[float] = []  # every offered rate the last run measured
     throughput: float  # output tokens/s there
+    # goodput stated whole (mean over repeats): the workload's unit, req/s, output tok/s
+    goodput_figures: Goodput | None = None
     ttft_ms: Latency | None  # at rate_per_s; at the last rate measured when none met the SLOs
     itl_ms: Latency | None
     tpot_ms: Latency | None
@@ -68,6 +73,17 @@ class Measured(BaseModel):
         """The offered rate behind goodput and the latencies: rate_per_s, or the last rate
         measured when none met the SLOs (None when nothing was measured)."""
         return self.rate_per_s or (self.rates_per_s[-1] if self.rates_per_s else None)
+
+    @property
+    def stated_goodput(self) -> Goodput:
+        """The goodput in the workload's unit and in requests/s and output tokens/s (from
+        the requests/s figures alone in a recommendation.json written before units were)."""
+        if self.goodput_figures is not None:
+            return self.goodput_figures
+        return Goodput(
+            arrival_rate_per_s=self.goodput, requests_per_s=self.goodput,
+            output_tokens_per_s=self.throughput, bound=self.goodput_bound,
+        )  # fmt: skip
 
     @property
     def goodput_spread(self) -> float:
@@ -91,12 +107,35 @@ class Variant(BaseModel):
 
 
 class Capacity(BaseModel):
+    """Replicas for the target peak. The peak and ``goodput_per_replica`` are in the
+    workload's own unit (``unit``: conversations/s where it has sessions, else requests/s).
+    From a goodput that is only a lower bound (no rate broke the SLOs), ``replicas`` is an
+    upper bound: the peak may need fewer."""
+
     model_config = ConfigDict(frozen=True)
 
-    target_peak_rate: float
+    target_peak_rate: float  # in ``unit``
     headroom: float
-    goodput_per_replica: float
+    goodput_per_replica: float  # in ``unit``
     replicas: int
+    replicas_is_upper_bound: bool = False
+    unit: GoodputUnit = GoodputUnit.REQUESTS_PER_S
+    goodput: Goodput | None = None  # one replica's goodput stated whole
+    peak_requests_per_s: float | None = None  # the peak in requests/s, at the measured ratio
+
+    def text(self) -> str:
+        """E.g. "3 replica(s) for a peak of 120 conversations/s (about 415 req/s), 20%
+        headroom"; "at most ..." when goodput is a lower bound."""
+        at_most = "at most " if self.replicas_is_upper_bound else ""
+        requests = (
+            f" (about {self.peak_requests_per_s:,.0f} req/s)"
+            if self.peak_requests_per_s is not None and self.unit is not GoodputUnit.REQUESTS_PER_S
+            else ""
+        )
+        return (
+            f"{at_most}{self.replicas} replica(s) for a peak of {self.target_peak_rate:g} "
+            f"{self.unit.label}{requests}, {self.headroom:.0%} headroom"
+        )
 
 
 class Recommendation(BaseModel):
@@ -205,9 +244,11 @@ def measured_of(runs: list[Evaluation]) -> Measured:
 
     goodputs = [r.goodput for r in runs]
     return Measured(
+        goodput_figures=Goodput.mean([r.stated_goodput for r in runs]),
         verdict=last.verdict,
         goodput=statistics.fmean(goodputs),
         goodput_runs=goodputs,
+        goodput_bound=combined_bound([r.goodput_bound for r in runs]),
         rate_per_s=last.rate_per_s,
         rates_per_s=[level.rate_per_s for level in last.levels],
         throughput=statistics.fmean(r.throughput for r in runs),
@@ -220,6 +261,14 @@ def measured_of(runs: list[Evaluation]) -> Measured:
         kv_cache_tokens=last.startup.kv_cache_tokens if last.startup else None,
         dir=last.dir,
     )
+
+
+def combined_bound(bounds: list[GoodputBound]) -> GoodputBound:
+    """What a mean over repeats is: a lower bound when any run's goodput was one."""
+    for bound in (GoodputBound.LOWER_BOUND, GoodputBound.BRACKETED):
+        if bound in bounds:
+            return bound
+    return GoodputBound.NONE
 
 
 def confirm(
@@ -271,16 +320,24 @@ def make_variant(
     )
 
 
-def capacity(ctx: TuneContext, goodput: float) -> Capacity | None:
+def capacity(ctx: TuneContext, goodput: Goodput) -> Capacity | None:
+    """Replicas for the configured peak (in the workload's unit, as ``goodput``'s arrival
+    rate) at ``goodput`` per replica less the headroom (an upper bound on replicas when
+    goodput is a lower bound)."""
     target = ctx.config.target_peak_rate
-    if target is None or goodput <= 0:
+    per_replica = goodput.arrival_rate_per_s
+    if target is None or per_replica <= 0:
         return None
-    usable = goodput * (1.0 - ctx.config.capacity_headroom)
+    usable = per_replica * (1.0 - ctx.config.capacity_headroom)
     return Capacity(
         target_peak_rate=target,
         headroom=ctx.config.capacity_headroom,
-        goodput_per_replica=goodput,
+        goodput_per_replica=per_replica,
         replicas=max(1, math.ceil(target / usable)),
+        replicas_is_upper_bound=goodput.bound.is_lower_bound,
+        unit=goodput.unit,
+        goodput=goodput,
+        peak_requests_per_s=target * goodput.requests_per_s / per_replica,
     )
 
 
@@ -332,10 +389,11 @@ def recommend(
             if name == "recommended":
                 held_rate = measured.rate_per_s
             at = measured.offered_rate_per_s
+            unit = measured.stated_goodput.unit.label
             progress(
                 f"confirm     {name:<13} {params.short():<52} {measured.verdict.value:<12} "
-                f"goodput {measured.goodput:.2f} req/s"
-                + (f" at {at:.2f} req/s offered" if at else "")
+                f"goodput {measured.stated_goodput.text()}"
+                + (f" at {at:.2f} {unit} offered" if at else "")
             )
         variants.append(make_variant(ctx, name, params, measured, edge))
     default_variant = (
@@ -345,9 +403,9 @@ def recommend(
     )
     recommended = variants[0]
     goodput = (
-        recommended.measured.goodput
+        recommended.measured.stated_goodput
         if recommended.measured and recommended.measured.goodput > 0
-        else best.goodput
+        else best.stated_goodput
     )
     flags_hash = config_hash(ctx, recommended.flags)
     rec = Recommendation(

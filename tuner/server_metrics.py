@@ -76,17 +76,25 @@ class ServerCounters(BaseModel):
 
 class KvUsageWatcher:
     """Polls /metrics during a run: the peak KV-cache usage (vLLM exposes only the current
-    value) and a timeline of usage, running and waiting requests and preemptions."""
+    value) and a timeline of usage, running and waiting requests and preemptions.
 
-    def __init__(self, base_url: str, interval_s: float = 0.5) -> None:
+    With ``csv_path`` each sample is also appended to that CSV as it is taken, so a rule
+    that reads the run's directory (``trial.BacklogStopRule``) sees the timeline so far."""
+
+    def __init__(
+        self, base_url: str, interval_s: float = 0.5, *, csv_path: Path | None = None
+    ) -> None:
         self.base_url = base_url
         self.interval_s = interval_s
+        self.csv_path = csv_path
         self.peak: float | None = None
         self.samples: list[MetricsSample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kv-usage", daemon=True)
 
     def start(self) -> KvUsageWatcher:
+        if self.csv_path is not None:
+            self.write_csv(self.csv_path)  # the header: samples are appended as they come
         self._thread.start()
         return self
 
@@ -95,6 +103,10 @@ class KvUsageWatcher:
         self._thread.join(timeout=5)
         self._poll()
         return self.peak
+
+    def snapshot(self) -> list[MetricsSample]:
+        """The samples so far (safe while the watcher still polls)."""
+        return list(self.samples)
 
     def write_csv(self, path: Path) -> None:
         """The timeline as CSV: unix_s, kv_cache_usage, running, waiting, preemptions_total."""
@@ -111,19 +123,43 @@ class KvUsageWatcher:
         if usage is None:
             return
         self.peak = usage if self.peak is None else max(self.peak, usage)
-        self.samples.append(
-            MetricsSample(
-                unix_s=time.time(),
-                kv_cache_usage=usage,
-                running=values.get("vllm:num_requests_running"),
-                waiting=values.get("vllm:num_requests_waiting"),
-                preemptions_total=values.get(COUNTERS["num_preemptions"]),
-            )
+        sample = MetricsSample(
+            unix_s=time.time(),
+            kv_cache_usage=usage,
+            running=values.get("vllm:num_requests_running"),
+            waiting=values.get("vllm:num_requests_waiting"),
+            preemptions_total=values.get(COUNTERS["num_preemptions"]),
         )
+        self.samples.append(sample)
+        if self.csv_path is not None:
+            try:
+                with self.csv_path.open("a", encoding="utf-8", newline="") as out:
+                    csv.writer(out).writerow(sample.row())
+            except OSError:  # the timeline in memory is still whole; write_csv writes it
+                pass
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._poll()
+
+
+def read_metrics_csv(path: Path) -> list[MetricsSample]:
+    """A timeline written by ``KvUsageWatcher.write_csv`` (empty cells are None)."""
+
+    def value(cell: str) -> float | None:
+        return float(cell) if cell else None
+
+    with path.open(encoding="utf-8", newline="") as fh:
+        return [
+            MetricsSample(
+                unix_s=float(row["unix_s"]),
+                kv_cache_usage=float(row["kv_cache_usage"]),
+                running=value(row["running"]),
+                waiting=value(row["waiting"]),
+                preemptions_total=value(row["preemptions_total"]),
+            )
+            for row in csv.DictReader(fh)
+        ]
 
 
 @dataclass(frozen=True)

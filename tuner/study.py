@@ -34,7 +34,7 @@ from tuner.load import plan_schedule
 from tuner.memory import Calibration
 from tuner.predict import Setup, max_rate
 from tuner.processes import ChildRegistry
-from tuner.rate_search import GoodputBound, goodput_text, level_workload
+from tuner.rate_search import GoodputBound, GoodputUnit, level_workload
 from tuner.sampling import Objective, make_sampler
 from tuner.server import Backend
 from tuner.space import TrialParams, vllm_defaults
@@ -950,22 +950,30 @@ class TrialLoop:
         best_text = "best -"
         if best is not None:
             at_least = best.user_attrs.get("goodput_bound") == GoodputBound.LOWER_BOUND
-            goodput = f"{'>=' if at_least else ''}{best.user_attrs['goodput']:.2f}"
-            best_text = f"best {goodput} req/s (#{best.number})"
+            arrivals = best.user_attrs.get("goodput_arrival_rate_per_s", best.user_attrs["goodput"])
+            unit = _unit_of(best.user_attrs.get("goodput_unit"))
+            best_text = (
+                f"best {'>=' if at_least else ''}{arrivals:.2f} {unit.label} (#{best.number})"
+            )
         left = max(0.0, self.deadline_s - time.monotonic())
         if ev.verdict is Verdict.MET:
-            what = (
-                f"goodput {goodput_text(ev.goodput, ev.goodput_bound)}  "
-                f"p99 TTFT {ev.p99_ttft_ms or 0:,.0f} ms"
-            )
+            what = f"goodput {ev.stated_goodput.text()}  p99 TTFT {ev.p99_ttft_ms or 0:,.0f} ms"
         elif ev.failure is not None:
             what = f"{ev.failure.kind.value}"
         else:
-            what = "SLO missed at every rate"
+            what = ev.backlog_note or "SLO missed at every rate"
         return (
             f"trial {number:>3}  {ev.params.short():<52} {ev.verdict.value:<14} {what:<44} "
             f"{best_text}  {left / 60:4.1f} min left"
         )
+
+
+def _unit_of(value: object) -> GoodputUnit:
+    """A recorded goodput unit (requests/s when recorded before units were)."""
+    try:
+        return GoodputUnit(str(value))
+    except ValueError:
+        return GoodputUnit.REQUESTS_PER_S
 
 
 def fail_stale(study: Any) -> None:
@@ -1026,6 +1034,10 @@ def record(trial: Any, ev: Evaluation, *, role: str) -> None:
         "goodput": ev.goodput,
         "goodput_bound": ev.goodput_bound.value,
         "throughput": ev.throughput,
+        # the goodput in the workload's own unit (conversations/s where it has sessions);
+        # "goodput" above stays requests/s, what the sampler and best_trial compare
+        "goodput_unit": ev.stated_goodput.unit.value,
+        "goodput_arrival_rate_per_s": ev.stated_goodput.arrival_rate_per_s,
         "rate_per_s": ev.rate_per_s,
         "failure_kind": ev.failure.kind.value if ev.failure else None,
         "failure_message": ev.failure.message[:300] if ev.failure else None,

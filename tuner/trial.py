@@ -8,7 +8,8 @@ without rerunning anything:
     <trial dir>/kv-fill/        warm-up by KV-cache fill, when the workload asks for it
     <trial dir>/warmup/         the warm-up load run (schedule, records, Locust log)
     <trial dir>/load/           the measured load run (schedule.jsonl, requests.jsonl,
-                                locust.log, metrics.csv: /metrics over the run)
+                                locust.log, metrics.csv: /metrics over the run,
+                                backlog.json: the backlog guard's verdict, ``tuner.backlog``)
     <trial dir>/result.json     the TrialResult
 
 ``LiveServer`` holds a launched server with its GPU sampler for as long as a
@@ -32,6 +33,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.backlog import BacklogCheck, check_backlog, clearly_growing
 from tuner.gpu_sampler import GpuSampler, GpuSummary, ProcessTree, make_source, release_watch
 from tuner.load import (
     LOCAL_LOAD,
@@ -44,10 +46,16 @@ from tuner.load import (
 )
 from tuner.processes import ChildRegistry
 from tuner.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
-from tuner.server_metrics import KvUsageWatcher, ServerCounters, scrape
+from tuner.server_metrics import KvUsageWatcher, ServerCounters, read_metrics_csv, scrape
 from workloads.metrics import LoadResult
-from workloads.schedule import RequestRecord, ScheduledRequest, sample_streams
-from workloads.spec import WarmupSpec, WorkloadSpec
+from workloads.schedule import (
+    RequestRecord,
+    ScheduledRequest,
+    read_records,
+    read_schedule,
+    sample_streams,
+)
+from workloads.spec import SloMetric, WarmupSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +73,9 @@ class Measurement(BaseModel):
     death: StartupResult | None = None
     client_saturated: bool = False
     client_saturation_reason: str | None = None
-    stopped_early: bool = False
+    stopped_early: bool = False  # by the SLO stop rule
+    backlog: BacklogCheck | None = None  # the backlog guard on the window (tuner.backlog)
+    stopped_by_backlog: bool = False  # the queue grew clearly: stopped before its window ended
 
 
 class KvFill(BaseModel):
@@ -96,6 +106,7 @@ class TrialResult(BaseModel):
     client_saturation_reason: str | None = None
     death: StartupResult | None = None
     kv_fill: KvFill | None = None
+    backlog: BacklogCheck | None = None
 
 
 class _ServerPids:
@@ -296,10 +307,15 @@ class LiveServer:
 
         ``drain_s`` (emulated seconds): stop the run that long after the last send, and
         measure requests still in flight as far as they got, rather than waiting for the
-        longest answer (``LoadResult.from_records(cut_short=True)``).
+        longest answer (``LoadResult.from_records(cut_short=True)``). The backlog guard
+        (``tuner.backlog``) judges the window and writes ``backlog.json``; ``stop_when``
+        may stop the run early (``StopRule``, ``BacklogStopRule``, both with ``AnyStop``).
         """
+        (out_dir / "backlog-stop.json").unlink(missing_ok=True)  # an earlier run's
         before = scrape(self.server.base_url)
-        watcher = KvUsageWatcher(self.server.base_url).start()
+        watcher = KvUsageWatcher(
+            self.server.base_url, interval_s=0.25, csv_path=out_dir / "metrics.csv"
+        ).start()
         rule = stop_when.bind(out_dir) if stop_when is not None else None
         due = self._after_schedule(schedule, drain_s=drain_s) if drain_s is not None else None
         cut = (lambda: due(out_dir)) if due is not None else None
@@ -307,7 +323,7 @@ class LiveServer:
 
         def stop() -> bool:
             if rule is not None and rule():
-                fired.append("slo")
+                fired.append(str(getattr(rule, "reason", "slo")))
                 return True
             if cut is not None and cut():
                 fired.append("cut")
@@ -321,12 +337,21 @@ class LiveServer:
             stop_when=stop if rule is not None or cut is not None else None,
             cut_short=cut is not None,
         )  # fmt: skip
+        stopped_at = time.time()
         peak_kv = watcher.stop()
         watcher.write_csv(out_dir / "metrics.csv")
         after = scrape(self.server.base_url)
         died = self.server.engine_outcome()
         if died is not None:
             self.death = died
+        start = run.run.start_at_s
+        backlog = check_backlog(
+            watcher.samples, read_records(run.run.records_path),
+            window_start_unix_s=start,
+            window_end_unix_s=min(start + workload.duration_s * self.time_scale, stopped_at),
+            time_scale=self.time_scale, ttft_limit_ms=loosest_ttft_ms(workload),
+        )  # fmt: skip
+        (out_dir / "backlog.json").write_text(backlog.model_dump_json(indent=2), "utf-8")
         return Measurement(
             out_dir=str(out_dir),
             outcome=died.outcome if died is not None else TrialOutcome.READY,
@@ -337,7 +362,15 @@ class LiveServer:
             client_saturated=run.run.client_saturated,
             client_saturation_reason=run.run.saturation_reason,
             stopped_early=run.run.stopped_by_caller and "slo" in fired,
+            backlog=backlog,
+            stopped_by_backlog=run.run.stopped_by_caller and "backlog" in fired,
         )
+
+
+def loosest_ttft_ms(workload: WorkloadSpec) -> float | None:
+    """The workload's largest TTFT limit (the backlog guard's TTFT margin is a share of it)."""
+    limits = [o.limit_ms for o in workload.slo.objectives() if o.metric is SloMetric.TTFT]
+    return max(limits) if limits else None
 
 
 class StopFactory(Protocol):
@@ -363,6 +396,8 @@ class StopRule:
 
 
 class _BoundStopRule:
+    reason = "slo"
+
     def __init__(self, rule: StopRule, out_dir: Path) -> None:
         self.rule = rule
         self.out_dir = out_dir
@@ -391,6 +426,101 @@ class _BoundStopRule:
                 elif record.first_token_s - record.scheduled_s > self.rule.ttft_limit_s:
                     bad += 1
         return bad > self.rule.max_bad
+
+
+class BacklogStopRule:
+    """When a level may stop early: its queue clearly grows (``tuner.backlog.clearly_growing``,
+    after a third of its ``window_s``, emulated seconds).
+
+    Reads the run's directory as it is written, like ``StopRule``: the /metrics timeline
+    (``metrics.csv``, appended by the watcher) and, to place offset 0 of the schedule in
+    time, the schedule and the first record. When it fires it leaves the check that
+    decided in ``backlog-stop.json``.
+    """
+
+    def __init__(self, window_s: float, *, time_scale: float, ttft_limit_ms: float | None) -> None:
+        self.window_s = window_s
+        self.time_scale = time_scale
+        self.ttft_limit_ms = ttft_limit_ms
+
+    def bind(self, out_dir: Path) -> _BoundBacklogStop:
+        return _BoundBacklogStop(self, out_dir)
+
+
+class _BoundBacklogStop:
+    reason = "backlog"
+
+    def __init__(self, rule: BacklogStopRule, out_dir: Path) -> None:
+        self.rule = rule
+        self.out_dir = out_dir
+        self.start_unix_s: float | None = None
+        self.check: BacklogCheck | None = None
+        self._last_check = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_check < 1.0:
+            return False
+        self._last_check = now
+        start = self.start_unix_s = self.start_unix_s or self._schedule_start()
+        if start is None:
+            return False
+        unix_now = time.time()
+        elapsed_s = (unix_now - start) / self.rule.time_scale
+        if elapsed_s < self.rule.window_s / 3.0:
+            return False
+        try:
+            samples = read_metrics_csv(self.out_dir / "metrics.csv")
+        except (OSError, ValueError, KeyError, TypeError):
+            return False  # not written yet, or a row being written
+        check = check_backlog(
+            samples, (), window_start_unix_s=start, window_end_unix_s=unix_now,
+            time_scale=self.rule.time_scale, ttft_limit_ms=self.rule.ttft_limit_ms,
+        )  # fmt: skip
+        if not clearly_growing(check, elapsed_s=elapsed_s, window_s=self.rule.window_s):
+            return False
+        self.check = check
+        (self.out_dir / "backlog-stop.json").write_text(check.model_dump_json(indent=2), "utf-8")
+        return True
+
+    def _schedule_start(self) -> float | None:
+        """Unix time of the schedule's offset 0: a record's intended send time less its offset."""
+        for path in sorted(self.out_dir.glob("records.jsonl.w*")):
+            try:
+                with path.open(encoding="utf-8") as fh:
+                    first = RequestRecord.from_json(fh.readline())
+                offsets = {
+                    r.request_id: r.send_s for r in read_schedule(self.out_dir / "schedule.jsonl")
+                }
+            except (OSError, ValueError, TypeError):
+                continue  # nothing recorded yet, or a line still being written
+            if first.request_id in offsets:
+                return first.scheduled_s - offsets[first.request_id]
+        return None
+
+
+class AnyStop:
+    """Several stop rules as one: a run stops once any of them fires (None entries are
+    left out); the bound check's ``reason`` names the rule that fired."""
+
+    def __init__(self, *rules: StopFactory | None) -> None:
+        self.rules = [r for r in rules if r is not None]
+
+    def bind(self, out_dir: Path) -> _BoundAnyStop:
+        return _BoundAnyStop([r.bind(out_dir) for r in self.rules])
+
+
+class _BoundAnyStop:
+    def __init__(self, checks: list[Callable[[], bool]]) -> None:
+        self.checks = checks
+        self.reason: str | None = None
+
+    def __call__(self) -> bool:
+        for check in self.checks:
+            if check():
+                self.reason = str(getattr(check, "reason", "slo"))
+                return True
+        return False
 
 
 def run_trial(
@@ -425,7 +555,7 @@ def run_trial(
             fields.update(
                 outcome=m.outcome, death=m.death, load=m.load, slo=m.slo, server=m.server,
                 client_saturated=m.client_saturated,
-                client_saturation_reason=m.client_saturation_reason,
+                client_saturation_reason=m.client_saturation_reason, backlog=m.backlog,
             )  # fmt: skip
     fields["gpu"] = live.gpu
     result = TrialResult.model_validate(fields)

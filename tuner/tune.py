@@ -37,6 +37,7 @@ from tuner.context import TuneContext, resolve
 from tuner.edge import EdgeResult, find_edge
 from tuner.errors import TunerError
 from tuner.processes import ChildRegistry
+from tuner.rate_search import Goodput, GoodputBound, GoodputUnit
 from tuner.recommend import Recommendation, recommend
 from tuner.space import TrialParams
 from tuner.study import (
@@ -71,7 +72,16 @@ class TuneSummary(BaseModel):
     trials: int
     feasible: int
     best_trial: int | None
-    best_goodput: float | None
+    best_goodput: float | None  # requests/s the best trial offered at its best rate
+    # BRACKETED: a higher rate broke the SLOs; LOWER_BOUND: none did within the level
+    # budget, so the best trial holds at least best_goodput (None: no feasible trial)
+    best_goodput_bound: GoodputBound | None = None
+    best_goodput_is_lower_bound: bool = False
+    # the best trial's goodput stated whole: arrival_rate_per_s in the workload's unit
+    # (conversations/s where it has sessions), requests_per_s (= best_goodput) and
+    # output_tokens_per_s; best_goodput_unit repeats its unit
+    best_goodput_unit: GoodputUnit | None = None
+    best_goodput_figures: Goodput | None = None
     finalized_here: bool
     recommendation: str | None
     report: str | None
@@ -203,6 +213,8 @@ def _run(ctx: TuneContext, opened: OpenStudy, progress: Progress, began: float) 
             )
             wait_finalized(study, deadline_s=deadline + FINALIZE_GRACE_S, progress=progress)
         report = _report(ctx, progress)
+    best_bound = _bound_of(best)
+    best_figures = _figures_of(best)
     summary = TuneSummary(
         study=ctx.study_name,
         run_dir=str(ctx.run_dir),
@@ -211,6 +223,10 @@ def _run(ctx: TuneContext, opened: OpenStudy, progress: Progress, began: float) 
         feasible=feasible,
         best_trial=best.number if best is not None else None,
         best_goodput=float(best.user_attrs["goodput"]) if best is not None else None,
+        best_goodput_bound=best_bound,
+        best_goodput_is_lower_bound=best_bound is GoodputBound.LOWER_BOUND,
+        best_goodput_unit=best_figures.unit if best_figures is not None else None,
+        best_goodput_figures=best_figures,
         finalized_here=finalized,
         recommendation=str(ctx.run_dir / "recommendation") if rec is not None else None,
         report=str(report) if report else None,
@@ -220,6 +236,23 @@ def _run(ctx: TuneContext, opened: OpenStudy, progress: Progress, began: float) 
     if finalized:
         mark_finalized(study, ctx.run_dir)
     return summary
+
+
+def _bound_of(trial: Any | None) -> GoodputBound | None:
+    """The trial's goodput bound as it recorded it (None: no trial, or recorded before
+    the bound was)."""
+    value = trial.user_attrs.get("goodput_bound") if trial is not None else None
+    try:
+        return GoodputBound(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _figures_of(trial: Any | None) -> Goodput | None:
+    """The trial's goodput stated whole, from its evaluation (None: no trial, or its
+    evidence is on no host this worker reads)."""
+    evaluation = load_evaluation(trial) if trial is not None else None
+    return evaluation.stated_goodput if evaluation is not None else None
 
 
 def _write_summary(path: Path, summary: TuneSummary) -> None:
@@ -270,9 +303,9 @@ def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) 
     for line in r.command.splitlines():
         progress(f"  {line}")
     if r.measured is not None:
-        progress(f"  goodput {r.measured.goodput:.2f} req/s within {'; '.join(rec.slo)}")
+        progress(f"  goodput {r.measured.stated_goodput.text()} within {'; '.join(rec.slo)}")
     if rec.default is not None and rec.default.measured is not None:
-        progress(f"  vLLM defaults: goodput {rec.default.measured.goodput:.2f} req/s")
+        progress(f"  vLLM defaults: goodput {rec.default.measured.stated_goodput.text()}")
     if rec.edge is not None and rec.edge.utilization is not None:
         e = rec.edge.utilization
         progress(
@@ -282,8 +315,8 @@ def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) 
     if rec.capacity is not None:
         c = rec.capacity
         progress(
-            f"  capacity: {c.replicas} replica(s) for {c.target_peak_rate:g} req/s at peak "
-            f"({c.headroom:.0%} headroom)"
+            f"  capacity: {c.text()}"
+            + ("; each replica may hold more" if c.replicas_is_upper_bound else "")
         )
     progress(f"  configs in {run_dir / 'recommendation'}/ (version hash {rec.version_hash})")
 

@@ -65,7 +65,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--safety-margin", type=float, help="utilization kept below the edge (0.02)")
     p.add_argument("--no-confirm", dest="confirm", action="store_false", default=None)
     p.add_argument("--repeats", type=int, help="confirmation runs of the recommendation")
-    p.add_argument("--target-peak-rate", type=float, help="requests/s the fleet must serve at peak")
+    p.add_argument(
+        "--target-peak-rate",
+        type=float,
+        help="the peak the fleet must serve, in the workload's unit (conversations/s for a workload with sessions, else requests/s)",
+    )
     p.add_argument("--capacity-headroom", type=float)
     p.add_argument("--cache-volume", help="pvc[:SIZE[:CLASS]] (default) or hostpath:/path")
     p.add_argument("--processes", type=int, help="Locust processes generating the load")

@@ -21,6 +21,11 @@ How a request's text is made:
 
 ``ScheduledRequest.prompt_tokens`` is the exact count under the prompt builder
 (the word rule by default: words, plus one per chat message).
+
+With ``sessions.start: stationary`` the schedule also holds the later turns of the
+sessions already under way at offset 0 (``workloads.stationary``): planned like any
+session from their own random streams, ids ``<name>-lead-<n>-<turn>``, only their
+turns from offset 0 on sent. The arrivals of the run itself are unchanged.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workloads.arrivals import ArrivalPlan, plan_arrivals
+from workloads.arrivals import ArrivalPlan, plan_arrivals, poisson_arrivals
 from workloads.lengths import (
     IntArray,
     TraceColumn,
@@ -40,12 +45,16 @@ from workloads.lengths import (
 )
 from workloads.prompts import VOCABULARY, PromptBuilder, WordPromptBuilder, text_of
 from workloads.schedule import Api, ScheduledRequest
-from workloads.spec import TraceArrival, WorkloadError, WorkloadSpec
+from workloads.spec import SessionStart, TraceArrival, WorkloadError, WorkloadSpec
+from workloads.stationary import lead_rate_per_s, lookback_s
 from workloads.traces import TraceRecord
 
 # Independent random streams of one spec's seed (changing one aspect keeps the others).
 _ARRIVALS, _PROMPT_LEN, _OUTPUT_LEN, _PREFIX, _TURNS = 1, 10, 11, 12, 13
 _SYSTEM_TEXT, _BLOCK_TEXT, _REQUEST_TEXT, _ANSWER_TEXT = 20, 21, 22, 23
+# The sessions under way at offset 0 (sessions.start: stationary): streams of their own.
+_LEAD_ARRIVALS, _LEAD_TURNS, _LEAD_PROMPT_LEN, _LEAD_OUTPUT_LEN, _LEAD_PREFIX = 30, 31, 32, 33, 34
+_LEAD_TEXT, _LEAD_ANSWER = 35, 36
 
 
 def _seed(*parts: int) -> int:
@@ -191,13 +200,91 @@ def build_schedule(
                 builder,
                 texts,
                 index=i,
+                base_id=f"{spec.name}-{i:06d}",
                 system=system,
                 row=rows[i] if rows is not None else None,
                 prompt_len=prompt_len[first_turn[i] : first_turn[i] + turns[i]],
                 output_len=output_len[first_turn[i] : first_turn[i] + turns[i]],
             )
         )
+    if spec.sessions is not None and spec.sessions.start is SessionStart.STATIONARY:
+        requests.extend(_lead_requests(spec, plan, builder, texts, trace))
     return sorted(requests, key=lambda r: r.send_s)
+
+
+def _lead_requests(
+    spec: WorkloadSpec,
+    plan: ArrivalPlan,
+    builder: PromptBuilder,
+    texts: _Texts,
+    trace: Sequence[TraceRecord] | None,
+) -> list[ScheduledRequest]:
+    """The turns from offset 0 on of the sessions that arrived before it (Poisson at the
+    rate in effect at 0, over ``lookback_s``); sessions over by then are not planned."""
+    sessions = spec.sessions
+    assert sessions is not None
+    rate = lead_rate_per_s(spec, trace)
+    horizon = lookback_s(spec)
+    if plan.measured_end_s is None or rate <= 0 or horizon <= 0:
+        return []
+    # Seconds since each session's first turn, most recent first.
+    ages = poisson_arrivals(
+        rate_per_s=rate, duration_s=horizon, seed=_seed(spec.seed, _LEAD_ARRIVALS)
+    )
+    n = len(ages)
+    turns = sample_lengths(sessions.turns, n, np.random.default_rng(_seed(spec.seed, _LEAD_TURNS)))
+    total = int(turns.sum())
+    prompt_len = sample_lengths(
+        spec.prompt_tokens,
+        total,
+        np.random.default_rng(_seed(spec.seed, _LEAD_PROMPT_LEN)),
+        column=TraceColumn.PROMPT,
+    )
+    output_len = sample_lengths(
+        spec.output_tokens,
+        total,
+        np.random.default_rng(_seed(spec.seed, _LEAD_OUTPUT_LEN)),
+        column=TraceColumn.OUTPUT,
+    )
+    prefix_rng = np.random.default_rng(_seed(spec.seed, _LEAD_PREFIX))
+    if spec.shared_prefix is not None:
+        has_prefix = prefix_rng.random(n) < spec.shared_prefix.fraction
+        which_prefix = prefix_rng.integers(0, spec.shared_prefix.distinct_prompts, size=n)
+    else:
+        has_prefix = np.zeros(n, dtype=bool)
+        which_prefix = np.zeros(n, dtype=np.int64)
+    first_turn = np.concatenate([[0], np.cumsum(turns)[:-1]]).astype(np.int64)
+    # Planned offset of each session's last turn (the builder's spacing): kept when >= 0.
+    step_s = (
+        sessions.expected_ttft_s + output_len * sessions.expected_tpot_s + sessions.think_time_s
+    )
+    gaps = np.concatenate([[0.0], np.cumsum(step_s)])
+    last_send = -ages + gaps[first_turn + turns - 1] - gaps[first_turn]
+    alive = np.flatnonzero(last_send >= -1e-9)
+    lead = ArrivalPlan(
+        send_s=-ages[alive],
+        warmup=np.zeros(len(alive), dtype=bool),
+        measured_start_s=plan.measured_start_s,
+        measured_end_s=plan.measured_end_s,
+    )
+    out: list[ScheduledRequest] = []
+    for j, i in enumerate(alive.tolist()):
+        system = texts.system_prompt(int(which_prefix[i])) if has_prefix[i] else ""
+        planned = _arrival_requests(
+            spec,
+            lead,
+            builder,
+            texts,
+            index=j,
+            base_id=f"{spec.name}-lead-{i:06d}",
+            system=system,
+            row=None,
+            prompt_len=prompt_len[first_turn[i] : first_turn[i] + turns[i]],
+            output_len=output_len[first_turn[i] : first_turn[i] + turns[i]],
+            seeds=(_LEAD_TEXT, _LEAD_ANSWER, i),
+        )
+        out.extend(r for r in planned if r.send_s >= 0.0)  # earlier turns: history only
+    return out
 
 
 def _arrival_requests(
@@ -207,14 +294,21 @@ def _arrival_requests(
     texts: _Texts,
     *,
     index: int,
+    base_id: str,
     system: str,
     row: TraceRecord | None,
     prompt_len: IntArray,
     output_len: IntArray,
+    seeds: tuple[int, int, int] | None = None,
 ) -> list[ScheduledRequest]:
-    """One arrival's requests: a single request, or the turns of one session."""
+    """One arrival's requests: a single request, or the turns of one session.
+
+    ``seeds`` (text stream, answer stream, key) seed its texts; by default the run's
+    own streams keyed by ``index``, the arrival's place in ``plan``."""
     sessions = spec.sessions
-    base_id = f"{spec.name}-{index:06d}"
+    text_stream, answer_stream, key = (
+        seeds if seeds is not None else (_REQUEST_TEXT, _ANSWER_TEXT, index)
+    )
     send_s = float(plan.send_s[index])
     out: list[ScheduledRequest] = []
     context = system  # completions: the text so far
@@ -222,7 +316,7 @@ def _arrival_requests(
     for turn, (new_tokens, max_tokens) in enumerate(
         zip(prompt_len.tolist(), output_len.tolist(), strict=True)
     ):
-        seed = _seed(spec.seed, _REQUEST_TEXT, index, turn)
+        seed = _seed(spec.seed, text_stream, key, turn)
         blocks, used = texts.shared_blocks(row, new_tokens) if turn == 0 else ("", 0)
         prompt: str | None = None
         messages: list[Message] | None = None
@@ -257,7 +351,7 @@ def _arrival_requests(
         )
         if sessions is None:
             break
-        answer_seed = _seed(spec.seed, _ANSWER_TEXT, index, turn)
+        answer_seed = _seed(spec.seed, answer_stream, key, turn)
         if prompt is not None:
             context = builder.extend(prompt, max_tokens, seed=answer_seed)
         if messages is not None:

@@ -264,6 +264,13 @@ class SharedPrefixSpec(_Model):
     distinct_prompts: PositiveInt = 1  # several tenants: each request picks one uniformly
 
 
+class SessionStart(StrEnum):
+    """What a schedule of sessions opens on."""
+
+    EMPTY = "empty"  # no conversation under way: the first seconds are first turns
+    STATIONARY = "stationary"  # the conversations a server sees after hours of this traffic
+
+
 class SessionSpec(_Model):
     """Multi-turn conversations, planned up front (open loop).
 
@@ -273,6 +280,12 @@ class SessionSpec(_Model):
     ``max_tokens`` × ``expected_tpot_s``) + ``think_time_s``. A session ends early
     when the next turn's prompt and answer would exceed ``max_context_tokens``.
     The arrival process gives the sessions' first turns.
+
+    ``start`` says what is under way when the schedule opens: ``empty`` (no session
+    yet, the first seconds hold first turns only) or ``stationary`` (the sessions that
+    arrived before, at the same rate, with their turns from offset 0 on; see
+    ``workloads.stationary``). Rate-search levels use ``stationary`` unless the spec
+    sets ``start`` itself.
     """
 
     turns: TurnsSpec
@@ -280,6 +293,7 @@ class SessionSpec(_Model):
     expected_ttft_s: NonNegativeFloat = 0.5
     expected_tpot_s: NonNegativeFloat = 0.03
     max_context_tokens: PositiveInt | None = None
+    start: SessionStart = SessionStart.EMPTY
 
 
 class WarmupSpec(_Model):

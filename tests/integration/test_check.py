@@ -21,6 +21,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -231,13 +232,19 @@ def test_a_worse_setting_fails(
     baseline = write_baseline(split[f"single-{best}"], tmp_path / "b.json")
     done = tuner_check(worse_run, "--baseline", baseline)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "REGRESSION: goodput (req/s) -100.0%" in done.stdout
+    # A quarter of the concurrency: the search steps down from the rate that broke and
+    # finds the little it holds, or nothing; either way most of the goodput is gone.
+    lost = re.search(r"REGRESSION: goodput \(req/s\) -(\d+(?:\.\d+)?)%", done.stdout)
+    assert lost is not None and float(lost.group(1)) >= 60, done.stdout
     worse = recommendation(worse_run).recommended.measured
-    assert worse is not None and worse.verdict is Verdict.SLO_MISSED
-    # Its latencies are those of the rate it missed at, so the report shows by how much.
-    assert worse.rate_per_s is None and worse.rates_per_s
+    assert worse is not None and len(worse.rates_per_s) >= 2, worse
+    if worse.verdict is Verdict.SLO_MISSED:
+        # Its latencies are those of the rate it missed at, so the report shows by how much.
+        assert worse.rate_per_s is None
+    else:
+        assert worse.rate_per_s is not None and worse.rate_per_s < worse.rates_per_s[0]
     assert worse.ttft_ms is not None and worse.e2e_ms is not None
-    # Even a tolerance that forgives much does not forgive serving nothing.
+    # Even a tolerance that forgives much does not forgive losing most of the goodput.
     assert tuner_check(worse_run, "--baseline", baseline, "--tolerance", "50").returncode == 1
     # As a user runs it: exit 1 for the regression, told apart from bad input (exit 2,
     # one line).

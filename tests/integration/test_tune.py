@@ -21,6 +21,7 @@ from kubernetes_validate.utils import latest_version
 from tests.integration.tune_run import SMALL_TUNE_ARGS, tune
 from tuner.edge import EdgeResult
 from tuner.evaluate import Evaluation, Verdict
+from tuner.rate_search import GoodputBound, GoodputUnit
 from tuner.recommend import Recommendation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the shared tune takes minutes
@@ -49,6 +50,18 @@ def test_tune_leaves_study_trials_edge_and_recommendation(tuned_run: Path) -> No
         # constraints say feasible exactly when the SLOs held
         feasible = all(v <= 0 for v in trial.constraints.values())
         assert feasible == (evaluation.verdict is Verdict.MET)
+        # The goodput says whether a higher rate broke the SLOs, or is only a lower bound.
+        assert trial.user_attrs["goodput_bound"] == evaluation.goodput_bound.value
+        best_rate = evaluation.best.rate_per_s if evaluation.best else None
+        broke_above = any(
+            not lv.met and best_rate is not None and lv.rate_per_s > best_rate
+            for lv in evaluation.levels
+        )
+        assert evaluation.goodput_bound is (
+            GoodputBound.NONE
+            if evaluation.best is None
+            else (GoodputBound.BRACKETED if broke_above else GoodputBound.LOWER_BOUND)
+        )
         if evaluation.verdict is Verdict.MET:
             assert trial.values[0] == pytest.approx(evaluation.goodput) and evaluation.goodput > 0
             assert evaluation.best is not None and evaluation.best.met
@@ -62,6 +75,30 @@ def test_tune_leaves_study_trials_edge_and_recommendation(tuned_run: Path) -> No
         key=lambda t: t.user_attrs["goodput"],
     )
     assert summary["best_trial"] == best.number
+    assert summary["best_goodput_bound"] == best.user_attrs["goodput_bound"] != "none"
+    assert summary["best_goodput_is_lower_bound"] == (
+        best.user_attrs["goodput_bound"] == GoodputBound.LOWER_BOUND.value
+    )
+    # Units (issue 16): the tiny workload is single-turn, so its own unit is requests/s;
+    # evaluation.json, the trial's attributes and summary.json state the same three figures.
+    best_eval = Evaluation.model_validate_json(
+        (Path(best.user_attrs["dir"]) / "evaluation.json").read_text()
+    )
+    figures = best_eval.goodput_figures
+    assert figures is not None and figures.unit is GoodputUnit.REQUESTS_PER_S
+    assert figures.requests_per_s == pytest.approx(best_eval.goodput)
+    assert figures.requests_per_s > 0
+    assert figures.arrival_rate_per_s == pytest.approx(figures.requests_per_s)
+    assert figures.output_tokens_per_s == pytest.approx(best_eval.throughput)
+    assert figures.output_tokens_per_s > 0
+    assert figures.bound is best_eval.goodput_bound
+    assert best.user_attrs["goodput_unit"] == GoodputUnit.REQUESTS_PER_S.value
+    assert best.user_attrs["goodput_arrival_rate_per_s"] == pytest.approx(
+        figures.arrival_rate_per_s
+    )
+    assert summary["best_goodput"] == pytest.approx(figures.requests_per_s)
+    assert summary["best_goodput_unit"] == "requests_per_s"
+    assert summary["best_goodput_figures"] == figures.model_dump(mode="json")
 
 
 def test_edge_is_bracketed_to_the_resolution_within_four_launches(tuned_run: Path) -> None:
@@ -102,6 +139,17 @@ def test_recommendation_steps_back_from_the_edge_and_writes_configs(tuned_run: P
     for variant in rec.variants:
         assert variant.measured is not None  # each variant confirmed by its own run
         assert Path(variant.measured.dir, "evaluation.json").exists()
+        # Units (issue 16): recommendation.json states the goodput as its run's evaluation.json
+        # does (one run each here), in the workload's unit, requests/s and output tokens/s.
+        ev = Evaluation.model_validate_json(
+            Path(variant.measured.dir, "evaluation.json").read_text()
+        )
+        figures = variant.measured.goodput_figures
+        assert figures is not None and figures == ev.goodput_figures
+        assert figures.unit is GoodputUnit.REQUESTS_PER_S
+        assert figures.requests_per_s == pytest.approx(variant.measured.goodput)
+        assert figures.output_tokens_per_s == pytest.approx(variant.measured.throughput)
+        assert figures.bound is variant.measured.goodput_bound
     # The other variants are measured once, under the load the recommendation held.
     assert rec.recommended.measured is not None and rec.recommended.measured.rate_per_s
     held = rec.recommended.measured.rate_per_s
@@ -109,6 +157,12 @@ def test_recommendation_steps_back_from_the_edge_and_writes_configs(tuned_run: P
     for variant in (conservative, aggressive):
         assert variant.measured is not None
         assert variant.measured.rates_per_s == [pytest.approx(held)]
+        # One rate, so no breaking rate above it: what it served is a lower bound.
+        ev = Evaluation.model_validate_json(
+            Path(variant.measured.dir, "evaluation.json").read_text()
+        )
+        assert variant.measured.goodput_bound is ev.goodput_bound
+        assert ev.goodput_bound is (GoodputBound.LOWER_BOUND if ev.best else GoodputBound.NONE)
     assert rec.default is not None and rec.default.measured is not None
     # The command line starts the settings it claims, and the hash follows the settings.
     args = (out / "vllm-args.txt").read_text()

@@ -1,8 +1,11 @@
-"""The tuning loop's pure parts: config loading, variants, capacity, hashes, time scale, stop rule."""
+"""The tuning loop's pure parts: config loading, variants, capacity, hashes, time scale, stop
+rule, and the rate search's climbing and bracketing (on a stand-in server of known capacity)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,11 +13,28 @@ from tuner.config import load_config
 from tuner.context import auto_time_scale, resolve
 from tuner.edge import EdgeResult, KnobEdge
 from tuner.errors import ConfigError
-from tuner.rate_search import stop_rule
-from tuner.recommend import capacity, config_hash, variant_params
+from tuner.load import SloVerdict
+from tuner.rate_search import (
+    Goodput,
+    GoodputBound,
+    GoodputUnit,
+    Level,
+    RateSearch,
+    climb_step,
+    descent_step,
+    goodput_text,
+    search_rate,
+    stop_rule,
+)
+from tuner.recommend import capacity, combined_bound, config_hash, variant_params
+from tuner.server import TrialOutcome
+from tuner.server_metrics import ServerCounters
 from tuner.space import Knob, TrialParams
 from tuner.study import redact_url
-from workloads.spec import load_workload
+from tuner.trial import Measurement
+from workloads.metrics import LoadResult, Percentiles
+from workloads.schedule import ScheduledRequest
+from workloads.spec import WorkloadSpec, load_workload
 
 
 def test_yaml_config_with_flags_on_top(tmp_path: Path) -> None:
@@ -88,9 +108,35 @@ def test_variants_step_back_from_the_edge() -> None:
 
 def test_capacity_and_hash() -> None:
     ctx = resolve(load_config(None, {"backend": "sim", "target_peak_rate": 100.0}))
-    cap = capacity(ctx, goodput=12.5)
+
+    def per_s(value: float, bound: GoodputBound) -> Goodput:
+        return Goodput(
+            arrival_rate_per_s=value, requests_per_s=value, output_tokens_per_s=100 * value,
+            bound=bound,
+        )  # fmt: skip
+
+    cap = capacity(ctx, per_s(12.5, GoodputBound.BRACKETED))
     assert cap is not None and cap.replicas == 10  # 100 / (12.5 * 0.8)
-    assert capacity(ctx, goodput=0.0) is None
+    assert not cap.replicas_is_upper_bound
+    assert cap.unit is GoodputUnit.REQUESTS_PER_S
+    assert cap.text() == "10 replica(s) for a peak of 100 req/s, 20% headroom"
+    # From a goodput that is only a lower bound, the replicas are an upper bound.
+    at_least = capacity(ctx, per_s(12.5, GoodputBound.LOWER_BOUND))
+    assert at_least is not None and at_least.replicas == 10 and at_least.replicas_is_upper_bound
+    assert at_least.text().startswith("at most 10 replica(s)")
+    assert capacity(ctx, per_s(0.0, GoodputBound.NONE)) is None
+    # A multi-turn workload's peak is in conversations/s, its replicas from conversations/s.
+    chat = Goodput(
+        arrival_rate_per_s=5.0, unit=GoodputUnit.CONVERSATIONS_PER_S, requests_per_s=17.5,
+        output_tokens_per_s=4000.0, bound=GoodputBound.BRACKETED,
+    )  # fmt: skip
+    sessions = capacity(ctx, chat)
+    assert sessions is not None and sessions.replicas == 25  # 100 / (5 * 0.8), not 100 / 17.5
+    assert sessions.unit is GoodputUnit.CONVERSATIONS_PER_S and sessions.goodput == chat
+    assert sessions.peak_requests_per_s == pytest.approx(350.0)
+    assert sessions.text() == (
+        "25 replica(s) for a peak of 100 conversations/s (about 350 req/s), 20% headroom"
+    )
     a = config_hash(ctx, {"max-num-seqs": 64})
     assert a == config_hash(ctx, {"max-num-seqs": 64})
     assert a != config_hash(ctx, {"max-num-seqs": 65})
@@ -120,3 +166,243 @@ def test_storage_password_is_redacted() -> None:
         == "postgresql://tuner:***@db:5432/optuna"
     )
     assert redact_url("sqlite:///runs/x/study.db") == "sqlite:///runs/x/study.db"
+
+
+# --- the rate search ---------------------------------------------------------------------------
+
+CHAT_TTFT_LIMIT_MS = 2000.0  # the chat workload's p99 TTFT objective (TPOT p99 100 ms)
+
+
+def _measurement(
+    out_dir: Path,
+    rate: float,
+    *,
+    met: bool,
+    ttft_p99_ms: float,
+    tpot_p99_ms: float = 20.0,
+    server: ServerCounters | None = None,
+) -> Measurement:
+    load = LoadResult(
+        num_requests=100, num_completed=100, num_errors=0, num_not_sent=0, error_rate=0.0,
+        window_s=10.0, duration_s=10.0, offered_rate=rate, achieved_rate=rate,
+        request_throughput=rate, output_token_throughput=100 * rate, output_tokens=1000,
+        prompt_tokens=1000, slo=None, num_good=100, goodput=rate,
+        ttft_ms=Percentiles(count=100, p99=ttft_p99_ms), itl_ms=Percentiles(),
+        tpot_ms=Percentiles(count=100, p99=tpot_p99_ms), e2e_ms=Percentiles(),
+        send_lag_ms=Percentiles(), prompt_buckets=(),
+    )  # fmt: skip
+    violations = [] if met else [f"ttft p99 {ttft_p99_ms:.1f} ms > 2000 ms"]
+    return Measurement(
+        out_dir=str(out_dir), outcome=TrialOutcome.READY, load=load,
+        slo=SloVerdict(met=met, violations=violations), server=server,
+    )  # fmt: skip
+
+
+class _KnownCapacity:
+    """A stand-in for ``trial.LiveServer``: the SLO holds up to ``capacity_per_s``. Below it
+    the p99 TTFT grows like a queue's, ``base / (1 - load)``, from a server that is idle at
+    21 ms (vLLM's CPU build with the chat workload, issue 16); past it, it is the limit
+    times ``load ** 4``."""
+
+    def __init__(self, capacity_per_s: float, base_ttft_ms: float = 21.0) -> None:
+        self.capacity_per_s = capacity_per_s
+        self.base_ttft_ms = base_ttft_ms
+        self.launch = SimpleNamespace(params=SimpleNamespace(max_model_len=None))
+        self.time_scale = 1.0
+        self.rates: list[float] = []
+
+    def measure(
+        self,
+        workload: WorkloadSpec,
+        schedule: list[ScheduledRequest],
+        *,
+        out_dir: Path,
+        stop_when: object = None,
+        drain_s: float | None = None,
+        stop_on_backlog: bool = False,
+    ) -> Measurement:
+        rate = workload.mean_rate_per_s
+        assert rate is not None
+        self.rates.append(rate)
+        load = rate / self.capacity_per_s
+        met = load <= 1.0
+        ttft = (
+            min(self.base_ttft_ms / (1.0 - load), CHAT_TTFT_LIMIT_MS)
+            if met
+            else CHAT_TTFT_LIMIT_MS * load**4
+        )
+        return _measurement(out_dir, rate, met=met, ttft_p99_ms=ttft)
+
+
+def _search(
+    server: _KnownCapacity, tmp_path: Path, *, start: float, max_levels: int, precision: float
+) -> RateSearch:
+    return search_rate(
+        server, load_workload("chat"), start_rate_per_s=start, out_dir=tmp_path,
+        level_duration_s=2.0, max_levels=max_levels, precision=precision,
+    )  # fmt: skip
+
+
+def test_search_doubles_while_far_from_the_slo_then_bisects_to_the_capacity(
+    tmp_path: Path,
+) -> None:
+    server = _KnownCapacity(capacity_per_s=37.0)
+    result = _search(server, tmp_path, start=1.0, max_levels=12, precision=0.05)
+    # Far below the TTFT limit every step doubles, up to the first rate that breaks.
+    assert server.rates[:7] == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0])
+    assert [lv.met for lv in result.levels[:7]] == [True] * 6 + [False]
+    # Then the geometric middle of the bracket, until it is within the precision.
+    assert server.rates[7] == pytest.approx(math.sqrt(32.0 * 64.0))
+    assert result.bound is GoodputBound.BRACKETED
+    assert result.best is not None and result.broken_rate_per_s is not None
+    assert result.best.rate_per_s <= 37.0 < result.broken_rate_per_s
+    assert result.broken_rate_per_s / result.best.rate_per_s <= 1.05
+    assert len(result.levels) < 12  # it stopped on the precision, not on the budget
+    assert result.goodput == pytest.approx(result.best.rate_per_s)
+    assert goodput_text(result.goodput, result.bound) == f"{result.goodput:.2f} req/s"
+
+
+def test_no_breaking_rate_within_the_budget_is_a_lower_bound(tmp_path: Path) -> None:
+    """Issue 16: 1.0, 1.15, 1.32 conversations/s all met at p99 TTFT 21 ms is not a goodput."""
+    server = _KnownCapacity(capacity_per_s=1000.0)
+    result = _search(server, tmp_path, start=1.0, max_levels=3, precision=0.15)
+    assert server.rates == pytest.approx([1.0, 2.0, 4.0])  # not x1.15: the SLO is far off
+    assert all(lv.met for lv in result.levels)
+    assert result.bound is GoodputBound.LOWER_BOUND and result.bound.is_lower_bound
+    assert result.broken_rate_per_s is None
+    assert result.goodput == pytest.approx(4.0)
+    assert goodput_text(result.goodput, result.bound) == (
+        "at least 4.00 req/s (no breaking rate found)"
+    )
+
+
+def test_a_first_rate_that_breaks_is_halved_until_one_holds(tmp_path: Path) -> None:
+    server = _KnownCapacity(capacity_per_s=3.0)
+    result = _search(server, tmp_path, start=20.0, max_levels=8, precision=0.1)
+    assert server.rates[:4] == pytest.approx([20.0, 10.0, 5.0, 2.5])
+    assert [lv.met for lv in result.levels[:4]] == [False, False, False, True]
+    assert server.rates[4] == pytest.approx(math.sqrt(2.5 * 5.0))  # then bisection
+    assert result.bound is GoodputBound.BRACKETED
+    assert result.best is not None and result.broken_rate_per_s is not None
+    assert result.best.rate_per_s <= 3.0 < result.broken_rate_per_s
+    assert result.broken_rate_per_s / result.best.rate_per_s <= 1.1
+
+
+def test_a_first_rate_just_past_the_edge_steps_down_a_little(tmp_path: Path) -> None:
+    """A start the twin placed just above the edge is not halved: 11/s on a server of 10/s
+    misses its TTFT p99 by x1.46, so the next rate is 11 / sqrt(1.46) = 9.09/s."""
+    server = _KnownCapacity(capacity_per_s=10.0)
+    result = _search(server, tmp_path, start=11.0, max_levels=2, precision=0.15)
+    assert server.rates == pytest.approx([11.0, 11.0 / 1.1**2])
+    assert result.bound is GoodputBound.BRACKETED
+    assert result.broken_rate_per_s == pytest.approx(11.0)
+    assert result.goodput == pytest.approx(11.0 / 1.21)
+
+
+def test_no_level_met_is_no_bound(tmp_path: Path) -> None:
+    server = _KnownCapacity(capacity_per_s=0.01)
+    result = _search(server, tmp_path, start=8.0, max_levels=3, precision=0.1)
+    assert server.rates == pytest.approx([8.0, 4.0, 2.0])
+    assert result.best is None and result.goodput == 0.0
+    assert result.bound is GoodputBound.NONE
+
+
+@pytest.mark.parametrize(
+    ("ttft_p99_ms", "server", "step"),
+    [
+        (21.0, None, 2.0),  # far below the limit: double
+        (500.0, None, 2.0),  # a quarter of it: still double
+        (1000.0, None, math.sqrt(2.0)),  # half of it
+        (1800.0, None, 1.15),  # close: the smallest step, growth
+        (21.0, ServerCounters.model_construct(num_preemptions=0, max_kv_cache_usage=0.8), 1.25),
+        (21.0, ServerCounters.model_construct(num_preemptions=3, max_kv_cache_usage=0.3), 1.15),
+    ],
+)
+def test_the_climb_follows_the_headroom_the_level_left(
+    tmp_path: Path, ttft_p99_ms: float, server: ServerCounters | None, step: float
+) -> None:
+    spec = load_workload("chat")  # ttft p99 2000 ms, tpot p99 100 ms (here 20 ms)
+    m = _measurement(tmp_path, 1.0, met=True, ttft_p99_ms=ttft_p99_ms, server=server)
+    assert climb_step(spec, m, growth=1.15) == pytest.approx(step)
+    assert climb_step(spec, m, growth=3.0) == pytest.approx(3.0)  # growth is the least step
+
+
+@pytest.mark.parametrize(
+    ("ttft_p99_ms", "failed", "stopped_early", "step"),
+    [
+        (10_000.0, 0, False, 2.0),  # five times the limit: halve
+        (4500.0, 0, False, 1.5),  # 2.25 times
+        (2400.0, 0, False, 1.15),  # barely missed: the smallest step, growth
+        (2400.0, 1, False, 1.15),  # one request of 100 failed: still barely
+        (900.0, 30, False, 1 / 0.7),  # 30 of 100 failed: it serves about 70% of the rate
+        (2400.0, 0, True, 2.0),  # stopped early: how far it would have missed is unknown
+    ],
+)
+def test_the_descent_follows_how_far_the_level_missed(
+    tmp_path: Path, ttft_p99_ms: float, failed: int, stopped_early: bool, step: float
+) -> None:
+    spec = load_workload("chat")
+    m = _measurement(tmp_path, 1.0, met=False, ttft_p99_ms=ttft_p99_ms)
+    load = m.load.model_copy(update={"num_errors": failed})
+    m = m.model_copy(update={"stopped_early": stopped_early, "load": load})
+    assert descent_step(spec, m, growth=1.15) == pytest.approx(step)
+
+
+def test_repeats_with_a_lower_bound_are_a_lower_bound() -> None:
+    lower, bracketed, none = GoodputBound.LOWER_BOUND, GoodputBound.BRACKETED, GoodputBound.NONE
+    assert combined_bound([bracketed, lower]) is lower
+    assert combined_bound([bracketed, none]) is bracketed
+    assert combined_bound([none]) is none
+
+
+def test_goodput_text_states_every_unit() -> None:
+    chat = Goodput(
+        arrival_rate_per_s=12.0, unit=GoodputUnit.CONVERSATIONS_PER_S, requests_per_s=41.5,
+        output_tokens_per_s=9800.0, bound=GoodputBound.BRACKETED,
+    )  # fmt: skip
+    assert chat.text() == "12.00 conversations/s (41.50 req/s, 9,800 output tok/s)"
+    single = Goodput(
+        arrival_rate_per_s=41.5, requests_per_s=41.5, output_tokens_per_s=9800.0,
+        bound=GoodputBound.LOWER_BOUND,
+    )  # fmt: skip
+    assert single.text() == "at least 41.50 req/s (9,800 output tok/s), no breaking rate found"
+    mean = Goodput.mean([chat, chat.model_copy(update={"arrival_rate_per_s": 10.0})])
+    assert mean.arrival_rate_per_s == pytest.approx(11.0) and mean.unit is chat.unit
+    assert Goodput.mean([chat, single]).bound is GoodputBound.LOWER_BOUND
+
+
+def test_goodput_unit_is_conversations_only_for_a_workload_with_sessions() -> None:
+    chat = load_workload("chat")
+    assert chat.sessions is not None
+    assert GoodputUnit.of(chat) is GoodputUnit.CONVERSATIONS_PER_S
+    single = chat.model_copy(update={"sessions": None})
+    assert GoodputUnit.of(single) is GoodputUnit.REQUESTS_PER_S
+    assert GoodputUnit.of(load_workload("code")) is GoodputUnit.REQUESTS_PER_S
+
+
+def test_a_chat_search_states_goodput_in_conversations_per_s(tmp_path: Path) -> None:
+    """Issue 16: a chat level at 2 conversations/s offers about 3.5 requests per conversation;
+    its goodput is 2 conversations/s, 7 req/s, and the output tokens/s it served."""
+    chat = load_workload("chat")
+
+    def level(index: int, sessions_per_s: float, *, met: bool) -> Level:
+        m = _measurement(tmp_path / f"level-{index}", 3.5 * sessions_per_s, met=met,
+                         ttft_p99_ms=100.0 if met else 5000.0)  # fmt: skip
+        return Level(index=index, rate_per_s=sessions_per_s, met=met, measurement=m)
+
+    held, broke = level(0, 2.0, met=True), level(1, 4.0, met=False)
+    search = RateSearch(levels=(held, broke), best=held, broken_rate_per_s=4.0, died=False)
+    goodput = search.goodput_of(chat)
+    assert goodput.unit is GoodputUnit.CONVERSATIONS_PER_S
+    assert goodput.arrival_rate_per_s == pytest.approx(2.0)
+    assert goodput.requests_per_s == pytest.approx(7.0) == search.goodput
+    assert goodput.output_tokens_per_s == pytest.approx(700.0) == search.throughput
+    assert goodput.bound is GoodputBound.BRACKETED
+    assert goodput.text() == "2.00 conversations/s (7.00 req/s, 700 output tok/s)"
+    # The same levels of a single-turn workload: the arrival rate is the offered req/s.
+    single = search.goodput_of(chat.model_copy(update={"sessions": None}))
+    assert single.unit is GoodputUnit.REQUESTS_PER_S
+    assert single.arrival_rate_per_s == pytest.approx(7.0) == single.requests_per_s
+    # No level held: zero in the workload's unit.
+    none = RateSearch(levels=(broke,), best=None, broken_rate_per_s=4.0, died=False)
+    assert none.goodput_of(chat) == Goodput(unit=GoodputUnit.CONVERSATIONS_PER_S)

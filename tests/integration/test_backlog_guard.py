@@ -1,0 +1,164 @@
+"""The backlog guard on the simulated engine: a rate above capacity fails even while its
+percentiles still meet the SLO; a rate well below it is steady.
+
+The server is `tuner sim-serve` (Llama 3.1 8B on an L4, ``--max-num-seqs 4``) behind
+``trial.LiveServer``, loaded by Locust over real sockets. Its capacity comes from a long
+run of the same engine on the virtual clock (``tuner.predict``): about 3.6 requests/s
+of the workload below, so 5/s builds a queue of about 1.4 requests a second. In a 6 s
+window that is a p99 TTFT of 2 to 3 s, inside the generous 5 s objective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tuner.backlog import BacklogCheck, BacklogVerdict
+from tuner.gpus import get_gpu
+from tuner.load import plan_schedule, split_warmup
+from tuner.memory import ServingParams
+from tuner.models import resolve_model
+from tuner.predict import Setup, simulate_schedule
+from tuner.processes import ChildRegistry
+from tuner.rate_search import drain_s, level_met, level_workload, search_rate, stop_rule
+from tuner.server import Backend, LaunchSpec
+from tuner.sim.simulate import Slo
+from tuner.trial import AnyStop, BacklogStopRule, LiveServer, Measurement, loosest_ttft_ms
+from tuner.versions import VllmVersion
+from workloads.build import build_schedule
+from workloads.spec import WorkloadSpec, parse_workload
+
+pytestmark = pytest.mark.integration
+
+WORKLOAD = """
+name: backlog
+api: completions
+stream: true
+arrival: {kind: poisson, rate_per_s: 2}
+prompt_tokens: {kind: uniform, low: 32, high: 96}
+output_tokens: {kind: uniform, low: 8, high: 24}
+warmup: {duration_s: 0}
+duration_s: 6
+seed: 3
+slo:
+  ttft: {p99_ms: 5000}
+"""
+PARAMS = ServingParams(max_model_len=2048, max_num_seqs=4)
+WINDOW_S = 6.0
+STEADY_RATE = 1.5
+OVERLOAD_RATE = 5.0
+
+
+@pytest.fixture(scope="module")
+def spec() -> WorkloadSpec:
+    return parse_workload(WORKLOAD, label="backlog.yaml")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    base = tmp_path_factory.mktemp("backlog")
+    launch = LaunchSpec(
+        backend=Backend.SIM, model="llama-3.1-8b", gpu="L4", params=PARAMS,
+        cache_dir=base / "cache", sim_startup_delay_s=0.1,
+    )  # fmt: skip
+    registry = ChildRegistry(base)
+    with (
+        registry.guard(),
+        LiveServer(launch, trial_dir=base / "trial", registry=registry) as server,
+    ):
+        assert server.ready, server.startup
+        yield server
+
+
+def long_run_throughput(spec: WorkloadSpec, rate: float) -> float:
+    """Requests/s the engine completes over two simulated minutes at ``rate``."""
+    long = spec.with_rate(rate).model_copy(update={"duration_s": 120.0})
+    schedule = [r for r in build_schedule(long) if not r.warmup]
+    origin = min(r.send_s for r in schedule)
+    schedule = [dataclasses.replace(r, send_s=r.send_s - origin) for r in schedule]
+    setup = Setup(resolve_model("llama-3.1-8b"), get_gpu("L4"), VllmVersion.parse("0.33"), PARAMS)
+    _, result = simulate_schedule(setup, schedule, Slo(ttft_s=5.0))
+    assert result is not None
+    return result.request_throughput
+
+
+def level(
+    live: LiveServer, spec: WorkloadSpec, rate: float, name: str, *, guard: bool
+) -> Measurement:
+    """One level as the rate search sends it; ``guard``: with the backlog's early stop."""
+    level_spec = level_workload(spec, rate, WINDOW_S)
+    _, schedule = split_warmup(plan_schedule(level_spec, max_model_len=PARAMS.max_model_len))
+    backlog = BacklogStopRule(WINDOW_S, time_scale=live.time_scale,
+                              ttft_limit_ms=loosest_ttft_ms(level_spec))  # fmt: skip
+    rule = stop_rule(level_spec, len(schedule), live.time_scale)
+    return live.measure(
+        level_spec, schedule, out_dir=live.trial_dir / name,
+        stop_when=AnyStop(rule, backlog if guard else None), drain_s=drain_s(level_spec),
+    )  # fmt: skip
+
+
+def test_the_overload_rate_is_above_the_capacity_of_a_long_run(spec: WorkloadSpec) -> None:
+    capacity = long_run_throughput(spec, 40.0)  # saturated: what the engine completes
+    assert 3.0 < capacity < 0.8 * OVERLOAD_RATE
+    assert long_run_throughput(spec, STEADY_RATE) == pytest.approx(STEADY_RATE, rel=0.15)
+    assert 0.5 * capacity > STEADY_RATE
+
+
+def test_a_rate_well_below_capacity_is_steady_and_met(live: LiveServer, spec: WorkloadSpec) -> None:
+    m = level(live, spec, STEADY_RATE, "steady", guard=True)
+    assert m.backlog is not None, m
+    assert m.backlog.verdict is BacklogVerdict.STEADY, m.backlog
+    assert m.backlog.waiting.verdict is BacklogVerdict.STEADY  # judged, not too short
+    assert m.backlog.waiting.points >= 15
+    assert not m.stopped_by_backlog and m.slo.met
+    assert level_met(m)
+    on_disk = BacklogCheck.model_validate_json((Path(m.out_dir) / "backlog.json").read_text())
+    assert on_disk == m.backlog
+
+
+def test_an_overloaded_level_inside_its_slo_is_caught_by_the_backlog_guard(
+    live: LiveServer, spec: WorkloadSpec
+) -> None:
+    m = level(live, spec, OVERLOAD_RATE, "overload", guard=False)  # the whole window
+    # The percentiles of the short window still meet the SLO ...
+    assert m.slo.met, m.slo.violations
+    assert m.load.ttft_ms.p99 is not None and m.load.ttft_ms.p99 < 5000.0
+    assert m.load.num_errors == 0
+    # ... but the queue grows through the window: not sustainable, a miss.
+    assert m.backlog is not None
+    assert m.backlog.verdict is BacklogVerdict.GROWING, m.backlog
+    waiting = m.backlog.waiting
+    assert waiting.verdict is BacklogVerdict.GROWING
+    assert waiting.growth is not None and waiting.growth > 4.0  # about +1.4 requests/s
+    assert waiting.slope_per_s is not None and 0.5 < waiting.slope_per_s < 3.0
+    assert not level_met(m)
+    assert m.backlog.summary().startswith("backlog: waiting +")
+    saved = json.loads((Path(m.out_dir) / "backlog.json").read_text())
+    assert saved["verdict"] == "growing" and saved["waiting"]["verdict"] == "growing"
+
+
+def test_a_clearly_overloaded_level_stops_early_and_counts_as_a_miss(
+    live: LiveServer, spec: WorkloadSpec, tmp_path: Path
+) -> None:
+    window_s = 15.0
+    search = search_rate(
+        live, spec.with_rate(OVERLOAD_RATE), start_rate_per_s=OVERLOAD_RATE, out_dir=tmp_path,
+        level_duration_s=window_s, max_levels=1,
+    )  # fmt: skip
+    (only,) = search.levels
+    m = only.measurement
+    assert m.stopped_by_backlog and not m.stopped_early
+    assert not only.met and search.best is None
+    assert m.backlog is not None and m.backlog.growing
+    assert m.backlog.window_s < 0.75 * window_s  # decided well before the window ended
+    decided = BacklogCheck.model_validate_json(
+        (tmp_path / "level-0" / "backlog-stop.json").read_text()
+    )
+    assert decided.waiting.verdict is BacklogVerdict.GROWING
+    assert (
+        decided.waiting.growth is not None and decided.waiting.growth >= 2 * decided.waiting.margin
+    )
