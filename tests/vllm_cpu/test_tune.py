@@ -1,8 +1,8 @@
 """A short `tuner tune --backend vllm` against vLLM's CPU build: three real launches, a report.
 
-Three trials over max-num-seqs and block-size with a KV cache of a few blocks, so the
-larger max-num-seqs values preempt; no OOM edge (no GPU) and no confirmation runs,
-to keep it within a few minutes.
+Three trials over max-num-seqs (6 to 8, so whatever the sampler draws can preempt) and
+block-size with a KV cache of a few blocks, at a rate that keeps several requests in
+flight; no OOM edge (no GPU) and no confirmation runs, to keep it within a few minutes.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ WORKLOAD = """
 name: tiny-chat
 api: chat
 stream: true
-arrival: {kind: poisson, rate_per_s: 12}
+arrival: {kind: poisson, rate_per_s: 16}
 prompt_tokens: {kind: uniform, low: 16, high: 64}
-output_tokens: {kind: uniform, low: 24, high: 48}
+output_tokens: {kind: uniform, low: 48, high: 96}
 shared_prefix: {system_prompt_tokens: 64, fraction: 1.0}
 warmup: {duration_s: 0, requests: 2}
 duration_s: 4
@@ -44,13 +44,13 @@ def test_short_tune_on_the_cpu_build(tmp_path: Path, tiny_model: TinyModel) -> N
     workload.write_text(WORKLOAD)
     run_dir = tmp_path / "run"
     # 24 blocks of 32 tokens: enough for one 256-token context (vLLM checks that at
-    # startup) but only a few sequences of ~150 tokens at once, so 8 of them preempt.
+    # startup) but only about four sequences of 130-220 tokens at once, so 6 to 8 preempt.
     kv_bytes = 24 * BLOCK_SIZE * tiny_model.kv_bytes_per_token()
     cmd = [
         sys.executable, "-m", "tuner.cli", "tune", "--backend", "vllm",
         "--vllm-cmd", VLLM_CMD_TEXT, "--model", str(TINY_MODEL), "--workload", str(workload),
         "--trials", "3", "--max-model-len", str(MAX_MODEL_LEN),
-        "--space", "max-num-seqs=1..8", "--space", f"block-size={BLOCK_SIZE},{2 * BLOCK_SIZE}",
+        "--space", "max-num-seqs=6..8", "--space", f"block-size={BLOCK_SIZE},{2 * BLOCK_SIZE}",
         "--kv-cache-memory-bytes", str(kv_bytes), "--level-duration", "4", "--max-levels", "1",
         "--no-confirm", "--run-dir", str(run_dir), "--seed", "1",
     ]  # fmt: skip
