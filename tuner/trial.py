@@ -455,6 +455,7 @@ class _BoundBacklogStop:
         self.out_dir = out_dir
         self.start_unix_s: float | None = None
         self.check: BacklogCheck | None = None
+        self._offsets: dict[str, float] | None = None  # the schedule's, by request id
         self._last_check = 0.0
 
     def __call__(self) -> bool:
@@ -485,17 +486,20 @@ class _BoundBacklogStop:
 
     def _schedule_start(self) -> float | None:
         """Unix time of the schedule's offset 0: a record's intended send time less its offset."""
+        if self._offsets is None:
+            try:  # written whole before the load generator starts
+                schedule = read_schedule(self.out_dir / "schedule.jsonl")
+            except (OSError, ValueError, TypeError):
+                return None
+            self._offsets = {r.request_id: r.send_s for r in schedule}
         for path in sorted(self.out_dir.glob("records.jsonl.w*")):
             try:
                 with path.open(encoding="utf-8") as fh:
                     first = RequestRecord.from_json(fh.readline())
-                offsets = {
-                    r.request_id: r.send_s for r in read_schedule(self.out_dir / "schedule.jsonl")
-                }
             except (OSError, ValueError, TypeError):
                 continue  # nothing recorded yet, or a line still being written
-            if first.request_id in offsets:
-                return first.scheduled_s - offsets[first.request_id]
+            if first.request_id in self._offsets:
+                return first.scheduled_s - self._offsets[first.request_id]
         return None
 
 

@@ -47,7 +47,7 @@ from workloads.prompts import VOCABULARY, PromptBuilder, WordPromptBuilder, text
 from workloads.schedule import Api, ScheduledRequest
 from workloads.spec import SessionStart, TraceArrival, WorkloadError, WorkloadSpec
 from workloads.stationary import lead_rate_per_s, lookback_s
-from workloads.traces import TraceRecord
+from workloads.traces import TraceRecord, prefix_free_digits
 
 # Independent random streams of one spec's seed (changing one aspect keeps the others).
 _ARRIVALS, _PROMPT_LEN, _OUTPUT_LEN, _PREFIX, _TURNS = 1, 10, 11, 12, 13
@@ -111,15 +111,7 @@ def block_id_words(block_id: int) -> list[str]:
     """
     if block_id < 0:
         raise WorkloadError(f"block id {block_id} is negative; accepted: an integer >= 0")
-    base = len(VOCABULARY)
-    digits: list[int] = []
-    rest = block_id
-    while True:
-        rest, digit = divmod(rest, base)
-        digits.append(digit)
-        if rest == 0:
-            break
-    return [VOCABULARY[len(digits) % base], *(VOCABULARY[d] for d in reversed(digits))]
+    return [VOCABULARY[d] for d in prefix_free_digits(block_id, len(VOCABULARY))]
 
 
 def block_text(builder: PromptBuilder, block_id: int, n_tokens: int, *, seed: int) -> str:

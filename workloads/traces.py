@@ -280,3 +280,17 @@ def load_trace(path: Path) -> tuple[TraceRecord, ...]:
 def _load_trace_cached(path: str, size: int, mtime_ns: int) -> tuple[TraceRecord, ...]:
     del size, mtime_ns  # cache key only
     return tuple(read_trace(Path(path)))
+
+
+def prefix_free_digits(value: int, base: int) -> list[int]:
+    """``value`` written prefix-free in ``base``: its digit count (mod ``base``), then its
+    digits, most significant first. Distinct block ids so encoded never start one another,
+    so the tokens or words they open differ whatever follows."""
+    digits: list[int] = []
+    rest = value
+    while True:
+        rest, digit = divmod(rest, base)
+        digits.append(digit)
+        if rest == 0:
+            break
+    return [len(digits) % base, *reversed(digits)]

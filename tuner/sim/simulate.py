@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.openai_format import EMPTY_PROMPT_MESSAGE, context_length_message
-from workloads.traces import TraceRecord
+from workloads.traces import TraceRecord, prefix_free_digits
 
 
 class Percentiles(BaseModel):
@@ -136,14 +136,7 @@ def block_token_ids(block_id: int, n_tokens: int, vocab: int, seed: int) -> tupl
     """
     if block_id < 0 or seed < 0 or vocab < 2:
         raise ValueError(f"block id {block_id}, seed {seed} or vocabulary {vocab} out of range")
-    digits: list[int] = []
-    rest = block_id
-    while True:
-        rest, digit = divmod(rest, vocab)
-        digits.append(digit)
-        if rest == 0:
-            break
-    head = [len(digits) % vocab, *reversed(digits)]
+    head = prefix_free_digits(block_id, vocab)
     tail = np.random.default_rng([seed, block_id]).integers(0, vocab, max(n_tokens - len(head), 0))
     return tuple([*head, *tail.tolist()][:n_tokens])
 
