@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 test: install
 	bash tools/install_browser.sh
 	bash tools/install_postgres.sh
-	$(BIN)/python -m pytest -m 'not vllm_cpu and not timing' -n 4 --dist loadgroup
+	$(BIN)/python -m pytest -m 'not vllm_cpu and not timing' -n 2 --dist loadgroup
 	$(BIN)/python -m pytest -m 'timing and not vllm_cpu'
 
 test-vllm-cpu: install vllm-cpu
