@@ -19,7 +19,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from reports.run_data import Latencies, RunData, Timeline, TrialRow
+from reports.run_data import NOT_RECORDED, Latencies, LevelEvidence, RunData, Timeline, TrialRow
 from tuner.edge import EdgeProbe
 from tuner.errors import TunerError
 from tuner.evaluate import Evaluation, Verdict
@@ -743,6 +743,68 @@ def memory_timeline(key: str, tl: Timeline, time_scale: float) -> Chart:
     )  # fmt: skip
     fig.update_layout(margin={"t": 26, "b": 96}, legend={"y": -0.3, "yanchor": "top", "x": 0})
     return Chart(key, fig, tl.note, title=tl.label)
+
+
+def level_timeline(key: str, level: LevelEvidence, time_scale: float) -> Chart:
+    """One level's waiting and running requests and KV-cache usage against its own time
+    (emulated seconds from its start), the measured window shaded when it is known."""
+    samples = level.metrics
+    if not samples:
+        return Chart(key, None, f"/metrics over the level: {NOT_RECORDED}")
+    k = 1.0 / (time_scale or 1.0)
+    note = None
+    origin = level.start_unix_s
+    if origin is None:
+        origin = samples[0].unix_s
+        note = "time from the first /metrics sample (the level's start was not recorded)"
+    xs = [(s.unix_s - origin) * k for s in samples]
+    step = _thin(len(samples))
+    keep = list(range(0, len(samples), step))
+    if keep[-1] != len(samples) - 1:
+        keep.append(len(samples) - 1)
+    xs = [xs[i] for i in keep]
+    rows = [samples[i] for i in keep]
+    fig = _subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(
+        go.Scatter(
+            x=xs, y=[100 * s.kv_cache_usage for s in rows], mode="lines", name="KV-cache usage (%)",
+            line={"color": "#ef6c00", "width": 2},
+            hovertemplate="%{x:.1f} s: KV cache %{y:.1f}%<extra></extra>",
+        ),
+        secondary_y=False,
+    )  # fmt: skip
+    for field, color, label in (
+        ("running", "#5e35b1", "running"),
+        ("waiting", "#8d6e63", "waiting"),
+    ):
+        values = [getattr(s, field) for s in rows]
+        if all(v is None for v in values):
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=xs, y=values, mode="lines", name=f"requests {label}",
+                line={"color": color, "width": 1.4, "dash": "dot" if label == "running" else "solid"},
+                hovertemplate=f"%{{x:.1f}} s: %{{y:.0f}} {label}<extra></extra>",
+            ),
+            secondary_y=True,
+        )  # fmt: skip
+    window = level.window.value  # shaded once there are traces (plotly skips empty plots)
+    if window is not None:
+        fig.add_vrect(
+            x0=window.opened_at_s, x1=window.opened_at_s + window.window_s, fillcolor="#90a4ae",
+            opacity=0.15, line_width=0, annotation_text="measured window",
+            annotation_position="top left", annotation_font={"size": 10, "color": "#455a64"},
+        )  # fmt: skip
+    _layout(fig, height=230)
+    unit = "emulated s" if time_scale != 1.0 else "s"
+    fig.update_xaxes(title_text=f"time since the level started ({unit})")
+    fig.update_yaxes(title_text="KV cache (%)", range=[0, 105], secondary_y=False)
+    fig.update_yaxes(
+        title_text="requests", rangemode="tozero", tickformat=",d", showgrid=False,
+        secondary_y=True,
+    )  # fmt: skip
+    fig.update_layout(margin={"l": 56, "r": 56, "t": 30, "b": 44})
+    return Chart(key, fig, note)
 
 
 # --- 5. latency -----------------------------------------------------------------------------

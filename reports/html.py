@@ -9,7 +9,8 @@ opens offline and prints (A4 landscape, the SIMULATED banner on every page).
 
 Sections, in the order a reviewer reads them: summary (recommended settings beside
 vLLM's defaults, headroom to the OOM edge, replicas for the peak), the OOM edge,
-trade-offs, memory over time, latency, every trial, how it was measured.
+trade-offs, memory over time, latency, every trial, the steady state of each measured
+rate, how it was measured.
 """
 
 from __future__ import annotations
@@ -34,22 +35,28 @@ from reports.charts import (
     edge_map,
     importances,
     latency_cdfs,
+    level_timeline,
     memory_timeline,
     probe_memory,
     tradeoffs,
 )
 from reports.run_data import (
+    NOT_RECORDED,
     Latencies,
+    LevelEvidence,
     RunData,
     TrialRow,
+    level_evidence,
     level_latencies,
     load_run,
     rebase,
     timeline,
 )
+from tuner.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
+from tuner.config import TuneConfig
 from tuner.edge import KnobEdge
 from tuner.errors import ReportError
-from tuner.evaluate import Evaluation, LevelSummary
+from tuner.evaluate import Evaluation, LevelSummary, Verdict
 from tuner.rate_search import Goodput, GoodputUnit
 from tuner.recommend import HARNESS_VERSION, Latency, Measured, Recommendation, Variant
 from workloads.metrics import BucketLatency
@@ -736,6 +743,223 @@ def _latency_section(data: RunData) -> dict[str, Any]:
     }
 
 
+# --- steady state -------------------------------------------------------------------------
+
+STEADY_P = 0.01  # a measured mix this unlikely under the stationary one differs from it
+_WINDOW_SIGNAL_NAMES = {  # window.json names its signals as plain strings
+    "waiting": "waiting requests",
+    "running": "running requests",
+    "kv_usage": "KV-cache usage",
+    "ttft": "TTFT",
+}
+_SIGNAL_NAMES = {
+    Signal.WAITING: "waiting requests",
+    Signal.KV_USAGE: "KV-cache usage",
+    Signal.TTFT: "TTFT",
+}
+
+
+def _p(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return "< 0.001" if value < 0.001 else f"{value:.2g}"
+
+
+@dataclass
+class EvidencePart:
+    """One part of a level's evidence: a line, its tone and the numbers behind it."""
+
+    label: str
+    text: str
+    tone: str  # "good", "bad", "missing" or ""
+    details: list[str]
+
+
+@dataclass
+class LevelEvidenceView:
+    title: str
+    verdict: str
+    verdict_color: str
+    parts: list[EvidencePart]
+    chart: ChartView
+    dir: str
+
+
+@dataclass
+class TrialEvidenceView:
+    number: int
+    label: str
+    levels: list[LevelEvidenceView]
+
+
+def _missing(label: str, note: str | None) -> EvidencePart:
+    return EvidencePart(label, note or NOT_RECORDED, "missing", [])
+
+
+def _window_part(level: LevelEvidence) -> EvidencePart:
+    w = level.window.value
+    if w is None:
+        return _missing("Window opening", level.window.note)
+    if w.steady_at_open:
+        state = "steady at open"
+    elif w.warmup_max_s is not None:
+        state = f"not steady at open: the longest warm-up ({w.warmup_max_s:g} s) was spent"
+    else:
+        state = "not steady at open: the longest warm-up was spent"
+    text = f"opened {w.opened_at_s:.1f} s into the level, {state}; measured {w.window_s:g} s"
+    if w.requests is not None:
+        text += f", {w.requests:,} requests"
+        if w.needed_requests is not None:
+            text += f" (the SLO's percentiles need {w.needed_requests:,})"
+    details = []
+    if w.warmup_min_s is not None and w.warmup_max_s is not None:
+        details.append(f"warm-up between {w.warmup_min_s:g} s and {w.warmup_max_s:g} s")
+    if w.test:
+        details.append(f"test: {w.test}")
+    for sig in w.signals:
+        name = _WINDOW_SIGNAL_NAMES.get(sig.signal, sig.signal.replace("_", " "))
+        growth, span = sig.number("growth"), sig.number("span_s")
+        trend = ""
+        if growth is not None and span:
+            shown = f"{100 * growth:+.0f} points" if sig.signal == "kv_usage" else f"{growth:+.3g}"
+            trend = f" ({shown} over {span:.0f} s)"
+        details.append(f"{name} at open: {sig.verdict.replace('_', ' ')}{trend}")
+    return EvidencePart("Window opening", text, "good" if w.steady_at_open else "bad", details)
+
+
+def _signal_line(t: SignalTrend) -> str:
+    name = _SIGNAL_NAMES.get(t.signal, t.signal.value.replace("_", " "))
+    if t.verdict is BacklogVerdict.TOO_SHORT:
+        return f"{name}: too few points to judge ({t.points})"
+    return f"{t.describe()}: {t.verdict.value.replace('_', ' ')} (material growth: {_margin(t)})"
+
+
+def _margin(t: SignalTrend) -> str:
+    if t.signal is Signal.KV_USAGE:
+        return f"{100 * t.margin:.0f} points"
+    if t.signal is Signal.TTFT:
+        return f"{t.margin:,.0f} ms"
+    return f"{t.margin:.3g} requests"
+
+
+def _backlog_part(level: LevelEvidence) -> EvidencePart:
+    check: BacklogCheck | None = level.backlog.value
+    if check is None:
+        return _missing("Backlog guard", level.backlog.note)
+    if check.verdict is BacklogVerdict.GROWING:
+        grown = [s.describe() for s in check.signals if s.verdict is BacklogVerdict.GROWING]
+        text, tone = "growing: a backlog builds (" + "; ".join(grown) + ")", "bad"
+    elif check.verdict is BacklogVerdict.STEADY:
+        text, tone = "steady: nothing grows through the window", "good"
+    else:
+        text, tone = "too short to judge", ""
+    text += f" over {check.window_s:.0f} s"
+    return EvidencePart("Backlog guard", text, tone, [_signal_line(t) for t in check.signals])
+
+
+def _turn_mix_part(level: LevelEvidence, sessions: bool) -> EvidencePart:
+    mix = level.turn_mix.value
+    if mix is None:
+        if not sessions and level.turn_mix.note == NOT_RECORDED:
+            return EvidencePart(
+                "Turn mix", "single-turn workload: every request is a first turn", "", []
+            )
+        return _missing("Turn mix", level.turn_mix.note)
+    text = (
+        f"later turns {mix.later_turn_share:.0%} of {mix.requests:,} requests "
+        f"(stationary {mix.stationary_later_turn_share:.0%}); chi-square p = {_p(mix.p_value)}"
+    )
+    tone = ""
+    if mix.p_value is None:
+        text += ", too few requests to test"
+    elif mix.p_value >= STEADY_P:
+        text, tone = text + ": matches the stationary mix", "good"
+    else:
+        text, tone = text + ": differs from the stationary mix", "bad"
+    shares = " · ".join(
+        f"{k + 1}: {m:.0%} / {st:.0%}"
+        for k, (m, st) in enumerate(zip(mix.shares, mix.stationary_shares, strict=False))
+    )
+    details = [
+        f"share by turn, measured / stationary: {shares}",
+        f"{mix.test}, {mix.dof} degree(s) of freedom, chi-square {mix.chi_square:.2f}",
+    ]
+    return EvidencePart("Turn mix", text, tone, details)
+
+
+def _prompt_part(level: LevelEvidence) -> EvidencePart:
+    mix = level.prompt_lengths.value
+    if mix is None:
+        return _missing("Prompt lengths", level.prompt_lengths.note)
+    st = mix.stationary
+    m = mix.measured
+    if m is None:
+        return EvidencePart(
+            "Prompt lengths",
+            f"no measured request (stationary p50 {st.p50:,.0f} tokens)",
+            "bad",
+            [],
+        )
+    text = (
+        f"p50 {m.p50:,.0f} tokens (stationary {st.p50:,.0f}), p90 {m.p90:,.0f} ({st.p90:,.0f}); "
+        f"Kolmogorov-Smirnov p = {_p(mix.p_value)}"
+    )
+    tone = ""
+    if mix.p_value is not None:
+        ok = mix.p_value >= STEADY_P
+        text += (
+            ": matches the stationary lengths" if ok else ": differs from the stationary lengths"
+        )
+        tone = "good" if ok else "bad"
+    details = [
+        f"p10 / p50 / p90 / p99: {m.p10:,.0f} / {m.p50:,.0f} / {m.p90:,.0f} / {m.p99:,.0f} measured, "
+        f"{st.p10:,.0f} / {st.p50:,.0f} / {st.p90:,.0f} / {st.p99:,.0f} stationary",
+        f"largest gap between the two distributions D = {mix.ks_statistic or 0.0:.3f}; "
+        f"{mix.requests:,} measured requests ({mix.effective_requests:,} independent) against "
+        f"{mix.reference_requests:,} of a {mix.reference_duration_s:,.0f}-s stationary schedule",
+    ]
+    return EvidencePart("Prompt lengths", text, tone, details)
+
+
+def _level_verdict(lv: LevelSummary) -> tuple[str, str]:
+    if lv.met:
+        return "met the SLOs", VERDICT_COLORS[Verdict.MET]
+    if lv.failed_by_backlog:
+        return "missed: backlog", VERDICT_COLORS[Verdict.SLO_MISSED]
+    if lv.stopped_early:
+        return "missed (stopped early)", VERDICT_COLORS[Verdict.SLO_MISSED]
+    return "missed the SLOs", VERDICT_COLORS[Verdict.SLO_MISSED]
+
+
+def _steady_state(data: RunData) -> list[TrialEvidenceView]:
+    sessions = data.workload is not None and data.workload.sessions is not None
+    out: list[TrialEvidenceView] = []
+    for t in data.trials:
+        ev = t.evaluation
+        if ev is None or not ev.levels:
+            continue
+        unit = ev.stated_goodput.unit.label
+        levels = []
+        for lv, level in zip(ev.levels, level_evidence(t.dir, ev), strict=True):
+            verdict, color = _level_verdict(lv)
+            chart = level_timeline(f"level-{t.number}-{level.index}", level, data.time_scale)
+            levels.append(
+                LevelEvidenceView(
+                    title=f"Rate {level.index + 1}: {lv.rate_per_s:.2f} {unit}",
+                    verdict=verdict, verdict_color=color,
+                    parts=[_window_part(level), _backlog_part(level),
+                           _turn_mix_part(level, sessions), _prompt_part(level)],
+                    chart=_figure(chart), dir=str(level.dir.relative_to(data.run_dir)),
+                )
+            )  # fmt: skip
+        tags = [s for s, on in (("vLLM defaults", t.is_default),) if on]
+        label = f"Trial {t.number}{' (' + ', '.join(tags) + ')' if tags else ''}: " + (
+            ev.params.short() or "vLLM defaults"
+        )
+        out.append(TrialEvidenceView(t.number, label, levels))
+    return out
+
+
 def _how(data: RunData) -> dict[str, Any]:
     tune = data.tune
     c = tune.config
@@ -749,7 +973,7 @@ def _how(data: RunData) -> dict[str, Any]:
         ("Objective", c.objective.value),
         ("Trials asked / budget", f"{c.trials} trials within {c.budget_min:g} min"),
         ("Seed", str(c.seed)),
-        ("Measured rates per trial", f"up to {c.max_levels}, {c.level_duration_s:g} s each (emulated)"),
+        ("Measured rates per trial", f"up to {c.max_levels}, {_level_text(c)}"),
         ("Screening by the memory model", "on" if c.screen else "off"),
         ("OOM-edge search", f"up to {c.max_edge_launches} + {c.seqs_edge_launches} launches, "
          f"{c.edge_load_s:g} s of worst-case load each, resolution {c.edge_resolution:g}"
@@ -781,7 +1005,7 @@ def _how(data: RunData) -> dict[str, Any]:
             ("Shared prefix", _describe(w.shared_prefix.model_dump(mode="json")) if w.shared_prefix else "none"),
             ("Sessions", _describe(w.sessions.model_dump(mode="json")) if w.sessions else "none"),
             ("Warm-up", _warmup(w)),
-            ("Duration of the workload", f"{w.duration_s:g} s (each measured rate runs {c.level_duration_s:g} s)"),
+            ("Duration of the workload", f"{w.duration_s:g} s (each measured rate: {_level_text(c)})"),
             ("SLO", "; ".join(f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms" for o in w.slo.objectives()) or "none"),
         ]  # fmt: skip
     return {
@@ -793,6 +1017,21 @@ def _how(data: RunData) -> dict[str, Any]:
         "left_out": [(f"--{o.knob.value}", o.reason) for o in tune.left_out],
         "notes": tune.notes,
     }
+
+
+def _level_text(c: TuneConfig) -> str:
+    """How each measured rate spends its time, as configured (emulated seconds)."""
+    window = (
+        f"a {c.level_duration_s:g}-s window"
+        if c.level_duration_s is not None
+        else "a window sized for the SLO's percentiles (8-120 s)"
+    )
+    warmup = (
+        f"after a {c.level_warmup_s:g}-s warm-up"
+        if c.level_warmup_s is not None
+        else "opening once the server is steady at that rate"
+    )
+    return f"{window} {warmup} (emulated seconds)"
 
 
 def _warmup(w: WorkloadSpec) -> str:
@@ -880,6 +1119,8 @@ def _context(data: RunData) -> dict[str, Any]:
         "memory": _memory(data),
         "latency": _latency_section(data),
         "trials": trials,
+        "steady": _steady_state(data),
+        "steady_p": f"{STEADY_P:g}",
         "other_settings": any(
             k not in ("gpu-memory-utilization", "max-num-seqs", "block-size", "kv-cache-dtype")
             for t in trials

@@ -5,7 +5,9 @@ layout), loaded with the models that wrote it: ``tune.json`` (``TuneRecord`` bel
 ``summary.json`` (``TuneSummary``), ``study.db`` (the Optuna study: trial states,
 roles), ``trials/<n>/evaluation.json`` (``Evaluation``), ``edge/edge.json``
 (``EdgeResult``), ``confirm/<variant>/evaluation.json`` and
-``recommendation/recommendation.json`` (``Recommendation``). Paths recorded inside
+``recommendation/recommendation.json`` (``Recommendation``); per measured level, its
+steady-state evidence (``level_evidence``: ``window.json``, ``backlog.json``,
+``turn_mix.json``, ``prompt_lengths.json``, ``metrics.csv``). Paths recorded inside
 those files are absolute paths of the machine that ran the tune; they are rebased onto
 the run directory as it is now, so a copied or moved run still reports.
 
@@ -23,15 +25,17 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from tuner.backlog import BacklogCheck
 from tuner.config import TuneConfig
 from tuner.edge import EdgeResult
 from tuner.errors import ReportError
 from tuner.evaluate import Evaluation, Verdict
 from tuner.gpu_sampler import GpuSample, GpuTimelineError, read_timeline
+from tuner.level_evidence import PROMPT_LENGTHS_FILE, PromptLengthMix
 from tuner.memory import Calibration
 from tuner.recommend import Recommendation
 from tuner.server_metrics import MetricsSample
@@ -39,6 +43,7 @@ from tuner.space import LeftOut, Range
 from tuner.tune import TuneSummary
 from workloads.schedule import read_records
 from workloads.spec import WorkloadSpec
+from workloads.stationary import TURN_MIX_FILE, TurnMix
 
 log = logging.getLogger(__name__)
 
@@ -568,3 +573,130 @@ def timeline(label: str, run_dir: Path, level_dirs: list[tuple[str, Path]]) -> T
 def json_text(value: object) -> str:
     """Pretty JSON of a loaded value for the report's raw-detail blocks."""
     return json.dumps(value, indent=2, default=str, sort_keys=True)
+
+
+# --- a level's steady-state evidence ----------------------------------------------------
+
+WINDOW_FILE = "window.json"  # tuner.window.WindowOpening, read leniently (older runs: none)
+BACKLOG_FILE = "backlog.json"  # tuner.backlog.BacklogCheck
+NOT_RECORDED = "not recorded"
+
+R = TypeVar("R", bound=BaseModel)
+T = TypeVar("T")
+
+
+class WindowSignalRecord(BaseModel):
+    """One signal of the steadiness test at the window's opening (its numbers kept as extras)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    signal: str
+    verdict: str
+
+    def number(self, name: str) -> float | None:
+        value = (self.model_extra or {}).get(name)
+        return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+class WindowRecord(BaseModel):
+    """``window.json``: when a level's measured window opened and whether the server was
+    steady then (``tuner.window.WindowOpening``, read as plain JSON: fields it may add
+    later are ignored, those an older one lacks are None)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    warmup_min_s: float | None = None
+    warmup_max_s: float | None = None
+    opened_at_s: float  # emulated seconds from the level's start
+    steady_at_open: bool
+    test: str = ""
+    signals: list[WindowSignalRecord] = []
+    window_s: float
+    requests: int | None = None
+    needed_requests: int | None = None
+
+
+@dataclass(frozen=True)
+class Recorded(Generic[T]):
+    """One part of a level's evidence: its value, or why there is none (``note``)."""
+
+    value: T | None
+    note: str | None = None  # "not recorded", or what is wrong with the file
+
+
+@dataclass(frozen=True)
+class LevelEvidence:
+    """What shows that one measured level was in steady state (every part may be missing)."""
+
+    index: int
+    rate_per_s: float
+    met: bool
+    stopped_early: bool
+    dir: Path
+    window: Recorded[WindowRecord]
+    backlog: Recorded[BacklogCheck]
+    turn_mix: Recorded[TurnMix]
+    prompt_lengths: Recorded[PromptLengthMix]
+    metrics: list[MetricsSample]
+    start_unix_s: float | None  # wall clock at the level's offset 0, when it could be placed
+
+
+def _level_file(path: Path, model: type[R]) -> Recorded[R]:
+    if not path.is_file():
+        return Recorded(None, NOT_RECORDED)
+    try:
+        return Recorded(model.model_validate_json(path.read_text(encoding="utf-8")))
+    except OSError as exc:
+        return Recorded(None, f"{path.name} cannot be read ({exc.strerror})")
+    except ValidationError as exc:
+        return Recorded(None, f"{path.name} is not readable here ({_first_error(exc)})")
+
+
+def level_start_unix(level_dir: Path) -> float | None:
+    """Wall clock at a level's offset 0: a record's intended send time less its offset in
+    the schedule as sent (``schedule.jsonl``, open-loop requests only: a later turn's
+    intended time follows its answer); None when either file is missing."""
+    offsets: dict[str, float] = {}
+    try:
+        with (level_dir / "schedule.jsonl").open(encoding="utf-8") as fh:
+            for line in fh:
+                row = json.loads(line)
+                if row.get("follows") is None:
+                    offsets[str(row["request_id"])] = float(row["send_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    paths = [level_dir / "requests.jsonl", *sorted(level_dir.glob("records.jsonl.w*[0-9]"))]
+    for path in paths:
+        try:
+            with path.open(encoding="utf-8") as fh:
+                for line, _ in zip(fh, range(256), strict=False):
+                    row = json.loads(line)
+                    if row.get("request_id") in offsets:
+                        return float(row["scheduled_s"]) - offsets[row["request_id"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def level_evidence(trial_dir: Path, ev: Evaluation) -> list[LevelEvidence]:
+    """Each measured level's evidence of steady state, from its directory under
+    ``trial_dir``; the backlog guard's verdict from the evaluation when ``backlog.json``
+    is not there (runs from before it was written)."""
+    out: list[LevelEvidence] = []
+    for index, lv in enumerate(ev.levels):
+        level_dir = rebase(lv.dir, trial_dir)
+        backlog = _level_file(level_dir / BACKLOG_FILE, BacklogCheck)
+        if backlog.value is None and lv.backlog is not None:
+            backlog = Recorded(lv.backlog)
+        out.append(
+            LevelEvidence(
+                index=index, rate_per_s=lv.rate_per_s, met=lv.met,
+                stopped_early=lv.stopped_early, dir=level_dir,
+                window=_level_file(level_dir / WINDOW_FILE, WindowRecord), backlog=backlog,
+                turn_mix=_level_file(level_dir / TURN_MIX_FILE, TurnMix),
+                prompt_lengths=_level_file(level_dir / PROMPT_LENGTHS_FILE, PromptLengthMix),
+                metrics=read_metrics(level_dir / "metrics.csv"),
+                start_unix_s=level_start_unix(level_dir),
+            )
+        )  # fmt: skip
+    return out

@@ -76,6 +76,7 @@ class Signal(StrEnum):
     WAITING = "waiting"  # requests waiting (vllm:num_requests_waiting)
     KV_USAGE = "kv_usage"  # fraction of the KV cache in use (vllm:kv_cache_usage_perc)
     TTFT = "ttft"  # ms, by intended send time
+    RUNNING = "running"  # requests running (vllm:num_requests_running): the window's opening
 
 
 class SignalTrend(BaseModel):
@@ -101,7 +102,7 @@ class SignalTrend(BaseModel):
             return f"KV usage {100 * growth:+.0f} points {span}"
         if self.signal is Signal.TTFT:
             return f"TTFT {growth:+,.0f} ms {span}"
-        return f"waiting {growth:+.0f} {span}"
+        return f"{self.signal.value} {growth:+.0f} {span}"
 
 
 class BacklogCheck(BaseModel):

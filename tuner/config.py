@@ -65,8 +65,11 @@ class TuneConfig(BaseModel):
     knobs: tuple[str, ...] | None = None  # default: the five; see tuner.space
     space: dict[str, str] = Field(default_factory=dict)  # knob -> range text
     screen: bool = True  # skip launches the memory model says will fail
-    level_duration_s: float = Field(default=8.0, gt=0)  # each measured rate, emulated seconds
-    max_levels: int = Field(default=3, ge=1)
+    # Each measured rate's window and warm-up, emulated seconds; None: the window sized
+    # for the SLO's percentiles, opening once the server is steady (tuner.window).
+    level_duration_s: float | None = Field(default=None, gt=0)
+    level_warmup_s: float | None = Field(default=None, ge=0)
+    max_levels: int = Field(default=4, ge=1)
     # Where it goes
     study: str | None = None
     run_dir: Path | None = None
@@ -202,4 +205,4 @@ def _one_line(exc: ValidationError, path: Path | None) -> str:
 
 
 # Fields whose flag is not the field's name with dashes.
-_FLAGS = {"level_duration_s": "--level-duration"}
+_FLAGS = {"level_duration_s": "--level-duration", "level_warmup_s": "--level-warmup"}

@@ -180,6 +180,7 @@ def evaluate(
     registry: ChildRegistry,
     start_rate_per_s: float | None,
     max_levels: int | None = None,
+    predicted_rate_per_s: float | None = None,
 ) -> Evaluation:
     """Launch the candidate and measure its goodput (screened first when configured)."""
     early = screened(ctx, params, out_dir)
@@ -213,8 +214,9 @@ def evaluate(
             live.warm_up(warm_spec, warm)
             search = search_rate(
                 live, ctx.workload, start_rate_per_s=start_rate_per_s, out_dir=out_dir,
-                level_duration_s=config.level_duration_s,
+                level_duration_s=config.level_duration_s, warmup_s=config.level_warmup_s,
                 max_levels=max_levels or config.max_levels, model_dir=ctx.model_dir,
+                predicted_rate_per_s=predicted_rate_per_s,
             )  # fmt: skip
     evaluation = _evaluation(ctx, params, out_dir, startup, search, live, kv_fill)
     evaluation.write()

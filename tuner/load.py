@@ -33,7 +33,7 @@ from workloads.runner import (
     startup_lead_s,
     validate_generators,
 )
-from workloads.schedule import ScheduledRequest
+from workloads.schedule import RequestRecord, ScheduledRequest
 from workloads.spec import SloMetric, WorkloadError, WorkloadSpec, load_workload
 from workloads.traces import TraceError
 
@@ -246,9 +246,18 @@ def run_schedule(
     stop after the window is expected and requests cut off in flight are measured as far
     as they got (``LoadResult.from_records``).
     """
-    if time_scale != 1.0:
-        schedule = [dataclasses.replace(r, send_s=r.send_s * time_scale) for r in schedule]
+    if time_scale != 1.0:  # a user thinks on the emulated clock too
+        schedule = [
+            dataclasses.replace(
+                r, send_s=r.send_s * time_scale, think_time_s=r.think_time_s * time_scale
+            )
+            for r in schedule
+        ]
     slo = request_slo(spec)
+    # A session's later turn waits for the answer it extends; one that would then go out
+    # after the window (the builder plans none at or after its end, duration_s from the
+    # schedule's start) is not sent.
+    turns_until_s = None if spec.sessions is None else spec.duration_s * time_scale
 
     def spawn(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
         return registry.spawn(
@@ -260,6 +269,7 @@ def run_schedule(
             base_url=base_url, model=model, schedule=schedule, out_dir=out_dir,
             processes=generators.processes, remote_workers=generators.remote_workers,
             master_bind=generators.master_bind, spawn=spawn, stop_when=stop_when,
+            turns_until_s=turns_until_s,
         )  # fmt: skip
     except (LoadConfigError, LoadGeneratorError) as exc:
         raise WorkloadLoadError(f"load run failed: {exc}") from exc
@@ -274,3 +284,26 @@ def run_schedule(
     )
     result = result.in_virtual_time(time_scale)
     return WorkloadRun(spec=spec, run=run, result=result, verdict=slo_verdict(spec, result))
+
+
+def summarise_records(
+    spec: WorkloadSpec,
+    records: list[RequestRecord],
+    *,
+    window_s: float,
+    time_scale: float = 1.0,
+    cut_short: bool = False,
+) -> tuple[LoadResult, SloVerdict]:
+    """Some records of a run (e.g. one level's measured window, ``window_s`` emulated
+    seconds) against the workload's SLOs, in the emulated GPU's time (see run_schedule)."""
+    slo = request_slo(spec)
+    k = time_scale
+    wall_slo = Slo(
+        ttft_ms=None if slo.ttft_ms is None else slo.ttft_ms * k,
+        tpot_ms=None if slo.tpot_ms is None else slo.tpot_ms * k,
+        e2e_ms=None if slo.e2e_ms is None else slo.e2e_ms * k,
+    )
+    result = LoadResult.from_records(
+        records, slo=wall_slo, window_s=window_s * k, cut_short=cut_short
+    ).in_virtual_time(k)
+    return result, slo_verdict(spec, result)

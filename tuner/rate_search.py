@@ -13,10 +13,20 @@ On a live server (``trial.LiveServer``) the workload is sent at a first rate, th
 * once a rate held and a higher one broke, at the geometric middle of that bracket,
   until it is narrower than ``precision`` or the level budget is spent.
 
-A level whose SLO is already clearly broken stops early (``trial.StopRule``). A level
-that builds a backlog (its queue, KV usage or TTFT trends up through its window,
-``tuner.backlog``) is a miss whatever its percentiles say, and stops early once its
-queue clearly grows (``trial.BacklogStopRule``). Every level keeps its own directory with the load run's evidence.
+When the twin placed the first rate (``predicted_rate_per_s``: the simulator's
+sustained rate for these settings), the first level is just below the prediction and
+the next, if it held, just above it (``precision`` apart), so a right prediction is
+bracketed in two levels; the evidence-led steps take over where it was wrong.
+
+Each level is one schedule at its own rate: a warm-up, then its window, which opens
+only once the server is steady at that rate and lasts long enough for the SLO's
+percentiles (``tuner.window``; multi-turn sessions are already under way from its
+first second, ``workloads.stationary``). A level whose SLO is already clearly broken
+stops early (``trial.StopRule``). A level that builds a backlog (its queue, KV usage
+or TTFT trends up through its window, ``tuner.backlog``) is a miss whatever its
+percentiles say, and stops early once its queue clearly grows (``trial.WindowRule``).
+Every level keeps its own directory with the load run's evidence (``window.json``,
+``backlog.json``, ``turn_mix.json``, ``prompt_lengths.json``, ``metrics.csv``).
 
 Rates are the workload's arrival rate (requests/s, or sessions/s for a multi-turn
 workload); ``goodput`` is the request rate the best level offered, as measured, and
@@ -36,21 +46,17 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.level_evidence import write_level_evidence
 from tuner.load import plan_schedule, split_warmup
 from tuner.server import LaunchSpec, TrialOutcome
-from tuner.trial import (
-    AnyStop,
-    BacklogStopRule,
-    Measurement,
-    StopFactory,
-    StopRule,
-    loosest_ttft_ms,
-)
+from tuner.trial import Measurement, StopFactory, StopRule
+from tuner.window import LevelPlan, plan_level
+from workloads.prompts import prompt_builder_for
 from workloads.schedule import ScheduledRequest
 from workloads.spec import SessionStart, SloMetric, WarmupSpec, WorkloadSpec
-from workloads.stationary import TURN_MIX_FILE, turn_mix, write_turn_mix
 
 MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
+PROVISIONAL_S = 30.0  # a level's first schedule, to read its request rate from
 
 
 class GoodputBound(StrEnum):
@@ -225,6 +231,33 @@ def drain_s(spec: WorkloadSpec) -> float:
     return max(4.0, 1.5 * max(ttft, default=0.0) / 1000.0)
 
 
+def plan_level_schedule(
+    spec: WorkloadSpec,
+    rate_per_s: float | None,
+    *,
+    window_s: float | None = None,
+    warmup_s: float | None = None,
+    max_model_len: int | None = None,
+    model_dir: Path | None = None,
+) -> tuple[WorkloadSpec, LevelPlan, list[ScheduledRequest]]:
+    """One level at ``rate_per_s``: its spec (warm-up and window in one schedule), its
+    plan (``tuner.window.plan_level``) and its schedule (the spec's own warm-up left out)."""
+
+    def build(duration_s: float) -> tuple[WorkloadSpec, list[ScheduledRequest]]:
+        level_spec = level_workload(spec, rate_per_s, duration_s)
+        _, schedule = split_warmup(
+            plan_schedule(level_spec, max_model_len=max_model_len, model_dir=model_dir)
+        )
+        return level_spec, schedule
+
+    provisional_s = window_s or PROVISIONAL_S
+    level_spec, schedule = build(provisional_s)
+    plan = plan_level(level_spec, schedule, window_s=window_s, warmup_s=warmup_s)
+    if abs(plan.total_s - provisional_s) > 1e-9:
+        level_spec, schedule = build(plan.total_s)
+    return level_spec, plan, schedule
+
+
 def level_met(m: Measurement) -> bool:
     """The SLOs held over the whole window, the engine lived, and no backlog built up."""
     backlog = m.stopped_by_backlog or (m.backlog is not None and m.backlog.growing)
@@ -304,6 +337,7 @@ class LevelServer(Protocol):
         out_dir: Path,
         stop_when: StopFactory | None = None,
         drain_s: float | None = None,
+        level: LevelPlan | None = None,
     ) -> Measurement: ...
 
 
@@ -313,39 +347,49 @@ def search_rate(
     *,
     start_rate_per_s: float | None,
     out_dir: Path,
-    level_duration_s: float,
-    max_levels: int = 3,
+    level_duration_s: float | None = None,
+    max_levels: int = 4,
     growth: float = 1.15,
-    precision: float = 0.15,
+    precision: float = 0.05,
     model_dir: Path | None = None,
+    predicted_rate_per_s: float | None = None,
+    warmup_s: float | None = None,
 ) -> RateSearch:
     """Measure levels on a READY server until the goodput is bracketed to ``precision``
     or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
 
-    ``growth`` is the smallest step from one level to the next (``climb_step`` up from
-    a level that held, ``descent_step`` down from a first one that broke: at most x2)."""
+    ``level_duration_s``, ``warmup_s``: a fixed window and warm-up per level instead of
+    a window sized for the SLO's percentiles opening once the server is steady
+    (``tuner.window.plan_level``). ``growth`` is the smallest step from one
+    level to the next (``climb_step`` up from a level that held, ``descent_step`` down
+    from a first one that broke: at most x2). ``predicted_rate_per_s``: the twin's
+    sustained rate; the first two levels straddle it (the module's docstring)."""
     levels: list[Level] = []
     closed = spec.mean_rate_per_s is None
-    rate: float | None = None if closed else (start_rate_per_s or spec.mean_rate_per_s)
+    rate: float | None = None
+    if not closed:
+        rate = start_rate_per_s or spec.mean_rate_per_s
+        if predicted_rate_per_s:
+            rate = predicted_rate_per_s / math.sqrt(1.0 + precision)
     died = False
     for index in range(1 if closed else max_levels):
-        level_spec = level_workload(spec, rate, level_duration_s)
-        _, schedule = split_warmup(
-            plan_schedule(
-                level_spec, max_model_len=live.launch.params.max_model_len, model_dir=model_dir
-            )
-        )
-        rule = stop_rule(level_spec, len(schedule), live.time_scale)
-        backlog = BacklogStopRule(
-            level_duration_s, time_scale=live.time_scale, ttft_limit_ms=loosest_ttft_ms(level_spec)
-        )
-        m = live.measure(
-            level_spec, schedule, out_dir=out_dir / f"level-{index}",
-            stop_when=AnyStop(rule, backlog), drain_s=drain_s(level_spec),
+        level_spec, plan, schedule = plan_level_schedule(
+            spec, rate, window_s=level_duration_s, warmup_s=warmup_s,
+            max_model_len=live.launch.params.max_model_len, model_dir=model_dir,
         )  # fmt: skip
-        if level_spec.sessions is not None:  # the turns the window held, against stationary
-            mix = turn_mix(schedule, level_spec.sessions)
-            write_turn_mix(out_dir / f"level-{index}" / TURN_MIX_FILE, mix)
+        level_dir = out_dir / f"level-{index}"
+        m = live.measure(
+            level_spec, schedule, out_dir=level_dir,
+            stop_when=stop_rule(level_spec, len(schedule), live.time_scale),
+            drain_s=drain_s(level_spec), level=plan,
+        )  # fmt: skip
+        measured = schedule  # what the window held, against the workload's stationary mix
+        if m.window is not None:
+            opened, until = m.window.opened_at_s, m.window.opened_at_s + m.window.window_s
+            measured = [r for r in schedule if opened <= r.send_s < until]
+        write_level_evidence(
+            level_dir, measured, level_spec, prompt_builder=prompt_builder_for(model_dir)
+        )
         met = level_met(m)
         level = Level(index=index, rate_per_s=rate or 0.0, met=met, measurement=m)
         levels.append(level)
@@ -358,9 +402,11 @@ def search_rate(
         if low is None:  # every rate so far broke: down by how far the lowest missed
             assert high is not None
             rate = high.rate_per_s / descent_step(spec, high.measurement, growth)
+        elif high is None and predicted_rate_per_s and index == 0:  # the twin's other side
+            rate = low.rate_per_s * (1.0 + precision)
         elif high is None:  # every rate so far held: up by what the best one allows
             rate = low.rate_per_s * climb_step(spec, low.measurement, growth)
-        elif high.rate_per_s / low.rate_per_s <= 1.0 + precision:
+        elif high.rate_per_s / low.rate_per_s <= 1.0 + precision * 1.0001:
             break
         else:
             rate = math.sqrt(low.rate_per_s * high.rate_per_s)

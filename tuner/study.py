@@ -32,13 +32,14 @@ from tuner.errors import ConfigError
 from tuner.evaluate import Evaluation, Verdict, evaluate
 from tuner.load import plan_schedule
 from tuner.memory import Calibration
-from tuner.predict import Setup, max_rate
+from tuner.predict import Setup, sustained_max_rate
 from tuner.processes import ChildRegistry
-from tuner.rate_search import GoodputBound, GoodputUnit, level_workload
+from tuner.rate_search import GoodputBound, GoodputUnit, level_workload, plan_level_schedule
 from tuner.sampling import Objective, make_sampler
 from tuner.server import Backend
 from tuner.space import TrialParams, vllm_defaults
 from tuner.vllm_log import calibration_from_report
+from tuner.window import MIN_WINDOW_S
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +363,8 @@ class StudySettings(BaseModel):
     max_model_len: int | None
     kv_cache_memory_bytes: int | None
     tensor_parallel_size: int
-    level_duration_s: float
+    level_duration_s: float | None = None
+    level_warmup_s: float | None = None
     max_levels: int
 
     @classmethod
@@ -375,7 +377,7 @@ class StudySettings(BaseModel):
             space={r.knob.value: r.describe() for r in ctx.space.ranges},
             max_model_len=c.max_model_len, kv_cache_memory_bytes=c.kv_cache_memory_bytes,
             tensor_parallel_size=c.tensor_parallel_size, level_duration_s=c.level_duration_s,
-            max_levels=c.max_levels,
+            level_warmup_s=c.level_warmup_s, max_levels=c.max_levels,
         )  # fmt: skip
 
     def flat(self) -> dict[str, Any]:
@@ -418,7 +420,7 @@ def recorded_settings(tune_json: dict[str, Any]) -> dict[str, Any]:
         except ValueError:
             pass
     for key in ("objective", "max_model_len", "kv_cache_memory_bytes", "tensor_parallel_size",
-                "level_duration_s", "max_levels"):  # fmt: skip
+                "level_duration_s", "level_warmup_s", "max_levels"):  # fmt: skip
         if key in config:
             doc[key] = config[key]
     return _flatten(doc)
@@ -440,7 +442,8 @@ _LABELS = {
     "max_model_len": "--max-model-len",
     "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
     "tensor_parallel_size": "--tensor-parallel-size", "level_duration_s": "--level-duration",
-    "max_levels": "--max-levels", "workload.name": "--workload",
+    "level_warmup_s": "--level-warmup", "max_levels": "--max-levels",
+    "workload.name": "--workload",
     "workload.slo.ttft": "--slo-ttft-ms", "workload.slo.itl": "--slo-itl-ms",
 }  # fmt: skip
 _ORDER = ("model", "gpu", "backend", "vllm_version", "workload", "objective", "space")
@@ -768,10 +771,11 @@ class TrialLoop:
         if rate <= 0:
             return config.time_scale or 1.0, fraction or 1.0
         # What the busiest level offers: its schedule's requests and tokens per second.
-        spec = level_workload(ctx.workload, rate * 1.3, config.level_duration_s)
+        busiest_s = config.level_duration_s or MIN_WINDOW_S
+        spec = level_workload(ctx.workload, rate * 1.3, busiest_s)
         schedule = [r for r in plan_schedule(spec) if not r.warmup]
-        requests_per_s = len(schedule) / config.level_duration_s
-        tokens_per_s = sum(r.max_tokens for r in schedule) / config.level_duration_s
+        requests_per_s = len(schedule) / busiest_s
+        tokens_per_s = sum(r.max_tokens for r in schedule) / busiest_s
         if fraction is None:
             fraction = auto_stream_fraction(
                 tokens_per_s, requests_per_s, config.max_events_per_s, config.min_stream_fraction
@@ -886,8 +890,9 @@ class TrialLoop:
             )
         start = self.start_rate(params)
         evaluation = evaluate(
-            ctx, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start
-        )
+            ctx, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
+            predicted_rate_per_s=self.predicted_rate(params),
+        )  # fmt: skip
         self._calibrate(evaluation)
         record(trial, evaluation, role=role)
         self.progress(self._line(trial.number, evaluation))
@@ -904,17 +909,31 @@ class TrialLoop:
         predicted = self.predicted_max_rate(params, fallback)
         return predicted * 0.9 if predicted > 0 else fallback
 
+    def predicted_rate(self, params: TrialParams) -> float | None:
+        """The twin's sustained rate for these settings, where it can place one."""
+        ctx = self.ctx
+        if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+            return None
+        fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
+        return self.predicted_max_rate(params, fallback) or None
+
     def predicted_max_rate(self, params: TrialParams, start: float | None) -> float:
-        """The simulator's highest arrival rate meeting the SLOs (cached per settings)."""
+        """The simulator's highest arrival rate it sustains in the steady state, a level's
+        warm-up and window long (``tuner.predict.sustained_max_rate``; cached per settings)."""
         ctx = self.ctx
         key = params.model_dump_json()
         if key not in self._predicted:
             assert ctx.gpu is not None
             setup = Setup(ctx.model, ctx.gpu, ctx.version, params.serving(ctx.base))
-            spec = level_workload(ctx.workload, None, ctx.config.level_duration_s)
-            self._predicted[key] = max_rate(
-                setup, spec, start_rate_per_s=start, precision=0.08, max_runs=10
-            )
+            rate = start or ctx.workload.mean_rate_per_s
+            _, plan, _ = plan_level_schedule(
+                ctx.workload, rate, window_s=ctx.config.level_duration_s,
+                warmup_s=ctx.config.level_warmup_s,
+            )  # fmt: skip
+            self._predicted[key] = sustained_max_rate(
+                setup, ctx.workload, warmup_s=plan.warmup_max_s, window_s=plan.window_s,
+                start_rate_per_s=start, precision=0.05, max_runs=10,
+            )  # fmt: skip
         return self._predicted[key]
 
     def best_rate(self) -> float | None:

@@ -43,10 +43,18 @@ from tuner.load import (
     plan_schedule,
     run_schedule,
     split_warmup,
+    summarise_records,
 )
 from tuner.processes import ChildRegistry
 from tuner.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
-from tuner.server_metrics import KvUsageWatcher, ServerCounters, read_metrics_csv, scrape
+from tuner.server_metrics import (
+    KvUsageWatcher,
+    MetricsSample,
+    ServerCounters,
+    read_metrics_csv,
+    scrape,
+)
+from tuner.window import WINDOW_FILE, LevelPlan, WindowOpening, steady_opening
 from workloads.metrics import LoadResult
 from workloads.schedule import (
     RequestRecord,
@@ -76,6 +84,9 @@ class Measurement(BaseModel):
     stopped_early: bool = False  # by the SLO stop rule
     backlog: BacklogCheck | None = None  # the backlog guard on the window (tuner.backlog)
     stopped_by_backlog: bool = False  # the queue grew clearly: stopped before its window ended
+    window: WindowOpening | None = (
+        None  # a rate-search level: when its window opened (tuner.window)
+    )
 
 
 class KvFill(BaseModel):
@@ -302,8 +313,15 @@ class LiveServer:
         out_dir: Path,
         stop_when: StopFactory | None = None,
         drain_s: float | None = None,
+        level: LevelPlan | None = None,
     ) -> Measurement:
         """One measured load run; /metrics deltas over exactly its window.
+
+        ``level``: a rate-search level sent as one schedule, warm-up then window
+        (``tuner.window``): the window opens once the server is steady (``WindowRule``,
+        which also cuts the run a ``drain_s`` after the window and stops a clearly
+        growing queue), and only the window's requests are measured; ``window.json``
+        says when it opened and why.
 
         ``drain_s`` (emulated seconds): stop the run that long after the last send, and
         measure requests still in flight as far as they got, rather than waiting for the
@@ -311,11 +329,19 @@ class LiveServer:
         (``tuner.backlog``) judges the window and writes ``backlog.json``; ``stop_when``
         may stop the run early (``StopRule``, ``BacklogStopRule``, both with ``AnyStop``).
         """
-        (out_dir / "backlog-stop.json").unlink(missing_ok=True)  # an earlier run's
+        for stale in ("backlog-stop.json", WINDOW_FILE):  # an earlier run's
+            (out_dir / stale).unlink(missing_ok=True)
         before = scrape(self.server.base_url)
         watcher = KvUsageWatcher(
             self.server.base_url, interval_s=0.25, csv_path=out_dir / "metrics.csv"
         ).start()
+        window_rule: _BoundWindowRule | None = None
+        if level is not None:
+            window_rule = WindowRule(
+                level, time_scale=self.time_scale, drain_s=drain_s or 0.0,
+                ttft_limit_ms=loosest_ttft_ms(workload), samples=watcher.snapshot,
+            ).bind(out_dir)  # fmt: skip
+            stop_when = AnyStop(stop_when, _Bound(window_rule))
         rule = stop_when.bind(out_dir) if stop_when is not None else None
         due = self._after_schedule(schedule, drain_s=drain_s) if drain_s is not None else None
         cut = (lambda: due(out_dir)) if due is not None else None
@@ -345,18 +371,36 @@ class LiveServer:
         if died is not None:
             self.death = died
         start = run.run.start_at_s
+        k = self.time_scale
+        records = list(read_records(run.run.records_path))
+        load, verdict = run.result, run.verdict
+        window_start, window_end = start, start + workload.duration_s * k
+        opening: WindowOpening | None = None
+        if level is not None and window_rule is not None:
+            opening = window_rule.opening or window_rule.open_now(watcher.samples, final=True)
+            window_start = start + opening.opened_at_s * k
+            window_end = window_start + opening.window_s * k
+            records = [
+                r for r in records if not r.warmup and window_start <= r.scheduled_s < window_end
+            ]
+            load, verdict = summarise_records(
+                workload, records, window_s=opening.window_s, time_scale=k, cut_short=True
+            )
+            opening = opening.model_copy(update={"requests": load.num_requests})
+            opening.write(out_dir)
         backlog = check_backlog(
-            watcher.samples, read_records(run.run.records_path),
-            window_start_unix_s=start,
-            window_end_unix_s=min(start + workload.duration_s * self.time_scale, stopped_at),
-            time_scale=self.time_scale, ttft_limit_ms=loosest_ttft_ms(workload),
+            watcher.samples, records,
+            window_start_unix_s=window_start,
+            window_end_unix_s=min(window_end, stopped_at),
+            time_scale=k, ttft_limit_ms=loosest_ttft_ms(workload),
         )  # fmt: skip
         (out_dir / "backlog.json").write_text(backlog.model_dump_json(indent=2), "utf-8")
         return Measurement(
             out_dir=str(out_dir),
             outcome=died.outcome if died is not None else TrialOutcome.READY,
-            load=run.result,
-            slo=run.verdict,
+            load=load,
+            slo=verdict,
+            window=opening,
             server=ServerCounters.between(before, after, peak_kv) if after else None,
             death=died,
             client_saturated=run.run.client_saturated,
@@ -485,22 +529,140 @@ class _BoundBacklogStop:
         return True
 
     def _schedule_start(self) -> float | None:
-        """Unix time of the schedule's offset 0: a record's intended send time less its offset."""
+        """Unix time of the schedule's offset 0 (see ``schedule_start_unix``)."""
         if self._offsets is None:
-            try:  # written whole before the load generator starts
-                schedule = read_schedule(self.out_dir / "schedule.jsonl")
-            except (OSError, ValueError, TypeError):
-                return None
-            self._offsets = {r.request_id: r.send_s for r in schedule}
-        for path in sorted(self.out_dir.glob("records.jsonl.w*")):
-            try:
-                with path.open(encoding="utf-8") as fh:
-                    first = RequestRecord.from_json(fh.readline())
-            except (OSError, ValueError, TypeError):
-                continue  # nothing recorded yet, or a line still being written
-            if first.request_id in self._offsets:
-                return first.scheduled_s - self._offsets[first.request_id]
+            self._offsets = open_loop_offsets(self.out_dir)
+        return None if self._offsets is None else schedule_start_unix(self.out_dir, self._offsets)
+
+
+def schedule_start_unix(out_dir: Path, offsets: dict[str, float]) -> float | None:
+    """Unix time of a run's offset 0: a record's intended send time less its offset
+    (``offsets``: the schedule's open-loop requests, by request id; a later turn's
+    intended time follows its answer, not its plan)."""
+    for path in sorted(out_dir.glob("records.jsonl.w*")):
+        try:
+            with path.open(encoding="utf-8") as fh:
+                for line, _ in zip(fh, range(64), strict=False):
+                    record = RequestRecord.from_json(line)
+                    if record.request_id in offsets:
+                        return record.scheduled_s - offsets[record.request_id]
+        except (OSError, ValueError, TypeError):
+            continue  # nothing recorded yet, or a line still being written
+    return None
+
+
+def open_loop_offsets(out_dir: Path) -> dict[str, float] | None:
+    """The schedule's open-loop send offsets by request id (None: not written yet)."""
+    try:  # written whole before the load generator starts
+        schedule = read_schedule(out_dir / "schedule.jsonl")
+    except (OSError, ValueError, TypeError):
         return None
+    return {r.request_id: r.send_s for r in schedule if r.follows is None}
+
+
+class WindowRule:
+    """A rate-search level's window (``tuner.window``): opens it once the server is steady
+    (or the longest warm-up is spent) and writes ``window.json``; stops the run when the
+    queue clearly grows through the window (``tuner.backlog.clearly_growing``, reason
+    ``backlog``, leaving ``backlog-stop.json``), else a ``drain_s`` after the window
+    closes (reason ``cut``). ``samples``: the /metrics timeline so far."""
+
+    def __init__(
+        self, plan: LevelPlan, *, time_scale: float, drain_s: float,
+        ttft_limit_ms: float | None, samples: Callable[[], list[MetricsSample]],
+    ) -> None:  # fmt: skip
+        self.plan = plan
+        self.time_scale = time_scale
+        self.drain_s = drain_s
+        self.ttft_limit_ms = ttft_limit_ms
+        self.samples = samples
+
+    def bind(self, out_dir: Path) -> _BoundWindowRule:
+        return _BoundWindowRule(self, out_dir)
+
+
+class _BoundWindowRule:
+    def __init__(self, rule: WindowRule, out_dir: Path) -> None:
+        self.rule = rule
+        self.out_dir = out_dir
+        self.reason = "cut"
+        self.start_unix_s: float | None = None
+        self.opening: WindowOpening | None = None
+        self._offsets: dict[str, float] | None = None
+        self._last_check = 0.0
+
+    def open_now(self, samples: list[MetricsSample], *, final: bool = False) -> WindowOpening:
+        """The opening from the samples so far; ``final``: the run is over without the
+        window having opened (stopped early): it opens where the test would have said."""
+        plan = self.rule.plan
+        start = self.start_unix_s or (samples[0].unix_s if samples else time.time())
+        k = self.rule.time_scale
+        for sample in samples if final else samples[-1:]:
+            opening = steady_opening(
+                plan, samples, start_unix_s=start, now_unix_s=sample.unix_s, time_scale=k
+            )
+            if opening is not None:
+                return opening
+        last = samples[-1].unix_s if samples else start
+        return WindowOpening(
+            warmup_min_s=plan.warmup_min_s, warmup_max_s=plan.warmup_max_s,
+            opened_at_s=min(plan.warmup_max_s, max(0.0, (last - start) / k)),
+            steady_at_open=False, test=plan.test(), window_s=plan.window_s,
+            needed_requests=plan.needed_requests,
+        )  # fmt: skip
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_check < 0.5:
+            return False
+        self._last_check = now
+        if self.start_unix_s is None:
+            if self._offsets is None:
+                self._offsets = open_loop_offsets(self.out_dir)
+            if self._offsets is None:
+                return False
+            self.start_unix_s = schedule_start_unix(self.out_dir, self._offsets)
+            if self.start_unix_s is None:
+                return False
+        rule, start, k = self.rule, self.start_unix_s, self.rule.time_scale
+        unix_now = time.time()
+        samples = rule.samples()
+        if self.opening is None:
+            if not samples:
+                return False
+            opening = steady_opening(
+                rule.plan, samples, start_unix_s=start, now_unix_s=unix_now, time_scale=k
+            )
+            if opening is None:
+                return False
+            self.opening = opening
+            opening.write(self.out_dir)
+        opened_unix = start + self.opening.opened_at_s * k
+        elapsed_s = (unix_now - opened_unix) / k
+        if elapsed_s >= self.opening.window_s + rule.drain_s:
+            self.reason = "cut"
+            return True
+        check = check_backlog(
+            samples, (), window_start_unix_s=opened_unix, window_end_unix_s=unix_now,
+            time_scale=k, ttft_limit_ms=rule.ttft_limit_ms,
+        )  # fmt: skip
+        if clearly_growing(check, elapsed_s=elapsed_s, window_s=self.opening.window_s):
+            (self.out_dir / "backlog-stop.json").write_text(
+                check.model_dump_json(indent=2), "utf-8"
+            )
+            self.reason = "backlog"
+            return True
+        return False
+
+
+class _Bound:
+    """A check already bound to its directory, as a StopFactory (for AnyStop)."""
+
+    def __init__(self, check: Callable[[], bool]) -> None:
+        self.check = check
+
+    def bind(self, out_dir: Path) -> Callable[[], bool]:
+        return self.check
 
 
 class AnyStop:

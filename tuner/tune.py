@@ -37,7 +37,7 @@ from tuner.context import TuneContext, resolve
 from tuner.edge import EdgeResult, find_edge
 from tuner.errors import TunerError
 from tuner.processes import ChildRegistry
-from tuner.rate_search import Goodput, GoodputBound, GoodputUnit
+from tuner.rate_search import Goodput, GoodputBound, GoodputUnit, drain_s, plan_level_schedule
 from tuner.recommend import Recommendation, recommend
 from tuner.space import TrialParams
 from tuner.study import (
@@ -124,7 +124,11 @@ def _reserve_s(ctx: TuneContext) -> float:
     overhead = 10.0  # launch, readiness, load generator start
     edge_launches = min(c.max_edge_launches, 3)
     edge = edge_launches * (overhead + c.edge_load_s * k) if c.edge else 0.0
-    level = (c.level_duration_s + 4.0) * k + 4.0
+    rate = c.rate or ctx.workload.mean_rate_per_s
+    _, plan, _ = plan_level_schedule(
+        ctx.workload, rate, window_s=c.level_duration_s, warmup_s=c.level_warmup_s
+    )
+    level = (plan.warmup_min_s + plan.window_s + drain_s(ctx.workload)) * k + 4.0
     warm = ctx.workload.warmup.duration_s * k
     confirm = (
         (overhead + warm + 3 * level) * c.repeats + 2 * (overhead + warm + level)

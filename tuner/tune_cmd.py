@@ -51,8 +51,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-screen", dest="screen", action="store_false", default=None,
                    help="launch even what the memory model says cannot start")  # fmt: skip
     p.add_argument("--level-duration", dest="level_duration_s", type=float,
-                   help="seconds of load per measured rate (default 10)")  # fmt: skip
-    p.add_argument("--max-levels", type=int, help="measured rates per trial (default 3)")
+                   help="measured window per rate, seconds (default: sized for the SLO's "
+                        "percentiles, 8 to 120 s)")  # fmt: skip
+    p.add_argument("--level-warmup", dest="level_warmup_s", type=float,
+                   help="warm-up per rate, seconds (default: until the server is steady)")  # fmt: skip
+    p.add_argument("--max-levels", type=int, help="measured rates per trial (default 4)")
     p.add_argument("--study", help="study name (default from model, GPU and workload)")
     p.add_argument("--run-dir", type=Path, help="default runs/<study>")
     p.add_argument(
@@ -106,7 +109,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "model", "gpu", "backend", "vllm_cmd", "vllm_version", "model_dir", "max_model_len",
         "kv_cache_memory_bytes",
         "tensor_parallel_size", "workload", "rate", "slo_ttft_ms", "slo_itl_ms", "objective",
-        "trials", "budget_min", "seed", "screen", "level_duration_s", "max_levels", "study",
+        "trials", "budget_min", "seed", "screen", "level_duration_s", "level_warmup_s", "max_levels", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
         "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "processes",
         "load_workers", "load_master_bind",

@@ -31,7 +31,7 @@ turns from offset 0 on sent. The arrivals of the run itself are unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -275,7 +275,10 @@ def _lead_requests(
             output_len=output_len[first_turn[i] : first_turn[i] + turns[i]],
             seeds=(_LEAD_TEXT, _LEAD_ANSWER, i),
         )
-        out.extend(r for r in planned if r.send_s >= 0.0)  # earlier turns: history only
+        kept = [r for r in planned if r.send_s >= 0.0]  # earlier turns: history only
+        if kept and kept[0].follows is not None:  # its answer was never asked for: at send_s
+            kept[0] = replace(kept[0], follows=None)
+        out.extend(kept)
     return out
 
 
@@ -339,6 +342,8 @@ def _arrival_requests(
                 warmup=warmup,
                 session_id=base_id if sessions is not None else None,
                 turn=turn,
+                follows=f"{base_id}-{turn - 1}" if turn > 0 else None,
+                think_time_s=sessions.think_time_s if sessions is not None else 0.0,
             )
         )
         if sessions is None:

@@ -1,4 +1,5 @@
-"""Locust load generator: an open-loop schedule of streaming OpenAI-API requests.
+"""Locust load generator: a schedule of streaming OpenAI-API requests, open loop across
+sessions, closed loop within one.
 
 Run by `workloads.runner.run_load` (headless subprocess), or directly with the web UI::
 
@@ -20,10 +21,13 @@ Configuration (environment variables, read when a test starts, never at import):
     up). A request due while its process is at its cap is not sent: it is recorded with
     the error ``not sent: in-flight cap reached`` and counted. Default 4096.
 ``TUNER_WORKER_INDEX`` / ``TUNER_WORKER_COUNT``
-    This process sends the requests ``i`` (0-based, in send order) with
-    ``i % count == index``, so N processes each offer 1/N of the rate. Defaults: under
-    ``--processes N`` (or ``--master``/``--worker``) the index Locust's master gave the
-    worker and the number of workers the master expects; otherwise 0 and 1.
+    This process sends share ``index`` of ``count`` (`workloads.schedule.share_of`):
+    units (a session's requests, or a request without a session) dealt round-robin in
+    the order they first appear in send order, so N processes each offer about 1/N of
+    the rate and a session's turns all go out from the process that waits for their
+    answers. Defaults: under ``--processes N`` (or ``--master``/``--worker``) the index
+    Locust's master gave the worker and the number of workers the master expects;
+    otherwise 0 and 1.
 ``TUNER_START_AT``
     Unix time of offset 0 of the schedule, shared by every process (each sends one
     ``GET /v1/models`` before it, to warm its HTTP client up). Honoured by the first
@@ -32,6 +36,10 @@ Configuration (environment variables, read when a test starts, never at import):
 ``TUNER_REQUEST_TIMEOUT_S``
     A request not finished this long after its scheduled time is abandoned and recorded
     with a timeout error. Default 600.
+``TUNER_TURNS_UNTIL_S``
+    Offset from ``TUNER_START_AT``: a session's later turn due at or after it is not sent
+    and not recorded (the user's turn falls after the measurement), only counted
+    (``turns_after_window`` in the stats). Unset: no limit.
 ``VLLM_API_KEY``
     Sent as ``Authorization: Bearer`` when set.
 
@@ -47,8 +55,16 @@ connects to a run already under way idles until then. A loopback or wildcard hos
 the server's URL is replaced, on a remote worker, by the master's host.
 
 How it sends: when a test starts, each load-generating process (not a master) starts
-one dispatcher greenlet. It encodes each request's body, sleeps until its send time and
-spawns a greenlet that POSTs it (``stream``, ``stream_options.include_usage``,
+one dispatcher greenlet. Open-loop requests (``follows`` None, or the turn it follows
+is not in this share) are due at their send time. A later turn of a session
+(``follows``) is closed loop: due when the record of the turn it extends is written,
+at that turn's answer (its ``end_s``; for one that failed or was not sent, the time
+recorded) plus ``think_time_s``; its record keeps both (``answer_s``, ``scheduled_s``),
+and latencies count from ``scheduled_s`` as for any request. A slow server thus delays
+a user's next turn, never the arrival of new sessions. Each pending turn has a greenlet
+that sleeps until it is due, as the dispatcher does for the open-loop ones; the run is
+done once every chain of turns is. For each due request the body is encoded while
+waiting, and at its time a greenlet POSTs it (``stream``, ``stream_options.include_usage``,
 ``max_tokens`` = ``min_tokens``, ``ignore_eos``) with geventhttpclient on a kept-alive
 connection (one spare connection is kept open ahead of need) and reads the SSE stream
 line by line as bytes arrive (``readline`` on the raw response: Locust's ``iter_lines``
@@ -56,7 +72,8 @@ line by line as bytes arrive (``readline`` on the raw response: Locust's ``iter_
 (a ``data:`` chunk whose first choice carries non-empty text or delta content) is
 timestamped; output and prompt tokens come from the usage chunk (else the event count
 and the scheduled prompt length). The Locust users are an idle vehicle; the dispatcher
-never waits for one, so a slow server cannot slow the offered load.
+never waits for one, so a slow server cannot slow the arrivals. A request due while
+the process is at its in-flight cap, open-loop or later turn, is recorded as not sent.
 
 What the times are (`StampedSocket`): ``sent_s`` is when the request was handed to the
 kernel (after any connection set-up), and on Linux over plain HTTP a token's time is
@@ -117,7 +134,7 @@ from workloads.runner import (
     worker_records_path,
     worker_stats_path,
 )
-from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_schedule
+from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_schedule, share_of
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +227,7 @@ class LoadSettings:
     start_at_s: float
     request_timeout_s: float
     api_key: str | None
+    turns_until_s: float | None = None  # TUNER_TURNS_UNTIL_S, an offset from start_at_s
 
     @classmethod
     def from_env(
@@ -239,6 +257,7 @@ class LoadSettings:
                 environ.get("TUNER_REQUEST_TIMEOUT_S") or DEFAULT_REQUEST_TIMEOUT_S
             ),
             api_key=environ.get("VLLM_API_KEY") or None,
+            turns_until_s=turns_until_from_env(environ),
         )
 
     @classmethod
@@ -254,11 +273,18 @@ class LoadSettings:
             start_at_s=share.start_at_s,
             request_timeout_s=share.request_timeout_s,
             api_key=share.api_key or environ.get("VLLM_API_KEY") or None,
+            turns_until_s=share.turns_until_s,
         )
 
     @property
     def worker(self) -> str:
         return f"w{self.worker_index}"
+
+
+def turns_until_from_env(environ: Mapping[str, str]) -> float | None:
+    """``TUNER_TURNS_UNTIL_S`` as a number; None when unset or empty."""
+    text = environ.get("TUNER_TURNS_UNTIL_S")
+    return float(text) if text else None
 
 
 def _worker_position(environ: Mapping[str, str], environment: Environment) -> tuple[int, int]:
@@ -368,8 +394,39 @@ def _idle_connections(client: HTTPClient) -> int | None:
     return None if queue is None else int(queue.qsize())
 
 
+def _split_share(
+    share: list[ScheduledRequest],
+) -> tuple[list[ScheduledRequest], dict[str, list[ScheduledRequest]]]:
+    """The share's open-loop requests (send order), and its later turns by the request id
+    whose answer each extends. A turn that follows one outside the share (a warm-up turn
+    an earlier run sent), or that no open-loop request leads to (a cycle of ``follows``,
+    never answered), is open loop."""
+    ids = {request.request_id for request in share}
+    followers: dict[str, list[ScheduledRequest]] = {}
+    for request in share:
+        if request.follows is not None and request.follows in ids:
+            followers.setdefault(request.follows, []).append(request)
+    reached = {r.request_id for r in share if r.follows is None or r.follows not in ids}
+    stack = list(reached)
+    while stack:
+        for turn in followers.get(stack.pop(), ()):
+            if turn.request_id not in reached:
+                reached.add(turn.request_id)
+                stack.append(turn.request_id)
+    if len(reached) < len(share):
+        followers = {
+            follows: [turn for turn in turns if turn.request_id in reached]
+            for follows, turns in followers.items()
+            if follows in reached
+        }
+    chained = {turn.request_id for turns in followers.values() for turn in turns}
+    return [r for r in share if r.request_id not in chained], followers
+
+
 class Dispatcher:
-    """Sends one process's share of the schedule at its send times; records every request."""
+    """Sends one process's share of the schedule: open-loop requests at their send times, a
+    session's later turns when the answer each extends is in (plus its think time);
+    records every request, except later turns due after ``turns_until_s`` (counted)."""
 
     def __init__(
         self,
@@ -398,8 +455,19 @@ class Dispatcher:
         )
         self.kernel_timestamps = _stamp_sockets(self.client)
         self.opening_spare = False
-        self.group = Group()
-        self.next_index = 0  # the next request of the share to dispatch
+        self.group = Group()  # requests in flight
+        self.waiting = Group()  # a greenlet per later turn, sleeping until it is due
+        self.open_loop, self.followers = _split_share(share)
+        self.next_index = 0  # the next open-loop request to dispatch
+        # Requests neither dispatched nor dropped (share order), and of them the later
+        # turns already due at a known time: request id -> (scheduled_s, answer_s).
+        self.unsent = {request.request_id: request for request in share}
+        self.due: dict[str, tuple[float, float]] = {}
+        self.outstanding = len(share)  # requests neither recorded nor dropped
+        self.all_done = Event()
+        if not share:
+            self.all_done.set()
+        self.stopping = False  # stop() is recording the rest: no more turns are planned
         self.in_flight = 0
         self.peak_in_flight = 0
         self.lags_s: list[float] = []
@@ -407,7 +475,14 @@ class Dispatcher:
         self.read_delays_s: list[float] = []  # token event: read by this process - arrived
         self.token_events = 0
         self.coalesced_events = 0
-        self.counts = {"sent": 0, "cap_hits": 0, "completed": 0, "failed": 0, "stopped": 0}
+        self.counts = {
+            "sent": 0,
+            "cap_hits": 0,
+            "completed": 0,
+            "failed": 0,
+            "stopped": 0,
+            "turns_after_window": 0,
+        }
         self.stopped_early = False
         self.finished = False
         self.started_s = 0.0
@@ -444,21 +519,22 @@ class Dispatcher:
             gevent.sleep(delay)
         self.cpu_start_s = time.process_time()
         self.wall_start_s = time.time()
-        log.info("%s: sending %d requests", settings.worker, len(self.share))
-        while self.next_index < len(self.share):
-            request = self.share[self.next_index]
+        log.info(
+            "%s: sending %d requests (%d open loop, %d after the answer they extend)",
+            settings.worker,
+            len(self.share),
+            len(self.open_loop),
+            len(self.share) - len(self.open_loop),
+        )
+        while self.next_index < len(self.open_loop):
+            request = self.open_loop[self.next_index]
             scheduled_s = settings.start_at_s + request.send_s
             # Encoded while waiting for the send time, so its cost is not send lag.
             body = request_body(request, settings.model)
             self._sleep_until(scheduled_s)
             self.next_index += 1
-            if self.in_flight >= settings.max_in_flight:
-                self.counts["cap_hits"] += 1
-                self._not_sent(request, scheduled_s, CAP_REACHED)
-                continue
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            self.group.spawn(self._send, request, scheduled_s, body)
+            self._dispatch(request, scheduled_s, body, None)
+        self.all_done.wait()  # every chain of turns recorded or dropped
         self.group.join()
         self._finish()
         runner = self.environment.runner
@@ -469,6 +545,59 @@ class Dispatcher:
         if _quits_when_done(self.environment) and runner is not None:
             log.info("%s: every request done; quitting", settings.worker)
             runner.quit()
+
+    def _dispatch(
+        self, request: ScheduledRequest, scheduled_s: float, body: bytes, answer_s: float | None
+    ) -> None:
+        """At its time: send it, or record it not sent when this process is at its cap."""
+        del self.unsent[request.request_id]
+        self.due.pop(request.request_id, None)
+        if self.in_flight >= self.settings.max_in_flight:
+            self.counts["cap_hits"] += 1
+            self._not_sent(request, scheduled_s, CAP_REACHED, answer_s)
+            return
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        self.group.spawn(self._send, request, scheduled_s, body, answer_s)
+
+    def _answered(self, record: RequestRecord) -> None:
+        """A record is written: the turns that extend its answer are due, think time later."""
+        if self.stopping:
+            return
+        # The answer's arrival; a request that failed or was not sent: the time recorded.
+        answer_s = record.end_s if record.end_s is not None else record.sent_s
+        for turn in self.followers.get(record.request_id, ()):
+            self._plan_turn(turn, answer_s)
+        self.outstanding -= 1
+        if self.outstanding <= 0:
+            self.all_done.set()
+
+    def _plan_turn(self, turn: ScheduledRequest, answer_s: float) -> None:
+        scheduled_s = answer_s + turn.think_time_s
+        until_s = self.settings.turns_until_s
+        if until_s is not None and scheduled_s >= self.settings.start_at_s + until_s:
+            self._drop_after_window(turn)
+            return
+        self.due[turn.request_id] = (scheduled_s, answer_s)
+        waiter = self.waiting.spawn(self._follow, turn, scheduled_s, answer_s)
+        waiter.link_exception(self._crashed)
+
+    def _follow(self, turn: ScheduledRequest, scheduled_s: float, answer_s: float) -> None:
+        """A later turn's greenlet: encode, sleep until it is due, dispatch."""
+        body = request_body(turn, self.settings.model)
+        self._sleep_until(scheduled_s)
+        self._dispatch(turn, scheduled_s, body, answer_s)
+
+    def _drop_after_window(self, turn: ScheduledRequest) -> None:
+        """Due after the window: the user's turn, and every turn after it in its session,
+        fall outside the measurement. Neither sent nor recorded, only counted."""
+        dropped = [turn]
+        while dropped:
+            request = dropped.pop()
+            del self.unsent[request.request_id]
+            self.counts["turns_after_window"] += 1
+            self.outstanding -= 1
+            dropped.extend(self.followers.get(request.request_id, ()))
 
     def _sleep_until(self, when_s: float) -> None:
         """Wake at ``when_s`` to well under a millisecond.
@@ -510,22 +639,30 @@ class Dispatcher:
             log.warning("%s: warm-up before the schedule failed: %r", worker, exc)
 
     def stop(self) -> None:
-        """The test stopped (run time, UI, SIGTERM): abort what is in flight, record the rest."""
+        """The test stopped (run time, UI, SIGTERM): abort what is in flight, record the rest
+        (a later turn at the time it was due, or, with its answer not in yet, its plan)."""
         if self.finished:
             return
+        self.stopping = True
         self.stopped_early = True
         if self.greenlet is not None and self.greenlet is not gevent.getcurrent():
             self.greenlet.kill(block=True)
+        self.waiting.kill(block=True)
         self.group.kill(block=True, timeout=5.0)
         if not self.wall_start_s:
             self.cpu_start_s, self.wall_start_s = time.process_time(), time.time()
-        for request in self.share[self.next_index :]:
+        for request in list(self.unsent.values()):
+            due = self.due.get(request.request_id)
+            scheduled_s, answer_s = due or (self.settings.start_at_s + request.send_s, None)
             self.counts["stopped"] += 1
-            self._not_sent(request, self.settings.start_at_s + request.send_s, STOPPED_BEFORE_SEND)
-        self.next_index = len(self.share)
+            self._not_sent(request, scheduled_s, STOPPED_BEFORE_SEND, answer_s)
+        self.unsent.clear()
+        self.due.clear()
         self._finish()
 
-    def _send(self, request: ScheduledRequest, scheduled_s: float, body: bytes) -> None:
+    def _send(
+        self, request: ScheduledRequest, scheduled_s: float, body: bytes, answer_s: float | None
+    ) -> None:
         settings = self.settings
         # vLLM (and the simulator) take the request id from this header.
         headers = {**self.headers, "X-Request-Id": request.request_id}
@@ -620,6 +757,7 @@ class Dispatcher:
             warmup=request.warmup,
             worker=settings.worker,
             streamed=request.stream,
+            answer_s=answer_s,
         )
         self.counts["completed" if record.ok else "failed"] += 1
         self._write(record)
@@ -650,7 +788,9 @@ class Dispatcher:
             self.opening_spare = False
         pool.return_socket(sock)
 
-    def _not_sent(self, request: ScheduledRequest, scheduled_s: float, error: str) -> None:
+    def _not_sent(
+        self, request: ScheduledRequest, scheduled_s: float, error: str, answer_s: float | None
+    ) -> None:
         record = RequestRecord(
             request_id=request.request_id,
             scheduled_s=scheduled_s,
@@ -661,12 +801,14 @@ class Dispatcher:
             error=error,
             warmup=request.warmup,
             worker=self.settings.worker,
+            answer_s=answer_s,
         )
         self._write(record)
         self._fire(request, 0.0, record)
 
     def _write(self, record: RequestRecord) -> None:
         self.sink.write(record)
+        self._answered(record)
 
     def _fire(
         self, request: ScheduledRequest, response_time_s: float, record: RequestRecord
@@ -699,6 +841,7 @@ class Dispatcher:
             completed=self.counts["completed"],
             failed=self.counts["failed"],
             not_sent_stopped=self.counts["stopped"],
+            turns_after_window=self.counts["turns_after_window"],
             max_in_flight=settings.max_in_flight,
             peak_in_flight=self.peak_in_flight,
             start_late_s=self.started_s - settings.start_at_s if self.started_s else 0.0,
@@ -718,12 +861,14 @@ class Dispatcher:
         self.client.close()
         self.sink.finish(stats)
         log.info(
-            "%s: %d sent, %d completed, %d failed, %d cap hits; CPU %.0f%%, lag p99 %s ms",
+            "%s: %d sent, %d completed, %d failed, %d cap hits, %d turns after the window; "
+            "CPU %.0f%%, lag p99 %s ms",
             settings.worker,
             stats.sent,
             stats.completed,
             stats.failed,
             stats.cap_hits,
+            stats.turns_after_window,
             stats.cpu_percent,
             "-" if stats.send_lag_p99_ms is None else f"{stats.send_lag_p99_ms:.2f}",
         )
@@ -824,7 +969,7 @@ class _Master:
             # --processes N makes Locust expect N workers; the remote ones come on top.
             options.expect_workers = self.count
         self.connected: set[str] = set()
-        self.schedule_lines: list[str] | None = None
+        self.schedule: list[ScheduledRequest] | None = None
         runner.register_message(SHARE_REQUEST, self.on_share_request)
         runner.register_message(RECORDS, self.on_records)
         environment.events.worker_connect.add_listener(self.on_connect)
@@ -844,11 +989,10 @@ class _Master:
         index = self.runner.get_worker_index(msg.node_id)
         requests: list[str] | None = None
         if index < self.count:
-            if self.schedule_lines is None:
-                path = Path(os.environ["TUNER_SCHEDULE"])
-                lines = path.read_text(encoding="utf-8").splitlines()
-                self.schedule_lines = [line for line in lines if line.strip()]
-            requests = self.schedule_lines[index :: self.count]
+            if self.schedule is None:
+                self.schedule = read_schedule(Path(os.environ["TUNER_SCHEDULE"]))
+            # The same split as the local processes make (_on_test_start).
+            requests = [r.to_json() for r in share_of(self.schedule, index, self.count)]
         else:
             log.warning("worker %s (index %d) joined a run already under way", msg.node_id, index)
         cap = int(os.environ.get("TUNER_MAX_IN_FLIGHT") or DEFAULT_MAX_IN_FLIGHT)
@@ -864,6 +1008,7 @@ class _Master:
             max_in_flight=max(1, math.ceil(cap / self.count)),
             api_key=os.environ.get("VLLM_API_KEY") or None,
             requests=requests,
+            turns_until_s=turns_until_from_env(os.environ),
         )
         self.runner.send_message(SHARE, share.to_data(), client_id=msg.node_id)
         log.info("sent w%d its share: %d requests", index, len(requests or ()))
@@ -933,11 +1078,7 @@ def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
         )
         assert settings.schedule_path is not None and settings.records_path is not None
         schedule = read_schedule(settings.schedule_path)
-        share = [
-            request
-            for i, request in enumerate(schedule)
-            if i % settings.worker_count == settings.worker_index
-        ]
+        share = share_of(schedule, settings.worker_index, settings.worker_count)
         sink = FileSink(settings.records_path, settings.worker_index)
         _State.dispatcher = Dispatcher(settings, environment, share, sink)
     except Exception:

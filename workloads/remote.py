@@ -35,9 +35,11 @@ DONE = "tuner_done"
 class Share(BaseModel):
     """Master -> remote worker: its part of the schedule and everything needed to send it.
 
-    ``requests`` holds the share's `ScheduledRequest` JSON lines in send order (the
-    schedule's request ``i`` with ``i % count == index``); None: the worker is not
-    part of this run (it connected after the run started).
+    ``requests`` holds the share's `ScheduledRequest` JSON lines in send order
+    (`workloads.schedule.share_of`: whole sessions, dealt round-robin); None: the
+    worker is not part of this run (it connected after the run started).
+    ``turns_until_s``: ``TUNER_TURNS_UNTIL_S`` (a later turn due at or after this
+    offset is not sent); None: no limit.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -51,6 +53,7 @@ class Share(BaseModel):
     max_in_flight: int  # this worker's share of the cap
     api_key: str | None = None
     requests: list[str] | None = None
+    turns_until_s: float | None = None
 
     def to_data(self) -> dict[str, Any]:
         return self.model_dump()

@@ -1,4 +1,4 @@
-"""Run an open-loop schedule against an OpenAI-compatible server with Locust, as a subprocess.
+"""Run a schedule against an OpenAI-compatible server with Locust, as a subprocess.
 
 `run_load` writes the schedule to ``out_dir/schedule.jsonl``, starts ``python -m locust``
 headless on ``workloads/locustfile.py`` in its own process group (output in
@@ -16,9 +16,14 @@ Files in ``out_dir``::
     requests.jsonl                  every record, merged, sorted by scheduled time
 
 How the load is generated (see the locustfile for the details): in each Locust process
-one dispatcher greenlet walks that process's share of the schedule (request i goes to
-process ``i % processes``) and, at each request's send time, spawns a greenlet that
-sends it and reads the stream. Users are only the vehicle Locust needs to run
+one dispatcher greenlet walks that process's share of the schedule (whole sessions,
+dealt round-robin over the processes: `workloads.schedule.share_of`) and, at each
+open-loop request's send time, spawns a greenlet that sends it and reads the stream.
+A session's later turn is sent once the answer it extends has arrived, plus the think
+time (closed loop within a session; sessions keep arriving open loop). With
+``turns_until_s`` a later turn that would go out at or after that offset is neither
+sent nor recorded (the user's turn falls after the measurement), only counted
+(``turns_after_window``). Users are only the vehicle Locust needs to run
 (one per process, idle): a request never waits for a free user, so a stalled server
 cannot slow the offered load, and the number of users does not have to be sized to
 rate × latency. What bounds the greenlets is the in-flight cap: a request due while
@@ -188,6 +193,8 @@ class WorkerStats(BaseModel):
     # With kernel stamps: how long token bytes waited before this process read them.
     read_delay_p50_ms: float | None = None
     read_delay_p99_ms: float | None = None
+    # Later turns due at or after TUNER_TURNS_UNTIL_S: neither sent nor recorded.
+    turns_after_window: int = 0
 
 
 class LoadRun(BaseModel):
@@ -204,7 +211,9 @@ class LoadRun(BaseModel):
     wall_s: float  # from launch to the Locust process group's exit
     num_scheduled: int
     num_records: int
-    num_missing: int  # scheduled requests without a record (the Locust process was killed)
+    # Scheduled requests without a record (the Locust process was killed or stopped),
+    # less the turns_after_window, which are left unrecorded by design.
+    num_missing: int
     cap_hits: int
     workers: tuple[WorkerStats, ...]
     client_saturated: bool
@@ -213,6 +222,7 @@ class LoadRun(BaseModel):
     killed: bool  # past its deadline (or on the caller's stop_when), the process group was killed
     stopped_by_caller: bool = False  # stop_when() returned True before the schedule was done
     remote_workers: int = 0  # Locust workers on other hosts (tuner load-worker)
+    turns_after_window: int = 0  # later turns due at or after turns_until_s: not sent
 
 
 def run_load(
@@ -229,11 +239,13 @@ def run_load(
     spawn: Spawn | None = None,
     stop_when: Callable[[], bool] | None = None,
     workers_wait_s: float = WORKERS_WAIT_S,
+    turns_until_s: float | None = None,
 ) -> LoadRun:
     """Send ``schedule`` to ``base_url`` (e.g. ``http://127.0.0.1:8000``) and collect the records.
 
     ``processes``: Locust processes (``--processes N`` when N > 1); the schedule is split
-    between them round-robin, so each sends 1/N of the rate and the load stays open-loop.
+    between them round-robin by session (`workloads.schedule.share_of`), so each sends
+    about 1/N of the rate and waits for the answers its own sessions' later turns extend.
     ``remote_workers`` K: Locust workers on other hosts (``tuner load-worker --master
     HOST:PORT``), with ``master_bind`` (``HOST:PORT``) where the master listens for them;
     the schedule is split over the ``processes + K`` workers the same way. The master
@@ -241,13 +253,17 @@ def run_load(
     many did otherwise). ``max_in_flight``: cap on requests in flight over all processes, split evenly
     (default 4096). ``timeout_s``: a request unfinished this long after its scheduled time
     is abandoned and recorded with a timeout error (default 600 s); the whole run is
-    bounded by the last send time plus ``timeout_s`` plus a shutdown grace, after which
+    bounded by the latest send time (`latest_send_s`: later turns wait for answers)
+    plus ``timeout_s`` plus a shutdown grace, after which
     the Locust process group is killed. ``spawn(cmd, log_path, env)`` starts the process
     instead of `subprocess.Popen` (e.g. to register it with a cleanup registry); it must
     put the process in its own process group with its output in ``log_path``.
     ``stop_when()`` is polled every 0.1 s; once it returns True the run is stopped early
     (a warm-up that reached its target, a level whose SLO is already clearly broken):
     requests not yet sent or still in flight then have no record (``num_missing``).
+    ``turns_until_s``: offset (from the schedule's offset 0) at and after which a later
+    turn of a session is not sent or recorded, only counted (``turns_after_window``);
+    None: no limit.
     """
     bind = _validate(
         schedule,
@@ -256,6 +272,7 @@ def run_load(
         master_bind=master_bind,
         max_in_flight=max_in_flight,
         timeout_s=timeout_s,
+        turns_until_s=turns_until_s,
     )
     workers_total = processes + remote_workers
     request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
@@ -275,7 +292,7 @@ def run_load(
 
     launched_s = time.time()
     start_at_s = launched_s + startup_lead_s(processes, remote_workers)
-    last_send_s = max(request.send_s for request in schedule)
+    last_send_s = latest_send_s(schedule, request_timeout_s, turns_until_s)
     run_time_s = math.ceil(start_at_s - launched_s + last_send_s + request_timeout_s + 5.0)
     deadline_s = launched_s + run_time_s + SHUTDOWN_GRACE_S
     if remote_workers:  # --run-time counts from the test start, after the workers connected
@@ -298,6 +315,7 @@ def run_load(
         remote_workers=remote_workers,
         start_at_s=start_at_s,
         request_timeout_s=request_timeout_s,
+        turns_until_s=turns_until_s,
     )
     log.info(
         "locust: %d requests, %d local process(es), %d remote worker(s), offset 0 at %.3f, log %s",
@@ -342,6 +360,8 @@ def run_load(
         log.warning("only %d of %d Locust processes wrote their stats", len(workers), workers_total)
     saturated, reason = client_saturation(workers)
     recorded_ids = {record.request_id for record in records}
+    unrecorded = sum(1 for request in schedule if request.request_id not in recorded_ids)
+    turns_after_window = sum(worker.turns_after_window for worker in workers)
     return LoadRun(
         out_dir=out_dir,
         schedule_path=schedule_path,
@@ -352,7 +372,7 @@ def run_load(
         wall_s=wall_s,
         num_scheduled=num_scheduled,
         num_records=len(records),
-        num_missing=sum(1 for request in schedule if request.request_id not in recorded_ids),
+        num_missing=max(unrecorded - turns_after_window, 0),
         cap_hits=sum(worker.cap_hits for worker in workers),
         workers=workers,
         client_saturated=saturated,
@@ -361,7 +381,45 @@ def run_load(
         killed=killed,
         stopped_by_caller=stopped_by_caller,
         remote_workers=remote_workers,
+        turns_after_window=turns_after_window,
     )
+
+
+def latest_send_s(
+    schedule: Sequence[ScheduledRequest], request_timeout_s: float, turns_until_s: float | None
+) -> float:
+    """The latest offset a request of ``schedule`` can be sent at.
+
+    Open-loop requests go at their ``send_s``; a later turn of a session waits for the
+    answer it extends, which takes at most ``request_timeout_s`` after that turn was
+    due, then ``think_time_s``; and none goes at or after ``turns_until_s``.
+    """
+    by_id = {request.request_id: request for request in schedule}
+    latest: dict[str, float] = {}
+
+    def bound(request: ScheduledRequest) -> float:
+        chain: list[ScheduledRequest] = []
+        while (
+            request.follows is not None
+            and request.follows in by_id
+            and request.request_id not in latest
+            and len(chain) <= len(by_id)  # a cycle of follows is not a chain
+        ):
+            chain.append(request)
+            request = by_id[request.follows]
+        at_s = latest.setdefault(request.request_id, request.send_s)
+        for turn in reversed(chain):
+            at_s = latest.setdefault(turn.request_id, at_s + request_timeout_s + turn.think_time_s)
+        return at_s
+
+    open_loop_s = max(r.send_s for r in schedule if r.follows is None or r.follows not in by_id)
+    followers_s = max(
+        (bound(r) for r in schedule if r.follows is not None and r.follows in by_id),
+        default=open_loop_s,
+    )
+    if turns_until_s is not None:
+        followers_s = min(followers_s, turns_until_s)
+    return max(open_loop_s, followers_s)
 
 
 def client_saturation(workers: Sequence[WorkerStats]) -> tuple[bool, str | None]:
@@ -427,6 +485,7 @@ def _validate(
     master_bind: str | None,
     max_in_flight: int | None,
     timeout_s: float | None,
+    turns_until_s: float | None = None,
 ) -> tuple[str, int] | None:
     if not schedule:
         raise LoadConfigError("schedule is empty; accepted: at least one request")
@@ -440,6 +499,10 @@ def _validate(
         )
     if timeout_s is not None and not timeout_s > 0:
         raise LoadConfigError(f"timeout_s={timeout_s} is out of range; accepted: > 0")
+    if turns_until_s is not None and not 0 <= turns_until_s < math.inf:
+        raise LoadConfigError(
+            f"turns_until_s={turns_until_s} is out of range; accepted: >= 0, or None (no limit)"
+        )
     ids: set[str] = set()
     for request in schedule:
         if request.request_id in ids:
@@ -532,6 +595,7 @@ def _locust_env(
     start_at_s: float,
     request_timeout_s: float,
     remote_workers: int = 0,
+    turns_until_s: float | None = None,
 ) -> dict[str, str]:
     env = locust_base_env()
     env.update(
@@ -543,6 +607,8 @@ def _locust_env(
         TUNER_START_AT=repr(start_at_s),
         TUNER_REQUEST_TIMEOUT_S=repr(request_timeout_s),
     )
+    if turns_until_s is not None:
+        env["TUNER_TURNS_UNTIL_S"] = repr(turns_until_s)
     # With several processes Locust forks the workers; each takes its index from the master.
     env.pop("TUNER_WORKER_INDEX", None)
     if processes == 1 and not remote_workers:

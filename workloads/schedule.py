@@ -1,22 +1,28 @@
 """The contract between workload generation and load generation: schedules in, records out.
 
-A *schedule* is the open-loop plan of one load run: every request with the offset
-(seconds from the start of the run) at which it must be sent, whatever the server
-is doing. A *record* is what the load generator measured for one request. Both are
-JSON Lines files, so Locust (its own process, gevent-patched) and the tuner never
-share memory, and every run leaves its evidence on disk.
+A *schedule* is the plan of one load run: every request with the offset (seconds
+from the start of the run) at which it is planned. Requests without ``follows``
+(single requests, sessions' first turns) are open loop: sent at that offset,
+whatever the server is doing. A later turn of a session (``follows`` set) is closed
+loop within its session: sent ``think_time_s`` after the answer it extends arrived,
+as a user would; its offset is only the plan. A *record* is what the load generator
+measured for one request. Both are JSON Lines files, so Locust (its own process,
+gevent-patched) and the tuner never share memory, and every run leaves its evidence
+on disk.
 
 Times in records are Unix seconds (``time.time()``) of the load generator's clock;
-``scheduled_s`` is the run start plus the request's offset, and latencies are
-measured from it (no coordinated omission: a stalled server cannot delay the clock
-the latency is measured against).
+``scheduled_s`` is when the request was due: the run start plus its offset, or for a
+later turn its predecessor's answer (``answer_s``) plus the think time. Latencies
+are measured from it (no coordinated omission: a stalled server cannot delay the
+clock the latency is measured against; it delays a user's next turn only as it
+would delay a real user's).
 """
 
 from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -32,7 +38,9 @@ class ScheduledRequest:
     """One request of the plan."""
 
     request_id: str
-    send_s: float  # offset from the start of the run
+    # Offset from the start of the run: when it is sent (follows None), or only when it
+    # was planned (a later turn, sent when the answer it extends is in; see follows).
+    send_s: float
     api: Api
     prompt_tokens: int
     max_tokens: int
@@ -41,6 +49,12 @@ class ScheduledRequest:
     warmup: bool = False  # sent before the measured window, excluded from results
     session_id: str | None = None  # multi-turn conversation this request belongs to
     turn: int = 0
+    # A later turn: the request id of the turn whose answer it extends. The load generator
+    # sends it ``think_time_s`` after that answer arrived (``send_s`` is only the plan);
+    # None: sent at ``send_s`` (a first turn, or the first turn of a session already under
+    # way when the schedule opens, whose earlier turns were never sent).
+    follows: str | None = None
+    think_time_s: float = 0.0
     # False: sent without streaming, one response at the end (see sample_streams).
     stream: bool = True
 
@@ -59,6 +73,7 @@ class RequestRecord:
     """What the load generator measured for one request (Unix seconds)."""
 
     request_id: str
+    # When it was due: run start + send_s, or for a later turn answer_s + think_time_s.
     scheduled_s: float
     sent_s: float
     prompt_tokens: int  # as the server counted them (usage), else as scheduled
@@ -71,6 +86,9 @@ class RequestRecord:
     warmup: bool = False
     worker: str = ""  # which load-generator process sent it
     streamed: bool = True  # False: no token timings, only the end (a sampled-out request)
+    # A later turn (ScheduledRequest.follows): when the answer it extends arrived (the
+    # predecessor's end, or the time recorded for one that failed or was not sent).
+    answer_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -108,6 +126,34 @@ def sample_streams(requests: Iterable[ScheduledRequest], fraction: float) -> lis
         return list(requests)
     limit = int(fraction * (1 << 32))
     return [replace(r, stream=zlib.crc32(r.request_id.encode()) < limit) for r in requests]
+
+
+def share_of(
+    schedule: Sequence[ScheduledRequest], index: int, count: int
+) -> list[ScheduledRequest]:
+    """Load-generator process ``index`` of ``count``'s part of the schedule, in send order.
+
+    Units (a session's requests together, or a request without a session) are dealt
+    round-robin in the order they first appear in send order, so every turn of a
+    session goes to the process that waits for its answers, and N processes each
+    offer about 1/N of the rate. Without sessions this is request ``i`` (in send
+    order) with ``i % count == index``.
+    """
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"share {index} of {count} is out of range; accepted: 0..count-1")
+    units: dict[str, int] = {}
+    next_unit = 0
+    share: list[ScheduledRequest] = []
+    for request in sorted(schedule, key=lambda r: r.send_s):  # stable: ties keep their order
+        if request.session_id is None:
+            unit = next_unit
+            next_unit += 1
+        elif (unit := units.get(request.session_id, -1)) < 0:
+            unit = units[request.session_id] = next_unit
+            next_unit += 1
+        if unit % count == index:
+            share.append(request)
+    return share
 
 
 def read_schedule(path: Path) -> list[ScheduledRequest]:

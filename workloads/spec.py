@@ -272,14 +272,19 @@ class SessionStart(StrEnum):
 
 
 class SessionSpec(_Model):
-    """Multi-turn conversations, planned up front (open loop).
+    """Multi-turn conversations: sessions arrive open loop, turns follow answers.
 
     Each turn's prompt is the previous turn's prompt, the previous answer (as many
-    tokens as that turn's ``max_tokens``) and new user text. A turn is sent at the
-    previous turn's send time + its expected service time (``expected_ttft_s`` +
-    ``max_tokens`` × ``expected_tpot_s``) + ``think_time_s``. A session ends early
-    when the next turn's prompt and answer would exceed ``max_context_tokens``.
-    The arrival process gives the sessions' first turns.
+    tokens as that turn's ``max_tokens``) and new user text. The arrival process gives
+    the sessions' first turns, sent at their arrival whatever the server does. A later
+    turn is sent ``think_time_s`` after the answer it extends arrived (closed loop
+    within a session: a slow server delays the user's next turn, as it would a real
+    user's); a turn that would then go out after the measured window is not sent.
+    The plan spaces turns by the previous turn's expected service time
+    (``expected_ttft_s`` + ``max_tokens`` × ``expected_tpot_s``) + ``think_time_s``:
+    that decides how many turns fit in the window, and when a session already under
+    way at offset 0 sends its first turn in it. A session ends early when the next turn's
+    prompt and answer would exceed ``max_context_tokens``.
 
     ``start`` says what is under way when the schedule opens: ``empty`` (no session
     yet, the first seconds hold first turns only) or ``stationary`` (the sessions that

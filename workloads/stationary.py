@@ -92,6 +92,11 @@ def _largest(length: LengthSpec | TurnsSpec) -> int:
     return max(_largest(c.length) for c in length.components)
 
 
+def largest_turns(sessions: SessionSpec) -> int:
+    """The most turns a session of ``sessions`` has."""
+    return _largest(sessions.turns)
+
+
 def turn_gap_s(sessions: SessionSpec, max_tokens: float) -> float:
     """The planned time from one turn to the next: expected service of an answer of
     ``max_tokens``, then the think time (the builder's spacing)."""

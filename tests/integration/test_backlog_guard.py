@@ -154,7 +154,9 @@ def test_a_clearly_overloaded_level_stops_early_and_counts_as_a_miss(
     assert m.stopped_by_backlog and not m.stopped_early
     assert not only.met and search.best is None
     assert m.backlog is not None and m.backlog.growing
-    assert m.backlog.window_s < 0.75 * window_s  # decided well before the window ended
+    # The level stopped well before its window would have ended.
+    assert m.window is not None and m.window.window_s == window_s
+    assert m.backlog.window_s < 0.75 * m.window.window_s
     decided = BacklogCheck.model_validate_json(
         (tmp_path / "level-0" / "backlog-stop.json").read_text()
     )

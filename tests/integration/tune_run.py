@@ -23,6 +23,7 @@ SMALL_TUNE_ARGS = (
     "--trials", "3",
     "--budget-min", "8",
     "--level-duration", "3",
+    "--level-warmup", "1",
     "--max-levels", "2",
     "--max-edge-launches", "3",
     "--time-scale", "1",

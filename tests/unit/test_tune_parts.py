@@ -220,6 +220,7 @@ class _KnownCapacity:
         stop_when: object = None,
         drain_s: float | None = None,
         stop_on_backlog: bool = False,
+        level: object = None,
     ) -> Measurement:
         rate = workload.mean_rate_per_s
         assert rate is not None

@@ -51,7 +51,7 @@ def test_short_tune_on_the_cpu_build(tmp_path: Path, tiny_model: TinyModel) -> N
         "--vllm-cmd", VLLM_CMD_TEXT, "--model", str(TINY_MODEL), "--workload", str(workload),
         "--trials", "3", "--max-model-len", str(MAX_MODEL_LEN),
         "--space", "max-num-seqs=6..8", "--space", f"block-size={BLOCK_SIZE},{2 * BLOCK_SIZE}",
-        "--kv-cache-memory-bytes", str(kv_bytes), "--level-duration", "4", "--max-levels", "1",
+        "--kv-cache-memory-bytes", str(kv_bytes), "--level-duration", "4", "--level-warmup", "2", "--max-levels", "1",
         "--no-confirm", "--run-dir", str(run_dir), "--seed", "1",
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1400, cwd=tmp_path)

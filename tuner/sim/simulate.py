@@ -9,14 +9,16 @@ metrics a load test would report.
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.openai_format import EMPTY_PROMPT_MESSAGE, context_length_message
@@ -75,6 +77,16 @@ class FailedRequests(BaseModel):
     http_status: int | None = None  # what a client is answered; None: no answer (died, stuck)
 
 
+@dataclass(frozen=True)
+class EngineSample:
+    """The engine's state at the start of one step (virtual seconds)."""
+
+    t_s: float
+    waiting: int
+    running: int
+    kv_usage: float  # fraction of the KV cache in use
+
+
 class SimulationResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -95,6 +107,11 @@ class SimulationResult(BaseModel):
     engine_steps: int
     engine_died: str | None = None
     failures: tuple[FailedRequests, ...] = ()  # num_failed, by reason
+    # The arrival each record was given (a later turn: its answer's time plus think time;
+    # None: never sent), and the engine's state over the run (``run(sample_every_s=)``).
+    # Left out of ``model_dump``: the JSON a run prints is its summary.
+    arrivals_s: tuple[float | None, ...] = Field(default=(), exclude=True)
+    samples: tuple[EngineSample, ...] = Field(default=(), exclude=True)
 
 
 def synthetic_arrivals(
@@ -154,6 +171,77 @@ def prompt_ids(record: TraceRecord, index: int, vocab: int, seed: int) -> list[i
     return ids
 
 
+class _Arrivals:
+    """Who arrives next: the open-loop records in their order, and the later turns of a
+    conversation once the answer they follow is in (``release``), think time after it.
+
+    Without ``follows`` every record is open-loop and they arrive in their order, as the
+    plain loop over ``records`` always did.
+    """
+
+    def __init__(
+        self,
+        records: Sequence[TraceRecord],
+        follows: Sequence[int | None] | None,
+        think_s: Sequence[float] | None,
+    ) -> None:
+        n = len(records)
+        if follows is not None and len(follows) != n:
+            raise ValueError(f"follows has {len(follows)} entries for {n} records")
+        if think_s is not None and len(think_s) != n:
+            raise ValueError(f"think_s has {len(think_s)} entries for {n} records")
+        self.records = records
+        self.think_s = think_s
+        self.open = [j for j in range(n) if follows is None or follows[j] is None]
+        self.pos = 0
+        self.released: list[tuple[float, int]] = []  # a heap of (arrival, index)
+        self.children: dict[int, list[int]] = {}
+        for j, i in enumerate(follows or ()):
+            if i is not None:
+                if not 0 <= i < n or i == j:
+                    raise ValueError(f"record {j} follows {i}, not another record")
+                self.children.setdefault(i, []).append(j)
+        self.at: list[float | None] = [None] * n  # the arrival used, once it arrived
+
+    def _next(self) -> tuple[float, int] | None:
+        head = self.released[0] if self.released else None
+        if self.pos < len(self.open):
+            j = self.open[self.pos]
+            planned = (self.records[j].arrival_s, j)
+            if head is None or planned <= head:
+                return planned
+        return head
+
+    def next_s(self) -> float | None:
+        nxt = self._next()
+        return None if nxt is None else nxt[0]
+
+    def pending(self) -> bool:
+        return self.pos < len(self.open) or bool(self.released)
+
+    def due_before(self, stop_s: float) -> bool:
+        """Whether anything still arrives before ``stop_s`` (open-loop records: any left)."""
+        return self.pos < len(self.open) or (bool(self.released) and self.released[0][0] < stop_s)
+
+    def pop(self, now_s: float) -> int | None:
+        """The next record to arrive by ``now_s`` (its arrival noted), or None."""
+        nxt = self._next()
+        if nxt is None or nxt[0] > now_s:
+            return None
+        if self.pos < len(self.open) and nxt[1] == self.open[self.pos]:
+            self.pos += 1
+        else:
+            heapq.heappop(self.released)
+        self.at[nxt[1]] = nxt[0]
+        return nxt[1]
+
+    def release(self, index: int, done_s: float) -> None:
+        """Record ``index`` was answered (or refused) at ``done_s``: its next turns arrive."""
+        for j in self.children.get(index, ()):
+            think = self.think_s[j] if self.think_s is not None else 0.0
+            heapq.heappush(self.released, (done_s + think, j))
+
+
 def run(
     engine: SimEngine,
     records: Sequence[TraceRecord],
@@ -164,6 +252,11 @@ def run(
     max_model_len: int | None = None,
     prompt_token_ids: Sequence[list[int]] | None = None,
     stop_at_s: float | None = None,
+    follows: Sequence[int | None] | None = None,
+    think_s: Sequence[float] | None = None,
+    measure_from_s: float | None = None,
+    measure_to_s: float | None = None,
+    sample_every_s: float | None = None,
 ) -> SimulationResult:
     """Feed the arrivals to the engine on a virtual clock until every request is done.
 
@@ -171,43 +264,64 @@ def run(
     text through the simulator's tokenizer, instead of ids made up from the record.
     ``stop_at_s``: stop there, as a load test cut after its window; requests still
     running count in TTFT/ITL/TPOT with the tokens they have (no e2e, no throughput).
+
+    ``follows`` (one entry per record): a later turn of a conversation, the index of the
+    record whose answer it extends; it arrives ``think_s`` (per record, default 0) after
+    that record finished, failed or was refused on the virtual clock, not at its own
+    ``arrival_s``, as a user sends the next turn once the answer is in. None: at
+    ``arrival_s``. A follower due at or after ``stop_at_s`` is never sent; one whose
+    predecessor never finished (cut, stuck, the engine died) neither.
+
+    ``measure_from_s`` / ``measure_to_s``: the summary (counts, percentiles, throughput,
+    goodput) counts only the requests arriving in ``[measure_from_s, measure_to_s)``
+    (default: from the first arrival, to the end); rates are over that span, ending
+    where the run ended when ``measure_to_s`` is not given. A request never sent counts
+    at its planned ``arrival_s``. ``sample_every_s``: keep the engine's state at one
+    step in every so many virtual seconds (``SimulationResult.samples``).
     """
     now = 0.0
-    nxt = 0
     steps = 0
     peak_usage = 0.0
     finished: list[SimRequest] = []
     failures = _Failures()
     died: str | None = None
     limit = max_model_len or 1 << 62
-    while nxt < len(records) or engine.has_work:
-        if stop_at_s is not None and now >= stop_at_s and nxt >= len(records):
+    arrivals = _Arrivals(records, follows, think_s)
+    index_of: dict[str, int] = {}
+    samples: list[EngineSample] = []
+    next_sample_s = -math.inf
+    while arrivals.pending() or engine.has_work:
+        if stop_at_s is not None and now >= stop_at_s and not arrivals.due_before(stop_at_s):
             break
-        while nxt < len(records) and records[nxt].arrival_s <= now:
-            record = records[nxt]
+        while (j := arrivals.pop(now)) is not None:
+            record = records[j]
             if record.prompt_tokens == 0:
-                failures.add(FailureReason.EMPTY_PROMPT, EMPTY_PROMPT_MESSAGE, 400)
+                failures.add(FailureReason.EMPTY_PROMPT, EMPTY_PROMPT_MESSAGE, 400, (j,))
+                arrivals.release(j, arrivals.at[j] or 0.0)
             elif record.prompt_tokens >= limit:
                 # vLLM's 400: the prompt leaves no room for a single output token.
                 message = context_length_message(limit, record.prompt_tokens)
-                failures.add(FailureReason.PROMPT_TOO_LONG, message, 400)
+                failures.add(FailureReason.PROMPT_TOO_LONG, message, 400, (j,))
+                arrivals.release(j, arrivals.at[j] or 0.0)
             else:
+                request_id = f"sim-{j}"
+                index_of[request_id] = j
                 engine.add_request(
                     SimRequest(
-                        request_id=f"sim-{nxt}",
+                        request_id=request_id,
                         prompt_token_ids=(
-                            prompt_token_ids[nxt]
+                            prompt_token_ids[j]
                             if prompt_token_ids is not None
-                            else prompt_ids(record, nxt, vocab, seed)
+                            else prompt_ids(record, j, vocab, seed)
                         ),
                         max_tokens=min(record.output_tokens, limit - record.prompt_tokens),
-                        arrival_s=record.arrival_s,
+                        arrival_s=arrivals.at[j] or 0.0,
                     )
                 )
-            nxt += 1
         if not engine.has_work:
-            if nxt < len(records):
-                now = records[nxt].arrival_s
+            upcoming = arrivals.next_s()
+            if upcoming is not None:
+                now = upcoming
             continue
         try:
             result = engine.step(now)
@@ -216,11 +330,22 @@ def run(
             break
         steps += 1
         peak_usage = max(peak_usage, result.kv_usage)
-        finished.extend(event.request for event in result.events if event.finished)
+        if sample_every_s is not None and now >= next_sample_s:
+            sample = EngineSample(now, result.num_waiting, result.num_running, result.kv_usage)
+            samples.append(sample)
+            next_sample_s = now + sample_every_s
+        for event in result.events:
+            if event.finished:
+                finished.append(event.request)
+                done = event.request.finish_s
+                arrivals.release(
+                    index_of[event.request.request_id], done if done is not None else now
+                )
         if result.num_scheduled_tokens == 0:
             # Nothing fits even alone: jump to the next arrival or give up on the rest.
-            if nxt < len(records):
-                now = max(now, records[nxt].arrival_s)
+            upcoming = arrivals.next_s()
+            if upcoming is not None:
+                now = max(now, upcoming)
                 continue
             stuck = [*engine.waiting, *engine.running]
             longest = max(r.num_tokens for r in stuck)
@@ -228,44 +353,68 @@ def run(
                 f"the KV cache cannot hold a request of {longest} tokens even alone "
                 "(more KV-cache memory, or a lower --max-model-len)"
             )
-            failures.add(FailureReason.NEVER_SCHEDULED, message, None, count=len(stuck))
+            lost = [index_of[r.request_id] for r in stuck]
+            failures.add(FailureReason.NEVER_SCHEDULED, message, None, lost)
             break
         now += result.duration_s
     if died is not None:
-        lost = len(records) - len(finished) - failures.total
-        failures.add(FailureReason.ENGINE_DIED, died, None, count=lost)
+        done_ids = {index_of[r.request_id] for r in finished} | failures.indices
+        lost = [j for j in range(len(records)) if j not in done_ids]
+        failures.add(FailureReason.ENGINE_DIED, died, None, lost)
     partial = (
         [r for r in engine.running if r.first_token_s is not None]
         if stop_at_s is not None and died is None
         else []
     )
+    window: tuple[float, float] | None = None
+    if measure_from_s is not None or measure_to_s is not None:
+        window = (
+            measure_from_s if measure_from_s is not None else -math.inf,
+            measure_to_s if measure_to_s is not None else math.inf,
+        )
     return _summarise(
-        engine, records, finished, failures, now, steps, peak_usage, slo, died, partial
-    )
+        engine, records, finished, failures, now, steps, peak_usage, slo, died, partial,
+        arrivals=arrivals.at, window=window, samples=samples,
+    )  # fmt: skip
 
 
 class _Failures:
     """Failed requests counted by reason, with the first message of each."""
 
     def __init__(self) -> None:
-        self.by_reason: dict[FailureReason, FailedRequests] = {}
+        self.first: dict[FailureReason, tuple[str, int | None]] = {}
+        self.by_index: dict[int, FailureReason] = {}
 
     @property
-    def total(self) -> int:
-        return sum(f.count for f in self.by_reason.values())
+    def indices(self) -> set[int]:
+        return set(self.by_index)
 
     def add(
-        self, reason: FailureReason, message: str, http_status: int | None, *, count: int = 1
+        self,
+        reason: FailureReason,
+        message: str,
+        http_status: int | None,
+        indices: Iterable[int],
     ) -> None:
-        if count <= 0:
+        chosen = list(indices)
+        if not chosen:
             return
-        seen = self.by_reason.get(reason)
-        if seen is None:
-            self.by_reason[reason] = FailedRequests(
-                reason=reason, count=count, message=message, http_status=http_status
-            )
-        else:
-            self.by_reason[reason] = seen.model_copy(update={"count": seen.count + count})
+        self.first.setdefault(reason, (message, http_status))
+        for j in chosen:
+            self.by_index[j] = reason
+
+    def summary(self, counted: Callable[[int], bool]) -> tuple[FailedRequests, ...]:
+        """The failures among the records ``counted`` says count, by reason, in the order
+        each reason first happened."""
+        counts: dict[FailureReason, int] = {}
+        for j, reason in self.by_index.items():
+            if counted(j):
+                counts[reason] = counts.get(reason, 0) + 1
+        return tuple(
+            FailedRequests(reason=reason, count=counts[reason], message=message, http_status=status)
+            for reason, (message, status) in self.first.items()
+            if counts.get(reason)
+        )
 
 
 def _summarise(
@@ -279,7 +428,23 @@ def _summarise(
     slo: Slo,
     died: str | None,
     partial: Sequence[SimRequest] = (),
+    *,
+    arrivals: Sequence[float | None] = (),
+    window: tuple[float, float] | None = None,
+    samples: Sequence[EngineSample] = (),
 ) -> SimulationResult:
+    def arrived(j: int) -> float:
+        at = arrivals[j] if j < len(arrivals) else None
+        return records[j].arrival_s if at is None else at
+
+    def counted(j: int) -> bool:
+        return window is None or window[0] <= arrived(j) < window[1]
+
+    def counted_request(request: SimRequest) -> bool:
+        return window is None or window[0] <= request.arrival_s < window[1]
+
+    finished = [r for r in finished if counted_request(r)]
+    partial = [r for r in partial if counted_request(r)]
     ttft: list[float] = []
     itl: list[float] = []
     tpot: list[float] = []
@@ -303,15 +468,23 @@ def _summarise(
         itl.extend(b - a for a, b in itertools.pairwise(times))
         if len(times) > 1:
             tpot.append((times[-1] - times[0]) / (len(times) - 1))
-    start = records[0].arrival_s if records else 0.0
-    duration = max(end_s - start, 1e-9)
+    if window is None:
+        start = records[0].arrival_s if records else 0.0
+        end = end_s
+    else:
+        start = (
+            window[0] if math.isfinite(window[0]) else (records[0].arrival_s if records else 0.0)
+        )
+        end = window[1] if math.isfinite(window[1]) else end_s
+    duration = max(end - start, 1e-9)
     output_tokens = sum(len(r.output_token_ids) for r in finished)
     queries = engine.prefix_queries_tokens
+    failed = failures.summary(counted)
     ms = 1000.0
     return SimulationResult(
-        num_requests=len(records),
+        num_requests=sum(1 for j in range(len(records)) if counted(j)),
         num_finished=len(finished),
-        num_failed=failures.total,
+        num_failed=sum(f.count for f in failed),
         duration_s=duration,
         request_throughput=len(finished) / duration,
         output_token_throughput=output_tokens / duration,
@@ -325,5 +498,7 @@ def _summarise(
         prefix_cache_hit_rate=engine.prefix_hits_tokens / queries if queries else 0.0,
         engine_steps=steps,
         engine_died=died,
-        failures=tuple(failures.by_reason.values()),
+        failures=failed,
+        arrivals_s=tuple(arrivals),
+        samples=tuple(samples),
     )
