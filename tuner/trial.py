@@ -394,6 +394,10 @@ class LiveServer:
             window_end_unix_s=min(window_end, stopped_at),
             time_scale=k, ttft_limit_ms=loosest_ttft_ms(workload),
         )  # fmt: skip
+        if window_rule is not None and window_rule.check is not None and "backlog" in fired:
+            # Stopped by the queue's growth: the check that decided it is the level's verdict
+            # (the window's few seconds after it may read steady once the load is cut).
+            backlog = window_rule.check
         (out_dir / "backlog.json").write_text(backlog.model_dump_json(indent=2), "utf-8")
         return Measurement(
             out_dir=str(out_dir),
@@ -588,6 +592,7 @@ class _BoundWindowRule:
         self.reason = "cut"
         self.start_unix_s: float | None = None
         self.opening: WindowOpening | None = None
+        self.check: BacklogCheck | None = None  # the check that stopped the level, if one did
         self._offsets: dict[str, float] | None = None
         self._last_check = 0.0
 
@@ -651,6 +656,7 @@ class _BoundWindowRule:
                 check.model_dump_json(indent=2), "utf-8"
             )
             self.reason = "backlog"
+            self.check = check
             return True
         return False
 

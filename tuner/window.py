@@ -23,11 +23,13 @@ from offset 0, ``workloads.stationary``): a warm-up, then the window.
 
 **When it opens** (`steady_opening`): the first moment past ``warmup_min_s`` at which,
 over the trailing ``steady_span_s`` (half the minimum warm-up, at least 5 s), none of
-running requests, waiting requests and KV-cache usage rises at a rate that, kept up
+running requests, waiting requests and KV-cache usage moves at a rate that, kept up
 through the window, would be material to the backlog guard: a least-squares slope
-with t >= 3 whose growth over ``window_s`` exceeds the guard's margin (running and
-waiting ``max(2, 25 % of the mean running batch)``, KV usage 10 points). A server
-still filling up, or building a queue, fails it. At ``warmup_max_s``
+with |t| >= 3 whose change over ``window_s`` exceeds the guard's margin (running and
+waiting ``max(2, 25 % of the mean running batch)``, KV usage 10 points), up or down.
+A server still filling up or building a queue fails it, and so does one whose
+population of conversations is still settling from above (the sessions under way
+were planned with expected answer times; a faster server finishes them sooner). At ``warmup_max_s``
 the window opens anyway, marked not steady at open; the backlog guard then judges the
 window (a level whose queue still grows fails).
 
@@ -73,8 +75,8 @@ EXPECTED_TTFT_S = 0.5
 EXPECTED_TPOT_S = 0.03
 TEST = (
     "over the trailing {span:g} s, none of running and waiting requests and KV-cache "
-    "usage rises (least-squares slope with t >= 3) by more than its margin if kept up "
-    "through the {window:g} s window"
+    "usage moves (least-squares slope with |t| >= 3) by more than its margin, up or "
+    "down, if kept up through the {window:g} s window"
 )
 
 
@@ -184,12 +186,14 @@ def plan_level(
     )
 
 
-def rising(signal: SignalTrend, window_s: float) -> bool:
-    """Whether a signal's slope, kept up through ``window_s``, is a material growth."""
+def moving(signal: SignalTrend, window_s: float) -> bool:
+    """Whether a signal's slope, kept up through ``window_s``, is a material change, up
+    (a server filling up or queueing) or down (a population still settling from above)."""
     if signal.points < MIN_POINTS or signal.slope_per_s is None:
         return True  # too few points to say it is flat
-    significant = signal.slope_per_s > 0 if signal.t_stat is None else signal.t_stat >= T_MIN
-    return significant and signal.slope_per_s * window_s > signal.margin
+    slope = signal.slope_per_s
+    significant = slope != 0 if signal.t_stat is None else abs(signal.t_stat) >= T_MIN
+    return significant and abs(slope) * window_s > signal.margin
 
 
 def steady_signals(
@@ -234,7 +238,7 @@ def steady_opening(
         samples, start_unix_s=start_unix_s, now_unix_s=now_unix_s,
         span_s=min(plan.steady_span_s, elapsed_s), time_scale=time_scale,
     )  # fmt: skip
-    steady = not any(rising(s, plan.window_s) for s in signals)
+    steady = not any(moving(s, plan.window_s) for s in signals)
     if not steady and elapsed_s < plan.warmup_max_s:
         return None
     return WindowOpening(

@@ -110,3 +110,14 @@ def test_a_slow_rise_that_would_matter_over_the_window_keeps_it_closed() -> None
             break
     else:
         pytest.fail("the window never opened")
+
+
+def test_a_population_still_settling_from_above_keeps_it_closed() -> None:
+    # Running requests fall by 4 a second: -24 over the span, -120 over the window.
+    n = 100
+    samples = _samples([0.5] * n, [200.0 - 4.0 * i * 0.25 for i in range(n)])
+    now = samples[60].unix_s  # 15 s in: past the minimum, before the maximum
+    assert (
+        steady_opening(PLAN, samples[:61], start_unix_s=1000.0, now_unix_s=now, time_scale=1.0)
+        is None
+    )
