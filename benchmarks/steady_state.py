@@ -201,7 +201,7 @@ def confirm_run(run_dir: Path) -> None:
     if best is None:
         sys.exit(f"{run_dir}: no feasible trial to confirm")
     evaluation = json.loads(
-        (run_dir / "trials" / str(best) / "evaluation.json").read_text(encoding="utf-8")
+        (run_dir / "trials" / f"{int(best):03d}" / "evaluation.json").read_text(encoding="utf-8")
     )
     config = tune.get("config", {})
     base = ServingParams(

@@ -1029,8 +1029,8 @@ def wait_finalized(study: Any, *, deadline_s: float, progress: Progress) -> bool
 
 
 def objective_values(objective: Objective, ev: Evaluation) -> float | tuple[float, float]:
-    if objective is Objective.GOODPUT:
-        return ev.goodput if ev.verdict.feasible else 0.0
+    if objective is Objective.GOODPUT:  # in the workload's unit: the rate the search set
+        return ev.stated_goodput.arrival_rate_per_s if ev.verdict.feasible else 0.0
     if objective is Objective.THROUGHPUT:
         return ev.throughput if ev.verdict.feasible else 0.0
     p99 = ev.p99_ttft_ms if ev.verdict.feasible and ev.p99_ttft_ms is not None else 1e9
@@ -1053,8 +1053,10 @@ def record(trial: Any, ev: Evaluation, *, role: str) -> None:
         "goodput": ev.goodput,
         "goodput_bound": ev.goodput_bound.value,
         "throughput": ev.throughput,
-        # the goodput in the workload's own unit (conversations/s where it has sessions);
-        # "goodput" above stays requests/s, what the sampler and best_trial compare
+        # the goodput in the workload's own unit (conversations/s where it has sessions):
+        # what the sampler and best_trial compare (a window's requests per conversation
+        # vary with its few hundred requests; the conversations/s is the rate it was sent
+        # at); "goodput" above stays requests/s
         "goodput_unit": ev.stated_goodput.unit.value,
         "goodput_arrival_rate_per_s": ev.stated_goodput.arrival_rate_per_s,
         "rate_per_s": ev.rate_per_s,
@@ -1076,7 +1078,8 @@ def record(trial: Any, ev: Evaluation, *, role: str) -> None:
 
 
 def best_trial(study: Any) -> Any | None:
-    """The feasible trial with the highest goodput (ties: the higher throughput)."""
+    """The feasible trial with the highest goodput in the workload's unit (ties: the
+    higher throughput)."""
     from optuna.trial import TrialState
 
     feasible = [
@@ -1086,7 +1089,12 @@ def best_trial(study: Any) -> Any | None:
     ]
     if not feasible:
         return None
-    return max(feasible, key=lambda t: (t.user_attrs["goodput"], t.user_attrs["throughput"]))
+
+    def key(t: Any) -> tuple[float, float]:
+        attrs = t.user_attrs
+        return (attrs.get("goodput_arrival_rate_per_s", attrs["goodput"]), attrs["throughput"])
+
+    return max(feasible, key=key)
 
 
 def default_trial(study: Any) -> Any | None:
