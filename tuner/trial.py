@@ -476,6 +476,24 @@ class _BoundStopRule:
         return bad > self.rule.max_bad
 
 
+def growing_backlog(
+    out_dir: Path, samples: list[MetricsSample], *, window_start_unix_s: float,
+    now_unix_s: float, window_s: float, time_scale: float, ttft_limit_ms: float | None,
+) -> BacklogCheck | None:  # fmt: skip
+    """The guard's check of a window so far when its queue clearly grows (then also left
+    in ``backlog-stop.json``), else None: the early stop of ``BacklogStopRule`` and
+    ``WindowRule``."""
+    check = check_backlog(
+        samples, (), window_start_unix_s=window_start_unix_s, window_end_unix_s=now_unix_s,
+        time_scale=time_scale, ttft_limit_ms=ttft_limit_ms,
+    )  # fmt: skip
+    elapsed_s = (now_unix_s - window_start_unix_s) / time_scale
+    if not clearly_growing(check, elapsed_s=elapsed_s, window_s=window_s):
+        return None
+    (out_dir / "backlog-stop.json").write_text(check.model_dump_json(indent=2), "utf-8")
+    return check
+
+
 class BacklogStopRule:
     """When a level may stop early: its queue clearly grows (``tuner.backlog.clearly_growing``,
     after a third of its ``window_s``, emulated seconds).
@@ -522,15 +540,12 @@ class _BoundBacklogStop:
             samples = read_metrics_csv(self.out_dir / "metrics.csv")
         except (OSError, ValueError, KeyError, TypeError):
             return False  # not written yet, or a row being written
-        check = check_backlog(
-            samples, (), window_start_unix_s=start, window_end_unix_s=unix_now,
-            time_scale=self.rule.time_scale, ttft_limit_ms=self.rule.ttft_limit_ms,
+        self.check = growing_backlog(
+            self.out_dir, samples, window_start_unix_s=start, now_unix_s=unix_now,
+            window_s=self.rule.window_s, time_scale=self.rule.time_scale,
+            ttft_limit_ms=self.rule.ttft_limit_ms,
         )  # fmt: skip
-        if not clearly_growing(check, elapsed_s=elapsed_s, window_s=self.rule.window_s):
-            return False
-        self.check = check
-        (self.out_dir / "backlog-stop.json").write_text(check.model_dump_json(indent=2), "utf-8")
-        return True
+        return self.check is not None
 
     def _schedule_start(self) -> float | None:
         """Unix time of the schedule's offset 0 (see ``schedule_start_unix``)."""
@@ -647,16 +662,12 @@ class _BoundWindowRule:
         if elapsed_s >= self.opening.window_s + rule.drain_s:
             self.reason = "cut"
             return True
-        check = check_backlog(
-            samples, (), window_start_unix_s=opened_unix, window_end_unix_s=unix_now,
-            time_scale=k, ttft_limit_ms=rule.ttft_limit_ms,
+        self.check = growing_backlog(
+            self.out_dir, samples, window_start_unix_s=opened_unix, now_unix_s=unix_now,
+            window_s=self.opening.window_s, time_scale=k, ttft_limit_ms=rule.ttft_limit_ms,
         )  # fmt: skip
-        if clearly_growing(check, elapsed_s=elapsed_s, window_s=self.opening.window_s):
-            (self.out_dir / "backlog-stop.json").write_text(
-                check.model_dump_json(indent=2), "utf-8"
-            )
+        if self.check is not None:
             self.reason = "backlog"
-            self.check = check
             return True
         return False
 
