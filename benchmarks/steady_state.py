@@ -128,7 +128,7 @@ def today(setup: Setup, spec: WorkloadSpec) -> float:
     return max_rate(setup, cold_window(spec))
 
 
-def live_goodput(workload: str, gpu: str) -> float | None:
+def live_goodput(workload: str, gpu: str, max_model_len: int | None = None) -> float | None:
     """(c): one trial of ``tuner tune`` on the sim backend, in the workload's unit."""
     with tempfile.TemporaryDirectory(prefix="steady-state-") as tmp:
         out = Path(tmp) / "run"
@@ -137,6 +137,8 @@ def live_goodput(workload: str, gpu: str) -> float | None:
             "--gpu", gpu, "--workload", workload, "--trials", "1", "--no-edge",
             "--no-confirm", "--run-dir", str(out),
         ]  # fmt: skip
+        if max_model_len is not None:
+            cmd += ["--max-model-len", str(max_model_len)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         summary = out / "summary.json"
         if done.returncode != 0 or not summary.exists():
@@ -168,7 +170,7 @@ def measure(workload: str, gpu: str, live: bool, max_model_len: int | None = Non
     old = today(setup, spec)
     cpu = time.process_time() - t0
     return Row(workload, gpu, GoodputUnit.of(spec), ref, ref_req, old,
-               live_goodput(workload, gpu) if live else None, cpu)  # fmt: skip
+               live_goodput(workload, gpu, max_model_len) if live else None, cpu)  # fmt: skip
 
 
 def error_text(figure: float | None, ref: float) -> str:

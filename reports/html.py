@@ -884,6 +884,12 @@ def _turn_mix_part(level: LevelEvidence, sessions: bool) -> EvidencePart:
         f"share by turn, measured / stationary: {shares}",
         f"{mix.test}, {mix.dof} degree(s) of freedom, chi-square {mix.chi_square:.2f}",
     ]
+    if mix.planned_ttft_s is not None and mix.planned_tpot_s is not None:
+        details.append(
+            "conversations under way at the start planned with answers of "
+            f"TTFT {mix.planned_ttft_s * 1000:.0f} ms + {mix.planned_tpot_s * 1000:.1f} ms "
+            "a token"
+        )
     return EvidencePart("Turn mix", text, tone, details)
 
 

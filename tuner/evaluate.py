@@ -28,6 +28,7 @@ from tuner.space import TrialParams
 from tuner.trial import KvFill, LiveServer, Measurement
 from tuner.vllm_log import StartupReport
 from workloads.metrics import LoadResult
+from workloads.stationary import AnswerTimes
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,7 @@ def evaluate(
     start_rate_per_s: float | None,
     max_levels: int | None = None,
     predicted_rate_per_s: float | None = None,
+    predicted_answer_times: AnswerTimes | None = None,
 ) -> Evaluation:
     """Launch the candidate and measure its goodput (screened first when configured)."""
     early = screened(ctx, params, out_dir)
@@ -217,6 +219,7 @@ def evaluate(
                 level_duration_s=config.level_duration_s, warmup_s=config.level_warmup_s,
                 max_levels=max_levels or config.max_levels, model_dir=ctx.model_dir,
                 predicted_rate_per_s=predicted_rate_per_s,
+                predicted_answer_times=predicted_answer_times,
             )  # fmt: skip
     evaluation = _evaluation(ctx, params, out_dir, startup, search, live, kv_fill)
     evaluation.write()

@@ -110,8 +110,10 @@ def _cmd_load_worker(args: argparse.Namespace) -> int:
                 )
                 time.sleep(RESTART_PAUSE_S)
     except KeyboardInterrupt:
+        # Stopped as a user stops it: say what it served, then exit as interrupted (130
+        # for SIGINT, 143 for SIGTERM), as every other command does.
         print(f"tuner load-worker: stopped; served {served} run(s)", flush=True)
-    return 0
+        raise
 
 
 def _summaries(log_path: Path, offset: int) -> str:

@@ -32,7 +32,7 @@ from tuner.versions import VllmVersion
 from workloads.build import build_schedule
 from workloads.schedule import ScheduledRequest
 from workloads.spec import SloMetric, WorkloadSpec
-from workloads.stationary import lookback_s
+from workloads.stationary import AnswerTimes, lookback_s
 from workloads.traces import TraceRecord
 
 
@@ -178,7 +178,13 @@ REFERENCE_WARMUP_S = 120.0
 
 
 def steady_run(
-    setup: Setup, spec: WorkloadSpec, rate_per_s: float | None, *, warmup_s: float, window_s: float
+    setup: Setup,
+    spec: WorkloadSpec,
+    rate_per_s: float | None,
+    *,
+    warmup_s: float,
+    window_s: float,
+    answer_times: AnswerTimes | None = None,
 ) -> Prediction:
     """The workload at ``rate_per_s`` in its steady state, judged over a window.
 
@@ -188,6 +194,7 @@ def steady_run(
     it follows, measures the requests arriving in ``[warmup_s, warmup_s + window_s)`` and
     cuts what is still in flight a drain after the window (``tuner.rate_search.drain_s``).
     A closed workload (``rate_per_s`` None with closed arrivals) runs its batch whole.
+    ``answer_times``: what the session population is planned with (``level_workload``).
 
     ``met``: the SLOs hold over the window (``slo_met``) and no backlog builds, by
     ``tuner.backlog.trend`` on the engine's state every ``SAMPLE_EVERY_S`` through the
@@ -198,7 +205,7 @@ def steady_run(
     """
     from tuner.rate_search import drain_s, level_workload
 
-    level = level_workload(spec, rate_per_s, warmup_s + window_s)
+    level = level_workload(spec, rate_per_s, warmup_s + window_s, answer_times)
     closed = level.mean_rate_per_s is None
     schedule = build_schedule(level)
     if closed:
@@ -232,6 +239,60 @@ def _trends(result: SimulationResult, start_s: float, end_s: float) -> tuple[Sig
     )
 
 
+def answer_times_of(result: SimulationResult | None) -> AnswerTimes | None:
+    """A simulated run's mean TTFT and TPOT (None when nothing was streamed)."""
+    if result is None:
+        return None
+    return AnswerTimes.of_means(result.ttft_ms.mean, result.tpot_ms.mean)
+
+
+@dataclass(frozen=True)
+class SustainedRate:
+    """``sustained_rate``'s answer: the rate, and the answer times the run at it
+    measured (None: no rate held), to plan a live level's session population with."""
+
+    rate_per_s: float
+    answer_times: AnswerTimes | None = None
+
+
+def sustained_rate(
+    setup: Setup,
+    spec: WorkloadSpec,
+    *,
+    warmup_s: float,
+    window_s: float,
+    start_rate_per_s: float | None = None,
+    precision: float = 0.05,
+    max_runs: int = 10,
+    step: float = 2.0,
+) -> SustainedRate:
+    """The highest arrival rate ``steady_run`` says is sustained (0: none is; closed: 0).
+
+    Brackets from ``start_rate_per_s`` (default: the workload's) by multiplying or
+    dividing by ``step``, then bisects to ``precision`` (relative); at most ``max_runs``
+    runs, the best rate met so far when they run out. Each run's session population is
+    planned with the answer times of the run that held nearest in rate so far (the
+    spec's expected ones until one has held), as a live search plans its levels
+    (``tuner.rate_search.nearest_answer_times``).
+    """
+    rate = start_rate_per_s or spec.mean_rate_per_s
+    if rate is None:
+        return SustainedRate(0.0)
+    held: dict[float, AnswerTimes] = {}
+
+    def met(r: float) -> bool:
+        nearest = min(held, key=lambda h: abs(math.log(h / r)), default=None)
+        times = held[nearest] if nearest is not None else None
+        run = steady_run(setup, spec, r, warmup_s=warmup_s, window_s=window_s, answer_times=times)
+        measured = answer_times_of(run.result)
+        if run.met and measured is not None:
+            held[r] = measured
+        return run.met
+
+    best = _search(met, rate, precision, max_runs, step)
+    return SustainedRate(best, held.get(best))
+
+
 def sustained_max_rate(
     setup: Setup,
     spec: WorkloadSpec,
@@ -243,20 +304,11 @@ def sustained_max_rate(
     max_runs: int = 10,
     step: float = 2.0,
 ) -> float:
-    """The highest arrival rate ``steady_run`` says is sustained (0: none is; closed: 0).
-
-    Brackets from ``start_rate_per_s`` (default: the workload's) by multiplying or
-    dividing by ``step``, then bisects to ``precision`` (relative); at most ``max_runs``
-    runs, the best rate met so far when they run out.
-    """
-    rate = start_rate_per_s or spec.mean_rate_per_s
-    if rate is None:
-        return 0.0
-
-    def met(r: float) -> bool:
-        return steady_run(setup, spec, r, warmup_s=warmup_s, window_s=window_s).met
-
-    return _search(met, rate, precision, max_runs, step)
+    """``sustained_rate``'s rate alone."""
+    return sustained_rate(
+        setup, spec, warmup_s=warmup_s, window_s=window_s, start_rate_per_s=start_rate_per_s,
+        precision=precision, max_runs=max_runs, step=step,
+    ).rate_per_s  # fmt: skip
 
 
 def reference_warmup_s(spec: WorkloadSpec) -> float:

@@ -54,6 +54,7 @@ from tuner.window import LevelPlan, plan_level
 from workloads.prompts import prompt_builder_for
 from workloads.schedule import ScheduledRequest
 from workloads.spec import SessionStart, SloMetric, WarmupSpec, WorkloadSpec
+from workloads.stationary import AnswerTimes
 
 MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
 PROVISIONAL_S = 30.0  # a level's first schedule, to read its request rate from
@@ -200,16 +201,44 @@ def goodput_text(goodput: float, bound: GoodputBound, unit: str = "req/s") -> st
     return f"{goodput:.2f} {unit}"
 
 
-def level_workload(spec: WorkloadSpec, rate_per_s: float | None, duration_s: float) -> WorkloadSpec:
+def level_workload(
+    spec: WorkloadSpec,
+    rate_per_s: float | None,
+    duration_s: float,
+    answer_times: AnswerTimes | None = None,
+) -> WorkloadSpec:
     """The workload at one level: its shape at ``rate_per_s``, a window of ``duration_s``, no
     warm-up; with sessions, opening on the conversations already under way at that rate
-    (``sessions.start: stationary``, unless the spec sets ``start`` itself)."""
+    (``sessions.start: stationary``, unless the spec sets ``start`` itself), their turns
+    planned at ``answer_times`` when given (``workloads.stationary.AnswerTimes``)."""
     level = spec if rate_per_s is None else spec.with_rate(rate_per_s)
     update: dict[str, object] = {"duration_s": duration_s, "warmup": WarmupSpec()}
     sessions = level.sessions
-    if sessions is not None and "start" not in sessions.model_fields_set:
-        update["sessions"] = sessions.model_copy(update={"start": SessionStart.STATIONARY})
+    if sessions is not None:
+        if "start" not in sessions.model_fields_set:
+            sessions = sessions.model_copy(update={"start": SessionStart.STATIONARY})
+        if answer_times is not None:
+            sessions = answer_times.applied(sessions)
+        update["sessions"] = sessions
     return level.model_copy(update=update)
+
+
+def measured_answer_times(m: Measurement) -> AnswerTimes | None:
+    """The mean TTFT and TPOT a level measured (the schedule's seconds)."""
+    return AnswerTimes.of_means(m.load.ttft_ms.mean, m.load.tpot_ms.mean)
+
+
+def nearest_answer_times(
+    levels: list[Level], rate_per_s: float | None, fallback: AnswerTimes | None
+) -> AnswerTimes | None:
+    """The answer times to plan a level at ``rate_per_s`` with: those of the level that
+    held nearest to it in rate (a level that broke measured a backlog's latencies), else
+    ``fallback`` (the twin's)."""
+    held = [(lv, t) for lv in levels if lv.met and (t := measured_answer_times(lv.measurement))]
+    if not held or not rate_per_s:
+        return fallback
+    _, times = min(held, key=lambda pair: abs(math.log(pair[0].rate_per_s / rate_per_s)))
+    return times
 
 
 def stop_rule(spec: WorkloadSpec, expected_requests: int, time_scale: float) -> StopRule | None:
@@ -239,12 +268,14 @@ def plan_level_schedule(
     warmup_s: float | None = None,
     max_model_len: int | None = None,
     model_dir: Path | None = None,
+    answer_times: AnswerTimes | None = None,
 ) -> tuple[WorkloadSpec, LevelPlan, list[ScheduledRequest]]:
     """One level at ``rate_per_s``: its spec (warm-up and window in one schedule), its
-    plan (``tuner.window.plan_level``) and its schedule (the spec's own warm-up left out)."""
+    plan (``tuner.window.plan_level``) and its schedule (the spec's own warm-up left out);
+    ``answer_times``: see ``level_workload``."""
 
     def build(duration_s: float) -> tuple[WorkloadSpec, list[ScheduledRequest]]:
-        level_spec = level_workload(spec, rate_per_s, duration_s)
+        level_spec = level_workload(spec, rate_per_s, duration_s, answer_times)
         _, schedule = split_warmup(
             plan_schedule(level_spec, max_model_len=max_model_len, model_dir=model_dir)
         )
@@ -354,6 +385,7 @@ def search_rate(
     model_dir: Path | None = None,
     predicted_rate_per_s: float | None = None,
     warmup_s: float | None = None,
+    predicted_answer_times: AnswerTimes | None = None,
 ) -> RateSearch:
     """Measure levels on a READY server until the goodput is bracketed to ``precision``
     or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
@@ -363,7 +395,9 @@ def search_rate(
     (``tuner.window.plan_level``). ``growth`` is the smallest step from one
     level to the next (``climb_step`` up from a level that held, ``descent_step`` down
     from a first one that broke: at most x2). ``predicted_rate_per_s``: the twin's
-    sustained rate; the first two levels straddle it (the module's docstring)."""
+    sustained rate; the first two levels straddle it (the module's docstring).
+    ``predicted_answer_times``: the twin's answer times near that rate, which plan the
+    session population a level opens on until a level has held (``nearest_answer_times``)."""
     levels: list[Level] = []
     closed = spec.mean_rate_per_s is None
     rate: float | None = None
@@ -376,6 +410,7 @@ def search_rate(
         level_spec, plan, schedule = plan_level_schedule(
             spec, rate, window_s=level_duration_s, warmup_s=warmup_s,
             max_model_len=live.launch.params.max_model_len, model_dir=model_dir,
+            answer_times=nearest_answer_times(levels, rate, predicted_answer_times),
         )  # fmt: skip
         level_dir = out_dir / f"level-{index}"
         m = live.measure(
@@ -384,7 +419,10 @@ def search_rate(
             drain_s=drain_s(level_spec), level=plan,
         )  # fmt: skip
         measured = schedule  # what the window held, against the workload's stationary mix
-        if m.window is not None:
+        if m.measured_ids:  # what was sent in it (a later turn goes at its answer's time)
+            ids = set(m.measured_ids)
+            measured = [r for r in schedule if r.request_id in ids]
+        elif m.window is not None:  # a stand-in server: what was planned in it
             opened, until = m.window.opened_at_s, m.window.opened_at_s + m.window.window_s
             measured = [r for r in schedule if opened <= r.send_s < until]
         write_level_evidence(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -27,12 +28,13 @@ from urllib.parse import unquote, unquote_plus
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.config import TuneConfig
 from tuner.context import TuneContext, auto_stream_fraction, auto_time_scale
 from tuner.errors import ConfigError
 from tuner.evaluate import Evaluation, Verdict, evaluate
 from tuner.load import plan_schedule
 from tuner.memory import Calibration
-from tuner.predict import Setup, sustained_max_rate
+from tuner.predict import Setup, SustainedRate, sustained_rate
 from tuner.processes import ChildRegistry
 from tuner.rate_search import GoodputBound, GoodputUnit, level_workload, plan_level_schedule
 from tuner.sampling import Objective, make_sampler
@@ -40,6 +42,7 @@ from tuner.server import Backend
 from tuner.space import TrialParams, vllm_defaults
 from tuner.vllm_log import calibration_from_report
 from tuner.window import MIN_WINDOW_S
+from workloads.stationary import AnswerTimes
 
 log = logging.getLogger(__name__)
 
@@ -523,6 +526,25 @@ def _refuse_other_settings(
     )
 
 
+def _refuse_other_measurement(where: str, attrs: dict[str, Any], config: TuneConfig) -> None:
+    """A study measures every trial alike: a resumed one keeps the simulated clock's scale
+    and the streamed share it chose, and refuses other values given for them (rather than
+    ignoring them)."""
+    for key, flag, given in (
+        ("time_scale", "--time-scale", config.time_scale),
+        ("stream_fraction", "--stream-fraction", config.stream_fraction),
+    ):
+        if given is None or key not in attrs:
+            continue
+        chosen = float(attrs[key])
+        if not math.isclose(chosen, float(given), rel_tol=1e-9):
+            raise ConfigError(
+                f"{where} measured every trial with {flag} {chosen:g}; given {flag} {given:g}; "
+                f"accepted: {flag} {chosen:g} or none to continue it (--resume), or another "
+                "--run-dir (or --study) for this value"
+            )
+
+
 def _trial_dirs(run_dir: Path) -> list[int]:
     """The trial numbers with evidence in ``run_dir/trials`` (a non-empty directory each)."""
     trials = run_dir / "trials"
@@ -600,6 +622,7 @@ def open_study(ctx: TuneContext) -> OpenStudy:
             else _legacy_study_settings(attrs)
         )
         _refuse_other_settings(f"study {name!r} in {where}", name, recorded, settings.flat())
+        _refuse_other_measurement(f"study {name!r} in {where}", attrs, config)
     if n_trials > 0 and not config.resume:
         raise ConfigError(
             f"study {name!r} already has {n_trials} trials in {where}; accepted: --resume to "
@@ -703,7 +726,7 @@ class TrialLoop:
         self.deadline_s = deadline_s
         self.progress = progress
         self.trial_estimate_s = 0.0
-        self._predicted: dict[str, float] = {}
+        self._predicted: dict[str, SustainedRate] = {}
         self._current_trial: int | None = None
 
     # -- set-up shared by every worker --------------------------------------------------------
@@ -892,6 +915,7 @@ class TrialLoop:
         evaluation = evaluate(
             ctx, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
             predicted_rate_per_s=self.predicted_rate(params),
+            predicted_answer_times=self.predicted_answer_times(params),
         )  # fmt: skip
         self._calibrate(evaluation)
         record(trial, evaluation, role=role)
@@ -917,9 +941,14 @@ class TrialLoop:
         fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
         return self.predicted_max_rate(params, fallback) or None
 
+    def predicted_answer_times(self, params: TrialParams) -> AnswerTimes | None:
+        """The twin's answer times at its sustained rate (computed with it, so cached)."""
+        cached = self._predicted.get(params.model_dump_json())
+        return cached.answer_times if cached is not None else None
+
     def predicted_max_rate(self, params: TrialParams, start: float | None) -> float:
         """The simulator's highest arrival rate it sustains in the steady state, a level's
-        warm-up and window long (``tuner.predict.sustained_max_rate``; cached per settings)."""
+        warm-up and window long (``tuner.predict.sustained_rate``; cached per settings)."""
         ctx = self.ctx
         key = params.model_dump_json()
         if key not in self._predicted:
@@ -930,11 +959,11 @@ class TrialLoop:
                 ctx.workload, rate, window_s=ctx.config.level_duration_s,
                 warmup_s=ctx.config.level_warmup_s,
             )  # fmt: skip
-            self._predicted[key] = sustained_max_rate(
+            self._predicted[key] = sustained_rate(
                 setup, ctx.workload, warmup_s=plan.warmup_max_s, window_s=plan.window_s,
                 start_rate_per_s=start, precision=0.05, max_runs=10,
             )  # fmt: skip
-        return self._predicted[key]
+        return self._predicted[key].rate_per_s
 
     def best_rate(self) -> float | None:
         rates = [

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.backlog import BacklogCheck, check_backlog, clearly_growing
 from tuner.gpu_sampler import GpuSampler, GpuSummary, ProcessTree, make_source, release_watch
@@ -87,6 +87,9 @@ class Measurement(BaseModel):
     window: WindowOpening | None = (
         None  # a rate-search level: when its window opened (tuner.window)
     )
+    # A rate-search level: the ids of the requests its window measured (what was sent,
+    # later turns at their answers' times), for its evidence; not written out.
+    measured_ids: tuple[str, ...] = Field(default=(), exclude=True)
 
 
 class KvFill(BaseModel):
@@ -412,6 +415,7 @@ class LiveServer:
             stopped_early=run.run.stopped_by_caller and "slo" in fired,
             backlog=backlog,
             stopped_by_backlog=run.run.stopped_by_caller and "backlog" in fired,
+            measured_ids=tuple(r.request_id for r in records) if opening is not None else (),
         )
 
 

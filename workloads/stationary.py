@@ -22,6 +22,17 @@ from its first second: for arrivals at a constant rate, turn k (0 first) is
 (``stationary_turn_mix``). Sessions cut short by ``max_context_tokens`` shift that
 mix slightly towards early turns; it is exact without the cut.
 
+The population's size depends on the server's speed: a session under way at offset 0
+is one whose remaining turns, each an answer and a think time apart, reach past it, so
+a fast server holds fewer of them than a slow one (Little's law: sessions under way =
+arrival rate x mean session length). The builder spaces turns by the spec's
+``expected_ttft_s`` and ``expected_tpot_s``; planned with answers slower than the
+server's, the window opens on more sessions than that server holds, and since their
+later turns follow the server's (faster) answers, the surplus loads the window until
+those sessions end, up to a session's length. ``AnswerTimes`` replaces them with the
+answer times of the server measured (the rate search: its nearest level that held; the
+twin: its own run at a nearby rate).
+
 What the server sees: the history of a session under way is sent in full, but the
 server never saw its earlier turns, so their prefix is not in its cache when the
 window opens. The first in-window turn of each such session is a cache miss on its
@@ -70,6 +81,31 @@ _MIN_EXPECTED = 5.0  # chi-square bins hold at least this many expected requests
 
 
 # --- the population before the window ---------------------------------------------------
+
+
+class AnswerTimes(BaseModel):
+    """A server's mean time to first token and time per output token at some rate, in
+    the schedule's seconds: what a session's turn gaps are planned with
+    (``SessionSpec.expected_ttft_s`` and ``expected_tpot_s``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ttft_s: float
+    tpot_s: float
+
+    @classmethod
+    def of_means(cls, ttft_ms: float | None, tpot_ms: float | None) -> AnswerTimes | None:
+        """From measured means in ms; None when either is missing or not positive (no
+        request streamed, a one-token workload)."""
+        if not ttft_ms or not tpot_ms or ttft_ms <= 0 or tpot_ms <= 0:
+            return None
+        return cls(ttft_s=ttft_ms / 1000.0, tpot_s=tpot_ms / 1000.0)
+
+    def applied(self, sessions: SessionSpec) -> SessionSpec:
+        """``sessions`` with its turns planned at these answer times."""
+        return sessions.model_copy(
+            update={"expected_ttft_s": self.ttft_s, "expected_tpot_s": self.tpot_s}
+        )
 
 
 def _largest(length: LengthSpec | TurnsSpec) -> int:
@@ -222,6 +258,10 @@ class TurnMix(BaseModel):
     chi_square: float
     dof: int
     p_value: float | None
+    # The answer times the session population was planned with (``AnswerTimes``);
+    # None in files written before they were recorded.
+    planned_ttft_s: float | None = None
+    planned_tpot_s: float | None = None
 
 
 def turn_mix(schedule: Iterable[ScheduledRequest], sessions: SessionSpec) -> TurnMix:
@@ -261,6 +301,8 @@ def turn_mix(schedule: Iterable[ScheduledRequest], sessions: SessionSpec) -> Tur
         chi_square=statistic,
         dof=dof,
         p_value=chi2_sf(statistic, dof) if dof >= 1 and total else None,
+        planned_ttft_s=sessions.expected_ttft_s,
+        planned_tpot_s=sessions.expected_tpot_s,
     )
 
 

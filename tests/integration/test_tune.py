@@ -315,6 +315,11 @@ def test_a_run_directory_belongs_to_one_study(tuned_run: Path, tmp_path: Path) -
     assert "--space block-size" in line
     line = _one_error_line(tune(run_dir, "--study", "another", "--resume", timeout_s=120))
     assert "'another'" in line and "belongs to study" in line
+    # Its trials were measured on one clock and streamed share: other values are refused.
+    line = _one_error_line(tune(run_dir, "--time-scale", "7.25", "--resume", timeout_s=120))
+    assert "--time-scale 7.25" in line and "measured every trial with --time-scale" in line
+    line = _one_error_line(tune(run_dir, "--stream-fraction", "0.33", "--resume", timeout_s=120))
+    assert "--stream-fraction 0.33" in line
     assert _snapshot(run_dir) == before
 
     # Without tune.json the study.db still tells whose directory it is.

@@ -21,6 +21,7 @@ from workloads.spec import (
 )
 from workloads.stationary import (
     TURN_MIX_FILE,
+    AnswerTimes,
     TurnMix,
     chi2_sf,
     lookback_s,
@@ -154,6 +155,35 @@ class TestLevels:
             update={"duration_s": WINDOW_S, "warmup": WarmupSpec()}
         )
         assert build_schedule(level) == build_schedule(plain)
+
+    def test_a_faster_server_opens_on_fewer_conversations_under_way(self) -> None:
+        # Little's law: sessions under way = arrival rate x session length, and a session's
+        # length is its turns' answers and think times. Planned at the declared 0.5 s +
+        # 30 ms a token, a server that answers in a fifth of that would open on a surplus.
+        # A level as long as a session (warm-up and window): every session under way at
+        # its start sends a turn in it.
+        level_s = 90.0
+        slow = level_workload(load_workload("chat"), RATE_PER_S, level_s)
+        fast = level_workload(
+            load_workload("chat"), RATE_PER_S, level_s, AnswerTimes(ttft_s=0.1, tpot_s=0.006)
+        )
+        assert fast.sessions is not None and fast.sessions.expected_tpot_s == 0.006
+        assert fast.sessions.start is SessionStart.STATIONARY
+
+        def under_way(spec: WorkloadSpec) -> int:
+            return len({r.session_id for r in build_schedule(spec) if "-lead-" in r.request_id})
+
+        # chat's mean answer is ~300 tokens: a turn gap of ~14.5 s planned, ~6.9 s fast.
+        assert under_way(fast) == pytest.approx(0.48 * under_way(slow), rel=0.15)
+        assert fast.sessions is not None
+        mix = turn_mix(build_schedule(fast), fast.sessions)
+        assert mix.planned_ttft_s == 0.1 and mix.planned_tpot_s == 0.006
+        assert mix.later_turn_share == pytest.approx(mix.stationary_later_turn_share, abs=0.06)
+
+    def test_answer_times_need_both_means(self) -> None:
+        assert AnswerTimes.of_means(250.0, 12.0) == AnswerTimes(ttft_s=0.25, tpot_s=0.012)
+        assert AnswerTimes.of_means(None, 12.0) is None
+        assert AnswerTimes.of_means(250.0, 0.0) is None
 
     def test_single_turn_sessions_add_nothing(self) -> None:
         spec = _chat(SessionStart.STATIONARY)

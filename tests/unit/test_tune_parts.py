@@ -35,6 +35,7 @@ from tuner.trial import Measurement
 from workloads.metrics import LoadResult, Percentiles
 from workloads.schedule import ScheduledRequest
 from workloads.spec import WorkloadSpec, load_workload
+from workloads.stationary import TURN_MIX_FILE, AnswerTimes, TurnMix
 
 
 def test_yaml_config_with_flags_on_top(tmp_path: Path) -> None:
@@ -228,7 +229,7 @@ class _KnownCapacity:
         load = rate / self.capacity_per_s
         met = load <= 1.0
         ttft = (
-            min(self.base_ttft_ms / (1.0 - load), CHAT_TTFT_LIMIT_MS)
+            min(self.base_ttft_ms / max(1e-9, 1.0 - load), CHAT_TTFT_LIMIT_MS)
             if met
             else CHAT_TTFT_LIMIT_MS * load**4
         )
@@ -407,3 +408,56 @@ def test_a_chat_search_states_goodput_in_conversations_per_s(tmp_path: Path) -> 
     # No level held: zero in the workload's unit.
     none = RateSearch(levels=(broke,), best=None, broken_rate_per_s=4.0, died=False)
     assert none.goodput_of(chat) == Goodput(unit=GoodputUnit.CONVERSATIONS_PER_S)
+
+
+class _AnswersInMs(_KnownCapacity):
+    """``_KnownCapacity`` whose levels measure a mean TTFT of ``rate`` x 10 ms and a mean
+    TPOT of ``rate`` ms, and which keeps the answer times each level was planned with."""
+
+    def __init__(self, capacity_per_s: float) -> None:
+        super().__init__(capacity_per_s)
+        self.planned: list[tuple[float, float]] = []
+
+    def measure(
+        self, workload: WorkloadSpec, schedule: list[ScheduledRequest], **kw: object
+    ) -> Measurement:  # type: ignore[override]
+        assert workload.sessions is not None and workload.mean_rate_per_s is not None
+        self.planned.append((workload.sessions.expected_ttft_s, workload.sessions.expected_tpot_s))
+        m = super().measure(workload, schedule, **kw)  # type: ignore[arg-type]
+        rate = workload.mean_rate_per_s
+        load = m.load.model_copy(
+            update={
+                "ttft_ms": m.load.ttft_ms.model_copy(update={"mean": 10.0 * rate}),
+                "tpot_ms": m.load.tpot_ms.model_copy(update={"mean": rate}),
+            }
+        )
+        return m.model_copy(update={"load": load})
+
+
+def test_each_level_opens_on_the_population_of_the_nearest_level_that_held(
+    tmp_path: Path,
+) -> None:
+    """Issue 16: the conversations under way when a level opens are as many as the server
+    measured holds (its answer times at the nearest rate that held); until one has held,
+    the twin's answer times; never a broken level's backlog latencies."""
+    server = _AnswersInMs(capacity_per_s=10.5)
+    twin = AnswerTimes(ttft_s=0.2, tpot_s=0.02)
+    result = search_rate(
+        server, load_workload("chat"), start_rate_per_s=None, out_dir=tmp_path,
+        level_duration_s=2.0, max_levels=4, precision=0.05, predicted_rate_per_s=12.0,
+        predicted_answer_times=twin,
+    )  # fmt: skip
+    rates = [lv.rate_per_s for lv in result.levels]
+    met = [lv.met for lv in result.levels]
+    # 12/sqrt(1.05) breaks (capacity 10.5); the descent's levels hold or break in turn.
+    assert met[0] is False and server.planned[0] == (0.2, 0.02)
+    for index in range(1, len(rates)):
+        held = [(r, ok) for r, ok in zip(rates[:index], met[:index], strict=True) if ok]
+        if not held:
+            assert server.planned[index] == (0.2, 0.02)
+            continue
+        nearest = min(held, key=lambda pair: abs(math.log(pair[0] / rates[index])))[0]
+        assert server.planned[index] == pytest.approx((nearest * 0.01, nearest * 0.001))
+    assert any(met) and len(rates) >= 3
+    mix = TurnMix.model_validate_json((tmp_path / "level-0" / TURN_MIX_FILE).read_text())
+    assert (mix.planned_ttft_s, mix.planned_tpot_s) == (0.2, 0.02)

@@ -31,6 +31,7 @@ class Percentiles(BaseModel):
     p50: float
     p90: float
     p99: float
+    mean: float = 0.0
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Percentiles:
@@ -45,7 +46,8 @@ class Percentiles(BaseModel):
             hi = min(lo + 1, len(ordered) - 1)
             return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
-        return cls(p50=at(0.50), p90=at(0.90), p99=at(0.99))
+        mean = sum(ordered) / len(ordered)
+        return cls(p50=at(0.50), p90=at(0.90), p99=at(0.99), mean=mean)
 
 
 @dataclass(frozen=True)
