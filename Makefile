@@ -45,6 +45,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The main job: search, OOM edge, recommendation and report under runs/<study>/.
 tune: install

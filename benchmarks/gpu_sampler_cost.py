@@ -31,9 +31,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from tuner.gpu_sampler import (
+from tuner.errors import GpuSamplingUnavailable
+from tuner.serving.gpu_sampler import (
     GpuSampler,
-    GpuSamplingUnavailable,
     GpuSource,
     NoneSource,
     NvmlSource,

@@ -50,7 +50,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tuner.server import free_port
+from tuner.serving.server import free_port
 from workloads.metrics import LoadResult
 from workloads.runner import LoadRun, run_load
 from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_records

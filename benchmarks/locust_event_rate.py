@@ -59,7 +59,7 @@ import aiohttp
 import httpx
 from sim_serve_event_rate import GPU, MAX_LEN, MODEL, OUTPUT, PROMPT, ideal_rate
 
-from tuner.server import free_port
+from tuner.serving.server import free_port
 from workloads.runner import run_load
 from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_records
 

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from tuner.accuracy import LogOrigin, evaluate, load_cases, summary, transfer_rows
+from tuner.vllm.accuracy import LogOrigin, evaluate, load_cases, summary, transfer_rows
 
 LOG_DIR = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm_logs"
 

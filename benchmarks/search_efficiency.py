@@ -10,8 +10,8 @@ Goodput of a setting: the highest arrival rate of the workload (chat: new conver
 per second) whose simulated window meets the workload's SLOs, on a ladder of rates 1%
 apart (rate = 1.01**k), found by galloping from a warm start (the same settings at the
 next utilization up, else the defaults' goodput) and bisecting; like
-``tuner.predict.max_rate``, it takes the SLO verdict as monotone in the rate. Each run is
-``tuner.predict.predict``'s (the workload's own prompts through the simulator's tokenizer,
+``tuner.search.predict.max_rate``, it takes the SLO verdict as monotone in the rate. Each run is
+``tuner.search.predict.predict``'s (the workload's own prompts through the simulator's tokenizer,
 warm-up left out); the script checks that it gives ``predict``'s verdicts before using it.
 The window is the workload's own 60 s: multi-turn chat needs it (its later turns carry
 the whole conversation, so a 15-20 s window measures a cold start, with goodput several
@@ -29,7 +29,7 @@ Two ways the runs are made affordable without changing a verdict:
 
 The methods replayed on the landscape:
 
-* the tuning loop (``tuner.study``'s way): an Optuna study with ``make_sampler``
+* the tuning loop (``tuner.search.study``'s way): an Optuna study with ``make_sampler``
   (multivariate TPE, ``n_trials`` = 20% of the grid), vLLM's defaults enqueued first,
   each point drawn by ``SearchSpace.suggest`` (max-num-seqs, a log-scale integer, is
   evaluated at the nearest grid value), value the landscape's goodput; a setting that
@@ -41,7 +41,7 @@ The methods replayed on the landscape:
 * vLLM's ``benchmarks/auto_tune/auto_tune.sh``: ``--gpu-memory-utilization`` stepped down
   from 0.98 by 0.01 while >= 0.9, one server launch per step, with the last (largest)
   entries of its max-num-seqs and max-num-batched-tokens lists, until a server starts
-  (``tuner.memory.plan`` decides here; nothing starting: the script exits); then, at that
+  (``tuner.vllm.memory.plan`` decides here; nothing starting: the script exits); then, at that
   utilization, one launch and measurement per (max-num-seqs, max-num-batched-tokens) of
   its lists, max-num-seqs outer, with vLLM's default block size and KV-cache dtype. Its
   own measurement (``vllm bench serve`` at rate inf, then int(throughput)+1 stepped down
@@ -78,19 +78,19 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.gpus import GpuSpec, get_gpu
-from tuner.memory import ServingParams, plan
-from tuner.models import ModelSpec, resolve_model
-from tuner.predict import Setup, predict, slo_met
-from tuner.sampling import Objective, make_sampler
+from tuner.search.predict import Setup, predict, slo_met
+from tuner.search.sampling import Objective, make_sampler
+from tuner.search.space import Knob, SearchSpace, TrialParams, build_space, parse_range
+from tuner.search.space import vllm_defaults as space_defaults
 from tuner.sim.blocks import BlockPool, EvictionPolicy
 from tuner.sim.build import build_engine
 from tuner.sim.engine import EngineDead, SimEngine, StepResult
 from tuner.sim.simulate import Slo, run
 from tuner.sim.tokenizer import encode, encode_chat
-from tuner.space import Knob, SearchSpace, TrialParams, build_space, parse_range
-from tuner.space import vllm_defaults as space_defaults
-from tuner.versions import VllmVersion
+from tuner.vllm.gpus import GpuSpec, get_gpu
+from tuner.vllm.memory import ServingParams, plan
+from tuner.vllm.models import ModelSpec, resolve_model
+from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
 from workloads.spec import SloMetric, WorkloadSpec, load_workload
 from workloads.traces import TraceRecord
@@ -186,11 +186,11 @@ SOURCES = (
     "tuner/sim/simulate.py",
     "tuner/sim/build.py",
     "tuner/sim/tokenizer.py",
-    "tuner/memory.py",
-    "tuner/models.py",
-    "tuner/gpus.py",
-    "tuner/versions.py",
-    "tuner/predict.py",
+    "tuner/vllm/memory.py",
+    "tuner/vllm/models.py",
+    "tuner/vllm/gpus.py",
+    "tuner/vllm/versions.py",
+    "tuner/search/predict.py",
     "workloads/spec.py",
     "workloads/build.py",
     "workloads/arrivals.py",
@@ -625,7 +625,7 @@ def check_against_predict(
         theirs = predict(setup, ctx.spec, rung_rate(rung)).met
         if evaluator.met(params, rung) != theirs:
             sys.exit(
-                f"the benchmark's run disagrees with tuner.predict at {point.short()}, "
+                f"the benchmark's run disagrees with tuner.search.predict at {point.short()}, "
                 f"rate {rung_rate(rung):.2f}/s"
             )
 

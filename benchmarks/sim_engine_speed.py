@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tuner.gpus import get_gpu
-from tuner.memory import ServingParams
-from tuner.models import resolve_model
 from tuner.sim.build import build_engine
 from tuner.sim.simulate import Slo, run, synthetic_arrivals
-from tuner.versions import VllmVersion
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 from workloads.traces import TraceRecord, read_trace
 
 AZURE = (

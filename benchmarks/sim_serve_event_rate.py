@@ -24,12 +24,12 @@ from pathlib import Path
 
 import aiohttp
 
-from tuner.gpus import get_gpu
-from tuner.memory import ServingParams
-from tuner.models import resolve_model
 from tuner.sim.build import build_engine
 from tuner.sim.engine import SimRequest
-from tuner.versions import VllmVersion
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 
 MODEL, GPU, MAX_LEN, OUTPUT, PROMPT = "qwen2.5-7b", "H100-80GB", 4096, 600, 16
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import random
 
-from tuner.gpus import get_gpu
-from tuner.memory import ServingParams
-from tuner.models import Quantization, resolve_model
 from tuner.sim.build import build_engine
 from tuner.sim.simulate import Slo, run
-from tuner.versions import VllmVersion
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import Quantization, resolve_model
+from tuner.vllm.versions import VllmVersion
 from workloads.traces import TraceRecord
 
 PUBLISHED = {"H100-80GB": 5777.0, "L40S-48GB": 1642.0}

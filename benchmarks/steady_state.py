@@ -3,11 +3,11 @@
 For each built-in workload on the simulated engine (llama-3.1-8b, vLLM's defaults at
 the current version) it prints:
 
-(a) the reference rate: ``tuner.predict.reference_rate``, 10 virtual minutes after a
+(a) the reference rate: ``tuner.search.predict.reference_rate``, 10 virtual minutes after a
     long warm-up (2 minutes, or the longest conversation's planned length), opening on
     the stationary population of conversations, every later turn sent its think time
     after the answer it follows;
-(b) today's figure: what the old method says, ``tuner.predict.max_rate`` on an 8-s cold
+(b) today's figure: what the old method says, ``tuner.search.predict.max_rate`` on an 8-s cold
     window (``level_workload(spec, None, 8)`` with ``sessions.start: empty``, each turn
     at its planned time), and its error against (a);
 (c) the tuner's figure: the goodput a live rate search measures, from ``tuner tune`` on
@@ -48,10 +48,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.gpus import get_gpu
-from tuner.memory import ServingParams
-from tuner.models import resolve_model
-from tuner.predict import (
+from tuner.search.predict import (
     Setup,
     max_rate,
     predict,
@@ -60,10 +57,13 @@ from tuner.predict import (
     steady_run,
     sustained_max_rate,
 )
-from tuner.rate_search import GoodputUnit, level_workload
+from tuner.search.rate_search import GoodputUnit, level_workload
+from tuner.search.space import TrialParams
 from tuner.sim.build import build_engine
-from tuner.space import TrialParams
-from tuner.versions import VllmVersion
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 from workloads.spec import SessionStart, WorkloadSpec, load_workload
 
 WORKLOADS = ("chat", "code", "rag", "batch", "mixed-long-short")

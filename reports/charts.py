@@ -20,15 +20,15 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from reports.run_data import NOT_RECORDED, Latencies, LevelEvidence, RunData, Timeline, TrialRow
-from tuner.edge import EdgeProbe
 from tuner.errors import TunerError
-from tuner.evaluate import Evaluation, Verdict
-from tuner.gpus import GpuSpec, get_gpu
-from tuner.memory import Calibration, MemoryPlan, ServingParams, default_limits, plan
-from tuner.models import ModelSpec, resolve_model
-from tuner.server import TrialOutcome
-from tuner.space import Knob, TrialParams
-from tuner.versions import VllmVersion
+from tuner.search.edge import EdgeProbe
+from tuner.search.evaluate import Evaluation, Verdict
+from tuner.search.space import Knob, TrialParams
+from tuner.serving.server import TrialOutcome
+from tuner.vllm.gpus import GpuSpec, get_gpu
+from tuner.vllm.memory import Calibration, MemoryPlan, ServingParams, default_limits, plan
+from tuner.vllm.models import ModelSpec, resolve_model
+from tuner.vllm.versions import VllmVersion
 from workloads.metrics import BucketLatency
 
 GIB = 1024**3

@@ -52,17 +52,18 @@ from reports.run_data import (
     rebase,
     timeline,
 )
-from tuner.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
-from tuner.config import TuneConfig
-from tuner.edge import KnobEdge
 from tuner.errors import ReportError
-from tuner.evaluate import Evaluation, LevelSummary, Verdict
-from tuner.rate_search import Goodput, GoodputUnit
-from tuner.recommend import HARNESS_VERSION, Latency, Measured, Recommendation, Variant
+from tuner.rundir import REPORT_HTML, RunLayout
+from tuner.search.config import TuneConfig
+from tuner.search.edge import KnobEdge
+from tuner.search.evaluate import Evaluation, LevelSummary, Verdict
+from tuner.search.rate_search import Goodput, GoodputUnit
+from tuner.search.recommend import HARNESS_VERSION, Latency, Measured, Recommendation, Variant
+from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
 from workloads.metrics import BucketLatency
 from workloads.spec import WorkloadSpec
 
-REPORT_NAME = "report.html"
+REPORT_NAME = REPORT_HTML
 TEMPLATE = "report.html.j2"
 
 __all__ = ["REPORT_NAME", "WrittenReport", "render_report", "write_report", "write_report_noting"]
@@ -685,7 +686,7 @@ def _memory(data: RunData) -> list[ChartView]:
         out.append(_figure(memory_timeline(f"memory-trial-{t.number}", tl, data.time_scale)))
     if data.edge is not None:
         for i, p in enumerate(data.edge.probes, start=1):
-            pdir = rebase(p.dir, data.run_dir / "edge")
+            pdir = rebase(p.dir, RunLayout(data.run_dir).edge_dir)
             if p.outcome.value != "ready" and not (pdir / "gpu.csv").is_file():
                 continue
             flags = " ".join(f"{k} {_value(v)}" for k, v in p.flags.items())
@@ -724,7 +725,7 @@ def _latency_section(data: RunData) -> dict[str, Any]:
             "recommended (confirmation)",
             RECOMMENDED_COLOR,
             confirmed,
-            data.run_dir / "confirm" / "recommended",
+            RunLayout(data.run_dir).confirm_run_dir("recommended"),
         )
     elif best is not None:
         add(f"winner (trial {best.number})", RECOMMENDED_COLOR, best.evaluation, best.dir)

@@ -1,6 +1,6 @@
 """A finished (or partial) tune run read back from its directory, for the report.
 
-Everything comes from what ``tuner tune`` left on disk (see ``tuner.tune`` for the
+Everything comes from what ``tuner tune`` left on disk (see ``tuner.search.tune`` for the
 layout), loaded with the models that wrote it: ``tune.json`` (``TuneRecord`` below),
 ``summary.json`` (``TuneSummary``), ``study.db`` (the Optuna study: trial states,
 roles), ``trials/<n>/evaluation.json`` (``Evaluation``), ``edge/edge.json``
@@ -29,32 +29,33 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tuner.backlog import BacklogCheck
-from tuner.config import TuneConfig
-from tuner.edge import EdgeResult
-from tuner.errors import ReportError
-from tuner.evaluate import Evaluation, Verdict
-from tuner.gpu_sampler import GpuSample, GpuTimelineError, read_timeline
-from tuner.level_evidence import PROMPT_LENGTHS_FILE, PromptLengthMix
-from tuner.memory import Calibration
-from tuner.recommend import Recommendation
-from tuner.server_metrics import MetricsSample
-from tuner.space import LeftOut, Range
-from tuner.tune import TuneSummary
+from tuner.errors import GpuTimelineError, ReportError
+from tuner.rundir import BACKLOG_JSON, WINDOW_JSON, RunLayout, evaluation_json
+from tuner.search.config import TuneConfig
+from tuner.search.edge import EdgeResult
+from tuner.search.evaluate import Evaluation, Verdict
+from tuner.search.level_evidence import PROMPT_LENGTHS_FILE, PromptLengthMix
+from tuner.search.recommend import Recommendation
+from tuner.search.space import LeftOut, Range
+from tuner.search.study import TrialRole
+from tuner.search.tune import TuneSummary
+from tuner.serving.backlog import BacklogCheck
+from tuner.serving.gpu_sampler import GpuSample, read_timeline
+from tuner.serving.metrics import MetricsSample
+from tuner.vllm.memory import Calibration
 from workloads.schedule import read_records
 from workloads.spec import WorkloadSpec
 from workloads.stationary import TURN_MIX_FILE, TurnMix
 
 log = logging.getLogger(__name__)
 
-ROLE_DEFAULT = "vllm-default"  # tuner.study.ROLE_DEFAULT
 MIN_TRIALS_FOR_IMPORTANCE = 5
 
 M = TypeVar("M", bound=BaseModel)
 
 
 class TuneRecord(BaseModel):
-    """``tune.json``: the resolved configuration of a run (``tuner.tune.describe``)."""
+    """``tune.json``: the resolved configuration of a run (``tuner.search.tune.describe``)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -93,7 +94,7 @@ class TrialRow:
 
     @property
     def is_default(self) -> bool:
-        return self.role == ROLE_DEFAULT
+        return self.role == TrialRole.DEFAULT
 
     @property
     def best_load_dir(self) -> Path | None:
@@ -209,7 +210,8 @@ def load_run(run_dir: Path, storage: str | None = None) -> RunData:
         raise ReportError(
             f"{run_dir}: not a directory; accepted: a tune run directory (runs/<study>)"
         )
-    tune_path = run_dir / "tune.json"
+    layout = RunLayout(run_dir)
+    tune_path = layout.tune_json
     if not tune_path.is_file():
         raise ReportError(
             f"{run_dir}: not a tune run: tune.json is missing (written by `tuner tune` "
@@ -223,23 +225,23 @@ def load_run(run_dir: Path, storage: str | None = None) -> RunData:
         workload = WorkloadSpec.model_validate(tune.workload)
     except ValidationError as exc:  # e.g. a trace file that is not on this machine
         workload_error = _first_error(exc)
-    summary_path = run_dir / "summary.json"
+    summary_path = layout.summary_json
     summary = _read_model(summary_path, TuneSummary) if summary_path.is_file() else None
     rec = _optional(
-        run_dir / "recommendation" / "recommendation.json", Recommendation, missing,
+        layout.recommendation_json, Recommendation, missing,
         "recommendation",
     )  # fmt: skip
-    edge_path = run_dir / "edge" / "edge.json"
+    edge_path = layout.edge_json
     edge = _optional(edge_path, EdgeResult, missing, "OOM edge") if tune.config.edge else None
     if edge is None and rec is not None and rec.edge is not None:
         edge = rec.edge
     if not tune.config.edge:
         missing.append("OOM edge: the run was started with --no-edge")
     confirm: dict[str, Evaluation] = {}
-    confirm_dir = run_dir / "confirm"
+    confirm_dir = layout.confirm_dir
     if confirm_dir.is_dir():
         for sub in sorted(confirm_dir.iterdir()):
-            path = sub / "evaluation.json"
+            path = evaluation_json(sub)
             if path.is_file():
                 ev = _optional(path, Evaluation, missing, f"confirmation run {sub.name}")
                 if ev is not None:
@@ -274,9 +276,9 @@ def _open_study(
     report is built from the run's files and ``RunData.study_note`` says why.
     """
     from tuner.errors import ConfigError
-    from tuner.study import check_storage_url, foreign_message, redact_url, study_names
+    from tuner.search.study import check_storage_url, foreign_message, redact_url, study_names
 
-    db = run_dir / "study.db"
+    db = RunLayout(run_dir).study_db
     if storage:
         url, where = storage, redact_url(storage)
         try:
@@ -343,7 +345,7 @@ def _missing_sqlite_file(url: str) -> str | None:
 def _trials(
     run_dir: Path, study: Any | None, rec: Recommendation | None, missing: list[str]
 ) -> list[TrialRow]:
-    from tuner.study import EVALUATION_ATTR
+    from tuner.search.study import EVALUATION_ATTR
 
     states: dict[int, str] = {}
     roles: dict[int, str] = {}
@@ -351,17 +353,17 @@ def _trials(
     if study is not None:
         for t in study.get_trials(deepcopy=False):
             states[t.number] = t.state.name
-            roles[t.number] = str(t.user_attrs.get("role", "search"))
+            roles[t.number] = str(t.user_attrs.get("role", TrialRole.SEARCH.value))
             if EVALUATION_ATTR in t.user_attrs:
                 copies[t.number] = t.user_attrs[EVALUATION_ATTR]
     numbers = set(states)
-    trials_dir = run_dir / "trials"
+    trials_dir = RunLayout(run_dir).trials_dir
     if trials_dir.is_dir():
         numbers |= {int(p.name) for p in trials_dir.iterdir() if p.is_dir() and p.name.isdigit()}
     rows: list[TrialRow] = []
     for number in sorted(numbers):
-        tdir = trials_dir / f"{number:03d}"
-        path = tdir / "evaluation.json"
+        tdir = RunLayout(run_dir).trial_dir(number)
+        path = evaluation_json(tdir)
         evaluation = (
             _optional(path, Evaluation, missing, f"trial {number}") if path.is_file() else None
         )
@@ -393,7 +395,7 @@ def _trials(
             else None
         )
         default = next((r for r in rows if r.dir.name == default_dir), rows[0])
-        default.role = ROLE_DEFAULT
+        default.role = TrialRole.DEFAULT.value
     return rows
 
 
@@ -577,8 +579,8 @@ def json_text(value: object) -> str:
 
 # --- a level's steady-state evidence ----------------------------------------------------
 
-WINDOW_FILE = "window.json"  # tuner.window.WindowOpening, read leniently (older runs: none)
-BACKLOG_FILE = "backlog.json"  # tuner.backlog.BacklogCheck
+WINDOW_FILE = WINDOW_JSON  # tuner.serving.window.WindowOpening, read leniently (older runs: none)
+BACKLOG_FILE = BACKLOG_JSON  # tuner.serving.backlog.BacklogCheck
 NOT_RECORDED = "not recorded"
 
 R = TypeVar("R", bound=BaseModel)
@@ -600,7 +602,7 @@ class WindowSignalRecord(BaseModel):
 
 class WindowRecord(BaseModel):
     """``window.json``: when a level's measured window opened and whether the server was
-    steady then (``tuner.window.WindowOpening``, read as plain JSON: fields it may add
+    steady then (``tuner.serving.window.WindowOpening``, read as plain JSON: fields it may add
     later are ignored, those an older one lacks are None)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")

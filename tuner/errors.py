@@ -8,7 +8,12 @@
     ├── ModelConfigError            a model directory's config.json or weights are unreadable
     ├── TraceReadError              a trace file is unreadable or has a malformed row
     ├── LogParseError               a vLLM log lacks the lines a calibration needs
-    └── ReportError                 a directory is not a tune run the report can be built from
+    ├── ReportError                 a directory is not a tune run the report can be built from
+    ├── RunDirError                 a run or trial directory cannot be created or written
+    ├── WorkloadLoadError           a workload cannot be loaded, built or run
+    ├── GpuSamplingUnavailable      the chosen GPU source cannot be used here (no driver)
+    ├── GpuReadError                one read of a GPU source failed (counted, not fatal)
+    └── GpuTimelineError            a GPU timeline CSV cannot be written or read back
 
 Each message says what was wrong, with the bad value, and what would be accepted.
 Third-party exceptions are wrapped where they enter (``raise ... from exc``).
@@ -51,3 +56,23 @@ class TraceReadError(TunerError):
 
 class ReportError(TunerError):
     """A report cannot be built: the message names the path and what is missing."""
+
+
+class RunDirError(TunerError):
+    """A run (or trial) directory cannot be created or written."""
+
+
+class WorkloadLoadError(TunerError):
+    """A workload could not be loaded, built or run."""
+
+
+class GpuSamplingUnavailable(TunerError):
+    """The chosen GPU source cannot be used on this machine (no NVIDIA driver)."""
+
+
+class GpuReadError(TunerError):
+    """One read of a GPU source failed; the sampler counts it and carries on."""
+
+
+class GpuTimelineError(TunerError):
+    """A GPU timeline CSV could not be written or read back."""

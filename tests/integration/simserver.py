@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tuner.server import free_port
+from tuner.serving.server import free_port
 
 STARTUP_TIMEOUT_S = 20.0
 

@@ -3,7 +3,7 @@ percentiles still meet the SLO; a rate well below it is steady.
 
 The server is `tuner sim-serve` (Llama 3.1 8B on an L4, ``--max-num-seqs 4``) behind
 ``trial.LiveServer``, loaded by Locust over real sockets. Its capacity comes from a long
-run of the same engine on the virtual clock (``tuner.predict``): about 3.6 requests/s
+run of the same engine on the virtual clock (``tuner.search.predict``): about 3.6 requests/s
 of the workload below, so 5/s builds a queue of about 1.4 requests a second. In a 6 s
 window that is a p99 TTFT of 2 to 3 s, inside the generous 5 s objective.
 """
@@ -17,18 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from tuner.backlog import BacklogCheck, BacklogVerdict
-from tuner.gpus import get_gpu
-from tuner.load import plan_schedule, split_warmup
-from tuner.memory import ServingParams
-from tuner.models import resolve_model
-from tuner.predict import Setup, simulate_schedule
-from tuner.processes import ChildRegistry
-from tuner.rate_search import drain_s, level_met, level_workload, search_rate, stop_rule
-from tuner.server import Backend, LaunchSpec
+from tuner.search.predict import Setup, simulate_schedule
+from tuner.search.rate_search import drain_s, level_met, level_workload, search_rate, stop_rule
+from tuner.serving.backlog import BacklogCheck, BacklogVerdict
+from tuner.serving.live import AnyStop, BacklogStopRule, LiveServer, Measurement, loosest_ttft_ms
+from tuner.serving.load import plan_schedule, split_warmup
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend, LaunchSpec
 from tuner.sim.simulate import Slo
-from tuner.trial import AnyStop, BacklogStopRule, LiveServer, Measurement, loosest_ttft_ms
-from tuner.versions import VllmVersion
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
 from workloads.spec import WorkloadSpec, parse_workload
 

@@ -2,7 +2,7 @@
 fails, and noise within the spread the repeats measured does not fail it.
 
 One finished small tune is shared with the other tests (``tuned_run``). The runs
-compared here re-run only its recommendation's confirmation (``tuner.recommend.confirm``
+compared here re-run only its recommendation's confirmation (``tuner.search.recommend.confirm``
 with the tune's own context), about half a minute each against three minutes for a
 tune, and are laid out as `tuner tune` leaves a run, so `tuner check` reads them as it
 reads any run. They start at 0.6 of the rate the tune confirmed at: the tune confirms
@@ -31,14 +31,12 @@ from unittest import mock
 
 import pytest
 
-from tuner.check import Metric, RowVerdict
-from tuner.cli import main
-from tuner.config import TuneConfig
-from tuner.context import resolve
-from tuner.evaluate import Evaluation, Verdict
-from tuner.memory import Calibration
-from tuner.processes import ChildRegistry
-from tuner.recommend import (
+from tuner.cli.main import main
+from tuner.search.check import Metric, RowVerdict
+from tuner.search.config import TuneConfig
+from tuner.search.context import resolve
+from tuner.search.evaluate import Evaluation, Verdict
+from tuner.search.recommend import (
     Recommendation,
     Variant,
     config_hash,
@@ -46,6 +44,8 @@ from tuner.recommend import (
     make_variant,
     measured_of,
 )
+from tuner.serving.processes import ChildRegistry
+from tuner.vllm.memory import Calibration
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from tests.integration.simserver import start_sim
-from tuner.gpu_sampler import GpuSampler, ProcessTree, SimSource, read_timeline, summarize
-from tuner.gpus import get_gpu
+from tuner.serving.gpu_sampler import GpuSampler, ProcessTree, SimSource, read_timeline, summarize
+from tuner.vllm.gpus import get_gpu
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

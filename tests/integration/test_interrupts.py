@@ -21,7 +21,7 @@ import pytest
 
 from tests.integration.simserver import start_sim
 from tests.integration.tune_run import SMALL_TUNE_ARGS, TINY_WORKLOAD
-from tuner.processes import group_alive
+from tuner.serving.processes import group_alive
 
 pytestmark = pytest.mark.integration
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.memory import ServingParams
-from tuner.processes import ChildRegistry
-from tuner.server import Backend, LaunchSpec
-from tuner.trial import run_trial
+from tuner.serving.live import run_trial
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend, LaunchSpec
+from tuner.vllm.memory import ServingParams
 from workloads.spec import parse_workload
 
 pytestmark = pytest.mark.integration

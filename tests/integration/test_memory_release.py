@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-import tuner.context
-import tuner.gpu_sampler
+import tuner.search.context
+import tuner.serving.gpu_sampler
 from tests.integration.tune_run import SMALL_TUNE_ARGS
-from tuner.cli import build_parser, main
-from tuner.config import load_config
-from tuner.gpu_sampler import DeviceReading
-from tuner.tune import run_tune
-from tuner.tune_cmd import overrides_of
+from tuner.cli.main import build_parser, main
+from tuner.cli.tune import overrides_of
+from tuner.search.config import load_config
+from tuner.search.tune import run_tune
+from tuner.serving.gpu_sampler import DeviceReading
 
 pytestmark = pytest.mark.integration
 
@@ -58,8 +58,8 @@ class FakeNvml:
 
 @pytest.fixture
 def fake_gpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tuner.gpu_sampler, "NvmlSource", FakeNvml)
-    monkeypatch.setattr(tuner.context, "detect_gpu_name", lambda: "NVIDIA L4")
+    monkeypatch.setattr(tuner.serving.gpu_sampler, "NvmlSource", FakeNvml)
+    monkeypatch.setattr(tuner.search.context, "detect_gpu_name", lambda: "NVIDIA L4")
     FakeNvml.opened = FakeNvml.baselines = 0
 
 

@@ -29,8 +29,8 @@ from tests.integration.test_locust_load import (
     sent_rate,
     start_sim,
 )
-from tuner.processes import group_alive
-from tuner.server import free_port
+from tuner.serving.processes import group_alive
+from tuner.serving.server import free_port
 from workloads.metrics import LoadResult
 from workloads.runner import connected_workers_path, run_load
 

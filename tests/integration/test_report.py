@@ -27,12 +27,12 @@ from pydantic import BaseModel, ValidationError
 
 from reports.html import write_report
 from reports.run_data import TuneRecord
-from tuner.edge import EdgeResult
 from tuner.errors import ReportError
-from tuner.evaluate import Evaluation
-from tuner.memory import Calibration
-from tuner.recommend import Recommendation
-from tuner.tune import TuneSummary
+from tuner.search.edge import EdgeResult
+from tuner.search.evaluate import Evaluation
+from tuner.search.recommend import Recommendation
+from tuner.search.tune import TuneSummary
+from tuner.vllm.memory import Calibration
 from workloads.metrics import LoadResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the shared tune takes minutes
@@ -613,7 +613,7 @@ def test_gpu_timeline_is_placed_on_the_metrics_clock_only_when_it_fits(tmp_path:
     import os
 
     from reports.run_data import timeline
-    from tuner.gpu_sampler import TIMELINE_COLUMNS
+    from tuner.serving.gpu_sampler import TIMELINE_COLUMNS
 
     level = tmp_path / "level-0"
     level.mkdir()

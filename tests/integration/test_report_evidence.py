@@ -28,9 +28,9 @@ from reports.html import (
     write_report,
 )
 from reports.run_data import NOT_RECORDED, level_evidence, rebase
-from tuner.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
-from tuner.evaluate import Evaluation, LevelSummary
-from tuner.level_evidence import PROMPT_LENGTHS_FILE, PromptLengthMix, write_level_evidence
+from tuner.search.evaluate import Evaluation, LevelSummary
+from tuner.search.level_evidence import PROMPT_LENGTHS_FILE, PromptLengthMix, write_level_evidence
+from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
 from workloads.build import build_schedule
 from workloads.schedule import write_schedule
 from workloads.spec import SessionStart, WarmupSpec, WorkloadSpec, load_workload

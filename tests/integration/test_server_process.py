@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tuner.failures import StartupFailureKind
-from tuner.gpus import get_gpu
-from tuner.memory import ServingParams, plan
-from tuner.models import resolve_model
-from tuner.processes import ChildRegistry, group_alive
-from tuner.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
-from tuner.versions import VllmVersion
+from tuner.serving.processes import ChildRegistry, group_alive
+from tuner.serving.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
+from tuner.vllm.failures import StartupFailureKind
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams, plan
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 
 pytestmark = pytest.mark.integration
 
@@ -239,7 +239,7 @@ class FakeNvml:
         pass
 
     def read(self, pids: frozenset[int]) -> list[object]:
-        from tuner.gpu_sampler import DeviceReading
+        from tuner.serving.gpu_sampler import DeviceReading
 
         self.reads += 1
         if self.release_after_reads is not None and self.reads >= self.release_after_reads:

@@ -19,9 +19,9 @@ import openai
 import pytest
 
 from tests.integration.simserver import SimServer, spawn_sim
-from tuner.models import resolve_model
 from tuner.sim.tokenizer import decode_token
-from tuner.vllm_log import parse_startup_log
+from tuner.vllm.log import parse_startup_log
+from tuner.vllm.models import resolve_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.simserver import start_sim
-from tuner.processes import group_alive
+from tuner.serving.processes import group_alive
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,10 @@ from kubernetes_validate import validate
 from kubernetes_validate.utils import latest_version
 
 from tests.integration.tune_run import SMALL_TUNE_ARGS, tune
-from tuner.edge import EdgeResult
-from tuner.evaluate import Evaluation, Verdict
-from tuner.rate_search import GoodputBound, GoodputUnit
-from tuner.recommend import Recommendation
+from tuner.search.edge import EdgeResult
+from tuner.search.evaluate import Evaluation, Verdict
+from tuner.search.rate_search import GoodputBound, GoodputUnit
+from tuner.search.recommend import Recommendation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the shared tune takes minutes
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.backlog import BacklogVerdict, Signal, check_backlog, clearly_growing, trend
-from tuner.server_metrics import MetricsSample
+from tuner.serving.backlog import BacklogVerdict, Signal, check_backlog, clearly_growing, trend
+from tuner.serving.metrics import MetricsSample
 from workloads.load_errors import ABORTED
 from workloads.schedule import RequestRecord
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.check import (
+from tuner.cli.main import main
+from tuner.errors import ConfigError
+from tuner.search.check import (
     Baseline,
     Figure,
     Metric,
@@ -24,11 +26,9 @@ from tuner.check import (
     write_baseline,
     write_job_summary,
 )
-from tuner.cli import main
-from tuner.errors import ConfigError
-from tuner.evaluate import Verdict
-from tuner.recommend import Latency, Measured, Recommendation, Variant
-from tuner.space import TrialParams
+from tuner.search.evaluate import Verdict
+from tuner.search.recommend import Latency, Measured, Recommendation, Variant
+from tuner.search.space import TrialParams
 
 GIB = 2**30
 

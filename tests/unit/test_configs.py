@@ -21,7 +21,7 @@ from kubernetes_validate import validate
 from kubernetes_validate.utils import ValidationError as K8sValidationError
 from kubernetes_validate.utils import latest_version
 
-from reports.configs import (
+from tuner.deploy import (
     CACHE_MOUNT_PATH,
     DeploymentConfig,
     HostPathCache,

@@ -16,16 +16,13 @@ from typing import Any
 import pynvml
 import pytest
 
-from tuner.errors import ConfigError
-from tuner.gpu_sampler import (
+from tuner.errors import ConfigError, GpuReadError, GpuSamplingUnavailable, GpuTimelineError
+from tuner.serving.gpu_sampler import (
     NOT_SAMPLED_NOTE,
     DeviceReading,
-    GpuReadError,
     GpuSample,
     GpuSampler,
-    GpuSamplingUnavailable,
     GpuSource,
-    GpuTimelineError,
     NoneSource,
     NvmlSource,
     ProcessTree,

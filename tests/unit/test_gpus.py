@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.errors import UnknownGpuError
-from tuner.gpus import GiB, get_gpu, known_gpus
+from tuner.vllm.gpus import GiB, get_gpu, known_gpus
 
 REQUIRED = [
     "A100-40GB",

@@ -9,8 +9,8 @@ import yaml
 from kubernetes_validate import validate
 from kubernetes_validate.utils import latest_version
 
-from reports.configs import CACHE_MOUNT_PATH
-from tuner.cli import main
+from tuner.cli.main import main
+from tuner.deploy import CACHE_MOUNT_PATH
 
 PASSWORD = "Pa55-w0rd-k8s"
 STORAGE = f"postgresql://optuna:{PASSWORD}@db.internal:5432/tuning"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.level_evidence import (
+from tuner.search.level_evidence import (
     PROMPT_LENGTHS_FILE,
     REFERENCE_MAX_REQUESTS,
     PromptLengthMix,

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.failures import StartupFailureKind
-from tuner.gpus import GiB, get_gpu
-from tuner.memory import (
+from tuner.vllm.failures import StartupFailureKind
+from tuner.vllm.gpus import GiB, get_gpu
+from tuner.vllm.memory import (
     Calibration,
     ServingParams,
     activation_bytes,
@@ -14,8 +14,8 @@ from tuner.memory import (
     plan,
     weights_bytes,
 )
-from tuner.models import resolve_model
-from tuner.versions import VllmVersion
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 
 LLAMA = resolve_model("llama-3.1-8b")
 H100 = get_gpu("H100-80GB")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import ModelConfigError, UnknownModelError
-from tuner.memory import parameter_count
-from tuner.models import AttentionKind, Quantization, checkpoint_bytes, resolve_model
+from tuner.vllm.memory import parameter_count
+from tuner.vllm.models import AttentionKind, Quantization, checkpoint_bytes, resolve_model
 
 # Published parameter counts (model cards / safetensors totals).
 PUBLISHED = {

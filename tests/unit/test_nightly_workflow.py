@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tuner.cli import build_parser
+from tuner.cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "nightly-gpu.yml"

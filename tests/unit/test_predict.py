@@ -2,11 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.gpus import get_gpu
-from tuner.memory import ServingParams
-from tuner.models import resolve_model
-from tuner.predict import Setup, max_rate, predict
-from tuner.versions import VllmVersion
+from tuner.search.predict import Setup, max_rate, predict
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 from workloads.spec import WorkloadSpec
 
 LLAMA = resolve_model("llama-3.1-8b")

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from tuner.gpus import get_gpu
-from tuner.memory import ServingParams
-from tuner.models import resolve_model
-from tuner.predict import Setup, predict, simulate_schedule, steady_run, sustained_max_rate
-from tuner.rate_search import level_workload
+from tuner.search.predict import Setup, predict, simulate_schedule, steady_run, sustained_max_rate
+from tuner.search.rate_search import level_workload
 from tuner.sim.build import build_engine
 from tuner.sim.simulate import SimulationResult, Slo, run
-from tuner.versions import VllmVersion
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 from workloads.schedule import Api, ScheduledRequest
 from workloads.spec import SessionStart, WorkloadSpec, load_workload
 from workloads.traces import TraceRecord

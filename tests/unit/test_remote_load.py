@@ -7,11 +7,11 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from tuner.cli import main
-from tuner.config import load_config
+from tuner.cli.load_worker import locust_worker_command
+from tuner.cli.main import main
 from tuner.errors import ConfigError
-from tuner.load import LoadGenerators
-from tuner.load_worker_cmd import locust_worker_command
+from tuner.search.config import load_config
+from tuner.serving.load import LoadGenerators
 from workloads.load_errors import LoadConfigError
 from workloads.remote import RecordBatch, Share, reachable_url
 from workloads.runner import (

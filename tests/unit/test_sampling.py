@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 import pytest
 
-from tuner.sampling import Objective, make_sampler
+from tuner.search.sampling import Objective, make_sampler
 
 DEFAULTS = {"gpu-memory-utilization": 0.92, "max-num-seqs": 8, "block-size": 16}
 
@@ -39,7 +39,7 @@ def test_a_resumed_study_with_the_same_seed_draws_new_settings(
     tmp_path: Path, objective: Objective
 ) -> None:
     """What `tuner tune --resume` does: a new sampler with the same --seed (here without the
-    seed mixing of tuner.study.sampler_seed, which alone does not prevent repeats)."""
+    seed mixing of tuner.search.study.sampler_seed, which alone does not prevent repeats)."""
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = f"sqlite:///{tmp_path / 'study.db'}"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.gpus import get_gpu
-from tuner.memory import ServingParams
-from tuner.models import resolve_model
 from tuner.sim.blocks import BlockPool, EvictionPolicy
 from tuner.sim.build import SimOptions, build_engine
 from tuner.sim.engine import RequestStatus, SimEngine, SimRequest, block_hashes
 from tuner.sim.timing import StepWork
-from tuner.versions import VllmVersion
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 
 MODEL = resolve_model("llama-3.1-8b")
 H100 = get_gpu("H100-80GB")

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.gpus import get_gpu
-from tuner.memory import ServingParams
-from tuner.models import resolve_model
 from tuner.sim.build import build_engine
 from tuner.sim.engine import SimEngine, block_hashes
 from tuner.sim.simulate import FailureReason, Slo, block_token_ids, prompt_ids, run
-from tuner.versions import VllmVersion
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 from workloads.arrivals import plan_arrivals, replay_trace, trace_arrivals
 from workloads.spec import TraceArrival, WarmupSpec
 from workloads.traces import TraceRecord, load_trace, resolve_trace

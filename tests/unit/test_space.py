@@ -6,10 +6,7 @@ import optuna
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.gpus import get_gpu
-from tuner.memory import ServingParams
-from tuner.models import resolve_model
-from tuner.space import (
+from tuner.search.space import (
     Knob,
     Range,
     SearchSpace,
@@ -19,7 +16,10 @@ from tuner.space import (
     parse_range,
     vllm_defaults,
 )
-from tuner.versions import VllmVersion
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 
 LLAMA = resolve_model("llama-3.1-8b")
 H100 = get_gpu("H100-80GB")
@@ -200,7 +200,7 @@ def test_vllm_defaults_take_vllms_max_num_batched_tokens(gpu, batched) -> None: 
 def test_stepped_floats_are_stored_as_their_step_writes_them(objective: str) -> None:
     """The study (and so the report and the recommended command lines) holds 0.87, not
     0.8700000000000001, for a utilization drawn on a 0.01 grid, whichever sampler draws it."""
-    from tuner.sampling import Objective, make_sampler
+    from tuner.search.sampling import Objective, make_sampler
 
     space = SearchSpace(
         ranges=(

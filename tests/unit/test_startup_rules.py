@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuner.evaluate import screened
-from tuner.failures import StartupFailureKind
-from tuner.gpus import get_gpu
-from tuner.memory import ServingParams, plan
-from tuner.models import resolve_model
-from tuner.space import TrialParams
-from tuner.versions import VllmVersion
+from tuner.search.evaluate import screened
+from tuner.search.space import TrialParams
+from tuner.vllm.failures import StartupFailureKind
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams, plan
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
 
 REFUSED = "max_num_batched_tokens (8192) must be greater than or equal to max_num_seqs (10000)."
 

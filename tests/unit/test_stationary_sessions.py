@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.rate_search import level_workload, search_rate
+from tuner.search.rate_search import level_workload, search_rate
 from workloads.build import build_schedule
 from workloads.schedule import ScheduledRequest
 from workloads.spec import (

@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.study import (
+from tuner.search.study import (
     Claims,
     Duty,
     check_storage_url,

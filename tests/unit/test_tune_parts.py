@@ -9,12 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuner.config import load_config
-from tuner.context import auto_time_scale, resolve
-from tuner.edge import EdgeResult, KnobEdge
 from tuner.errors import ConfigError
-from tuner.load import SloVerdict
-from tuner.rate_search import (
+from tuner.search.config import load_config
+from tuner.search.context import auto_time_scale, resolve
+from tuner.search.edge import EdgeResult, KnobEdge
+from tuner.search.rate_search import (
     Goodput,
     GoodputBound,
     GoodputUnit,
@@ -26,12 +25,13 @@ from tuner.rate_search import (
     search_rate,
     stop_rule,
 )
-from tuner.recommend import capacity, combined_bound, config_hash, variant_params
-from tuner.server import TrialOutcome
-from tuner.server_metrics import ServerCounters
-from tuner.space import Knob, TrialParams
-from tuner.study import redact_url
-from tuner.trial import Measurement
+from tuner.search.recommend import capacity, combined_bound, config_hash, variant_params
+from tuner.search.space import Knob, TrialParams
+from tuner.search.study import redact_url
+from tuner.serving.live import Measurement
+from tuner.serving.load import SloVerdict
+from tuner.serving.metrics import ServerCounters
+from tuner.serving.server import TrialOutcome
 from workloads.metrics import LoadResult, Percentiles
 from workloads.schedule import ScheduledRequest
 from workloads.spec import WorkloadSpec, load_workload

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.failures import StartupFailureKind
-from tuner.vllm_failures import classify_failure, engine_death, parse_stats_line
+from tuner.vllm.classify import classify_failure, engine_death, parse_stats_line
+from tuner.vllm.failures import StartupFailureKind
 
 P = "(EngineCore_DP0 pid=1358) ERROR 09-03 00:36:27 [core.py:700] "
 LOADED = "(VllmWorker TP0 pid=1430) INFO 09-03 00:39:33 [gpu_model_runner.py:2007] Model loading took 7.1217 GiB and 168.264821 seconds"

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tuner.accuracy import LogCase, LogOrigin, evaluate, load_cases, transfer_rows
-from tuner.gpus import GiB, get_gpu
-from tuner.memory import MemoryComponent, ServingParams, plan
-from tuner.models import ModelSpec
-from tuner.versions import VllmVersion
-from tuner.vllm_log import calibration_from_log, parse_startup_log
+from tuner.vllm.accuracy import LogCase, LogOrigin, evaluate, load_cases, transfer_rows
+from tuner.vllm.gpus import GiB, get_gpu
+from tuner.vllm.log import calibration_from_log, parse_startup_log
+from tuner.vllm.memory import MemoryComponent, ServingParams, plan
+from tuner.vllm.models import ModelSpec
+from tuner.vllm.versions import VllmVersion
 
 LOG_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_logs"
 CASES: list[LogCase] = [

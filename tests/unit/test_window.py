@@ -1,12 +1,18 @@
-"""A level's plan (warm-up and window lengths) and when its window opens (tuner.window)."""
+"""A level's plan (warm-up and window lengths) and when its window opens (tuner.serving.window)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tuner.rate_search import plan_level_schedule
-from tuner.server_metrics import MetricsSample
-from tuner.window import MAX_WINDOW_S, MIN_WINDOW_S, LevelPlan, needed_requests, steady_opening
+from tuner.search.rate_search import plan_level_schedule
+from tuner.serving.metrics import MetricsSample
+from tuner.serving.window import (
+    MAX_WINDOW_S,
+    MIN_WINDOW_S,
+    LevelPlan,
+    needed_requests,
+    steady_opening,
+)
 from workloads.spec import load_workload, parse_workload
 
 SINGLE = """

@@ -27,7 +27,7 @@ from tests.vllm_cpu.conftest import (
     max_tokens_of,
     write_workload,
 )
-from tuner.vllm_platform import CPU_KV_CACHE_ENV, DEFAULT_CPU_KV_CACHE_BYTES
+from tuner.vllm.platform import CPU_KV_CACHE_ENV, DEFAULT_CPU_KV_CACHE_BYTES
 
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.integration, pytest.mark.timeout(900)]
 

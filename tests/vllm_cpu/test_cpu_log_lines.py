@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.failures import StartupFailureKind
-from tuner.gpus import GiB
-from tuner.vllm_failures import classify_failure
-from tuner.vllm_log import parse_startup_log
+from tuner.vllm.classify import classify_failure
+from tuner.vllm.failures import StartupFailureKind
+from tuner.vllm.gpus import GiB
+from tuner.vllm.log import parse_startup_log
 
 API = "(APIServer pid=15024) INFO 11-29 11:05:11 [api_utils.py:286] "
 CORE = "(EngineCore pid=15240) INFO 11-29 11:05:56 [kv_cache_utils.py:2327] "

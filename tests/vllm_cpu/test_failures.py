@@ -18,10 +18,10 @@ from tests.vllm_cpu.conftest import (
     VLLM_CMD,
     TinyModel,
 )
-from tuner.failures import StartupFailureKind
-from tuner.memory import ServingParams
-from tuner.processes import ChildRegistry, group_alive
-from tuner.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
+from tuner.serving.processes import ChildRegistry, group_alive
+from tuner.serving.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
+from tuner.vllm.failures import StartupFailureKind
+from tuner.vllm.memory import ServingParams
 
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.vllm_platform import is_cpu_build, launcher_python
+from tuner.vllm.platform import is_cpu_build, launcher_python
 
 
 def _fake_install(site: Path, distribution: str, version: str) -> None:

@@ -29,12 +29,12 @@ from tests.vllm_cpu.conftest import (
     max_tokens_of,
     write_workload,
 )
-from tuner.gpu_sampler import process_tree
-from tuner.memory import ServingParams
-from tuner.processes import ChildRegistry, group_alive
-from tuner.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
-from tuner.server_metrics import scrape
-from tuner.vllm_platform import is_cpu_build
+from tuner.serving.gpu_sampler import process_tree
+from tuner.serving.metrics import scrape
+from tuner.serving.processes import ChildRegistry, group_alive
+from tuner.serving.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.platform import is_cpu_build
 
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -124,7 +124,7 @@ def test_the_startup_report_reads_the_cpu_kv_cache(live: Live, tiny_model: TinyM
 
 def test_flags_the_installed_vllm_lacks_are_probed_and_left_out(live: Live) -> None:
     _ready(live)
-    from tuner.server import probe_vllm_flags
+    from tuner.serving.server import probe_vllm_flags
 
     accepted = probe_vllm_flags(VLLM_CMD)
     knobs = {"--block-size", "--max-num-seqs", "--max-model-len", "--kv-cache-memory-bytes",
@@ -143,11 +143,11 @@ def test_flags_the_installed_vllm_lacks_are_probed_and_left_out(live: Live) -> N
 
 def test_the_search_space_adapts_to_the_probed_flags(live: Live) -> None:
     _ready(live)
-    from tuner.gpus import get_gpu
-    from tuner.models import resolve_model
-    from tuner.server import probe_vllm_flags
-    from tuner.space import Knob, build_space
-    from tuner.versions import VllmVersion
+    from tuner.search.space import Knob, build_space
+    from tuner.serving.server import probe_vllm_flags
+    from tuner.vllm.gpus import get_gpu
+    from tuner.vllm.models import resolve_model
+    from tuner.vllm.versions import VllmVersion
 
     accepted = probe_vllm_flags(VLLM_CMD)
     model, gpu = resolve_model(str(TINY_MODEL)), get_gpu("H100-80GB")

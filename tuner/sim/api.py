@@ -28,8 +28,6 @@ from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_request import BaseRequest
 from pydantic import BaseModel, ConfigDict
 
-from tuner.gpus import GpuSpec, MiB
-from tuner.memory import MemoryPlan
 from tuner.sim.driver import EngineDriver, EngineFailure, RequestStream, Token
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -54,6 +52,8 @@ from tuner.sim.serve_log import (
     log_engine_dead,
     log_stats,
 )
+from tuner.vllm.gpus import GpuSpec, MiB
+from tuner.vllm.memory import MemoryPlan
 
 log = logging.getLogger(__name__)
 

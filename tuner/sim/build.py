@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.gpus import GiB, GpuSpec
-from tuner.memory import MemoryPlan, ServingParams, plan, runtime_headroom_bytes
-from tuner.models import ModelSpec
 from tuner.sim.blocks import EvictionPolicy
 from tuner.sim.engine import EngineConfig, SimEngine
 from tuner.sim.timing import StepTimer
-from tuner.versions import VllmVersion
+from tuner.vllm.gpus import GiB, GpuSpec
+from tuner.vllm.memory import MemoryPlan, ServingParams, plan, runtime_headroom_bytes
+from tuner.vllm.models import ModelSpec
+from tuner.vllm.versions import VllmVersion
 
 
 @dataclass(frozen=True)

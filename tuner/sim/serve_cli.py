@@ -2,7 +2,7 @@
 
 Takes ``vllm serve``'s flags, rejects what the emulated release's argparse
 rejects (exit 2, its message on stderr), prints that release's startup lines with
-the numbers of ``tuner.memory.plan`` (so they match ``tuner plan``), fails with
+the numbers of ``tuner.vllm.memory.plan`` (so they match ``tuner plan``), fails with
 vLLM's own message and exit code 1 when the plan does not fit, and otherwise
 serves the OpenAI API until SIGTERM or SIGINT (exit 0).
 """
@@ -24,12 +24,7 @@ from enum import IntEnum
 from functools import partial
 from typing import Any
 
-from tuner import vllm_messages as msg
 from tuner.errors import ConfigError
-from tuner.failures import StartupFailure, StartupFailureKind
-from tuner.gpus import GpuSpec, get_gpu
-from tuner.memory import KV_CACHE_DTYPES, MemoryPlan, ServingParams
-from tuner.models import ModelSpec, resolve_model
 from tuner.sim import flag_values as check
 from tuner.sim.blocks import EvictionPolicy
 from tuner.sim.build import SimOptions, build_engine
@@ -50,7 +45,12 @@ from tuner.sim.serve_log import (
     log_server_stop,
     log_startup_failure,
 )
-from tuner.versions import KV_CACHE_MEMORY_BYTES_FLAG, VllmVersion
+from tuner.vllm import messages as msg
+from tuner.vllm.failures import StartupFailure, StartupFailureKind
+from tuner.vllm.gpus import GpuSpec, get_gpu
+from tuner.vllm.memory import KV_CACHE_DTYPES, MemoryPlan, ServingParams
+from tuner.vllm.models import ModelSpec, resolve_model
+from tuner.vllm.versions import KV_CACHE_MEMORY_BYTES_FLAG, VllmVersion
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TextIO
 
-from tuner.failures import StartupFailure
-from tuner.gpus import GiB
-from tuner.memory import MemoryPlan
-from tuner.models import ModelSpec, Quantization
-from tuner.versions import (
+from tuner.vllm.failures import StartupFailure
+from tuner.vllm.gpus import GiB
+from tuner.vllm.memory import MemoryPlan
+from tuner.vllm.models import ModelSpec, Quantization
+from tuner.vllm.versions import (
     COMBINED_KV_LOG_LINE,
     CUDAGRAPH_IN_BUDGET,
     FORMAT_GIB,

@@ -8,7 +8,7 @@ from typing import Any
 
 from tuner.errors import ConfigError, TraceReadError
 from tuner.sim import flag_values as check
-from tuner.vllm_flags import add_memory_flags, params_from_args
+from tuner.vllm.flags import add_memory_flags, params_from_args
 
 POISSON_DURATION_S = 60.0
 
@@ -89,13 +89,13 @@ def _check_values(args: argparse.Namespace) -> None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from tuner.gpus import get_gpu
-    from tuner.models import resolve_model
     from tuner.sim.blocks import EvictionPolicy
     from tuner.sim.build import SimOptions, build_engine
     from tuner.sim.simulate import Slo, run, synthetic_arrivals
     from tuner.sim.simulate_text import format_result
-    from tuner.versions import VllmVersion
+    from tuner.vllm.gpus import get_gpu
+    from tuner.vllm.models import resolve_model
+    from tuner.vllm.versions import VllmVersion
     from workloads.arrivals import replay_trace
     from workloads.traces import TraceError, load_trace, resolve_trace
 

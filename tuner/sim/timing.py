@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.gpus import GpuSpec
-from tuner.memory import MemoryPlan, kv_dtype_bytes, parameter_count
-from tuner.models import ModelSpec, Quantization
+from tuner.vllm.gpus import GpuSpec
+from tuner.vllm.memory import MemoryPlan, kv_dtype_bytes, parameter_count
+from tuner.vllm.models import ModelSpec, Quantization
 
 MFU = 0.50  # achieved fraction of dense peak FLOP/s
 MBU = 0.80  # achieved fraction of HBM bandwidth

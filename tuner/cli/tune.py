@@ -1,0 +1,156 @@
+"""`tuner tune`: the tuning job from the command line (flags over an optional YAML config)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tuner.cli.bench import add_remote_load_args
+from tuner.errors import ConfigError
+
+STORAGE_ENV = "TUNER_STORAGE"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="find the settings that serve the most traffic within the SLO, the OOM edge, and configs",
+        description="Run the tuning loop: each trial launches vLLM (or the simulated engine) with "
+        "candidate settings, warms it up, loads it with the workload and scores goodput at "
+        "the SLO; then finds the OOM edge of the best settings, confirms the recommendation "
+        "and writes deployable configs and the report under runs/<study>/.",
+    )
+    p.add_argument("--config", type=Path, help="a YAML file of settings (flags override it)")
+    p.add_argument("--model", help="preset name, Hugging Face id, or model directory")
+    p.add_argument("--gpu", help="GPU profile (sim default H100-80GB; vllm: detected)")
+    p.add_argument("--backend", help="auto (default), sim or vllm")
+    p.add_argument("--vllm-cmd", help="how to launch vLLM (default 'vllm serve')")
+    p.add_argument("--vllm-version", help="sim: the emulated vLLM release X.Y")
+    p.add_argument(
+        "--model-dir", type=Path, help="a local model directory whose tokenizer sizes prompts"
+    )
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--kv-cache-memory-bytes", type=int, help="a fixed KV cache size (bytes)")
+    p.add_argument("--tensor-parallel-size", type=int)
+    p.add_argument("--workload", help="built-in (chat, code, rag, batch, mixed-long-short) or YAML")
+    p.add_argument("--rate", type=float, help="first arrival rate to measure (requests/s)")
+    p.add_argument("--slo-ttft-ms", type=float, help="p99 TTFT limit (overrides the workload's)")
+    p.add_argument("--slo-itl-ms", type=float, help="p99 ITL limit (overrides the workload's)")
+    p.add_argument("--objective", help="goodput (default), throughput or pareto")
+    p.add_argument("--trials", type=int, help="trials to complete (default 10)")
+    p.add_argument("--budget-min", type=float, help="wall-clock budget of the whole run, minutes")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--knobs", help="comma list of knobs to search (default the five)")
+    p.add_argument(
+        "--space", action="append", metavar="KNOB=RANGE",
+        help="a knob's range: LOW..HIGH, LOW..HIGH/STEP or A,B,C (repeatable)",
+    )  # fmt: skip
+    p.add_argument("--no-screen", dest="screen", action="store_false", default=None,
+                   help="launch even what the memory model says cannot start")  # fmt: skip
+    p.add_argument("--level-duration", dest="level_duration_s", type=float,
+                   help="measured window per rate, seconds (default: sized for the SLO's "
+                        "percentiles, 8 to 120 s)")  # fmt: skip
+    p.add_argument("--level-warmup", dest="level_warmup_s", type=float,
+                   help="warm-up per rate, seconds (default: until the server is steady)")  # fmt: skip
+    p.add_argument("--max-levels", type=int, help="measured rates per trial (default 4)")
+    p.add_argument("--study", help="study name (default from model, GPU and workload)")
+    p.add_argument("--run-dir", type=Path, help="default runs/<study>")
+    p.add_argument(
+        "--storage",
+        help=f"SQLAlchemy URL of the study (default SQLite in the run directory; ${STORAGE_ENV})",
+    )
+    p.add_argument("--resume", action="store_true", default=None, help="continue an existing study")
+    p.add_argument("--no-edge", dest="edge", action="store_false", default=None)
+    p.add_argument("--max-edge-launches", type=int)
+    p.add_argument("--safety-margin", type=float, help="utilization kept below the edge (0.02)")
+    p.add_argument("--no-confirm", dest="confirm", action="store_false", default=None)
+    p.add_argument("--repeats", type=int, help="confirmation runs of the recommendation")
+    p.add_argument(
+        "--target-peak-rate",
+        type=float,
+        help="the peak the fleet must serve, in the workload's unit (conversations/s for a workload with sessions, else requests/s)",
+    )
+    p.add_argument("--capacity-headroom", type=float)
+    p.add_argument("--cache-volume", help="pvc[:SIZE[:CLASS]] (default) or hostpath:/path")
+    p.add_argument("--processes", type=int, help="Locust processes generating the load")
+    add_remote_load_args(p, default_workers=None)
+    p.add_argument("--gpu-source", help="nvml, sim, none or auto")
+    p.add_argument(
+        "--time-scale", type=float, help="sim: run its clock K times slower (default auto)"
+    )
+    p.add_argument(
+        "--stream-fraction",
+        type=float,
+        help="share of requests streamed for token timings, the rest sent whole (default auto)",
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
+    p.set_defaults(func=_cmd_tune)
+
+
+def _space(items: list[str] | None) -> dict[str, str] | None:
+    if not items:
+        return None
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip() or not text.strip():
+            raise ConfigError(
+                f"--space {item!r} is not KNOB=RANGE; accepted e.g. max-num-seqs=32..512 or block-size=16,32"
+            )
+        out[name.strip()] = text.strip()
+    return out
+
+
+def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
+    fields = (
+        "model", "gpu", "backend", "vllm_cmd", "vllm_version", "model_dir", "max_model_len",
+        "kv_cache_memory_bytes",
+        "tensor_parallel_size", "workload", "rate", "slo_ttft_ms", "slo_itl_ms", "objective",
+        "trials", "budget_min", "seed", "screen", "level_duration_s", "level_warmup_s", "max_levels", "study",
+        "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
+        "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "processes",
+        "load_workers", "load_master_bind",
+        "gpu_source", "time_scale", "stream_fraction",
+    )  # fmt: skip
+    values: dict[str, Any] = {name: getattr(args, name) for name in fields}
+    if values["storage"] is None and os.environ.get(STORAGE_ENV):
+        values["storage"] = os.environ[STORAGE_ENV]
+    values["space"] = _space(args.space)
+    if args.knobs:
+        values["knobs"] = tuple(k.strip() for k in args.knobs.split(",") if k.strip())
+    return values
+
+
+def _optuna_logs_through_ours() -> None:
+    """Optuna's records go where the tuner's go (the terminal's one-line handler and the
+    run's tune.log), not to a handler of its own printing tracebacks on the terminal."""
+    import optuna
+
+    optuna.logging.disable_default_handler()
+    optuna.logging.enable_propagation()
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from reports.html import write_report_noting
+    from tuner.search.config import load_config
+    from tuner.search.tune import run_tune
+
+    config = load_config(args.config, overrides_of(args))
+    _optuna_logs_through_ours()
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    summary = run_tune(config, progress, write_report_noting)
+    if args.json:
+        print(summary.model_dump_json(indent=2))
+    else:
+        print(
+            f"{summary.trials} trials ({summary.feasible} met the SLOs) in "
+            f"{summary.wall_s / 60:.1f} min; run directory {summary.run_dir}",
+            file=sys.stderr,
+        )
+    return 0 if summary.best_trial is not None else 1

@@ -1,0 +1,111 @@
+"""Every file and folder name a run directory holds, for its writers and its readers.
+
+A run directory (``runs/<study>`` by default) is the product's record: the tuning job
+writes it, the report and the regression gate read it, and a later tuner must still
+read what an older one wrote. ``RunLayout`` names each path once::
+
+    <run>/study.db                      the Optuna study (SQLite; absent with --storage URL)
+    <run>/tune.json                     what the run was tuned with (written when it starts)
+    <run>/tune.log                      the job's log
+    <run>/summary.json                  how it ended (written when it ends)
+    <run>/report.html                   the report (``tuner report`` rebuilds it)
+    <run>/trials/<nnn>/                 one trial: evaluation.json, startup and load evidence
+    <run>/trials/<nnn>/level-<i>/       one measured rate: window.json, backlog.json, ...
+    <run>/edge/edge.json                the out-of-memory edge search
+    <run>/confirm/<variant>[-<k>]/      the confirmation runs of the recommended variants
+    <run>/recommendation/               recommendation.json and the deployable configs
+
+Pure: no I/O beyond ``Path`` arithmetic; imports nothing of the tuner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+STUDY_DB = "study.db"
+TUNE_JSON = "tune.json"
+TUNE_LOG = "tune.log"
+SUMMARY_JSON = "summary.json"
+REPORT_HTML = "report.html"
+TRIALS_DIR = "trials"
+EVALUATION_JSON = "evaluation.json"  # in a trial's or a confirmation run's directory
+EDGE_DIR = "edge"
+EDGE_JSON = "edge.json"
+CONFIRM_DIR = "confirm"
+RECOMMENDATION_DIR = "recommendation"
+RECOMMENDATION_JSON = "recommendation.json"
+WINDOW_JSON = "window.json"  # in a level's directory: when its window opened
+BACKLOG_JSON = "backlog.json"  # in a level's directory: the backlog guard's verdict
+
+
+def level_name(index: int) -> str:
+    """A level's directory name inside its trial's: ``level-<i>``."""
+    return f"level-{index}"
+
+
+def confirm_name(variant: str, repeat: int | None = None) -> str:
+    """A confirmation run's directory name: the variant, ``-<k>`` per repeat when repeated."""
+    return variant if repeat is None else f"{variant}-{repeat}"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The paths of one run directory."""
+
+    root: Path
+
+    @property
+    def study_db(self) -> Path:
+        return self.root / STUDY_DB
+
+    @property
+    def tune_json(self) -> Path:
+        return self.root / TUNE_JSON
+
+    @property
+    def tune_log(self) -> Path:
+        return self.root / TUNE_LOG
+
+    @property
+    def summary_json(self) -> Path:
+        return self.root / SUMMARY_JSON
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / REPORT_HTML
+
+    @property
+    def trials_dir(self) -> Path:
+        return self.root / TRIALS_DIR
+
+    def trial_dir(self, number: int) -> Path:
+        return self.trials_dir / f"{number:03d}"
+
+    @property
+    def edge_dir(self) -> Path:
+        return self.root / EDGE_DIR
+
+    @property
+    def edge_json(self) -> Path:
+        return self.edge_dir / EDGE_JSON
+
+    @property
+    def confirm_dir(self) -> Path:
+        return self.root / CONFIRM_DIR
+
+    def confirm_run_dir(self, variant: str, repeat: int | None = None) -> Path:
+        return self.confirm_dir / confirm_name(variant, repeat)
+
+    @property
+    def recommendation_dir(self) -> Path:
+        return self.root / RECOMMENDATION_DIR
+
+    @property
+    def recommendation_json(self) -> Path:
+        return self.recommendation_dir / RECOMMENDATION_JSON
+
+
+def evaluation_json(run_or_trial_dir: Path | str) -> Path:
+    """A trial's or a confirmation run's ``evaluation.json``."""
+    return Path(run_or_trial_dir) / EVALUATION_JSON

@@ -1,0 +1,208 @@
+"""TuneConfig: every setting of a tuning run, from a YAML file and the command line, validated.
+
+A YAML file (``tuner tune --config tune.yaml``) uses the field names below; a flag
+given on the command line wins over the file. Every bad value is one
+``ConfigError`` line naming the field, the value and what is accepted, raised
+before any server is launched.
+
+    model: llama-3.1-8b
+    gpu: H100-80GB
+    workload: chat
+    trials: 12
+    budget_min: 30
+    slo_ttft_ms: 500
+    space:
+      gpu-memory-utilization: 0.85..0.97/0.01
+      max-num-seqs: 32..512
+    knobs: [gpu-memory-utilization, max-num-seqs, block-size]
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+from tuner.deploy import parse_cache_volume
+from tuner.errors import ConfigError
+from tuner.search.sampling import Objective
+from tuner.serving.load import LoadGenerators
+
+# A study's name names its run directory (runs/<study>) and its rows in a shared storage.
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+class TuneConfig(BaseModel):
+    # allow_inf_nan: every number is finite (nan and inf pass `gt=0` checks otherwise).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    # What to tune
+    model: str = "llama-3.1-8b"
+    gpu: str | None = None  # sim: the virtual GPU (default H100-80GB); vllm: detected by NVML
+    backend: str = "auto"  # auto: vllm when an NVIDIA GPU and vLLM are here, else sim
+    vllm_cmd: str = "vllm serve"
+    vllm_version: str | None = None  # sim: the emulated release (default: current)
+    model_dir: Path | None = None  # a local model directory whose tokenizer sizes prompts
+    max_model_len: int | None = Field(default=None, ge=1)
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)  # a fixed KV cache size
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    # The traffic and its objectives
+    workload: str = "chat"
+    rate: float | None = Field(default=None, gt=0)  # first arrival rate measured
+    slo_ttft_ms: float | None = Field(
+        default=None, gt=0
+    )  # p99 TTFT limit (overrides the workload's)
+    slo_itl_ms: float | None = Field(default=None, gt=0)  # p99 ITL limit (overrides the workload's)
+    objective: Objective = Objective.GOODPUT
+    # The search
+    trials: int = Field(default=10, ge=1)
+    budget_min: float = Field(default=14.0, gt=0)
+    seed: int = 0
+    knobs: tuple[str, ...] | None = None  # default: the five; see tuner.search.space
+    space: dict[str, str] = Field(default_factory=dict)  # knob -> range text
+    screen: bool = True  # skip launches the memory model says will fail
+    # Each measured rate's window and warm-up, emulated seconds; None: the window sized
+    # for the SLO's percentiles, opening once the server is steady (tuner.serving.window).
+    level_duration_s: float | None = Field(default=None, gt=0)
+    level_warmup_s: float | None = Field(default=None, ge=0)
+    max_levels: int = Field(default=4, ge=1)
+    # Where it goes
+    study: str | None = None
+    run_dir: Path | None = None
+    storage: str | None = None  # SQLAlchemy URL; default SQLite in the run directory
+    resume: bool = False
+    # The OOM edge and the recommendation
+    edge: bool = True
+    edge_resolution: float = Field(default=0.01, gt=0, le=0.1)
+    max_edge_launches: int = Field(default=4, ge=1)
+    seqs_edge_launches: int = Field(default=2, ge=0)
+    edge_load_s: float = Field(default=8.0, gt=0)
+    safety_margin: float = Field(default=0.02, ge=0, lt=0.5)  # utilization kept from the edge
+    confirm: bool = True
+    repeats: int = Field(default=1, ge=1)  # confirmation runs of the recommendation
+    target_peak_rate: float | None = Field(
+        default=None, gt=0
+    )  # the peak, in the workload's unit (conversations/s with sessions)
+    capacity_headroom: float = Field(default=0.2, ge=0, lt=1)
+    cache_volume: str = "pvc"
+    # Measurement
+    processes: int = Field(default=1, ge=0)  # Locust processes here (0: all on load hosts)
+    load_workers: int = Field(default=0, ge=0)  # Locust workers on load hosts (tuner load-worker)
+    load_master_bind: str | None = None  # HOST:PORT the Locust master listens on for them
+    gpu_source: str = "auto"
+    time_scale: float | None = Field(default=None, gt=0)  # sim: slower clock; None: automatic
+    max_events_per_s: float = Field(default=5000.0, gt=0)  # auto time scale keeps below this
+    # Share of requests streamed (the rest sent whole): None lets the load generator's
+    # budget decide, never below min_stream_fraction; 1 streams every request.
+    stream_fraction: float | None = Field(default=None, gt=0, le=1)
+    min_stream_fraction: float = Field(default=0.25, gt=0, le=1)
+    sim_startup_delay_s: float = Field(default=1.0, ge=0)
+
+    @field_validator("model_dir", "run_dir")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        # Child processes run in other directories: paths are absolute from here on.
+        return None if value is None else value.absolute()
+
+    def load_generators(self) -> LoadGenerators:
+        """Who sends the load (ConfigError when the three settings do not go together)."""
+        return LoadGenerators(
+            processes=self.processes,
+            remote_workers=self.load_workers,
+            master_bind=self.load_master_bind,
+        )
+
+    @field_validator("study")
+    @classmethod
+    def _study_is_a_name(cls, value: str | None) -> str | None:
+        if value is not None and not STUDY_NAME.fullmatch(value):
+            raise PydanticCustomError(
+                "study_name",
+                "a study name is 1 to 100 letters, digits, '.', '_' or '-', starting with a "
+                "letter or digit (no path: the run goes to runs/<study> or --run-dir), "
+                "e.g. llama8b-h100",
+            )
+        return value
+
+    def study_name(self, gpu_name: str | None) -> str:
+        """The given name, else one from the model, the GPU the run resolved and the workload."""
+        if self.study:
+            return self.study
+
+        def slug(text: str) -> str:
+            return "".join(c if c.isalnum() or c in "-." else "-" for c in text).lower()
+
+        parts = (Path(self.model).name, gpu_name or "cpu", Path(self.workload).stem)
+        name = "-".join(slug(part) for part in parts)
+        return re.sub(r"^[^A-Za-z0-9]+", "", name)[:100] or "study"
+
+    def run_path(self, gpu_name: str | None) -> Path:
+        """The run directory, absolute (load generators run in their own directories)."""
+        return (self.run_dir or Path("runs") / self.study_name(gpu_name)).resolve()
+
+
+def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:
+    """The file's settings (if any) with ``overrides`` (the flags given) on top."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read tune config {str(path)!r}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(
+                f"tune config {str(path)!r} is not YAML: {_yaml_problem(exc)}"
+            ) from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"tune config {str(path)!r} is not a mapping of settings")
+        data.update({str(k).replace("-", "_"): v for k, v in loaded.items()})
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "space" and isinstance(value, dict):
+            data["space"] = {**data.get("space", {}), **value}
+        else:
+            data[key] = value
+    try:
+        config = TuneConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, path)) from None
+    config.load_generators()  # checked here, before any server is launched
+    try:
+        parse_cache_volume(config.cache_volume)
+    except ConfigError as exc:
+        raise ConfigError(f"--cache-volume: {exc}") from None
+    return config
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as one line: where (line and column) and what (PyYAML prints both on
+    several lines, with the source and a caret)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem or exc).split())
+
+
+def _one_line(exc: ValidationError, path: Path | None) -> str:
+    error = exc.errors()[0]
+    loc = ".".join(str(part) for part in error["loc"])
+    where = f"tune config {str(path)!r}: " if path is not None else ""
+    if error["type"] == "extra_forbidden":
+        accepted = ", ".join(TuneConfig.model_fields)
+        return f"{where}setting {loc!r} is not accepted; accepted: {accepted}"
+    value = error.get("input")
+    if path is None:  # the value came from a flag
+        flag = _FLAGS.get(loc, "--" + loc.replace("_", "-").split(".")[0])
+        return f"{flag} {value!r} is not accepted: {error['msg']}"
+    return f"{where}{loc} = {value!r} is not accepted: {error['msg']}"
+
+
+# Fields whose flag is not the field's name with dashes.
+_FLAGS = {"level_duration_s": "--level-duration", "level_warmup_s": "--level-warmup"}

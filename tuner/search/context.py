@@ -1,0 +1,383 @@
+"""TuneContext: a TuneConfig resolved against this machine, before any server is launched.
+
+Resolves the backend (``auto``: the real vLLM when NVML sees an NVIDIA GPU and the
+vLLM launch command exists, else the simulated engine), the GPU profile, the vLLM
+release and the flags it accepts, the model, the workload with its SLO overrides,
+the search space, and the simulator's time scale. Every bad value fails here with
+one line, before anything starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.errors import ConfigError
+from tuner.search.config import TuneConfig
+from tuner.search.space import Knob, Range, SearchSpace, build_space, check_for_target, parse_range
+from tuner.serving.load import resolve_workload
+from tuner.serving.processes import writable_dir
+from tuner.serving.server import Backend, probe_vllm_flags, sim_flags
+from tuner.vllm.failures import StartupFailureKind
+from tuner.vllm.gpus import GpuSpec, get_gpu
+from tuner.vllm.memory import Calibration, ServingParams
+from tuner.vllm.models import ModelSpec, resolve_model
+from tuner.vllm.versions import VllmVersion
+from workloads.spec import PercentileLimits, WorkloadSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIM_GPU = "H100-80GB"
+ALLOW_LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+
+
+@dataclass
+class TuneContext:
+    config: TuneConfig
+    backend: Backend
+    model: ModelSpec
+    gpu: GpuSpec | None  # None: no GPU profile (vLLM's CPU build)
+    version: VllmVersion
+    vllm_cmd: tuple[str, ...]
+    accepted_flags: frozenset[str] | None
+    workload: WorkloadSpec
+    space: SearchSpace
+    base: ServingParams
+    run_dir: Path
+    model_dir: Path | None = None  # whose tokenizer sizes the prompts
+    gpu_source: str = "auto"  # nvml, sim or none, resolved from the backend and NVML
+    time_scale: float = 1.0
+    stream_fraction: float = 1.0  # share of requests streamed (token timings); see sample_streams
+    calibration: Calibration | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def study_name(self) -> str:
+        return self.config.study_name(self.gpu_name)
+
+    @property
+    def gpu_name(self) -> str | None:
+        return self.gpu.name if self.gpu is not None else None
+
+    @property
+    def gpu_or_default(self) -> GpuSpec:
+        """The GPU profile, or the simulator's default where there is none (vLLM's CPU build)."""
+        return self.gpu if self.gpu is not None else get_gpu(DEFAULT_SIM_GPU)
+
+
+def detect_gpu_name() -> str | None:
+    """The first visible NVIDIA GPU's name from NVML, or None without a driver or device."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver: no GPU here
+        return None
+    try:
+        if int(pynvml.nvmlDeviceGetCount()) == 0:
+            return None
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            log.debug("nvmlShutdown failed", exc_info=True)
+
+
+def resolve_backend(config: TuneConfig, gpu_name: str | None) -> Backend:
+    if config.backend == "auto":
+        vllm_cmd = shlex.split(config.vllm_cmd)
+        has_vllm = bool(vllm_cmd) and shutil.which(vllm_cmd[0]) is not None
+        return Backend.VLLM if gpu_name is not None and has_vllm else Backend.SIM
+    try:
+        return Backend(config.backend)
+    except ValueError:
+        raise ConfigError(
+            f"--backend {config.backend!r} is not a backend; accepted: auto, "
+            + ", ".join(b.value for b in Backend)
+        ) from None
+
+
+def with_slo_overrides(spec: WorkloadSpec, config: TuneConfig) -> WorkloadSpec:
+    slo = spec.slo
+    if config.slo_ttft_ms is not None:
+        slo = slo.model_copy(update={"ttft": PercentileLimits(p99_ms=config.slo_ttft_ms)})
+    if config.slo_itl_ms is not None:
+        slo = slo.model_copy(update={"itl": PercentileLimits(p99_ms=config.slo_itl_ms)})
+    return spec.model_copy(update={"slo": slo})
+
+
+def resolve(config: TuneConfig) -> TuneContext:
+    """Everything checked, nothing launched."""
+    if config.backend not in ("auto", *(b.value for b in Backend)):
+        resolve_backend(config, None)  # raises the one-line error
+    nvml_name = detect_gpu_name() if config.backend != "sim" else None
+    backend = resolve_backend(config, nvml_name)
+    model = resolve_model(config.model)
+    vllm_cmd = tuple(shlex.split(config.vllm_cmd))
+    if not vllm_cmd:
+        raise ConfigError("--vllm-cmd is empty; accepted: a launch command such as 'vllm serve'")
+    gpu: GpuSpec | None
+    if backend is Backend.SIM:
+        gpu = get_gpu(config.gpu or DEFAULT_SIM_GPU)
+        version = (
+            VllmVersion.parse(config.vllm_version) if config.vllm_version else VllmVersion.current()
+        )
+        accepted: frozenset[str] | None = sim_flags(version)
+        note = f"the emulated vLLM {version}"
+    else:
+        name = config.gpu or nvml_name
+        gpu = get_gpu(name) if name and name.lower() not in ("none", "cpu") else None
+        accepted = probe_vllm_flags(vllm_cmd)
+        version = _installed_version(vllm_cmd) or VllmVersion.current()
+        note = f"the vLLM behind {shlex.join(vllm_cmd)!r}"
+    workload = with_slo_overrides(
+        resolve_workload(config.workload, rate_per_s=None, duration_s=None), config
+    )
+    if config.rate is not None and workload.mean_rate_per_s is None:
+        raise ConfigError(
+            f"--rate {config.rate} does not apply: workload {workload.name!r} is closed "
+            "(every request at once); accepted: a workload with an arrival rate"
+        )
+    base = ServingParams(
+        max_model_len=config.max_model_len,
+        tensor_parallel_size=config.tensor_parallel_size,
+        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+    ).checked()
+    notes: list[str] = []
+    overrides: dict[Knob, Range] = {}
+    for name, text in config.space.items():
+        knob = Knob.parse(name)
+        overrides[knob] = parse_range(knob, str(text))
+        check_for_target(overrides[knob], model=model, version=version, gpu=gpu is not None)
+    _check_context_length(config.max_model_len, model)
+    model_dir = config.model_dir or (Path(config.model) if Path(config.model).is_dir() else None)
+    if model_dir is not None:
+        _check_tokenizer(model_dir, given=config.model_dir is not None)
+    if gpu is None:
+        # vLLM's CPU build: no device memory to search or screen; its KV cache is
+        # VLLM_CPU_KVCACHE_SPACE.
+        knobs = tuple(Knob.parse(k) for k in (config.knobs or ("max-num-seqs", "block-size")))
+        space = _cpu_space(knobs, overrides, accepted)
+    else:
+        space = build_space(
+            model=model, gpu=gpu, version=version, accepted_flags=accepted,
+            overrides=overrides, base=base, backend_note=note,
+        )  # fmt: skip
+        if config.knobs is not None:
+            wanted = {Knob.parse(k) for k in config.knobs}
+            space = SearchSpace(
+                ranges=tuple(r for r in space.ranges if r.knob in wanted),
+                left_out=space.left_out,
+            )
+    if not space.ranges:
+        raise ConfigError("the search space is empty; accepted: at least one knob to search")
+    if gpu is not None and config.max_model_len is None:
+        base, fitted = _fit_context(model, gpu, version, base, workload, space)
+        if fitted:
+            notes.append(fitted)
+    ctx = TuneContext(
+        config=config, backend=backend, model=model, gpu=gpu, version=version,
+        vllm_cmd=vllm_cmd, accepted_flags=accepted, workload=workload, space=space,
+        base=base, notes=notes,
+        run_dir=writable_dir(
+            config.run_path(gpu.name if gpu else None),
+            what="--run-dir" if config.run_dir is not None else "run directory",
+        ),
+        model_dir=None if model_dir is None else model_dir.absolute(),
+        gpu_source=_gpu_source(config.gpu_source, backend, nvml_name),
+    )  # fmt: skip
+    if backend is Backend.SIM:
+        ctx.notes.insert(
+            0,
+            "SIMULATED backend: no GPU or vLLM here; the simulated engine reproduces vLLM's "
+            "memory accounting, scheduling and metrics",
+        )
+    return ctx
+
+
+def _check_context_length(max_model_len: int | None, model: ModelSpec) -> None:
+    """vLLM refuses a --max-model-len beyond the model's context unless told to allow it."""
+    if max_model_len is None or max_model_len <= model.max_position_embeddings:
+        return
+    if os.environ.get(ALLOW_LONG_MAX_MODEL_LEN_ENV, "").strip().lower() in ("1", "true"):
+        return
+    raise ConfigError(
+        f"--max-model-len {max_model_len} is greater than {model.name}'s context "
+        f"(max_position_embeddings={model.max_position_embeddings}): vLLM refuses it "
+        f"('User-specified max_model_len ({max_model_len}) is greater than the derived "
+        "max_model_len'); accepted: 1 to "
+        f"{model.max_position_embeddings}, or {ALLOW_LONG_MAX_MODEL_LEN_ENV}=1 in the environment"
+    )
+
+
+def _check_tokenizer(model_dir: Path, *, given: bool) -> None:
+    """The prompts are sized with a model directory's own tokenizer: it must load."""
+    from workloads.prompts import prompt_builder_for
+    from workloads.spec import WorkloadError
+
+    try:
+        prompt_builder_for(model_dir)
+    except WorkloadError as exc:
+        flag = "--model-dir" if given else "--model"
+        raise ConfigError(f"{flag} {str(model_dir)!r}: {exc}") from exc
+
+
+def _gpu_source(wanted: str, backend: Backend, nvml_name: str | None) -> str:
+    """Where GPU memory is sampled from: the simulator's /sim/gpu, NVML, or nowhere."""
+    accepted = ("auto", "nvml", "sim", "none")
+    if wanted not in accepted:
+        raise ConfigError(
+            f"--gpu-source {wanted!r} is not accepted; accepted: {', '.join(accepted)}"
+        )
+    if wanted == "auto":
+        return "sim" if backend is Backend.SIM else ("nvml" if nvml_name else "none")
+    if wanted == "nvml" and nvml_name is None:
+        raise ConfigError(
+            "--gpu-source nvml: NVML sees no NVIDIA GPU here; accepted: sim (simulated backend) or none"
+        )
+    return wanted
+
+
+def _fit_context(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    version: VllmVersion,
+    base: ServingParams,
+    workload: WorkloadSpec,
+    space: SearchSpace,
+) -> tuple[ServingParams, str | None]:
+    """vLLM's default context (the model's maximum) when it fits the GPU; else the smallest
+    power of two that holds the workload's longest request, as an engineer would set it."""
+    from tuner.search.space import Knob
+    from tuner.serving.load import plan_schedule
+    from tuner.vllm.memory import plan
+
+    util_range = space.range_of(Knob.GPU_MEMORY_UTILIZATION)
+    util = util_range.high if util_range is not None and util_range.high else 0.95
+    best = plan(model, gpu, base.model_copy(update={"gpu_memory_utilization": util}), version)
+    if (
+        best.failure is None
+        or best.failure.kind is not StartupFailureKind.MAX_MODEL_LEN_DOES_NOT_FIT
+    ):
+        return base, None
+    schedule = plan_schedule(workload)
+    need = max((r.prompt_tokens + r.max_tokens for r in schedule), default=1)
+    length = 1 << max(need + need // 2 - 1, 1).bit_length()  # half again for headroom
+    length = min(length, model.max_position_embeddings)
+    note = (
+        f"--max-model-len {length}: the model's own {model.max_position_embeddings} tokens do not "
+        f"fit the {gpu.name}'s KV cache, and the workload's longest request needs {need}"
+    )
+    return base.model_copy(update={"max_model_len": length}), note
+
+
+def _cpu_space(
+    knobs: tuple[Knob, ...], overrides: dict[Knob, Range], accepted: frozenset[str] | None
+) -> SearchSpace:
+    from tuner.search.space import LeftOut
+
+    ranges: list[Range] = []
+    gpu_only = (Knob.GPU_MEMORY_UTILIZATION, Knob.KV_CACHE_DTYPE, Knob.SWAP_SPACE)
+    left: list[LeftOut] = [
+        LeftOut(knob=knob, reason="no GPU: vLLM's CPU build has no device memory")
+        for knob in gpu_only
+    ]
+    for knob in knobs:
+        if knob in gpu_only:
+            continue
+        if accepted is not None and knob.flag not in accepted:
+            left.append(LeftOut(knob=knob, reason=f"the target vLLM does not accept {knob.flag}"))
+            continue
+        default = {
+            Knob.MAX_NUM_SEQS: Range(knob=knob, low=2, high=32, log=True),
+            Knob.BLOCK_SIZE: Range(knob=knob, choices=(32, 64)),
+        }.get(knob)
+        r = overrides.get(knob) or default
+        if r is None:
+            left.append(LeftOut(knob=knob, reason="no default range on CPU; give one with --space"))
+            continue
+        ranges.append(r)
+    return SearchSpace(ranges=tuple(ranges), left_out=tuple(left))
+
+
+def _installed_version(vllm_cmd: tuple[str, ...]) -> VllmVersion | None:
+    """The version of the vLLM behind a launch command, from its Python package."""
+    import subprocess
+
+    python = vllm_cmd[0] if "python" in Path(vllm_cmd[0]).name else None
+    if python is None:
+        exe = shutil.which(vllm_cmd[0])
+        if exe is None:
+            return None
+        candidate = Path(exe).with_name("python")
+        python = str(candidate) if candidate.exists() else None
+    if python is None:
+        return None
+    try:
+        out = subprocess.run(
+            [python, "-c", "import importlib.metadata as m;print(m.version('vllm') if any(d.metadata['Name'] in ('vllm','vllm-cpu') for d in m.distributions()) else '')"],
+            capture_output=True, text=True, timeout=60, env={**os.environ},
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout.strip()
+    if not text:
+        return _cpu_dist_version(python)
+    try:
+        return VllmVersion.parse(text)
+    except ConfigError:
+        return None
+
+
+def _cpu_dist_version(python: str) -> VllmVersion | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [python, "-c", "import importlib.metadata as m;print(m.version('vllm-cpu'))"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        return VllmVersion.parse(out.stdout.strip()) if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ConfigError):
+        return None
+
+
+# What one request costs the load generator beyond its token events (connection, body,
+# records), in token events: measured with benchmarks/locust_event_rate.py.
+REQUEST_COST_EVENTS = 10.0
+
+
+def auto_time_scale(
+    predicted_tokens_per_s: float,
+    predicted_requests_per_s: float,
+    max_events_per_s: float,
+    stream_fraction: float = 1.0,
+) -> float:
+    """The simulator's slowdown so the load generator sees at most ``max_events_per_s``."""
+    load = stream_fraction * predicted_tokens_per_s + REQUEST_COST_EVENTS * predicted_requests_per_s
+    if load <= max_events_per_s:
+        return 1.0
+    return math.ceil(2 * load / max_events_per_s) / 2
+
+
+def auto_stream_fraction(
+    predicted_tokens_per_s: float,
+    predicted_requests_per_s: float,
+    max_events_per_s: float,
+    min_fraction: float,
+) -> float:
+    """The share of requests to stream so the token events fit the load generator's budget
+    (never below ``min_fraction``, so the latency percentiles keep enough samples)."""
+    room = max_events_per_s - REQUEST_COST_EVENTS * predicted_requests_per_s
+    if predicted_tokens_per_s <= 0 or room >= predicted_tokens_per_s:
+        return 1.0
+    return round(max(min_fraction, room / predicted_tokens_per_s), 2)

@@ -1,0 +1,301 @@
+"""Score one candidate: screen it with the memory model, launch it, warm it up, find its goodput.
+
+Shared by the study's trials, the recommendation's confirmation runs and the
+variants. A failure to start, a death under load or an SLO that breaks at every
+rate is an outcome in the returned ``Evaluation``, never an exception; what the
+candidate did is written to ``<dir>/evaluation.json`` beside the server's log, the
+GPU timeline and one directory per measured rate.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.rundir import evaluation_json
+from tuner.search.context import TuneContext
+from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit, RateSearch, search_rate
+from tuner.search.space import TrialParams
+from tuner.serving.backlog import BacklogCheck
+from tuner.serving.gpu_sampler import GpuSummary
+from tuner.serving.live import KvFill, LiveServer, Measurement
+from tuner.serving.load import plan_schedule, split_warmup
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend, LaunchSpec, StartupResult, TrialOutcome
+from tuner.vllm.failures import StartupFailure
+from tuner.vllm.log import StartupReport
+from tuner.vllm.memory import MemoryPlan, plan
+from workloads.metrics import LoadResult
+from workloads.stationary import AnswerTimes
+
+log = logging.getLogger(__name__)
+
+
+class Verdict(StrEnum):
+    """How a candidate came out, as the study and the report show it."""
+
+    MET = "met"  # the SLOs held at some measured rate
+    SLO_MISSED = "slo_missed"  # served, but the SLOs broke at every measured rate
+    SCREENED = "screened"  # the memory model says it cannot start; not launched
+    STARTUP_FAILED = "startup_failed"
+    DIED = "died"  # the engine died under load
+
+    @property
+    def feasible(self) -> bool:
+        return self is Verdict.MET
+
+
+class LevelSummary(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rate_per_s: float
+    met: bool
+    stopped_early: bool
+    dir: str
+    load: LoadResult
+    violations: list[str]
+    num_preemptions: int | None
+    max_kv_cache_usage: float | None
+    prefix_cache_hit_rate: float | None
+    backlog: BacklogCheck | None = None  # the backlog guard's trends (tuner.serving.backlog)
+    stopped_by_backlog: bool = False
+
+    @property
+    def failed_by_backlog(self) -> bool:
+        return self.stopped_by_backlog or (self.backlog is not None and self.backlog.growing)
+
+
+class Evaluation(BaseModel):
+    """Everything one candidate came to."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dir: str
+    params: TrialParams
+    flags: dict[str, object]
+    verdict: Verdict
+    outcome: TrialOutcome | None  # None: screened, not launched
+    failure: StartupFailure | None = None
+    log_excerpt: str = ""
+    predicted: MemoryPlan | None = None
+    startup: StartupReport | None = None
+    startup_s: float | None = None
+    dropped_flags: list[str] = []
+    goodput: float = 0.0  # requests/s at the best level meeting the SLOs
+    # BRACKETED: a higher rate broke; LOWER_BOUND: none did, the server holds at least this
+    goodput_bound: GoodputBound = GoodputBound.NONE
+    rate_per_s: float | None = None  # the workload's arrival rate at that level
+    throughput: float = 0.0  # output tokens/s at that level
+    # The same goodput stated whole: in the workload's unit, requests/s, output tokens/s
+    # (None in an evaluation.json written before it was: ``stated_goodput`` rebuilds it)
+    goodput_figures: Goodput | None = None
+    best: LevelSummary | None = None
+    levels: list[LevelSummary] = []
+    gpu: GpuSummary | None = None
+    kv_fill: KvFill | None = None
+    client_saturated: bool = False
+    time_scale: float = 1.0
+
+    @property
+    def stated_goodput(self) -> Goodput:
+        """The goodput in the workload's unit and in requests/s and output tokens/s."""
+        if self.goodput_figures is not None:
+            return self.goodput_figures
+        return Goodput(
+            arrival_rate_per_s=self.goodput, unit=GoodputUnit.REQUESTS_PER_S,
+            requests_per_s=self.goodput, output_tokens_per_s=self.throughput,
+            bound=self.goodput_bound,
+        )  # fmt: skip
+
+    @property
+    def p99_ttft_ms(self) -> float | None:
+        return None if self.best is None else self.best.load.ttft_ms.p99
+
+    @property
+    def backlog_note(self) -> str | None:
+        """The lowest rate that failed by backlog, e.g. ``backlog: waiting +35 over 8 s at
+        6.00/s`` (None when none did)."""
+        failed = [s for s in self.levels if s.failed_by_backlog and s.backlog is not None]
+        if not failed:
+            return None
+        level = min(failed, key=lambda s: s.rate_per_s)
+        assert level.backlog is not None
+        return f"{level.backlog.summary()} at {level.rate_per_s:.2f}/s"
+
+    def write(self) -> None:
+        evaluation_json(self.dir).write_text(self.model_dump_json(indent=2), "utf-8")
+
+
+def launch_spec(ctx: TuneContext, params: TrialParams) -> LaunchSpec:
+    serving = params.serving(ctx.base)
+    sim = ctx.backend is Backend.SIM
+    return LaunchSpec(
+        backend=ctx.backend,
+        model=ctx.config.model,
+        params=serving,
+        gpu=ctx.gpu_name if sim else None,
+        vllm_version=str(ctx.version) if sim and ctx.config.vllm_version else None,
+        vllm_cmd=ctx.vllm_cmd,
+        swap_space_gib=params.swap_space_gib,
+        enable_prefix_caching=params.enable_prefix_caching,
+        cache_dir=ctx.run_dir / "vllm-cache",
+        sim_startup_delay_s=ctx.config.sim_startup_delay_s,
+        sim_time_scale=ctx.time_scale,
+        host=ctx.config.load_generators().server_host,
+    )
+
+
+def predicted_plan(ctx: TuneContext, params: TrialParams) -> MemoryPlan | None:
+    if ctx.gpu is None:
+        return None
+    return plan(ctx.model, ctx.gpu, params.serving(ctx.base), ctx.version, ctx.calibration)
+
+
+def screened(ctx: TuneContext, params: TrialParams, out_dir: Path) -> Evaluation | None:
+    """The recorded prediction when the memory model says this cannot start, else None."""
+    predicted = predicted_plan(ctx, params)
+    if not ctx.config.screen or predicted is None or predicted.fits:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    evaluation = Evaluation(
+        dir=str(out_dir),
+        params=params,
+        flags=dict(params.flags()),
+        verdict=Verdict.SCREENED,
+        outcome=None,
+        failure=predicted.failure,
+        predicted=predicted,
+        time_scale=ctx.time_scale,
+    )
+    evaluation.write()
+    return evaluation
+
+
+def evaluate(
+    ctx: TuneContext,
+    params: TrialParams,
+    *,
+    out_dir: Path,
+    registry: ChildRegistry,
+    start_rate_per_s: float | None,
+    max_levels: int | None = None,
+    predicted_rate_per_s: float | None = None,
+    predicted_answer_times: AnswerTimes | None = None,
+) -> Evaluation:
+    """Launch the candidate and measure its goodput (screened first when configured)."""
+    early = screened(ctx, params, out_dir)
+    if early is not None:
+        return early
+    config = ctx.config
+    live = LiveServer(
+        launch_spec(ctx, params), trial_dir=out_dir, registry=registry,
+        gpu_source=ctx.gpu_source, generators=config.load_generators(),
+        stream_fraction=ctx.stream_fraction,
+    )  # fmt: skip
+    search: RateSearch | None = None
+    kv_fill: KvFill | None = None
+    with live:
+        startup = live.startup
+        assert startup is not None
+        if live.ready:
+            kv_fill = live.fill_kv_cache(ctx.workload, ctx.workload.warmup)
+            warm_spec = (
+                ctx.workload.with_rate(start_rate_per_s)
+                if start_rate_per_s and ctx.workload.mean_rate_per_s is not None
+                else ctx.workload
+            )
+            # Only the warm-up part is sent: plan no more than a second of window after it.
+            warm_spec = warm_spec.model_copy(update={"duration_s": 1.0})
+            warm, _ = split_warmup(
+                plan_schedule(
+                    warm_spec, max_model_len=ctx.base.max_model_len, model_dir=ctx.model_dir
+                )
+            )
+            live.warm_up(warm_spec, warm)
+            search = search_rate(
+                live, ctx.workload, start_rate_per_s=start_rate_per_s, out_dir=out_dir,
+                level_duration_s=config.level_duration_s, warmup_s=config.level_warmup_s,
+                max_levels=max_levels or config.max_levels, model_dir=ctx.model_dir,
+                predicted_rate_per_s=predicted_rate_per_s,
+                predicted_answer_times=predicted_answer_times,
+            )  # fmt: skip
+    evaluation = _evaluation(ctx, params, out_dir, startup, search, live, kv_fill)
+    evaluation.write()
+    if evaluation.backlog_note:
+        log.info("%s: %s", out_dir, evaluation.backlog_note)
+    return evaluation
+
+
+def _evaluation(
+    ctx: TuneContext,
+    params: TrialParams,
+    out_dir: Path,
+    startup: StartupResult,
+    search: RateSearch | None,
+    live: LiveServer,
+    kv_fill: KvFill | None,
+) -> Evaluation:
+    levels = [_summary(level.rate_per_s, level.met, level.measurement) for level in search.levels] if search else []  # fmt: skip
+    best = next((s for s in levels if search and search.best and s.dir == search.best.measurement.out_dir), None)  # fmt: skip
+    failure = startup.failure
+    excerpt = startup.log_excerpt
+    outcome = startup.outcome
+    if startup.outcome is not TrialOutcome.READY:
+        verdict = Verdict.STARTUP_FAILED
+    elif search is not None and search.died:
+        verdict = Verdict.DIED
+        death = search.levels[-1].measurement.death
+        outcome = search.levels[-1].measurement.outcome
+        if death is not None:
+            failure, excerpt = death.failure, death.log_excerpt
+    elif search is not None and search.best is not None:
+        verdict = Verdict.MET
+    else:
+        verdict = Verdict.SLO_MISSED
+    return Evaluation(
+        dir=str(out_dir),
+        params=params,
+        flags=dict(params.flags()),
+        verdict=verdict,
+        outcome=outcome,
+        failure=failure,
+        log_excerpt=excerpt,
+        predicted=predicted_plan(ctx, params),
+        startup=startup.report,
+        startup_s=startup.ready_s,
+        dropped_flags=startup.dropped_flags,
+        goodput=search.goodput if search else 0.0,
+        goodput_bound=search.bound if search else GoodputBound.NONE,
+        rate_per_s=search.best.rate_per_s if search and search.best else None,
+        throughput=search.throughput if search else 0.0,
+        goodput_figures=search.goodput_of(ctx.workload)
+        if search
+        else Goodput(unit=GoodputUnit.of(ctx.workload)),
+        best=best,
+        levels=levels,
+        gpu=live.gpu,
+        kv_fill=kv_fill,
+        client_saturated=any(level.measurement.client_saturated for level in search.levels)
+        if search
+        else False,
+        time_scale=live.time_scale,
+    )
+
+
+def _summary(rate: float, met: bool, m: Measurement) -> LevelSummary:
+    return LevelSummary(
+        rate_per_s=rate,
+        met=met,
+        stopped_early=m.stopped_early,
+        dir=m.out_dir,
+        load=m.load,
+        violations=m.slo.violations,
+        num_preemptions=m.server.num_preemptions if m.server else None,
+        max_kv_cache_usage=m.server.max_kv_cache_usage if m.server else None,
+        prefix_cache_hit_rate=m.server.prefix_cache_hit_rate if m.server else None,
+        backlog=m.backlog,
+        stopped_by_backlog=m.stopped_by_backlog,
+    )

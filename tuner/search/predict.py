@@ -1,0 +1,376 @@
+"""Serving predicted on the simulator's virtual clock: a workload under given settings, in CPU seconds.
+
+The tuning loop uses this to place its first probes (the first request rate a
+trial measures, the first utilization the OOM-edge search launches), and the
+search-efficiency benchmark to compute a whole landscape. The prompts are the
+workload's own text through the simulator's tokenizer, so prefix sharing (system
+prompts, multi-turn history) is what ``tuner sim-serve`` would see.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tuner.serving.backlog import (
+    KV_MARGIN,
+    WAITING_MIN_REQUESTS,
+    WAITING_RUNNING_FRACTION,
+    BacklogVerdict,
+    Signal,
+    SignalTrend,
+    trend,
+)
+from tuner.sim.build import SimOptions, build_engine
+from tuner.sim.simulate import SimulationResult, Slo, run
+from tuner.sim.tokenizer import encode, encode_chat
+from tuner.vllm.gpus import GpuSpec
+from tuner.vllm.memory import MemoryPlan, ServingParams
+from tuner.vllm.models import ModelSpec
+from tuner.vllm.versions import VllmVersion
+from workloads.build import build_schedule
+from workloads.schedule import ScheduledRequest
+from workloads.spec import SloMetric, WorkloadSpec
+from workloads.stationary import AnswerTimes, lookback_s
+from workloads.traces import TraceRecord
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the simulated server would be launched with."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    version: VllmVersion
+    params: ServingParams
+    options: SimOptions = field(default_factory=SimOptions)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    rate_per_s: float  # the workload's arrival rate
+    plan: MemoryPlan
+    result: SimulationResult | None  # None: the server would not start
+    met: bool
+    # steady_run: the queue's and the KV cache's trends through the window (tuner.serving.backlog).
+    trends: tuple[SignalTrend, ...] = ()
+
+    @property
+    def backlog(self) -> bool:
+        """A signal grew through the window: the rate is not sustained, whatever the SLOs."""
+        return any(t.verdict is BacklogVerdict.GROWING for t in self.trends)
+
+
+def simulate_schedule(
+    setup: Setup,
+    schedule: list[ScheduledRequest],
+    slo: Slo,
+    stop_at_s: float | None = None,
+    *,
+    follow_answers: bool = True,
+    measure_from_s: float | None = None,
+    measure_to_s: float | None = None,
+    sample_every_s: float | None = None,
+) -> tuple[MemoryPlan, SimulationResult | None]:
+    """The schedule on the simulated server's virtual clock.
+
+    ``follow_answers``: a later turn (``ScheduledRequest.follows``) is sent its
+    ``think_time_s`` after the answer it follows, as the load generator sends it, not at
+    its planned ``send_s`` (a turn whose predecessor is not in ``schedule``: at
+    ``send_s``). False: every request at ``send_s``, as ``predict`` has always run.
+    The rest go to ``tuner.sim.simulate.run``.
+    """
+    plan, engine = build_engine(setup.model, setup.gpu, setup.params, setup.version, setup.options)
+    if engine is None:
+        return plan, None
+    vocab = setup.model.vocab_size
+    records = [
+        TraceRecord(arrival_s=r.send_s, prompt_tokens=r.prompt_tokens, output_tokens=r.max_tokens)
+        for r in schedule
+    ]
+    ids = [
+        encode_chat(r.messages, vocab) if r.messages is not None else encode(r.prompt or "", vocab)
+        for r in schedule
+    ]
+    follows: list[int | None] | None = None
+    think: list[float] | None = None
+    if follow_answers and any(r.follows is not None for r in schedule):
+        index = {r.request_id: i for i, r in enumerate(schedule)}
+        follows = [index.get(r.follows) if r.follows is not None else None for r in schedule]
+        think = [r.think_time_s for r in schedule]
+    result = run(
+        engine, records, slo=slo, vocab=vocab, max_model_len=plan.max_model_len,
+        prompt_token_ids=ids, stop_at_s=stop_at_s, follows=follows, think_s=think,
+        measure_from_s=measure_from_s, measure_to_s=measure_to_s, sample_every_s=sample_every_s,
+    )  # fmt: skip
+    return plan, result
+
+
+def workload_slo(spec: WorkloadSpec) -> Slo:
+    """The per-request objectives a simulated run counts goodput against."""
+    limits = {o.metric: o.limit_ms for o in spec.slo.objectives()}
+    return Slo(
+        ttft_s=limits.get(SloMetric.TTFT, math.inf) / 1000.0,
+        tpot_s=min(limits.get(SloMetric.TPOT, math.inf), limits.get(SloMetric.ITL, math.inf))
+        / 1000.0,
+    )
+
+
+def slo_met(spec: WorkloadSpec, result: SimulationResult) -> bool:
+    """The workload's objectives against a simulated run (any failed request breaks it)."""
+    if result.num_failed or result.engine_died:
+        return False
+    fields = {
+        SloMetric.TTFT: result.ttft_ms,
+        SloMetric.ITL: result.itl_ms,
+        SloMetric.TPOT: result.tpot_ms,
+        SloMetric.E2E: result.e2e_ms,
+    }
+    for objective in spec.slo.objectives():
+        value = getattr(fields[objective.metric], f"p{objective.percentile}")
+        if value > objective.limit_ms:
+            return False
+    return True
+
+
+def predict(setup: Setup, spec: WorkloadSpec, rate_per_s: float | None = None) -> Prediction:
+    """One simulated run of the workload's measured window (warm-up left out)."""
+    if rate_per_s is not None:
+        spec = spec.with_rate(rate_per_s)
+    schedule = [r for r in build_schedule(spec) if not r.warmup]
+    origin = min((r.send_s for r in schedule), default=0.0)
+    schedule = [_shift(r, origin) for r in schedule]
+    limits = {o.metric: o.limit_ms for o in spec.slo.objectives()}
+    slo = workload_slo(spec)
+    # Cut where a measured level is cut (tuner.search.rate_search.drain_s), not at the last answer.
+    drain = max(4.0, 1.5 * limits.get(SloMetric.TTFT, 0.0) / 1000.0)
+    plan, result = simulate_schedule(
+        setup, schedule, slo, stop_at_s=spec.duration_s + drain, follow_answers=False
+    )
+    rate = rate_per_s if rate_per_s is not None else (spec.mean_rate_per_s or 0.0)
+    met = result is not None and slo_met(spec, result)
+    return Prediction(rate_per_s=rate, plan=plan, result=result, met=met)
+
+
+def max_rate(
+    setup: Setup,
+    spec: WorkloadSpec,
+    *,
+    start_rate_per_s: float | None = None,
+    precision: float = 0.05,
+    max_runs: int = 12,
+) -> float:
+    """The highest arrival rate whose simulated run meets the SLO (0: none does).
+
+    Brackets from ``start_rate_per_s`` (default: the workload's) by doubling or
+    halving, then bisects to ``precision`` (relative).
+    """
+    rate = start_rate_per_s or spec.mean_rate_per_s
+    if rate is None:  # closed: no rate to search
+        return 0.0
+    return _search(lambda r: predict(setup, spec, r).met, rate, precision, max_runs, 2.0)
+
+
+SAMPLE_EVERY_S = 0.25  # steady_run's engine samples, virtual seconds
+REFERENCE_WINDOW_S = 600.0
+REFERENCE_WARMUP_S = 120.0
+
+
+def steady_run(
+    setup: Setup,
+    spec: WorkloadSpec,
+    rate_per_s: float | None,
+    *,
+    warmup_s: float,
+    window_s: float,
+    answer_times: AnswerTimes | None = None,
+) -> Prediction:
+    """The workload at ``rate_per_s`` in its steady state, judged over a window.
+
+    The run opens on the stationary population of sessions at that rate
+    (``tuner.search.rate_search.level_workload`` over ``warmup_s + window_s``: stationary start,
+    the spec's own warm-up removed), sends each later turn its think time after the answer
+    it follows, measures the requests arriving in ``[warmup_s, warmup_s + window_s)`` and
+    cuts what is still in flight a drain after the window (``tuner.search.rate_search.drain_s``).
+    A closed workload (``rate_per_s`` None with closed arrivals) runs its batch whole.
+    ``answer_times``: what the session population is planned with (``level_workload``).
+
+    ``met``: the SLOs hold over the window (``slo_met``) and no backlog builds, by
+    ``tuner.serving.backlog.trend`` on the engine's state every ``SAMPLE_EVERY_S`` through the
+    window with the live guard's margins: the waiting queue over the whole window
+    (``max(2, 25 % of the mean running batch)``), KV usage (10 points) from one median
+    request lifetime after the run started (from the window's start when the warm-up is
+    longer), as ``tuner.serving.backlog.check_backlog`` judges a live level.
+    """
+    from tuner.search.rate_search import drain_s, level_workload
+
+    level = level_workload(spec, rate_per_s, warmup_s + window_s, answer_times)
+    closed = level.mean_rate_per_s is None
+    schedule = build_schedule(level)
+    if closed:
+        origin = min((r.send_s for r in schedule), default=0.0)
+        schedule = [_shift(r, origin) for r in schedule]
+    start, end = (None, None) if closed else (warmup_s, warmup_s + window_s)
+    plan, result = simulate_schedule(
+        setup, schedule, workload_slo(level),
+        stop_at_s=None if closed else warmup_s + window_s + drain_s(level),
+        measure_from_s=start, measure_to_s=end, sample_every_s=SAMPLE_EVERY_S,
+    )  # fmt: skip
+    rate = rate_per_s if rate_per_s is not None else (level.mean_rate_per_s or 0.0)
+    if result is None:
+        return Prediction(rate_per_s=rate, plan=plan, result=None, met=False)
+    trends = () if closed else _trends(result, warmup_s, warmup_s + window_s)
+    met = slo_met(level, result) and not any(t.verdict is BacklogVerdict.GROWING for t in trends)
+    return Prediction(rate_per_s=rate, plan=plan, result=result, met=met, trends=trends)
+
+
+def _trends(result: SimulationResult, start_s: float, end_s: float) -> tuple[SignalTrend, ...]:
+    inside = [s for s in result.samples if start_s <= s.t_s <= end_s]
+    mean_running = sum(s.running for s in inside) / len(inside) if inside else 0.0
+    margin = max(WAITING_MIN_REQUESTS, WAITING_RUNNING_FRACTION * mean_running)
+    lifetime_s = max(0.0, (result.e2e_ms.p50 - result.ttft_ms.p50) / 1000.0)
+    settled_s = max(start_s, lifetime_s)
+    waiting = [(s.t_s - start_s, float(s.waiting)) for s in inside]
+    kv = [(s.t_s - start_s, s.kv_usage) for s in inside if s.t_s >= settled_s]
+    return (
+        trend(Signal.WAITING, waiting, margin=margin),
+        trend(Signal.KV_USAGE, kv, margin=KV_MARGIN),
+    )
+
+
+def answer_times_of(result: SimulationResult | None) -> AnswerTimes | None:
+    """A simulated run's mean TTFT and TPOT (None when nothing was streamed)."""
+    if result is None:
+        return None
+    return AnswerTimes.of_means(result.ttft_ms.mean, result.tpot_ms.mean)
+
+
+@dataclass(frozen=True)
+class SustainedRate:
+    """``sustained_rate``'s answer: the rate, and the answer times the run at it
+    measured (None: no rate held), to plan a live level's session population with."""
+
+    rate_per_s: float
+    answer_times: AnswerTimes | None = None
+
+
+def sustained_rate(
+    setup: Setup,
+    spec: WorkloadSpec,
+    *,
+    warmup_s: float,
+    window_s: float,
+    start_rate_per_s: float | None = None,
+    precision: float = 0.05,
+    max_runs: int = 10,
+    step: float = 2.0,
+) -> SustainedRate:
+    """The highest arrival rate ``steady_run`` says is sustained (0: none is; closed: 0).
+
+    Brackets from ``start_rate_per_s`` (default: the workload's) by multiplying or
+    dividing by ``step``, then bisects to ``precision`` (relative); at most ``max_runs``
+    runs, the best rate met so far when they run out. Each run's session population is
+    planned with the answer times of the run that held nearest in rate so far (the
+    spec's expected ones until one has held), as a live search plans its levels
+    (``tuner.search.rate_search.nearest_answer_times``).
+    """
+    rate = start_rate_per_s or spec.mean_rate_per_s
+    if rate is None:
+        return SustainedRate(0.0)
+    held: dict[float, AnswerTimes] = {}
+
+    def met(r: float) -> bool:
+        nearest = min(held, key=lambda h: abs(math.log(h / r)), default=None)
+        times = held[nearest] if nearest is not None else None
+        run = steady_run(setup, spec, r, warmup_s=warmup_s, window_s=window_s, answer_times=times)
+        measured = answer_times_of(run.result)
+        if run.met and measured is not None:
+            held[r] = measured
+        return run.met
+
+    best = _search(met, rate, precision, max_runs, step)
+    return SustainedRate(best, held.get(best))
+
+
+def sustained_max_rate(
+    setup: Setup,
+    spec: WorkloadSpec,
+    *,
+    warmup_s: float,
+    window_s: float,
+    start_rate_per_s: float | None = None,
+    precision: float = 0.05,
+    max_runs: int = 10,
+    step: float = 2.0,
+) -> float:
+    """``sustained_rate``'s rate alone."""
+    return sustained_rate(
+        setup, spec, warmup_s=warmup_s, window_s=window_s, start_rate_per_s=start_rate_per_s,
+        precision=precision, max_runs=max_runs, step=step,
+    ).rate_per_s  # fmt: skip
+
+
+def reference_warmup_s(spec: WorkloadSpec) -> float:
+    """The reference run's warm-up: ``REFERENCE_WARMUP_S``, or the longest session's
+    planned length (``workloads.stationary.lookback_s``) when that is longer."""
+    return max(REFERENCE_WARMUP_S, lookback_s(spec))
+
+
+def reference_rate(
+    setup: Setup,
+    spec: WorkloadSpec,
+    *,
+    precision: float = 0.02,
+    start_rate_per_s: float | None = None,
+    max_runs: int = 12,
+) -> float:
+    """The rate the server sustains in the steady state of the workload: the highest
+    rate whose ``steady_run`` over ``REFERENCE_WINDOW_S`` (10 virtual minutes) after
+    ``reference_warmup_s`` is met, every turn of every conversation sent, to
+    ``precision``. Each run costs a 10-minute simulation, so the search starts from
+    ``start_rate_per_s`` when given (a ``sustained_max_rate`` of short windows, close
+    to it) with steps of 25 %, else from a short ``sustained_max_rate`` itself. Closed
+    workloads: 0 (no rate; see ``steady_run``)."""
+    if spec.mean_rate_per_s is None:
+        return 0.0
+    start = start_rate_per_s or sustained_max_rate(setup, spec, warmup_s=15.0, window_s=30.0)
+    if start <= 0.0:
+        start = spec.mean_rate_per_s
+    warmup = reference_warmup_s(spec)
+
+    def met(r: float) -> bool:
+        return steady_run(setup, spec, r, warmup_s=warmup, window_s=REFERENCE_WINDOW_S).met
+
+    return _search(met, start, precision, max_runs, 1.25)
+
+
+def _search(
+    met: Callable[[float], bool], rate: float, precision: float, max_runs: int, step: float
+) -> float:
+    """Bracket from ``rate`` by ``step`` up or down, then bisect (geometrically) to
+    ``precision``: the highest rate met (0: none was)."""
+    low: float | None = None
+    high: float | None = None
+    for _ in range(max_runs):
+        if met(rate):
+            low = rate
+        else:
+            high = rate
+        if high is None:
+            rate *= step
+        elif low is None:
+            if rate < 1e-3:
+                return 0.0
+            rate /= step
+        elif high / low <= 1.0 + precision:
+            break
+        else:
+            rate = math.sqrt(low * high)
+    return low or 0.0
+
+
+def _shift(request: ScheduledRequest, origin: float) -> ScheduledRequest:
+    from dataclasses import replace
+
+    return replace(request, send_s=request.send_s - origin)

@@ -1,0 +1,455 @@
+"""Goodput of one server: the highest request rate at which the workload's SLOs hold.
+
+On a live server (``tuner.serving.live.LiveServer``) the workload is sent at a first rate, then:
+
+* while every rate held, at a higher one, by a step the last level's evidence sets
+  (``climb_step``): up to x2 while the latencies are far below their limits and the
+  KV cache far from full, down to ``growth`` as they come close (or once the engine
+  preempts);
+* while every rate broke, at a lower one, by a step how far the lowest one missed
+  sets (``descent_step``: its percentiles past their limits, the share of its requests
+  that failed): x1/2 when it missed by far or stopped early, down to 1/``growth`` when
+  it barely missed (a first rate the twin placed just above the edge);
+* once a rate held and a higher one broke, at the geometric middle of that bracket,
+  until it is narrower than ``precision`` or the level budget is spent.
+
+When the twin placed the first rate (``predicted_rate_per_s``: the simulator's
+sustained rate for these settings), the first level is just below the prediction and
+the next, if it held, just above it (``precision`` apart), so a right prediction is
+bracketed in two levels; the evidence-led steps take over where it was wrong.
+
+Each level is one schedule at its own rate: a warm-up, then its window, which opens
+only once the server is steady at that rate and lasts long enough for the SLO's
+percentiles (``tuner.serving.window``; multi-turn sessions are already under way from its
+first second, ``workloads.stationary``). A level whose SLO is already clearly broken
+stops early (``tuner.serving.live.StopRule``). A level that builds a backlog (its queue, KV usage
+or TTFT trends up through its window, ``tuner.serving.backlog``) is a miss whatever its
+percentiles say, and stops early once its queue clearly grows (``tuner.serving.live.WindowRule``).
+Every level keeps its own directory with the load run's evidence (``window.json``,
+``backlog.json``, ``turn_mix.json``, ``prompt_lengths.json``, ``metrics.csv``).
+
+Rates are the workload's arrival rate (requests/s, or sessions/s for a multi-turn
+workload); ``goodput`` is the request rate the best level offered, as measured, and
+``goodput_of`` states it whole (``Goodput``): in the workload's own unit (conversations/s
+where it has sessions), in requests/s and in output tokens/s. It is
+the goodput only when a higher rate broke (``GoodputBound.BRACKETED``); a search that
+never found a breaking rate within its budget knows only that the server holds at
+least that much (``GoodputBound.LOWER_BOUND``).
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.search.level_evidence import write_level_evidence
+from tuner.serving.live import Measurement, StopFactory, StopRule
+from tuner.serving.load import plan_schedule, split_warmup
+from tuner.serving.server import LaunchSpec, TrialOutcome
+from tuner.serving.window import LevelPlan, plan_level
+from workloads.prompts import prompt_builder_for
+from workloads.schedule import ScheduledRequest
+from workloads.spec import SessionStart, SloMetric, WarmupSpec, WorkloadSpec
+from workloads.stationary import AnswerTimes
+
+MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
+PROVISIONAL_S = 30.0  # a level's first schedule, to read its request rate from
+
+
+class GoodputBound(StrEnum):
+    """What a search's goodput is: the goodput, or only a lower bound on it."""
+
+    BRACKETED = "bracketed"  # a rate above the best one that held broke the SLOs (or the engine)
+    LOWER_BOUND = "lower_bound"  # no measured rate broke: the server holds at least this
+    NONE = "none"  # no level met the SLOs
+
+    @property
+    def is_lower_bound(self) -> bool:
+        return self is GoodputBound.LOWER_BOUND
+
+
+class GoodputUnit(StrEnum):
+    """The unit of a workload's arrival rate, the unit its goodput and peak are stated in."""
+
+    CONVERSATIONS_PER_S = "conversations_per_s"  # a multi-turn workload: new sessions/s
+    REQUESTS_PER_S = "requests_per_s"
+
+    @property
+    def label(self) -> str:
+        return "conversations/s" if self is GoodputUnit.CONVERSATIONS_PER_S else "req/s"
+
+    @classmethod
+    def of(cls, spec: WorkloadSpec) -> GoodputUnit:
+        """Conversations/s for an open-loop workload with sessions, else requests/s (a
+        closed-loop one has no arrival rate of its own: its requests are what it sends)."""
+        if spec.sessions is not None and spec.mean_rate_per_s is not None:
+            return cls.CONVERSATIONS_PER_S
+        return cls.REQUESTS_PER_S
+
+
+class Goodput(BaseModel):
+    """A goodput, stated whole: the arrival rate in the workload's own unit at the best
+    level that met the SLOs, what that level offered in requests/s (the figure the
+    sampler and the regression gate compare) and its output tokens/s, and whether it is
+    the goodput or only a lower bound on it. Zero everywhere when no level met the SLOs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    arrival_rate_per_s: float = 0.0  # in ``unit``
+    unit: GoodputUnit = GoodputUnit.REQUESTS_PER_S
+    requests_per_s: float = 0.0
+    output_tokens_per_s: float = 0.0
+    bound: GoodputBound = GoodputBound.NONE
+
+    def text(self) -> str:
+        """As every printer says it: "12.00 conversations/s (41.50 req/s, 9,800 output
+        tok/s)", "41.50 req/s (9,800 output tok/s)" for a single-turn workload, "at least
+        ..., no breaking rate found" when no rate above it broke."""
+        figures = [f"{self.arrival_rate_per_s:.2f} {self.unit.label}"]
+        if self.unit is not GoodputUnit.REQUESTS_PER_S:
+            figures.append(f"{self.requests_per_s:.2f} req/s")
+        tokens = f"{self.output_tokens_per_s:,.0f} output tok/s"
+        text = f"{figures[0]} ({', '.join([*figures[1:], tokens])})"
+        if self.bound.is_lower_bound:
+            return f"at least {text}, no breaking rate found"
+        return text
+
+    @classmethod
+    def mean(cls, goodputs: list[Goodput]) -> Goodput:
+        """The mean over repeats (a lower bound when any repeat's was one)."""
+        if not goodputs:
+            return cls()
+        bounds = {g.bound for g in goodputs}
+        bound = next(
+            (b for b in (GoodputBound.LOWER_BOUND, GoodputBound.BRACKETED) if b in bounds),
+            GoodputBound.NONE,
+        )
+        n = len(goodputs)
+        return cls(
+            arrival_rate_per_s=sum(g.arrival_rate_per_s for g in goodputs) / n,
+            unit=goodputs[-1].unit,
+            requests_per_s=sum(g.requests_per_s for g in goodputs) / n,
+            output_tokens_per_s=sum(g.output_tokens_per_s for g in goodputs) / n,
+            bound=bound,
+        )
+
+
+class Level(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    rate_per_s: float  # the workload's arrival rate at this level
+    met: bool
+    measurement: Measurement
+
+
+class RateSearch(BaseModel):
+    """The levels measured on one server, and what they come to."""
+
+    model_config = ConfigDict(frozen=True)
+
+    levels: tuple[Level, ...]
+    best: Level | None  # the highest rate whose SLOs held
+    broken_rate_per_s: float | None  # the lowest rate whose SLOs broke
+    died: bool  # the engine died under load
+
+    @property
+    def goodput(self) -> float:
+        """Requests/s the best level offered (0 when no level met the SLOs)."""
+        if self.best is None:
+            return 0.0
+        load = self.best.measurement.load
+        return load.offered_rate or load.request_throughput
+
+    @property
+    def throughput(self) -> float:
+        return 0.0 if self.best is None else self.best.measurement.load.output_token_throughput
+
+    def goodput_of(self, spec: WorkloadSpec) -> Goodput:
+        """The goodput in ``spec``'s unit: for sessions the best level's arrival rate (the
+        records hold requests, not sessions, so the sessions/s the level was sent at),
+        else the requests/s it offered, as measured."""
+        unit = GoodputUnit.of(spec)
+        if self.best is None:
+            return Goodput(unit=unit)
+        requests = self.goodput
+        arrivals = self.best.rate_per_s if unit is GoodputUnit.CONVERSATIONS_PER_S else requests
+        return Goodput(
+            arrival_rate_per_s=arrivals, unit=unit, requests_per_s=requests,
+            output_tokens_per_s=self.throughput, bound=self.bound,
+        )  # fmt: skip
+
+    @property
+    def bound(self) -> GoodputBound:
+        """BRACKETED when a level above the best one broke, LOWER_BOUND when none did."""
+        best = self.best
+        if best is None:
+            return GoodputBound.NONE
+        broke_above = any(not lv.met and lv.rate_per_s > best.rate_per_s for lv in self.levels)
+        return GoodputBound.BRACKETED if broke_above else GoodputBound.LOWER_BOUND
+
+
+def goodput_text(goodput: float, bound: GoodputBound, unit: str = "req/s") -> str:
+    """A goodput as the terminal says it: "12.50 req/s", or "at least 12.50 req/s (no
+    breaking rate found)" when the search found no rate above it that broke."""
+    if bound.is_lower_bound:
+        return f"at least {goodput:.2f} {unit} (no breaking rate found)"
+    return f"{goodput:.2f} {unit}"
+
+
+def level_workload(
+    spec: WorkloadSpec,
+    rate_per_s: float | None,
+    duration_s: float,
+    answer_times: AnswerTimes | None = None,
+) -> WorkloadSpec:
+    """The workload at one level: its shape at ``rate_per_s``, a window of ``duration_s``, no
+    warm-up; with sessions, opening on the conversations already under way at that rate
+    (``sessions.start: stationary``, unless the spec sets ``start`` itself), their turns
+    planned at ``answer_times`` when given (``workloads.stationary.AnswerTimes``)."""
+    level = spec if rate_per_s is None else spec.with_rate(rate_per_s)
+    update: dict[str, object] = {"duration_s": duration_s, "warmup": WarmupSpec()}
+    sessions = level.sessions
+    if sessions is not None:
+        if "start" not in sessions.model_fields_set:
+            sessions = sessions.model_copy(update={"start": SessionStart.STATIONARY})
+        if answer_times is not None:
+            sessions = answer_times.applied(sessions)
+        update["sessions"] = sessions
+    return level.model_copy(update=update)
+
+
+def measured_answer_times(m: Measurement) -> AnswerTimes | None:
+    """The mean TTFT and TPOT a level measured (the schedule's seconds)."""
+    return AnswerTimes.of_means(m.load.ttft_ms.mean, m.load.tpot_ms.mean)
+
+
+def nearest_answer_times(
+    levels: list[Level], rate_per_s: float | None, fallback: AnswerTimes | None
+) -> AnswerTimes | None:
+    """The answer times to plan a level at ``rate_per_s`` with: those of the level that
+    held nearest to it in rate (a level that broke measured a backlog's latencies), else
+    ``fallback`` (the twin's)."""
+    held = [(lv, t) for lv in levels if lv.met and (t := measured_answer_times(lv.measurement))]
+    if not held or not rate_per_s:
+        return fallback
+    _, times = min(held, key=lambda pair: abs(math.log(pair[0].rate_per_s / rate_per_s)))
+    return times
+
+
+def stop_rule(spec: WorkloadSpec, expected_requests: int, time_scale: float) -> StopRule | None:
+    """Stop a level once more requests missed the TTFT objective than twice its allowance."""
+    ttft = [o for o in spec.slo.objectives() if o.metric is SloMetric.TTFT]
+    if not ttft:
+        return None
+    tightest = min(ttft, key=lambda o: o.limit_ms)
+    allowance = (100 - tightest.percentile) / 100.0
+    max_bad = math.ceil(2 * allowance * expected_requests) + 2
+    return StopRule(tightest.limit_ms, time_scale=time_scale, max_bad=max_bad)
+
+
+def drain_s(spec: WorkloadSpec) -> float:
+    """How long a level waits after its last send before cutting off what is still in
+    flight (measured as far as it got): long enough for any request within the TTFT
+    objective to have its first token, at least 4 emulated seconds."""
+    ttft = [o.limit_ms for o in spec.slo.objectives() if o.metric is SloMetric.TTFT]
+    return max(4.0, 1.5 * max(ttft, default=0.0) / 1000.0)
+
+
+def plan_level_schedule(
+    spec: WorkloadSpec,
+    rate_per_s: float | None,
+    *,
+    window_s: float | None = None,
+    warmup_s: float | None = None,
+    max_model_len: int | None = None,
+    model_dir: Path | None = None,
+    answer_times: AnswerTimes | None = None,
+) -> tuple[WorkloadSpec, LevelPlan, list[ScheduledRequest]]:
+    """One level at ``rate_per_s``: its spec (warm-up and window in one schedule), its
+    plan (``tuner.serving.window.plan_level``) and its schedule (the spec's own warm-up left out);
+    ``answer_times``: see ``level_workload``."""
+
+    def build(duration_s: float) -> tuple[WorkloadSpec, list[ScheduledRequest]]:
+        level_spec = level_workload(spec, rate_per_s, duration_s, answer_times)
+        _, schedule = split_warmup(
+            plan_schedule(level_spec, max_model_len=max_model_len, model_dir=model_dir)
+        )
+        return level_spec, schedule
+
+    provisional_s = window_s or PROVISIONAL_S
+    level_spec, schedule = build(provisional_s)
+    plan = plan_level(level_spec, schedule, window_s=window_s, warmup_s=warmup_s)
+    if abs(plan.total_s - provisional_s) > 1e-9:
+        level_spec, schedule = build(plan.total_s)
+    return level_spec, plan, schedule
+
+
+def level_met(m: Measurement) -> bool:
+    """The SLOs held over the whole window, the engine lived, and no backlog built up."""
+    backlog = m.stopped_by_backlog or (m.backlog is not None and m.backlog.growing)
+    return m.slo.met and not m.stopped_early and not backlog and m.outcome is TrialOutcome.READY
+
+
+def bracket(levels: list[Level]) -> tuple[Level | None, Level | None]:
+    """The best level that held, and the lowest level above it that broke (or killed the
+    engine); with no level held, the lowest level that broke."""
+    low = max((lv for lv in levels if lv.met), key=lambda lv: lv.rate_per_s, default=None)
+    broke = (lv for lv in levels if not lv.met and (low is None or lv.rate_per_s > low.rate_per_s))
+    return low, min(broke, key=lambda lv: lv.rate_per_s, default=None)
+
+
+def _shares(spec: WorkloadSpec, m: Measurement) -> list[float]:
+    """Each SLO objective's measured percentile as a share of its limit (1: at the limit)."""
+    shares = []
+    for objective in spec.slo.objectives():
+        percentiles = getattr(m.load, f"{objective.metric.value}_ms")
+        value = getattr(percentiles, f"p{objective.percentile}")
+        if value is not None and value > 0:
+            shares.append(value / objective.limit_ms)
+    return shares
+
+
+def climb_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
+    """The factor from a level that held to the next rate while none has broken: what its
+    evidence allows, between ``growth`` and ``max(MAX_STEP, growth)``.
+
+    * an SLO percentile at a share f of its limit allows 1/sqrt(f) (x2 at a quarter of
+      the limit, x1.41 at half, ``growth`` past about three quarters): latency stays flat
+      below the knee and climbs steeply near it, so its headroom is read cautiously;
+    * a peak KV-cache usage u allows 1/u: below the knee the cache holds about rate x
+      time in flight, linear in the rate;
+    * a level that preempted is at the edge of its memory: ``growth``.
+    """
+    top = max(MAX_STEP, growth)
+    server = m.server
+    if server is not None and server.num_preemptions > 0:
+        return growth
+    allowed = min([top, *(1.0 / math.sqrt(share) for share in _shares(spec, m))])
+    if server is not None and server.max_kv_cache_usage:
+        allowed = min(allowed, 1.0 / server.max_kv_cache_usage)
+    return min(top, max(growth, allowed))
+
+
+def descent_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
+    """The factor down from a level that broke while none has held, between ``growth``
+    (it barely missed) and ``max(MAX_STEP, growth)`` (halving):
+
+    * sqrt of how far its worst percentile went past its limit (x1/2 at four times it);
+    * 1/(1 - e) when a share e of its requests failed: an overloaded server serves about
+      its capacity and the excess queues until it times out, so capacity ~ rate x (1 - e);
+    * halving when the level stopped early: how far it would have missed is unknown.
+    """
+    top = max(MAX_STEP, growth)
+    if m.stopped_early:
+        return top
+    load = m.load
+    failed = load.num_errors / load.num_requests if load.num_requests else 0.0
+    needed = [math.sqrt(share) for share in _shares(spec, m)]
+    needed.append(1.0 / (1.0 - failed) if failed < 1.0 else top)
+    return min(top, max(growth, *needed))
+
+
+class LevelServer(Protocol):
+    """What the search measures on: ``tuner.serving.live.LiveServer``, or a stand-in in tests."""
+
+    launch: LaunchSpec
+    time_scale: float
+
+    def measure(
+        self,
+        workload: WorkloadSpec,
+        schedule: list[ScheduledRequest],
+        *,
+        out_dir: Path,
+        stop_when: StopFactory | None = None,
+        drain_s: float | None = None,
+        level: LevelPlan | None = None,
+    ) -> Measurement: ...
+
+
+def search_rate(
+    live: LevelServer,
+    spec: WorkloadSpec,
+    *,
+    start_rate_per_s: float | None,
+    out_dir: Path,
+    level_duration_s: float | None = None,
+    max_levels: int = 4,
+    growth: float = 1.15,
+    precision: float = 0.05,
+    model_dir: Path | None = None,
+    predicted_rate_per_s: float | None = None,
+    warmup_s: float | None = None,
+    predicted_answer_times: AnswerTimes | None = None,
+) -> RateSearch:
+    """Measure levels on a READY server until the goodput is bracketed to ``precision``
+    or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
+
+    ``level_duration_s``, ``warmup_s``: a fixed window and warm-up per level instead of
+    a window sized for the SLO's percentiles opening once the server is steady
+    (``tuner.serving.window.plan_level``). ``growth`` is the smallest step from one
+    level to the next (``climb_step`` up from a level that held, ``descent_step`` down
+    from a first one that broke: at most x2). ``predicted_rate_per_s``: the twin's
+    sustained rate; the first two levels straddle it (the module's docstring).
+    ``predicted_answer_times``: the twin's answer times near that rate, which plan the
+    session population a level opens on until a level has held (``nearest_answer_times``)."""
+    levels: list[Level] = []
+    closed = spec.mean_rate_per_s is None
+    rate: float | None = None
+    if not closed:
+        rate = start_rate_per_s or spec.mean_rate_per_s
+        if predicted_rate_per_s:
+            rate = predicted_rate_per_s / math.sqrt(1.0 + precision)
+    died = False
+    for index in range(1 if closed else max_levels):
+        level_spec, plan, schedule = plan_level_schedule(
+            spec, rate, window_s=level_duration_s, warmup_s=warmup_s,
+            max_model_len=live.launch.params.max_model_len, model_dir=model_dir,
+            answer_times=nearest_answer_times(levels, rate, predicted_answer_times),
+        )  # fmt: skip
+        level_dir = out_dir / f"level-{index}"
+        m = live.measure(
+            level_spec, schedule, out_dir=level_dir,
+            stop_when=stop_rule(level_spec, len(schedule), live.time_scale),
+            drain_s=drain_s(level_spec), level=plan,
+        )  # fmt: skip
+        measured = schedule  # what the window held, against the workload's stationary mix
+        if m.measured_ids:  # what was sent in it (a later turn goes at its answer's time)
+            ids = set(m.measured_ids)
+            measured = [r for r in schedule if r.request_id in ids]
+        elif m.window is not None:  # a stand-in server: what was planned in it
+            opened, until = m.window.opened_at_s, m.window.opened_at_s + m.window.window_s
+            measured = [r for r in schedule if opened <= r.send_s < until]
+        write_level_evidence(
+            level_dir, measured, level_spec, prompt_builder=prompt_builder_for(model_dir)
+        )
+        met = level_met(m)
+        level = Level(index=index, rate_per_s=rate or 0.0, met=met, measurement=m)
+        levels.append(level)
+        if m.outcome is not TrialOutcome.READY:
+            died = True
+            break
+        if rate is None:
+            break
+        low, high = bracket(levels)
+        if low is None:  # every rate so far broke: down by how far the lowest missed
+            assert high is not None
+            rate = high.rate_per_s / descent_step(spec, high.measurement, growth)
+        elif high is None and predicted_rate_per_s and index == 0:  # the twin's other side
+            rate = low.rate_per_s * (1.0 + precision)
+        elif high is None:  # every rate so far held: up by what the best one allows
+            rate = low.rate_per_s * climb_step(spec, low.measurement, growth)
+        elif high.rate_per_s / low.rate_per_s <= 1.0 + precision * 1.0001:
+            break
+        else:
+            rate = math.sqrt(low.rate_per_s * high.rate_per_s)
+    low, high = bracket(levels)
+    return RateSearch(
+        levels=tuple(levels), best=low, broken_rate_per_s=high.rate_per_s if high else None,
+        died=died,
+    )  # fmt: skip

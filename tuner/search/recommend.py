@@ -1,0 +1,441 @@
+"""The recommendation: the best settings stepped back from the OOM edge, confirmed, written to deploy.
+
+Three variants are measured beside each other so a reviewer sees what headroom
+costs: ``recommended`` (the best trial's settings at the edge less the safety
+margin), ``conservative`` (more headroom, 3/4 of max-num-seqs) and ``aggressive``
+(the highest utilization that held). Each gets its own deployable configs; the
+recommended one's sit directly in ``recommendation/``:
+
+    vllm-args.txt        a ready `vllm serve` command line
+    vllm-config.yaml     for `vllm serve --config`
+    kubernetes.yaml      Deployment, Service and the cache volume's claim
+    recommendation.json  settings, measurements, edge, headroom, capacity, version hash
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.deploy import DeploymentConfig, kubernetes_manifests, vllm_args, vllm_config_yaml
+from tuner.rundir import RECOMMENDATION_JSON, RunLayout
+from tuner.search.context import TuneContext
+from tuner.search.edge import EdgeResult
+from tuner.search.evaluate import Evaluation, Verdict, evaluate
+from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
+from tuner.search.space import Knob, TrialParams, clamp
+from tuner.serving.processes import ChildRegistry
+from tuner.vllm.memory import Calibration
+
+HARNESS_VERSION = "0.1.0"
+
+
+class Latency(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+
+class Measured(BaseModel):
+    """What one variant's confirmation run measured (emulated time on the simulator)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    verdict: Verdict
+    goodput: float  # requests/s at the highest rate meeting the SLOs (mean over repeats)
+    goodput_runs: list[float]  # each repeat's goodput, for the run-to-run noise
+    # LOWER_BOUND when a run found no breaking rate: the variant holds at least goodput
+    goodput_bound: GoodputBound = GoodputBound.NONE
+    rate_per_s: float | None = None  # the offered rate goodput was measured at (last run)
+    rates_per_s: list[float] = []  # every offered rate the last run measured
+    throughput: float  # output tokens/s there
+    # goodput stated whole (mean over repeats): the workload's unit, req/s, output tok/s
+    goodput_figures: Goodput | None = None
+    ttft_ms: Latency | None  # at rate_per_s; at the last rate measured when none met the SLOs
+    itl_ms: Latency | None
+    tpot_ms: Latency | None
+    e2e_ms: Latency | None
+    peak_used_bytes: int | None
+    total_bytes: int | None
+    kv_cache_tokens: int | None
+    dir: str
+
+    @property
+    def offered_rate_per_s(self) -> float | None:
+        """The offered rate behind goodput and the latencies: rate_per_s, or the last rate
+        measured when none met the SLOs (None when nothing was measured)."""
+        return self.rate_per_s or (self.rates_per_s[-1] if self.rates_per_s else None)
+
+    @property
+    def stated_goodput(self) -> Goodput:
+        """The goodput in the workload's unit and in requests/s and output tokens/s (from
+        the requests/s figures alone in a recommendation.json written before units were)."""
+        if self.goodput_figures is not None:
+            return self.goodput_figures
+        return Goodput(
+            arrival_rate_per_s=self.goodput, requests_per_s=self.goodput,
+            output_tokens_per_s=self.throughput, bound=self.goodput_bound,
+        )  # fmt: skip
+
+    @property
+    def goodput_spread(self) -> float:
+        """Relative run-to-run spread of goodput (max-min over mean; 0 with one run)."""
+        runs = [g for g in self.goodput_runs if g > 0]
+        if len(runs) < 2:
+            return 0.0
+        return (max(runs) - min(runs)) / statistics.fmean(runs)
+
+
+class Variant(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    flags: dict[str, object]
+    params: TrialParams
+    utilization_headroom: float | None  # utilization kept below the edge
+    measured: Measured | None
+    command: str
+    config_hash: str
+
+
+class Capacity(BaseModel):
+    """Replicas for the target peak. The peak and ``goodput_per_replica`` are in the
+    workload's own unit (``unit``: conversations/s where it has sessions, else requests/s).
+    From a goodput that is only a lower bound (no rate broke the SLOs), ``replicas`` is an
+    upper bound: the peak may need fewer."""
+
+    model_config = ConfigDict(frozen=True)
+
+    target_peak_rate: float  # in ``unit``
+    headroom: float
+    goodput_per_replica: float  # in ``unit``
+    replicas: int
+    replicas_is_upper_bound: bool = False
+    unit: GoodputUnit = GoodputUnit.REQUESTS_PER_S
+    goodput: Goodput | None = None  # one replica's goodput stated whole
+    peak_requests_per_s: float | None = None  # the peak in requests/s, at the measured ratio
+
+    def text(self) -> str:
+        """E.g. "3 replica(s) for a peak of 120 conversations/s (about 415 req/s), 20%
+        headroom"; "at most ..." when goodput is a lower bound."""
+        at_most = "at most " if self.replicas_is_upper_bound else ""
+        requests = (
+            f" (about {self.peak_requests_per_s:,.0f} req/s)"
+            if self.peak_requests_per_s is not None and self.unit is not GoodputUnit.REQUESTS_PER_S
+            else ""
+        )
+        return (
+            f"{at_most}{self.replicas} replica(s) for a peak of {self.target_peak_rate:g} "
+            f"{self.unit.label}{requests}, {self.headroom:.0%} headroom"
+        )
+
+
+class Recommendation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    study: str
+    model: str
+    gpu: str | None
+    backend: str
+    simulated: bool
+    vllm_version: str
+    workload: str
+    slo: list[str]
+    objective: str
+    best_trial: int
+    recommended: Variant
+    variants: list[Variant]
+    default: Variant | None
+    edge: EdgeResult | None
+    calibration: Calibration | None
+    capacity: Capacity | None
+    time_scale: float
+    harness_version: str
+    version_hash: str
+
+
+def config_hash(ctx: TuneContext, flags: dict[str, object]) -> str:
+    """A hash of everything the settings were chosen for, so a fleet can tell whether its
+    running config is the recommended one (16 hex digits, a valid Kubernetes label)."""
+    payload = {
+        "flags": flags,
+        "model": ctx.model.name,
+        "gpu": ctx.gpu_name,
+        "vllm_version": str(ctx.version),
+        "workload": ctx.workload.model_dump(mode="json"),
+        "max_model_len": ctx.base.max_model_len,
+        "tensor_parallel_size": ctx.config.tensor_parallel_size,
+    }
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def deploy_flags(ctx: TuneContext, params: TrialParams) -> dict[str, object]:
+    flags: dict[str, object] = dict(params.flags())
+    if ctx.base.max_model_len:
+        flags["max-model-len"] = ctx.base.max_model_len
+    return flags
+
+
+def deployment(ctx: TuneContext, params: TrialParams) -> DeploymentConfig:
+    flags = deploy_flags(ctx, params)
+    return DeploymentConfig.build(
+        model=ctx.model.name,
+        vllm_version=str(ctx.version),
+        config_hash=config_hash(ctx, flags),
+        tensor_parallel_size=ctx.config.tensor_parallel_size,
+        cache_volume=ctx.config.cache_volume,
+        flags=flags,
+        labels={"app.kubernetes.io/managed-by": "vllm-capacity-tuner"},
+    )
+
+
+def variant_params(
+    ctx: TuneContext, best: TrialParams, edge: EdgeResult | None
+) -> dict[str, TrialParams]:
+    """recommended / conservative / aggressive from the best trial and the utilization edge."""
+    margin = ctx.config.safety_margin
+    util_range = ctx.space.range_of(Knob.GPU_MEMORY_UTILIZATION)
+    edge_ok = edge.utilization.highest_ok if edge and edge.utilization else None
+    seqs = best.max_num_seqs
+    if util_range is None or edge_ok is None or best.gpu_memory_utilization is None:
+        conservative_seqs = max(1, math.floor(seqs * 0.75)) if seqs else None
+        return {
+            "recommended": best,
+            "conservative": best.model_copy(update={"max_num_seqs": conservative_seqs}),
+            "aggressive": best,
+        }
+
+    def util(value: float) -> float:
+        return round(max(0.05, min(value, edge_ok)), 4)
+
+    return {
+        "recommended": best.model_copy(update={"gpu_memory_utilization": util(edge_ok - margin)}),
+        "conservative": best.model_copy(
+            update={
+                "gpu_memory_utilization": util(edge_ok - max(3 * margin, 0.05)),
+                "max_num_seqs": max(1, math.floor(seqs * 0.75)) if seqs else None,
+            }
+        ),
+        "aggressive": best.model_copy(update={"gpu_memory_utilization": util(edge_ok)}),
+    }
+
+
+def measured_of(runs: list[Evaluation]) -> Measured:
+    """The confirmation runs of one variant; latencies at the rate goodput was measured at,
+    or, when no rate met the SLOs, at the last rate measured (how far it missed)."""
+    last = runs[-1]
+    decided = last.best or (last.levels[-1] if last.levels else None)
+    best = decided.load if decided else None
+
+    def lat(name: str) -> Latency | None:
+        if best is None:
+            return None
+        p = getattr(best, name)
+        return Latency(p50=p.p50, p90=p.p90, p99=p.p99)
+
+    goodputs = [r.goodput for r in runs]
+    return Measured(
+        goodput_figures=Goodput.mean([r.stated_goodput for r in runs]),
+        verdict=last.verdict,
+        goodput=statistics.fmean(goodputs),
+        goodput_runs=goodputs,
+        goodput_bound=combined_bound([r.goodput_bound for r in runs]),
+        rate_per_s=last.rate_per_s,
+        rates_per_s=[level.rate_per_s for level in last.levels],
+        throughput=statistics.fmean(r.throughput for r in runs),
+        ttft_ms=lat("ttft_ms"),
+        itl_ms=lat("itl_ms"),
+        tpot_ms=lat("tpot_ms"),
+        e2e_ms=lat("e2e_ms"),
+        peak_used_bytes=last.gpu.peak_used_bytes if last.gpu else None,
+        total_bytes=last.gpu.total_bytes if last.gpu else None,
+        kv_cache_tokens=last.startup.kv_cache_tokens if last.startup else None,
+        dir=last.dir,
+    )
+
+
+def combined_bound(bounds: list[GoodputBound]) -> GoodputBound:
+    """What a mean over repeats is: a lower bound when any run's goodput was one."""
+    for bound in (GoodputBound.LOWER_BOUND, GoodputBound.BRACKETED):
+        if bound in bounds:
+            return bound
+    return GoodputBound.NONE
+
+
+def confirm(
+    ctx: TuneContext,
+    name: str,
+    params: TrialParams,
+    *,
+    registry: ChildRegistry,
+    start_rate_per_s: float | None,
+    repeats: int,
+    max_levels: int = 3,
+) -> Measured:
+    runs: list[Evaluation] = []
+    for i in range(repeats):
+        out_dir = RunLayout(ctx.run_dir).confirm_run_dir(name, None if repeats == 1 else i)
+        runs.append(
+            evaluate(
+                ctx,
+                params,
+                out_dir=out_dir,
+                registry=registry,
+                start_rate_per_s=start_rate_per_s,
+                max_levels=max_levels,
+            )
+        )
+    return measured_of(runs)
+
+
+def make_variant(
+    ctx: TuneContext,
+    name: str,
+    params: TrialParams,
+    measured: Measured | None,
+    edge: EdgeResult | None,
+) -> Variant:
+    cfg = deployment(ctx, params)
+    edge_ok = edge.utilization.highest_ok if edge and edge.utilization else None
+    util = params.gpu_memory_utilization
+    return Variant(
+        name=name,
+        flags=deploy_flags(ctx, params),
+        params=params,
+        utilization_headroom=round(edge_ok - util, 4)
+        if edge_ok is not None and util is not None
+        else None,
+        measured=measured,
+        command=vllm_args(cfg),
+        config_hash=cfg.config_hash,
+    )
+
+
+def capacity(ctx: TuneContext, goodput: Goodput) -> Capacity | None:
+    """Replicas for the configured peak (in the workload's unit, as ``goodput``'s arrival
+    rate) at ``goodput`` per replica less the headroom (an upper bound on replicas when
+    goodput is a lower bound)."""
+    target = ctx.config.target_peak_rate
+    per_replica = goodput.arrival_rate_per_s
+    if target is None or per_replica <= 0:
+        return None
+    usable = per_replica * (1.0 - ctx.config.capacity_headroom)
+    return Capacity(
+        target_peak_rate=target,
+        headroom=ctx.config.capacity_headroom,
+        goodput_per_replica=per_replica,
+        replicas=max(1, math.ceil(target / usable)),
+        replicas_is_upper_bound=goodput.bound.is_lower_bound,
+        unit=goodput.unit,
+        goodput=goodput,
+        peak_requests_per_s=target * goodput.requests_per_s / per_replica,
+    )
+
+
+def write_configs(ctx: TuneContext, variant: Variant, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = deployment(ctx, variant.params)
+    (out_dir / "vllm-args.txt").write_text(vllm_args(cfg), encoding="utf-8")
+    (out_dir / "vllm-config.yaml").write_text(vllm_config_yaml(cfg), encoding="utf-8")
+    (out_dir / "kubernetes.yaml").write_text(kubernetes_manifests(cfg), encoding="utf-8")
+
+
+def recommend(
+    ctx: TuneContext,
+    *,
+    best_number: int,
+    best: Evaluation,
+    default: Evaluation | None,
+    edge: EdgeResult | None,
+    registry: ChildRegistry,
+    progress: Any,
+    start_rate: Callable[[TrialParams], float | None] | None = None,
+) -> Recommendation:
+    """Confirm the variants (when configured), write every config, return the recommendation."""
+    points = variant_params(ctx, best.params, edge)
+    variants: list[Variant] = []
+    held_rate: float | None = None  # the rate the recommendation held, for the other variants
+    for name, params in points.items():
+        for r in ctx.space.ranges:  # stay inside what the search allowed
+            value = getattr(params, r.knob.field)
+            if value is not None and r.knob is not Knob.GPU_MEMORY_UTILIZATION:
+                params = params.model_copy(update={r.knob.field: clamp(r, value)})
+        measured: Measured | None = None
+        if ctx.config.confirm:
+            repeats = ctx.config.repeats if name == "recommended" else 1
+            # The recommendation starts where the best trial held (or lower, if the
+            # prediction for it says so) and climbs up to three rates. The other variants
+            # are measured at the one rate the recommendation held, so the table compares
+            # them under the same load: what headroom costs, not each one's own maximum.
+            if name == "recommended" or held_rate is None:
+                first = start_rate(params) if start_rate is not None else None
+                rates = [r for r in (first, best.rate_per_s) if r]
+                start = min(rates) if rates else None
+            else:
+                start = held_rate
+            measured = confirm(
+                ctx, name, params, registry=registry, start_rate_per_s=start, repeats=repeats,
+                max_levels=3 if name == "recommended" else 1,
+            )  # fmt: skip
+            if name == "recommended":
+                held_rate = measured.rate_per_s
+            at = measured.offered_rate_per_s
+            unit = measured.stated_goodput.unit.label
+            progress(
+                f"confirm     {name:<13} {params.short():<52} {measured.verdict.value:<12} "
+                f"goodput {measured.stated_goodput.text()}"
+                + (f" at {at:.2f} {unit} offered" if at else "")
+            )
+        variants.append(make_variant(ctx, name, params, measured, edge))
+    default_variant = (
+        make_variant(ctx, "vllm-default", default.params, measured_of([default]), edge)
+        if default is not None
+        else None
+    )
+    recommended = variants[0]
+    goodput = (
+        recommended.measured.stated_goodput
+        if recommended.measured and recommended.measured.goodput > 0
+        else best.stated_goodput
+    )
+    flags_hash = config_hash(ctx, recommended.flags)
+    rec = Recommendation(
+        study=ctx.study_name,
+        model=ctx.model.name,
+        gpu=ctx.gpu_name,
+        backend=ctx.backend.value,
+        simulated=ctx.backend.value == "sim",
+        vllm_version=str(ctx.version),
+        workload=ctx.workload.name,
+        slo=[
+            f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms"
+            for o in ctx.workload.slo.objectives()
+        ],
+        objective=ctx.config.objective.value,
+        best_trial=best_number,
+        recommended=recommended,
+        variants=variants,
+        default=default_variant,
+        edge=edge,
+        calibration=ctx.calibration,
+        capacity=capacity(ctx, goodput),
+        time_scale=ctx.time_scale,
+        harness_version=HARNESS_VERSION,
+        version_hash=flags_hash,
+    )
+    out = RunLayout(ctx.run_dir).recommendation_dir
+    write_configs(ctx, recommended, out)
+    for variant in variants[1:]:
+        write_configs(ctx, variant, out / variant.name)
+    (out / RECOMMENDATION_JSON).write_text(rec.model_dump_json(indent=2), encoding="utf-8")
+    return rec

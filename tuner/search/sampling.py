@@ -1,0 +1,71 @@
+"""How the tuning loop picks the next settings: Optuna samplers, objectives and constraints.
+
+Every trial is COMPLETE with its values and Optuna constraints (``Trial.set_constraint``;
+each > 0: violated): ``starts`` (the server came up), ``survives`` (the engine did
+not die under load) and ``slo`` (the SLOs held at some measured rate). A trial that
+failed to start, died, or broke the SLO at every rate has value 0 and a positive
+constraint, so the sampler learns where the infeasible region is instead of the
+study crashing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from enum import StrEnum
+from typing import Any, Literal
+
+from tuner.errors import ConfigError
+
+CONSTRAINTS = ("starts", "survives", "slo")
+
+
+class Objective(StrEnum):
+    GOODPUT = "goodput"  # the highest request rate at which the SLOs hold
+    THROUGHPUT = "throughput"  # output tokens/s at that rate
+    PARETO = "pareto"  # output tokens/s vs p99 TTFT, a Pareto front (NSGA-II)
+
+    @classmethod
+    def parse(cls, text: str) -> Objective:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            raise ConfigError(
+                f"--objective {text!r} is not accepted; accepted: {', '.join(o.value for o in cls)}"
+            ) from None
+
+    @property
+    def directions(self) -> list[Literal["maximize", "minimize"]]:
+        if self is Objective.PARETO:
+            return ["maximize", "minimize"]
+        return ["maximize"]
+
+
+def is_feasible(frozen_trial: Any) -> bool:
+    constraints: dict[str, float] = frozen_trial.constraints
+    return bool(constraints) and all(v <= 0 for v in constraints.values())
+
+
+def make_sampler(objective: Objective, *, seed: int | None, n_trials: int) -> Any:
+    """TPE with constraints for one objective, NSGA-II for the Pareto front, each drawing
+    only settings no trial of the study has (``DistinctSampler``).
+
+    The first third of the trials (at least 3, at most 8) are random, so the model
+    of the landscape starts from a spread of points; vLLM's defaults are enqueued
+    before them by the study.
+    """
+    import optuna
+
+    from tuner.search.distinct_sampler import DistinctSampler
+
+    startup = max(3, min(8, n_trials // 3))
+    if objective is Objective.PARETO:
+        return DistinctSampler(
+            optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, startup))
+        )
+    with warnings.catch_warnings():  # multivariate TPE is stable in use, flagged experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return DistinctSampler(
+            optuna.samplers.TPESampler(
+                seed=seed, n_startup_trials=startup, multivariate=True, group=True
+            )
+        )

@@ -1,0 +1,523 @@
+"""The search space: which vLLM knobs a tune varies, over what, and what was left out and why.
+
+Five knobs are searched by default: ``--gpu-memory-utilization``, ``--max-num-seqs``,
+``--block-size``, ``--swap-space`` and ``--kv-cache-dtype``. ``--max-num-batched-tokens``,
+``--enable-prefix-caching`` and ``--cpu-offload-gb`` join when asked for (and
+``--cpu-offload-gb`` on its own when the model does not fit the GPU otherwise).
+Ranges come from the GPU and the vLLM release; a knob the target vLLM lacks or
+the GPU cannot use is left out with the reason, which the run records.
+
+A range is written ``LOW..HIGH`` (numbers; ``LOW..HIGH/STEP`` for a step) or a
+comma list of choices, e.g. ``--space max-num-seqs=32..512`` or
+``--space block-size=32,64``.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.errors import ConfigError
+from tuner.vllm.failures import StartupFailureKind
+from tuner.vllm.gpus import GpuSpec
+from tuner.vllm.memory import KV_CACHE_DTYPES, ServingParams, default_limits, plan
+from tuner.vllm.models import ModelSpec
+from tuner.vllm.versions import VllmVersion
+
+
+class Knob(StrEnum):
+    GPU_MEMORY_UTILIZATION = "gpu-memory-utilization"
+    MAX_NUM_SEQS = "max-num-seqs"
+    BLOCK_SIZE = "block-size"
+    SWAP_SPACE = "swap-space"
+    KV_CACHE_DTYPE = "kv-cache-dtype"
+    MAX_NUM_BATCHED_TOKENS = "max-num-batched-tokens"
+    ENABLE_PREFIX_CACHING = "enable-prefix-caching"
+    CPU_OFFLOAD_GB = "cpu-offload-gb"
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.value}"
+
+    @property
+    def field(self) -> str:
+        return {
+            Knob.SWAP_SPACE: "swap_space_gib",
+            Knob.ENABLE_PREFIX_CACHING: "enable_prefix_caching",
+        }.get(self, self.value.replace("-", "_"))
+
+    @classmethod
+    def parse(cls, text: str) -> Knob:
+        name = text.strip().lstrip("-").replace("_", "-").lower()
+        try:
+            return cls(name)
+        except ValueError:
+            raise ConfigError(
+                f"search knob {text!r} is not accepted; accepted: {', '.join(k.value for k in cls)}"
+            ) from None
+
+
+DEFAULT_KNOBS = (
+    Knob.GPU_MEMORY_UTILIZATION,
+    Knob.MAX_NUM_SEQS,
+    Knob.BLOCK_SIZE,
+    Knob.SWAP_SPACE,
+    Knob.KV_CACHE_DTYPE,
+)
+INTEGER_KNOBS = (Knob.MAX_NUM_SEQS, Knob.BLOCK_SIZE, Knob.MAX_NUM_BATCHED_TOKENS)
+
+Choice = float | int | str | bool
+
+
+class Range(BaseModel):
+    """A numeric range (low..high, an optional step, log scale for counts) or a list of choices."""
+
+    model_config = ConfigDict(frozen=True)
+
+    knob: Knob
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    choices: tuple[Choice, ...] | None = None
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return ",".join(_fmt(c) for c in self.choices)
+        text = f"{_fmt(self.low)}..{_fmt(self.high)}"
+        return text + (f"/{_fmt(self.step)}" if self.step else "") + (" (log)" if self.log else "")
+
+    def contains(self, value: Choice) -> bool:
+        if self.choices is not None:
+            return value in self.choices
+        assert self.low is not None and self.high is not None
+        return isinstance(value, int | float) and self.low <= float(value) <= self.high
+
+    def values(self) -> list[Choice]:
+        """Every value of the range, for a grid (numeric ranges: by step, or powers of two)."""
+        if self.choices is not None:
+            return list(self.choices)
+        assert self.low is not None and self.high is not None
+        if self.step:
+            n = round((self.high - self.low) / self.step)
+            return [
+                _num(self.knob, on_step(self.low + i * self.step, self.step)) for i in range(n + 1)
+            ]
+        out: list[Choice] = []
+        v = self.low
+        while v <= self.high:
+            out.append(_num(self.knob, v))
+            v *= 2
+        return out
+
+
+class LeftOut(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    knob: Knob
+    reason: str
+
+
+class TrialParams(BaseModel):
+    """One point of the space; None: the knob is not searched (vLLM's default)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = None
+    block_size: int | None = None
+    swap_space_gib: float | None = None
+    kv_cache_dtype: str = "auto"
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool | None = None
+    cpu_offload_gb: float = 0.0
+
+    def serving(self, base: ServingParams) -> ServingParams:
+        return base.model_copy(
+            update={
+                "gpu_memory_utilization": self.gpu_memory_utilization,
+                "max_num_seqs": self.max_num_seqs,
+                "block_size": self.block_size,
+                "kv_cache_dtype": self.kv_cache_dtype,
+                "max_num_batched_tokens": self.max_num_batched_tokens
+                or base.max_num_batched_tokens,
+                "cpu_offload_gb": self.cpu_offload_gb or base.cpu_offload_gb,
+            }
+        )
+
+    def flags(self) -> dict[str, Choice]:
+        """The searched settings as vLLM flag names (no leading dashes) and values."""
+        out: dict[str, Choice] = {}
+        for knob in Knob:
+            value = getattr(self, knob.field)
+            if value is None or (knob is Knob.CPU_OFFLOAD_GB and not value):
+                continue
+            if knob is Knob.KV_CACHE_DTYPE and value == "auto":
+                continue
+            out[knob.value] = value
+        return out
+
+    def short(self) -> str:
+        names = {
+            "gpu-memory-utilization": "util",
+            "max-num-seqs": "seqs",
+            "block-size": "bs",
+            "swap-space": "swap",
+            "kv-cache-dtype": "kv",
+            "max-num-batched-tokens": "mnbt",
+            "enable-prefix-caching": "prefix",
+            "cpu-offload-gb": "offload",
+        }
+        return " ".join(f"{names[k]} {_fmt(v)}" for k, v in self.flags().items())
+
+
+class SearchSpace(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    ranges: tuple[Range, ...]
+    left_out: tuple[LeftOut, ...] = ()
+
+    def range_of(self, knob: Knob) -> Range | None:
+        return next((r for r in self.ranges if r.knob is knob), None)
+
+    def suggest(self, trial: Any) -> TrialParams:
+        """The trial's point, drawn through Optuna's suggest API."""
+        values: dict[str, Choice] = {}
+        for r in self.ranges:
+            name = r.knob.value
+            if r.choices is not None:
+                values[r.knob.field] = trial.suggest_categorical(name, list(r.choices))
+            elif r.knob in INTEGER_KNOBS:
+                assert r.low is not None and r.high is not None
+                values[r.knob.field] = trial.suggest_int(
+                    name, int(r.low), int(r.high), log=r.log, step=int(r.step or 1)
+                )
+            else:
+                assert r.low is not None and r.high is not None
+                value = trial.suggest_float(
+                    name, r.low, r.high, step=r.step, log=r.log and not r.step
+                )
+                values[r.knob.field] = on_step(value, r.step)
+        return TrialParams.model_validate(values)
+
+    def from_optuna(self, params: dict[str, Any]) -> TrialParams:
+        steps = {
+            r.knob.value: r.step
+            for r in self.ranges
+            if r.choices is None and r.step and r.knob not in INTEGER_KNOBS
+        }
+        return TrialParams.model_validate(
+            {
+                Knob(name).field: on_step(value, steps[name]) if name in steps else value
+                for name, value in params.items()
+                if name in _NAMES
+            }
+        )
+
+    def to_optuna(self, point: TrialParams) -> dict[str, Choice]:
+        """The point as Optuna parameters (only the searched knobs), e.g. to enqueue it."""
+        return {r.knob.value: getattr(point, r.knob.field) for r in self.ranges}
+
+    def grid(self) -> list[TrialParams]:
+        points: list[dict[str, Choice]] = [{}]
+        for r in self.ranges:
+            points = [{**p, r.knob.field: v} for p in points for v in r.values()]
+        return [TrialParams.model_validate(p) for p in points]
+
+    def describe(self) -> list[str]:
+        lines = [f"{r.knob.flag:<28} {r.describe()}" for r in self.ranges]
+        lines += [f"{o.knob.flag:<28} left out: {o.reason}" for o in self.left_out]
+        return lines
+
+
+_NAMES = {k.value for k in Knob}
+
+
+def parse_range(knob: Knob, text: str) -> Range:
+    """``LOW..HIGH``, ``LOW..HIGH/STEP`` or ``A,B,C``; one ConfigError line when malformed."""
+    spec = text.strip()
+    bad = ConfigError(
+        f"--space {knob.value}={text!r} is not a range; accepted: LOW..HIGH, LOW..HIGH/STEP "
+        "or a comma list of values, e.g. 0.80..0.95/0.01 or 16,32"
+    )
+    if ".." in spec:
+        bounds, _, step_text = spec.partition("/")
+        low_text, _, high_text = bounds.partition("..")
+        try:
+            low, high = float(low_text), float(high_text)
+            step = float(step_text) if step_text else None
+        except ValueError:
+            raise bad from None
+        if knob in (Knob.KV_CACHE_DTYPE, Knob.ENABLE_PREFIX_CACHING) or not low <= high:
+            raise bad
+        if step is not None and step <= 0:
+            raise bad
+        r = Range(knob=knob, low=low, high=high, step=step, log=knob in INTEGER_KNOBS and not step)
+    else:
+        items = [item.strip() for item in spec.split(",") if item.strip()]
+        if not items:
+            raise bad
+        try:
+            choices = tuple(_choice(knob, item) for item in items)
+        except ValueError:
+            raise bad from None
+        r = Range(knob=knob, choices=choices)
+    _check_values(r)
+    return r
+
+
+def _choice(knob: Knob, text: str) -> Choice:
+    if knob is Knob.KV_CACHE_DTYPE:
+        return text
+    if knob is Knob.ENABLE_PREFIX_CACHING:
+        lowered = text.lower()
+        if lowered not in ("true", "false", "on", "off", "1", "0"):
+            raise ValueError(text)
+        return lowered in ("true", "on", "1")
+    if knob in INTEGER_KNOBS:
+        return int(text)
+    return float(text)
+
+
+def _check_values(r: Range) -> None:
+    """Each value a vLLM could take; the message names the knob and what is accepted."""
+    knob = r.knob
+    values = list(r.choices) if r.choices is not None else [r.low, r.high]
+    if r.step is not None:
+        values.append(r.step)
+    for value in values:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(
+                f"--space {knob.value} value {value} is not accepted; accepted: finite numbers"
+            )
+        if knob in INTEGER_KNOBS and isinstance(value, float) and value != int(value):
+            raise ConfigError(
+                f"--space {knob.value} value {_fmt(value)} is not an integer; accepted: "
+                "integers >= 1"
+            )
+    values = values[:-1] if r.step is not None else values
+    for value in values:
+        if knob is Knob.GPU_MEMORY_UTILIZATION and not (
+            isinstance(value, float | int) and 0 < value <= 1
+        ):
+            raise ConfigError(
+                f"--space gpu-memory-utilization value {value} is out of range; accepted: 0 < value <= 1"
+            )
+        if knob in INTEGER_KNOBS and not (isinstance(value, int | float) and value >= 1):
+            raise ConfigError(
+                f"--space {knob.value} value {value} is out of range; accepted: integers >= 1"
+            )
+        if knob in (Knob.SWAP_SPACE, Knob.CPU_OFFLOAD_GB) and not (
+            isinstance(value, int | float) and value >= 0
+        ):
+            raise ConfigError(f"--space {knob.value} value {value} is negative; accepted: >= 0")
+        if knob is Knob.KV_CACHE_DTYPE and value not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"--space kv-cache-dtype value {value!r} is not accepted; accepted: "
+                + ", ".join(KV_CACHE_DTYPES)
+            )
+
+
+def check_for_target(r: Range, *, model: ModelSpec, version: VllmVersion, gpu: bool) -> None:
+    """A range given with ``--space`` against what the target vLLM accepts for this model;
+    one ConfigError line before anything is launched. ``gpu``: a CUDA device (vLLM's
+    attention backends there take block sizes in multiples of 16, MLA models aside)."""
+    if r.knob is not Knob.BLOCK_SIZE:
+        return
+    allowed = version.block_size_choices
+    sixteen = gpu and not model.is_mla
+    rule = f"one of {', '.join(map(str, allowed))}" if allowed is not None else "an integer >= 1"
+    if sixteen:
+        rule += " and a multiple of 16 (vLLM: 'Block size must be a multiple of 16.')"
+    if r.choices is None:
+        assert r.low is not None
+        steps_ok = r.step is not None and (not sixteen or (r.low % 16 == 0 and r.step % 16 == 0))
+        if allowed is not None or not steps_ok or r.low != int(r.low) or r.step != int(r.step or 0):
+            raise ConfigError(
+                f"--space block-size={r.describe()} is not accepted for vLLM {version}: each "
+                f"value must be {rule}; accepted: a comma list such as 16,32"
+                + (" or LOW..HIGH/STEP in multiples of 16" if allowed is None else "")
+            )
+        return
+    for value in r.choices:
+        if (allowed is not None and value not in allowed) or (sixteen and int(value) % 16):
+            raise ConfigError(
+                f"--space block-size value {_fmt(value)} is not accepted by vLLM {version} for "
+                f"{model.name}; accepted: {rule}"
+            )
+
+
+def default_range(knob: Knob, gpu: GpuSpec, version: VllmVersion) -> Range:
+    """Sensible defaults for a GPU: what an engineer would sweep by hand."""
+    default_seqs, _ = default_limits(gpu, version)
+    match knob:
+        case Knob.GPU_MEMORY_UTILIZATION:
+            return Range(knob=knob, low=0.80, high=0.97, step=0.01)
+        case Knob.MAX_NUM_SEQS:
+            return Range(knob=knob, low=16, high=max(default_seqs, 256), log=True)
+        case Knob.BLOCK_SIZE:
+            return Range(knob=knob, choices=(16, 32))
+        case Knob.SWAP_SPACE:
+            return Range(knob=knob, choices=(0.0, 4.0, 16.0))
+        case Knob.KV_CACHE_DTYPE:
+            return Range(knob=knob, choices=("auto", "fp8"))
+        case Knob.MAX_NUM_BATCHED_TOKENS:
+            return Range(knob=knob, choices=(2048, 4096, 8192, 16384))
+        case Knob.ENABLE_PREFIX_CACHING:
+            return Range(knob=knob, choices=(True, False))
+        case Knob.CPU_OFFLOAD_GB:
+            return Range(knob=knob, choices=(0.0, 8.0, 16.0, 32.0))
+    raise AssertionError(knob)
+
+
+def build_space(
+    *,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    version: VllmVersion,
+    accepted_flags: frozenset[str] | None,
+    overrides: dict[Knob, Range] | None = None,
+    extra: tuple[Knob, ...] = (),
+    base: ServingParams | None = None,
+    backend_note: str = "",
+) -> SearchSpace:
+    """The space for this model, GPU and vLLM; ``accepted_flags`` None: every flag is accepted."""
+    overrides = overrides or {}
+    base = base or ServingParams()
+    knobs = list(DEFAULT_KNOBS) + [k for k in (*extra, *overrides) if k not in DEFAULT_KNOBS]
+    knobs = list(dict.fromkeys(knobs))
+    left: list[LeftOut] = []
+    if Knob.CPU_OFFLOAD_GB not in knobs and not _fits_without_offload(model, gpu, version, base):
+        knobs.append(Knob.CPU_OFFLOAD_GB)
+    ranges: list[Range] = []
+    for knob in knobs:
+        r = overrides.get(knob) or default_range(knob, gpu, version)
+        reason = _unusable(knob, r, gpu, version, accepted_flags, backend_note)
+        if reason is not None:
+            left.append(LeftOut(knob=knob, reason=reason))
+            continue
+        r = _usable_part(r, gpu, version)
+        if r.choices is not None and len(r.choices) == 1:
+            left.append(
+                LeftOut(knob=knob, reason=f"one value only ({_fmt(r.choices[0])}), held fixed")
+            )
+        ranges.append(r)
+    return SearchSpace(ranges=tuple(ranges), left_out=tuple(left))
+
+
+def _unusable(
+    knob: Knob,
+    r: Range,
+    gpu: GpuSpec,
+    version: VllmVersion,
+    accepted: frozenset[str] | None,
+    note: str,
+) -> str | None:
+    if knob is Knob.SWAP_SPACE and not version.has_swap_space:
+        return f"vLLM {version} has no --swap-space (removed in 0.18)"
+    if accepted is not None and knob.flag not in accepted:
+        return f"{note or 'the target vLLM'} does not accept {knob.flag}"
+    if knob is Knob.KV_CACHE_DTYPE and r.choices is not None:
+        usable = [c for c in r.choices if c in gpu.kv_cache_dtypes or not str(c).startswith("fp8")]
+        if len(usable) <= 1 and len(r.choices) > 1:
+            return f"the {gpu.name} has no fp8 KV cache (compute capability {gpu.compute_capability[0]}.{gpu.compute_capability[1]})"
+    if knob is Knob.BLOCK_SIZE and r.choices is not None:
+        allowed = version.block_size_choices
+        if allowed is not None and not any(c in allowed for c in r.choices):
+            return f"vLLM {version} accepts --block-size only in {allowed}"
+    return None
+
+
+def _usable_part(r: Range, gpu: GpuSpec, version: VllmVersion) -> Range:
+    if r.knob is Knob.KV_CACHE_DTYPE and r.choices is not None:
+        kept = tuple(
+            c for c in r.choices if c in gpu.kv_cache_dtypes or not str(c).startswith("fp8")
+        )
+        return r.model_copy(update={"choices": kept})
+    if r.knob is Knob.BLOCK_SIZE and r.choices is not None:
+        allowed = version.block_size_choices
+        if allowed is not None:
+            return r.model_copy(update={"choices": tuple(c for c in r.choices if c in allowed)})
+    return r
+
+
+def _fits_without_offload(
+    model: ModelSpec, gpu: GpuSpec, version: VllmVersion, base: ServingParams
+) -> bool:
+    best = plan(model, gpu, base.model_copy(update={"gpu_memory_utilization": 0.97}), version)
+    return best.fits or (
+        best.failure is not None and best.failure.kind is not StartupFailureKind.WEIGHTS_DO_NOT_FIT
+    )
+
+
+def vllm_defaults(space: SearchSpace, version: VllmVersion, gpu: GpuSpec) -> TrialParams:
+    """vLLM's own defaults for the searched knobs: the baseline every tune measures first."""
+    seqs, batched = default_limits(gpu, version)
+    values: dict[str, Choice] = {}
+    for r in space.ranges:
+        match r.knob:
+            case Knob.GPU_MEMORY_UTILIZATION:
+                values[r.knob.field] = version.default_gpu_memory_utilization
+            case Knob.MAX_NUM_SEQS:
+                values[r.knob.field] = seqs
+            case Knob.MAX_NUM_BATCHED_TOKENS:
+                values[r.knob.field] = batched
+            case Knob.BLOCK_SIZE:
+                values[r.knob.field] = 16 if r.contains(16) else _first(r)
+            case Knob.SWAP_SPACE:
+                values[r.knob.field] = 4.0 if r.contains(4.0) else _first(r)
+            case Knob.KV_CACHE_DTYPE:
+                values[r.knob.field] = "auto" if r.contains("auto") else _first(r)
+            case Knob.ENABLE_PREFIX_CACHING:
+                values[r.knob.field] = True
+            case _:
+                values[r.knob.field] = _first(r)
+        values[r.knob.field] = clamp(r, values[r.knob.field])
+    return TrialParams.model_validate(values)
+
+
+def clamp(r: Range, value: Choice) -> Choice:
+    """The nearest value inside the range (a choice list: the value if listed, else the first)."""
+    if r.choices is not None:
+        return value if value in r.choices else r.choices[0]
+    assert r.low is not None and r.high is not None
+    assert isinstance(value, int | float)
+    v = min(max(float(value), r.low), r.high)
+    if r.step:
+        v = on_step(r.low + round((v - r.low) / r.step) * r.step, r.step)
+    return _num(r.knob, v)
+
+
+def step_decimals(step: float) -> int:
+    """The decimals a value on a grid of ``step`` needs: 2 for 0.01, 3 for 0.005, 0 for 16."""
+    exponent = decimal.Decimal(repr(float(step))).normalize().as_tuple().exponent
+    return max(0, -exponent) if isinstance(exponent, int) else 0
+
+
+def on_step(value: float, step: float | None) -> float:
+    """A value drawn on a grid of ``step`` written as the grid writes it (0.87, not
+    0.8700000000000001: low + k x step in binary floating point)."""
+    return value if not step else round(value, step_decimals(step))
+
+
+def _first(r: Range) -> Choice:
+    if r.choices is not None:
+        return r.choices[0]
+    assert r.low is not None
+    return _num(r.knob, r.low)
+
+
+def _num(knob: Knob, value: float) -> Choice:
+    if knob in INTEGER_KNOBS:
+        return round(value)
+    return round(value, 6)
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:g}" if not math.isnan(value) else "nan"
+    return str(value)

@@ -1,0 +1,1157 @@
+"""The Optuna study: each trial is one candidate launched, warmed up, loaded and scored.
+
+Storage is SQLite in the run directory unless ``--storage`` gives any SQLAlchemy
+URL (PostgreSQL for several workers on one study). Heartbeats mark a trial whose
+worker died; such a trial is failed and retried with the same settings, by this
+worker or another. The first trial of a new study is vLLM's own defaults, so
+every run measures the baseline its recommendation is compared with.
+
+Trials are COMPLETE whatever happened to the server: the verdict, failure class
+and evidence go into user attributes and ``trials/<n>/evaluation.json``, and the
+constraints (``tuner.search.sampling.CONSTRAINTS``) tell the sampler which were feasible.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import unquote, unquote_plus
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.errors import ConfigError
+from tuner.rundir import RunLayout, evaluation_json
+from tuner.search.config import TuneConfig
+from tuner.search.context import TuneContext, auto_stream_fraction, auto_time_scale
+from tuner.search.evaluate import Evaluation, Verdict, evaluate
+from tuner.search.predict import Setup, SustainedRate, sustained_rate
+from tuner.search.rate_search import GoodputBound, GoodputUnit, level_workload, plan_level_schedule
+from tuner.search.sampling import Objective, make_sampler
+from tuner.search.space import TrialParams, vllm_defaults
+from tuner.serving.load import plan_schedule
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend
+from tuner.serving.window import MIN_WINDOW_S
+from tuner.vllm.log import calibration_from_report
+from tuner.vllm.memory import Calibration
+from workloads.stationary import AnswerTimes
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 15
+HEARTBEAT_ENV = "TUNER_HEARTBEAT_S"  # seconds between heartbeats; the grace is 4 of them
+PREPARE_WAIT_S = 600.0
+OTHERS_POLL_S = 2.0  # how often a worker waiting for other workers' trials looks again
+FINALIZED_ATTR = "finalized"  # study attribute set once the finalize is written
+EVALUATION_ATTR = "evaluation"  # trial attribute: the Evaluation, for workers on other hosts
+
+
+class TrialRole(StrEnum):
+    """Why a trial is in the study (its ``role`` user attribute)."""
+
+    DEFAULT = "vllm-default"  # vLLM's own defaults, enqueued before any other trial
+    SEARCH = "search"  # drawn by the sampler
+
+
+Progress = Callable[[str], None]
+T = TypeVar("T")
+
+
+def storage_url(ctx: TuneContext) -> str:
+    if ctx.config.storage:
+        return ctx.config.storage
+    return f"sqlite:///{(ctx.run_dir / 'study.db').resolve()}"
+
+
+def check_storage_url(url: str, *, what: str = "the study storage") -> None:
+    """A URL SQLAlchemy would read otherwise than its user meant: ConfigError, before any
+    connection. SQLAlchemy ends the password at its first ``@``, so a password holding a
+    raw ``@`` sends the rest of it to the driver as the host name."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        host = make_url(url).host or ""
+    except (ArgumentError, ValueError):
+        raise ConfigError(
+            f"{what} {redact_url(url)!r} is not a SQLAlchemy URL; accepted: e.g. "
+            "sqlite:///runs/study.db or postgresql+psycopg://user:PASSWORD@host:5432/db"
+        ) from None
+    if "@" in host:
+        raise ConfigError(
+            f"{what} {redact_url(url)!r}: the password holds an '@', which SQLAlchemy reads as "
+            "the end of the password; accepted: the password percent-encoded ('@' as %40)"
+        )
+
+
+def open_storage(url: str) -> Any:
+    import warnings
+
+    import optuna
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    check_storage_url(url)
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
+
+    def attempt() -> Any:
+        with warnings.catch_warnings():  # heartbeats are stable in use, flagged experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            interval = int(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_INTERVAL_S)
+            return RDBStorage(
+                url,
+                heartbeat_interval=interval,
+                grace_period=max(4 * interval, 2),
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+                **kwargs,
+            )
+
+    try:
+        return _retry_schema_race(attempt)
+    except (optuna.exceptions.StorageInternalError, ImportError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot open the study storage {redact_url(url)!r}: {foreign_message(exc, url)}; "
+            "accepted: a SQLAlchemy URL such as sqlite:///runs/study.db or "
+            "postgresql+psycopg://user@host/db"
+        ) from None
+    except Exception as exc:  # SQLAlchemy's errors: unreachable host, bad credentials
+        raise ConfigError(
+            f"cannot open the study storage {redact_url(url)!r}: {foreign_message(exc, url)}"
+        ) from None
+
+
+def _retry_schema_race(attempt: Callable[[], T], tries: int = 5) -> T:
+    """Workers opening a new database at once all create its tables; all but one collide
+    (duplicate type, table or version row). Once one has, opening again works."""
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for i in range(tries):
+        try:
+            return attempt()
+        except (IntegrityError, ProgrammingError):
+            if i == tries - 1:
+                raise
+            log.info("the study storage's tables were being created by another worker; again")
+            time.sleep(0.5 + i)
+    raise AssertionError("unreachable")
+
+
+# --- storage URLs and the messages of drivers: no password is shown -----------------------
+
+REDACTED = "***"
+# Query parameters that carry a secret (libpq's password and sslpassword, MySQL's passwd,
+# tokens); matched by name, in any case.
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|token", re.IGNORECASE)
+# As SQLAlchemy reads it, the user name ends at the first ':' and may hold an '@'; here the
+# userinfo ends at the first '@' followed by a host and then '/', '?', '#' or the end (a
+# password may hold '@' and '/', a host neither), so a password with a raw '@' is found whole.
+_USERINFO = re.compile(r"^(?P<user>[^:/]*?)(?::(?P<password>.*?))?@(?=[\w.%\[\]:-]*(?:[/?#]|$))")
+_BACKGROUND = re.compile(r"\s*\(Background on this error at: [^)]*\)")
+
+
+@dataclass(frozen=True)
+class _UrlParts:
+    scheme: str  # "postgresql+psycopg://"
+    user: str | None  # None: no userinfo
+    password: str | None  # as written (percent-encoded or not)
+    location: str  # host, port and database
+    query: list[tuple[str, str]]  # as written
+
+    def secret_values(self) -> list[str]:
+        found = [self.password] if self.password else []
+        return found + [v for k, v in self.query if v and _SECRET_PARAM.search(unquote_plus(k))]
+
+
+def _url_parts(url: str) -> _UrlParts | None:
+    head, sep, tail = url.partition("://")
+    if not sep:
+        return None
+    match = _USERINFO.match(tail)
+    user: str | None = None
+    password: str | None = None
+    if match is not None:
+        user, password, tail = match["user"], match["password"], tail[match.end() :]
+    location, _, query = tail.partition("?")
+    params: list[tuple[str, str]] = []
+    for item in query.split("&") if query else []:
+        key, _, value = item.partition("=")
+        params.append((key, value))
+    return _UrlParts(f"{head}://", user, password, location, params)
+
+
+def redact_url(url: str) -> str:
+    """The URL without its secrets: the password of its userinfo (also one holding an '@')
+    and every query parameter that carries one (``password``, ``sslpassword``, ...)."""
+    parts = _url_parts(url)
+    if parts is None:  # not a URL (a typo such as "postgresql:/u:pw@host"): mask ":...@"
+        return re.sub(r"(?<=:)[^:@]*(?=@)", REDACTED, url)
+    if not parts.secret_values():
+        return url
+    userinfo = ""
+    if parts.user is not None:
+        userinfo = parts.user + (f":{REDACTED}" if parts.password is not None else "") + "@"
+    query = "&".join(
+        f"{k}={REDACTED}" if v and _SECRET_PARAM.search(unquote_plus(k)) else f"{k}={v}"
+        for k, v in parts.query
+    )
+    return parts.scheme + userinfo + parts.location + (f"?{query}" if parts.query else "")
+
+
+def storage_location(url: str) -> str:
+    """Where a storage is, for records and messages: its URL without user name and secrets."""
+    parts = _url_parts(redact_url(url))
+    if parts is None or parts.user is None:
+        return redact_url(url)
+    query = "&".join(f"{k}={v}" for k, v in parts.query)
+    return parts.scheme + parts.location + (f"?{query}" if parts.query else "")
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secrets of a storage URL in every form a message may show them: as written,
+    percent-decoded and percent-encoded; longest first."""
+    from urllib.parse import quote
+
+    parts = _url_parts(url)
+    forms: set[str] = set()
+    for secret in parts.secret_values() if parts is not None else []:
+        forms |= {secret, unquote(secret), unquote_plus(secret), quote(unquote(secret), safe="")}
+    return sorted((f for f in forms if f), key=len, reverse=True)
+
+
+def redact_text(text: str, url: str) -> str:
+    """``text`` (a driver's or SQLAlchemy's message) with the URL redacted and its secrets
+    masked wherever they appear, also the part of a password after an '@' (SQLAlchemy
+    sends it to the driver as the host name, which error messages show)."""
+    text = text.replace(url, redact_url(url))
+    for secret in url_secrets(url):
+        if len(secret) >= 4:
+            text = text.replace(secret, REDACTED)
+        else:  # a short one only where it stands alone, not inside every word
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", REDACTED, text)
+        for i, ch in enumerate(secret):
+            if ch == "@":  # ...@tail@host: the driver's host name starts with "tail@"
+                tail = secret[i + 1 :]
+                if tail:
+                    text = text.replace(f"{tail}@", f"{REDACTED}@")
+    return text
+
+
+def foreign_message(exc: BaseException, url: str) -> str:
+    """A third-party exception as one line for the user: its type and message, without the
+    storage's secrets and without SQLAlchemy's "Background on this error" link."""
+    text = _BACKGROUND.sub("", str(exc))
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return redact_text(text or type(exc).__name__, url)
+
+
+# --- which studies a storage holds, and the claims of a study's workers --------------------
+
+
+class Duty(StrEnum):
+    """What exactly one worker of a study does."""
+
+    PREPARE = "prepare"  # the set-up: time scale, streamed share, vLLM's defaults as trial 0
+    FINALIZE = "finalize"  # the OOM edge, the confirmations and the recommendation
+
+
+def _legacy_marker(name: str, names: set[str]) -> bool:
+    """A ``<study>.prepare`` or ``<study>.finalize`` study older runs created as a claim."""
+    base, dot, what = name.rpartition(".")
+    return bool(dot) and what in {d.value for d in Duty} and base in names
+
+
+def study_names(storage: Any) -> list[str]:
+    """The studies of a storage (an RDBStorage or a URL), without the claim markers of older
+    runs; what every reader of a storage lists (the tune, the report)."""
+    import optuna
+
+    names = set(optuna.get_all_study_names(storage=storage))
+    return sorted(n for n in names if not _legacy_marker(n, names))
+
+
+CLAIMS_TABLE = "tuner_claims"
+
+
+class Claims:
+    """The duties of one study's workers, each taken by exactly one of them.
+
+    A row per duty in a table of the tuner's own beside Optuna's (its primary key makes
+    the second insert fail), so the study list (``optuna-dashboard``, ``tuner report``)
+    shows only the study. Older runs claimed by creating marker studies; those still count.
+    """
+
+    def __init__(self, storage: Any, study_name: str) -> None:
+        self.storage = storage  # optuna.storages.RDBStorage
+        self.study_name = study_name
+
+    def _table(self) -> Any:
+        import sqlalchemy as sa
+
+        metadata = sa.MetaData()
+        table = sa.Table(
+            CLAIMS_TABLE, metadata,
+            sa.Column("study_id", sa.Integer, primary_key=True),
+            sa.Column("duty", sa.String(32), primary_key=True),
+            sa.Column("study_name", sa.String(512), nullable=False),
+            sa.Column("holder", sa.String(512), nullable=False),
+            sa.Column("at_unix_s", sa.Float, nullable=False),
+        )  # fmt: skip
+        _retry_schema_race(lambda: metadata.create_all(self.storage.engine, checkfirst=True))
+        return table
+
+    def take(self, duty: Duty) -> bool:
+        """True for exactly one caller per study and duty."""
+        import socket
+
+        from sqlalchemy.exc import IntegrityError
+
+        if f"{self.study_name}.{duty.value}" in _all_study_names(self.storage):
+            return False  # claimed by an older run, as a marker study
+        table = self._table()
+        study_id = self.storage.get_study_id_from_name(self.study_name)
+        row = {
+            "study_id": study_id, "duty": duty.value, "study_name": self.study_name,
+            "holder": f"{socket.gethostname()}:{os.getpid()}", "at_unix_s": time.time(),
+        }  # fmt: skip
+        try:
+            with self.storage.engine.begin() as conn:
+                conn.execute(table.insert().values(**row))
+        except IntegrityError:
+            return False
+        return True
+
+    def holder(self, duty: Duty) -> str | None:
+        """Who took ``duty`` (host:pid), None when nobody has."""
+        import sqlalchemy as sa
+
+        table = self._table()
+        study_id = self.storage.get_study_id_from_name(self.study_name)
+        with self.storage.engine.connect() as conn:
+            found = conn.execute(
+                sa.select(table.c.holder).where(
+                    table.c.study_id == study_id, table.c.duty == duty.value
+                )
+            ).scalar()
+        return str(found) if found is not None else None
+
+
+def _all_study_names(storage: Any) -> set[str]:
+    import optuna
+
+    return set(optuna.get_all_study_names(storage=storage))
+
+
+# --- which study a run directory and a study belong to ------------------------------------
+
+
+class StudySettings(BaseModel):
+    """What a study's trials are measured under. A run directory belongs to one study and a
+    study to one set of these: a trial measured under others would not compare, so
+    continuing (``--resume``) with other settings is refused. What may change on resume:
+    the trial count, the time budget, the seed, the edge search and the confirmations."""
+
+    model_config = ConfigDict(frozen=True)
+
+    study: str
+    model: str
+    gpu: str | None
+    backend: str
+    vllm_version: str
+    workload: dict[str, Any]  # the resolved workload spec, SLO overrides applied
+    objective: str
+    space: dict[str, str]  # knob -> its range as --space writes it
+    max_model_len: int | None
+    kv_cache_memory_bytes: int | None
+    tensor_parallel_size: int
+    level_duration_s: float | None = None
+    level_warmup_s: float | None = None
+    max_levels: int
+
+    @classmethod
+    def of(cls, ctx: TuneContext) -> StudySettings:
+        c = ctx.config
+        return cls(
+            study=ctx.study_name, model=ctx.model.name, gpu=ctx.gpu_name,
+            backend=ctx.backend.value, vllm_version=str(ctx.version),
+            workload=ctx.workload.model_dump(mode="json"), objective=c.objective.value,
+            space={r.knob.value: r.describe() for r in ctx.space.ranges},
+            max_model_len=c.max_model_len, kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+            tensor_parallel_size=c.tensor_parallel_size, level_duration_s=c.level_duration_s,
+            level_warmup_s=c.level_warmup_s, max_levels=c.max_levels,
+        )  # fmt: skip
+
+    def flat(self) -> dict[str, Any]:
+        return _flatten(self.model_dump(mode="json"))
+
+
+SETTINGS_ATTR = "settings"  # study attribute: the StudySettings it was set up with
+
+
+def _flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested documents as dotted keys of their leaves (``workload.slo.ttft.p99_ms``)."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def recorded_settings(tune_json: dict[str, Any]) -> dict[str, Any]:
+    """What a run's ``tune.json`` (``tuner.search.tune.describe``) says it was tuned with, flat;
+    the fields an older or damaged file lacks are left out (not compared)."""
+    from tuner.search.space import Range
+
+    found = tune_json.get("config")
+    config: dict[str, Any] = found if isinstance(found, dict) else {}
+    doc: dict[str, Any] = {
+        k: tune_json[k]
+        for k in ("study", "model", "gpu", "backend", "vllm_version")
+        if k in tune_json
+    }
+    if isinstance(tune_json.get("workload"), dict):
+        doc["workload"] = tune_json["workload"]
+    if isinstance(tune_json.get("space"), list):
+        try:
+            ranges = [Range.model_validate(r) for r in tune_json["space"]]
+            doc["space"] = {r.knob.value: r.describe() for r in ranges}
+        except ValueError:
+            pass
+    for key in ("objective", "max_model_len", "kv_cache_memory_bytes", "tensor_parallel_size",
+                "level_duration_s", "level_warmup_s", "max_levels"):  # fmt: skip
+        if key in config:
+            doc[key] = config[key]
+    return _flatten(doc)
+
+
+def _legacy_study_settings(attrs: dict[str, Any]) -> dict[str, Any]:
+    """What a study set up by an older tuner recorded of its settings (no SETTINGS_ATTR)."""
+    doc: dict[str, Any] = {
+        k: attrs[k] for k in ("model", "gpu", "backend", "vllm_version", "objective") if k in attrs
+    }
+    if isinstance(attrs.get("workload"), str):
+        doc["workload.name"] = attrs["workload"]
+    return doc
+
+
+_LABELS = {
+    "study": "--study", "model": "--model", "gpu": "--gpu", "backend": "--backend",
+    "vllm_version": "vLLM (--vllm-version)", "objective": "--objective",
+    "max_model_len": "--max-model-len",
+    "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
+    "tensor_parallel_size": "--tensor-parallel-size", "level_duration_s": "--level-duration",
+    "level_warmup_s": "--level-warmup", "max_levels": "--max-levels",
+    "workload.name": "--workload",
+    "workload.slo.ttft": "--slo-ttft-ms", "workload.slo.itl": "--slo-itl-ms",
+}  # fmt: skip
+_ORDER = ("model", "gpu", "backend", "vllm_version", "workload", "objective", "space")
+
+
+def _label(key: str) -> str:
+    if key in _LABELS:
+        return _LABELS[key]
+    for prefix in ("workload.slo.ttft", "workload.slo.itl"):
+        if key.startswith(prefix + "."):
+            return f"{_LABELS[prefix]} (the workload's {key.removeprefix('workload.')})"
+    if key.startswith("space."):
+        return f"--space {key.removeprefix('space.')}"
+    if key.startswith("workload."):
+        return f"the workload's {key.removeprefix('workload.')}"
+    return key
+
+
+def _ancestors(key: str) -> list[str]:
+    parts = key.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _shown(flat: dict[str, Any], key: str) -> str:
+    if key in flat:
+        return "(none)" if flat[key] is None else repr(flat[key])
+    if any(k.startswith(key + ".") for k in flat):
+        return "(set)"
+    return "(not searched)" if key.startswith("space.") else "(none)"
+
+
+def settings_differences(recorded: dict[str, Any], given: dict[str, Any]) -> list[str]:
+    """The flat keys whose values differ, most telling first. A key only one side has
+    counts where the other side has a leaf above it (a document against none) and for
+    the knobs of the space; otherwise it is a field one tuner version lacks (or an older
+    record does not hold), not compared."""
+    differing: list[str] = []
+    for key in dict.fromkeys([*recorded, *given]):
+        if key in recorded and key in given:
+            if recorded[key] != given[key]:
+                differing.append(key)
+            continue
+        other = given if key in recorded else recorded
+        above = next((a for a in _ancestors(key) if a in other), None)
+        if above is not None:
+            differing.append(above)
+        elif key.startswith("space.") and any(k.startswith("space.") for k in other):
+            differing.append(key)
+
+    def rank(key: str) -> tuple[int, int, str]:
+        top = key.split(".", 1)[0]
+        order = _ORDER.index(top) if top in _ORDER else len(_ORDER) + (top == "study")
+        return order, 0 if key == "workload.name" else 1, key
+
+    return sorted(dict.fromkeys(differing), key=rank)
+
+
+def _refuse_other_settings(
+    where: str, owner: str, recorded: dict[str, Any], given: dict[str, Any]
+) -> None:
+    differing = settings_differences(recorded, given)
+    if not differing:
+        return
+    first = differing[0]
+    also = f" (also {', '.join(_label(k) for k in differing[1:4])})" if differing[1:] else ""
+    if first == "study":
+        raise ConfigError(
+            f"{where} belongs to study {recorded['study']!r}; given --study {given['study']!r}; "
+            f"accepted: --study {recorded['study']} (with --resume) to continue it, or another "
+            "--run-dir for a new study"
+        )
+    raise ConfigError(
+        f"{where} belongs to study {owner!r}, measured with {_label(first)} "
+        f"{_shown(recorded, first)}; given {_shown(given, first)}{also}; accepted: the "
+        "study's own settings to continue it (--resume), or another --run-dir (or --study) "
+        "for these"
+    )
+
+
+def _refuse_other_measurement(where: str, attrs: dict[str, Any], config: TuneConfig) -> None:
+    """A study measures every trial alike: a resumed one keeps the simulated clock's scale
+    and the streamed share it chose, and refuses other values given for them (rather than
+    ignoring them)."""
+    for key, flag, given in (
+        ("time_scale", "--time-scale", config.time_scale),
+        ("stream_fraction", "--stream-fraction", config.stream_fraction),
+    ):
+        if given is None or key not in attrs:
+            continue
+        chosen = float(attrs[key])
+        if not math.isclose(chosen, float(given), rel_tol=1e-9):
+            raise ConfigError(
+                f"{where} measured every trial with {flag} {chosen:g}; given {flag} {given:g}; "
+                f"accepted: {flag} {chosen:g} or none to continue it (--resume), or another "
+                "--run-dir (or --study) for this value"
+            )
+
+
+def _trial_dirs(run_dir: Path) -> list[int]:
+    """The trial numbers with evidence in ``run_dir/trials`` (a non-empty directory each)."""
+    trials = RunLayout(run_dir).trials_dir
+    if not trials.is_dir():
+        return []
+    found = []
+    for path in trials.iterdir():
+        if path.is_dir() and path.name.isdigit() and any(path.iterdir()):
+            found.append(int(path.name))
+    return sorted(found)
+
+
+def check_run_dir(run_dir: Path, settings: StudySettings) -> None:
+    """Refuse a run directory whose ``tune.json`` records another study or other settings,
+    before anything is written into it."""
+    path = RunLayout(run_dir).tune_json
+    if not path.is_file():
+        return
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"run directory {run_dir} holds a tune.json that cannot be read ({exc}), so which "
+            "study it belongs to is unknown; accepted: another --run-dir"
+        ) from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"run directory {run_dir}: its tune.json is not a tune run's record")
+    recorded = recorded_settings(doc)
+    _refuse_other_settings(
+        f"run directory {run_dir}", str(recorded.get("study", "?")), recorded, settings.flat()
+    )
+
+
+def open_study(ctx: TuneContext) -> OpenStudy:
+    """Create the study, or load it with ``--resume`` (an existing one without it is an error).
+
+    Refused before anything is written: a run directory whose tune.json, study or trial
+    evidence belongs to another study, and a study set up with other settings.
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    config = ctx.config
+    settings = StudySettings.of(ctx)
+    check_run_dir(ctx.run_dir, settings)
+    url = storage_url(ctx)
+    local = config.storage is None
+    name = ctx.study_name
+    evidence = _trial_dirs(ctx.run_dir)  # listed before the study is read: see below
+    if local and evidence and not RunLayout(ctx.run_dir).study_db.is_file():
+        raise ConfigError(
+            f"run directory {ctx.run_dir} holds trials (trials/{evidence[0]:03d}...) but no "
+            "study.db: they belong to a study kept elsewhere or lost; accepted: another "
+            "--run-dir, or --storage URL of their study"
+        )
+    if url.startswith("sqlite"):
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    storage = open_storage(url)
+    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
+    names = study_names(storage)
+    where = f"study.db in {ctx.run_dir}" if local else redact_url(url)
+    others = [n for n in names if n != name]
+    if local and others:
+        raise ConfigError(
+            f"run directory {ctx.run_dir} belongs to study {others[0]!r} (its study.db); given "
+            f"--study {name!r}; accepted: --study {others[0]} (with --resume) to continue it, "
+            "or another --run-dir for a new study"
+        )
+    n_trials = existing[name].n_trials if name in existing else 0
+    if name in existing:
+        attrs = storage.get_study_user_attrs(storage.get_study_id_from_name(name))
+        recorded = (
+            StudySettings.model_validate(attrs[SETTINGS_ATTR]).flat()
+            if SETTINGS_ATTR in attrs
+            else _legacy_study_settings(attrs)
+        )
+        _refuse_other_settings(f"study {name!r} in {where}", name, recorded, settings.flat())
+        _refuse_other_measurement(f"study {name!r} in {where}", attrs, config)
+    if n_trials > 0 and not config.resume:
+        raise ConfigError(
+            f"study {name!r} already has {n_trials} trials in {where}; accepted: --resume to "
+            "continue it, or --study NEW for a new one"
+        )
+    # Trial n writes trials/<n>; a directory there numbered past the study's trials holds
+    # another study's evidence, which its next trials would overwrite. (Listed first: a
+    # trial is in the storage before its directory is made, so other workers' new trials
+    # are counted.)
+    foreign = [n for n in evidence if n >= n_trials]
+    if foreign:
+        raise ConfigError(
+            f"run directory {ctx.run_dir} holds trials/{foreign[0]:03d}, which study {name!r} "
+            f"in {where} did not write ({n_trials} trial(s)); accepted: another --run-dir"
+        )
+    study = optuna.create_study(
+        study_name=name,
+        storage=storage,
+        directions=config.objective.directions,
+        sampler=make_sampler(
+            config.objective,
+            seed=sampler_seed(config.seed, trials_so_far=n_trials, shared=not local),
+            n_trials=config.trials,
+        ),
+        load_if_exists=True,
+    )
+    return OpenStudy(study=study, claims=Claims(storage, name), settings=settings)
+
+
+@dataclass(frozen=True)
+class OpenStudy:
+    study: Any  # optuna.Study
+    claims: Claims
+    settings: StudySettings
+
+
+def sampler_seed(seed: int, *, trials_so_far: int, shared: bool) -> int:
+    """The sampler's seed: ``--seed`` for a new study of one worker (repeatable), mixed with
+    the trials the study already has, so a resumed sampler does not replay the draws of the
+    run before it, and with the worker's host and pid in a shared study, so workers seeded
+    alike do not suggest the same settings (a shared study is not repeatable anyway)."""
+    import socket
+    import zlib
+
+    if trials_so_far == 0 and not shared:
+        return seed
+    identity = f"{socket.gethostname()}:{os.getpid()}" if shared else ""
+    return zlib.crc32(f"{seed}:{trials_so_far}:{identity}".encode())
+
+
+def fail_interrupted(study: Any, *, local: bool) -> int:
+    """Trials left RUNNING by a crashed worker: failed (and retried by the storage's callback).
+
+    With a local SQLite study no other worker can be running, so every RUNNING trial
+    was cut off; elsewhere only those whose heartbeat stopped.
+    """
+    from optuna.trial import TrialState
+
+    if not local:
+        before = len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+        fail_stale(study)
+        return len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,))) - before
+    storage = study._storage
+    failed = 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+            failed += 1
+            retry_trial(study, trial)
+    return failed
+
+
+def retry_trial(study: Any, trial: Any) -> None:
+    """Enqueue a cut-off trial again with its settings and its role, so that a resumed
+    study still measures what it was measuring (vLLM's defaults above all: the baseline
+    every recommendation is compared with)."""
+    attrs: dict[str, Any] = {"retried_from": trial.number}
+    if "role" in trial.user_attrs:
+        attrs["role"] = trial.user_attrs["role"]
+    # An enqueued trial cut off before its first suggestion has its settings here only.
+    params = trial.params or trial.system_attrs.get("fixed_params") or {}
+    study.enqueue_trial(params, user_attrs=attrs)
+
+
+class TrialLoop:
+    """Runs trials until the study has ``trials`` complete ones or the time is up."""
+
+    def __init__(
+        self,
+        ctx: TuneContext,
+        opened: OpenStudy,
+        registry: ChildRegistry,
+        *,
+        deadline_s: float,
+        progress: Progress,
+    ) -> None:
+        self.ctx = ctx
+        self.study = opened.study
+        self.claims = opened.claims
+        self.settings = opened.settings
+        self.registry = registry
+        self.deadline_s = deadline_s
+        self.progress = progress
+        self.trial_estimate_s = 0.0
+        self._predicted: dict[str, SustainedRate] = {}
+        self._current_trial: int | None = None
+
+    # -- set-up shared by every worker --------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Time scale, streamed share, calibration and the baseline trial, decided once per
+        study: the first worker claims the set-up (``Claims``), the others wait for it
+        and adopt what it chose."""
+        import optuna
+
+        attrs = self.study.user_attrs
+        if "time_scale" not in attrs:
+            if self.claims.take(Duty.PREPARE):
+                time_scale, fraction = self._choose_measurement()
+                for key, value in {
+                    SETTINGS_ATTR: self.settings.model_dump(mode="json"),
+                    "model": self.ctx.config.model,
+                    "gpu": self.ctx.gpu_name,
+                    "backend": self.ctx.backend.value,
+                    "vllm_version": str(self.ctx.version),
+                    "workload": self.ctx.workload.name,
+                    "objective": self.ctx.config.objective.value,
+                    "space": self.ctx.space.describe(),
+                    "stream_fraction": fraction,
+                }.items():
+                    self.study.set_user_attr(key, value)
+                if not self.study.trials:
+                    defaults = vllm_defaults(
+                        self.ctx.space, self.ctx.version, self.ctx.gpu_or_default
+                    )
+                    self.study.enqueue_trial(
+                        self.ctx.space.to_optuna(defaults),
+                        user_attrs={"role": TrialRole.DEFAULT.value},
+                    )
+                self.study.set_user_attr("time_scale", time_scale)  # last: set-up complete
+            else:
+                self.progress("another worker is setting this study up; waiting for it")
+                deadline = time.monotonic() + PREPARE_WAIT_S
+                while "time_scale" not in self.study.user_attrs:
+                    if time.monotonic() > deadline:
+                        raise ConfigError(
+                            f"study {self.study.study_name!r}: the worker setting it up did not "
+                            f"finish within {PREPARE_WAIT_S:.0f} s; accepted: start again with --resume"
+                        )
+                    time.sleep(1.0)
+            attrs = optuna.load_study(
+                study_name=self.study.study_name, storage=self.study._storage
+            ).user_attrs
+        self.ctx.time_scale = float(attrs["time_scale"])
+        self.ctx.stream_fraction = float(attrs.get("stream_fraction", 1.0))
+        if "calibration" in attrs and self.ctx.calibration is None:
+            self.ctx.calibration = Calibration.model_validate(attrs["calibration"])
+
+    def _choose_measurement(self) -> tuple[float, float]:
+        """The simulator's time scale and the share of requests streamed, so the load
+        generator keeps up with the busiest rate the search will offer."""
+        ctx = self.ctx
+        config = ctx.config
+        fraction = config.stream_fraction
+        if ctx.backend is not Backend.SIM and fraction is not None:
+            return 1.0, fraction
+        if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+            return config.time_scale or 1.0, fraction or 1.0
+        defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu)
+        rate = self.predicted_max_rate(defaults, config.rate or ctx.workload.mean_rate_per_s)
+        if rate <= 0:
+            return config.time_scale or 1.0, fraction or 1.0
+        # What the busiest level offers: its schedule's requests and tokens per second.
+        busiest_s = config.level_duration_s or MIN_WINDOW_S
+        spec = level_workload(ctx.workload, rate * 1.3, busiest_s)
+        schedule = [r for r in plan_schedule(spec) if not r.warmup]
+        requests_per_s = len(schedule) / busiest_s
+        tokens_per_s = sum(r.max_tokens for r in schedule) / busiest_s
+        if fraction is None:
+            fraction = auto_stream_fraction(
+                tokens_per_s, requests_per_s, config.max_events_per_s, config.min_stream_fraction
+            )
+        if ctx.backend is not Backend.SIM:
+            scale = 1.0
+        elif config.time_scale is not None:
+            scale = config.time_scale
+        else:
+            scale = auto_time_scale(tokens_per_s, requests_per_s, config.max_events_per_s, fraction)
+        self.progress(
+            f"the busiest level offers ~{requests_per_s:,.0f} requests/s and "
+            f"~{tokens_per_s:,.0f} tokens/s: streaming {fraction:.0%} of requests"
+            + (
+                f", the simulated GPU's clock {scale:g}x slower (results in its own time)"
+                if scale != 1.0
+                else ""
+            )
+        )
+        return scale, fraction
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def complete_trials(self) -> list[Any]:
+        from optuna.trial import TrialState
+
+        return list(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+
+    def running_trials(self) -> list[Any]:
+        from optuna.trial import TrialState
+
+        return list(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+    def run(self) -> None:
+        """Run trials until the study has ``trials`` complete ones and none running.
+
+        Between its trials a worker runs none, so the RUNNING trials are other
+        workers': it starts another only while complete and running trials together
+        are fewer than wanted, and otherwise waits for them (until its deadline), so
+        the finalize sees every trial. A worker that died mid-trial stops sending
+        heartbeats: its trial is failed here and retried (the storage's callback
+        enqueues it with the same settings), and a waiting worker runs the retry.
+        """
+        wanted = self.ctx.config.trials
+        said_waiting = False
+        while True:
+            fail_stale(self.study)
+            done = len(self.complete_trials())
+            running = len(self.running_trials())
+            left = self.deadline_s - time.monotonic()
+            if done >= wanted and running == 0:
+                return
+            if done + running >= wanted:
+                if left <= 0:
+                    self.progress(
+                        f"time budget spent: not waiting for the {running} trial(s) other "
+                        "workers are running"
+                    )
+                    return
+                if not said_waiting:
+                    self.progress(
+                        f"{done} trial(s) complete, {running} running on other workers: "
+                        "waiting for them"
+                    )
+                    said_waiting = True
+                time.sleep(OTHERS_POLL_S)
+                continue
+            said_waiting = False
+            if done > 0 and left < self.trial_estimate_s:
+                self.progress(
+                    f"time budget: {left:.0f} s left, a trial takes ~{self.trial_estimate_s:.0f} s; "
+                    "stopping the search"
+                )
+                return
+            began = time.monotonic()
+            try:
+                self.study.optimize(self._objective, n_trials=1, catch=())
+            except KeyboardInterrupt:  # SIGINT or SIGTERM: Optuna has failed the trial
+                self._retry_cut_off()
+                raise
+            took = time.monotonic() - began
+            self.trial_estimate_s = (
+                max(self.trial_estimate_s * 0.5, took) if self.trial_estimate_s else took
+            )
+
+    def _retry_cut_off(self) -> None:
+        """The trial an interruption cut off runs again, with the same settings, on
+        ``--resume``: an interrupted trial measured nothing."""
+        from optuna.trial import TrialState
+
+        number = self._current_trial
+        if number is None:
+            return
+        trial = self.study.get_trials(deepcopy=False)[number]
+        if trial.state is TrialState.FAIL:
+            retry_trial(self.study, trial)
+            log.info("trial %d was interrupted; --resume runs it again", number)
+
+    def _objective(self, trial: Any) -> float | tuple[float, float]:
+        self._current_trial = trial.number
+        ctx = self.ctx
+        params = ctx.space.suggest(trial)
+        role = trial.user_attrs.get("role", TrialRole.SEARCH.value)
+        out_dir = RunLayout(ctx.run_dir).trial_dir(trial.number)
+        if out_dir.is_dir() and any(out_dir.iterdir()):
+            # Trial n of this study is the only writer of trials/<n>: what is there is
+            # another study's evidence (open_study refuses such a run directory up front).
+            raise ConfigError(
+                f"{out_dir} already holds another trial's evidence, which trial "
+                f"{trial.number} of study {self.study.study_name!r} would overwrite; "
+                "accepted: another --run-dir"
+            )
+        start = self.start_rate(params)
+        evaluation = evaluate(
+            ctx, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
+            predicted_rate_per_s=self.predicted_rate(params),
+            predicted_answer_times=self.predicted_answer_times(params),
+        )  # fmt: skip
+        self._calibrate(evaluation)
+        record(trial, evaluation, role=role)
+        self.progress(self._line(trial.number, evaluation))
+        return objective_values(ctx.config.objective, evaluation)
+
+    def start_rate(self, params: TrialParams) -> float | None:
+        """The first rate to measure: 10% below the simulator's prediction for these
+        settings (so the first level usually holds and the next one brackets the edge),
+        else the best goodput so far, else the workload's own rate."""
+        ctx = self.ctx
+        fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
+        if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+            return fallback
+        predicted = self.predicted_max_rate(params, fallback)
+        return predicted * 0.9 if predicted > 0 else fallback
+
+    def predicted_rate(self, params: TrialParams) -> float | None:
+        """The twin's sustained rate for these settings, where it can place one."""
+        ctx = self.ctx
+        if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+            return None
+        fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
+        return self.predicted_max_rate(params, fallback) or None
+
+    def predicted_answer_times(self, params: TrialParams) -> AnswerTimes | None:
+        """The twin's answer times at its sustained rate (computed with it, so cached)."""
+        cached = self._predicted.get(params.model_dump_json())
+        return cached.answer_times if cached is not None else None
+
+    def predicted_max_rate(self, params: TrialParams, start: float | None) -> float:
+        """The simulator's highest arrival rate it sustains in the steady state, a level's
+        warm-up and window long (``tuner.search.predict.sustained_rate``; cached per settings)."""
+        ctx = self.ctx
+        key = params.model_dump_json()
+        if key not in self._predicted:
+            assert ctx.gpu is not None
+            setup = Setup(ctx.model, ctx.gpu, ctx.version, params.serving(ctx.base))
+            rate = start or ctx.workload.mean_rate_per_s
+            _, plan, _ = plan_level_schedule(
+                ctx.workload, rate, window_s=ctx.config.level_duration_s,
+                warmup_s=ctx.config.level_warmup_s,
+            )  # fmt: skip
+            self._predicted[key] = sustained_rate(
+                setup, ctx.workload, warmup_s=plan.warmup_max_s, window_s=plan.window_s,
+                start_rate_per_s=start, precision=0.05, max_runs=10,
+            )  # fmt: skip
+        return self._predicted[key].rate_per_s
+
+    def best_rate(self) -> float | None:
+        rates = [
+            float(t.user_attrs["rate_per_s"])
+            for t in self.complete_trials()
+            if t.user_attrs.get("verdict") == Verdict.MET and t.user_attrs.get("rate_per_s")
+        ]
+        return max(rates) if rates else None
+
+    def _calibrate(self, evaluation: Evaluation) -> None:
+        ctx = self.ctx
+        if ctx.calibration is not None or evaluation.startup is None or ctx.gpu is None:
+            return
+        try:
+            calibration = calibration_from_report(
+                evaluation.startup, source=str(Path(evaluation.dir) / "server.log")
+            )
+        except ConfigError:
+            return
+        except Exception:  # a log without the memory summary: keep the uncalibrated model
+            log.info("no calibration from %s", evaluation.dir, exc_info=True)
+            return
+        ctx.calibration = calibration
+        self.study.set_user_attr("calibration", calibration.model_dump(mode="json"))
+        (ctx.run_dir / "calibration.json").write_text(
+            calibration.model_dump_json(indent=2), encoding="utf-8"
+        )
+        self.progress(f"memory model calibrated from {calibration.source}")
+
+    def _line(self, number: int, ev: Evaluation) -> str:
+        best = best_trial(self.study)
+        best_text = "best -"
+        if best is not None:
+            at_least = best.user_attrs.get("goodput_bound") == GoodputBound.LOWER_BOUND
+            arrivals = best.user_attrs.get("goodput_arrival_rate_per_s", best.user_attrs["goodput"])
+            unit = _unit_of(best.user_attrs.get("goodput_unit"))
+            best_text = (
+                f"best {'>=' if at_least else ''}{arrivals:.2f} {unit.label} (#{best.number})"
+            )
+        left = max(0.0, self.deadline_s - time.monotonic())
+        if ev.verdict is Verdict.MET:
+            what = f"goodput {ev.stated_goodput.text()}  p99 TTFT {ev.p99_ttft_ms or 0:,.0f} ms"
+        elif ev.failure is not None:
+            what = f"{ev.failure.kind.value}"
+        else:
+            what = ev.backlog_note or "SLO missed at every rate"
+        return (
+            f"trial {number:>3}  {ev.params.short():<52} {ev.verdict.value:<14} {what:<44} "
+            f"{best_text}  {left / 60:4.1f} min left"
+        )
+
+
+def _unit_of(value: object) -> GoodputUnit:
+    """A recorded goodput unit (requests/s when recorded before units were)."""
+    try:
+        return GoodputUnit(str(value))
+    except ValueError:
+        return GoodputUnit.REQUESTS_PER_S
+
+
+def fail_stale(study: Any) -> None:
+    """Fail the trials of workers whose heartbeat stopped (each is retried by the storage's
+    callback); what Optuna does itself before each trial, here also while waiting."""
+    import warnings
+
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def mark_finalized(study: Any, run_dir: Path) -> None:
+    """Tell the other workers the edge search, recommendation and report are written."""
+    import socket
+
+    study.set_user_attr(
+        FINALIZED_ATTR, {"host": socket.gethostname(), "run_dir": str(run_dir), "at": time.time()}
+    )
+
+
+def wait_finalized(study: Any, *, deadline_s: float, progress: Progress) -> bool:
+    """Wait (until ``deadline_s``, monotonic) for the worker that claimed the finalize."""
+    while FINALIZED_ATTR not in study.user_attrs:
+        if time.monotonic() > deadline_s:
+            progress("the finalizing worker did not finish in time; reporting what is here")
+            return False
+        time.sleep(OTHERS_POLL_S)
+    where = study.user_attrs[FINALIZED_ATTR]
+    progress(f"finalized by the worker on {where.get('host')} in {where.get('run_dir')}")
+    return True
+
+
+def objective_values(objective: Objective, ev: Evaluation) -> float | tuple[float, float]:
+    if objective is Objective.GOODPUT:  # in the workload's unit: the rate the search set
+        return ev.stated_goodput.arrival_rate_per_s if ev.verdict.feasible else 0.0
+    if objective is Objective.THROUGHPUT:
+        return ev.throughput if ev.verdict.feasible else 0.0
+    p99 = ev.p99_ttft_ms if ev.verdict.feasible and ev.p99_ttft_ms is not None else 1e9
+    return (ev.throughput if ev.verdict.feasible else 0.0, p99)
+
+
+def record(trial: Any, ev: Evaluation, *, role: str) -> None:
+    """User attributes (what the report and other workers read) and constraints."""
+    starts = ev.verdict not in (Verdict.SCREENED, Verdict.STARTUP_FAILED)
+    trial.set_constraint("starts", 0.0 if starts else 1.0)
+    trial.set_constraint("survives", 1.0 if ev.verdict is Verdict.DIED else 0.0)
+    trial.set_constraint("slo", 0.0 if ev.verdict.feasible else 1.0)
+    best = ev.best.load if ev.best else None
+    attrs: dict[str, Any] = {
+        "role": role,
+        "verdict": ev.verdict.value,
+        "outcome": ev.outcome.value if ev.outcome else None,
+        "dir": ev.dir,
+        "flags": ev.flags,
+        "goodput": ev.goodput,
+        "goodput_bound": ev.goodput_bound.value,
+        "throughput": ev.throughput,
+        # the goodput in the workload's own unit (conversations/s where it has sessions):
+        # what the sampler and best_trial compare (a window's requests per conversation
+        # vary with its few hundred requests; the conversations/s is the rate it was sent
+        # at); "goodput" above stays requests/s
+        "goodput_unit": ev.stated_goodput.unit.value,
+        "goodput_arrival_rate_per_s": ev.stated_goodput.arrival_rate_per_s,
+        "rate_per_s": ev.rate_per_s,
+        "failure_kind": ev.failure.kind.value if ev.failure else None,
+        "failure_message": ev.failure.message[:300] if ev.failure else None,
+        "p99_ttft_ms": best.ttft_ms.p99 if best else None,
+        "p99_itl_ms": best.itl_ms.p99 if best else None,
+        "p99_e2e_ms": best.e2e_ms.p99 if best else None,
+        "peak_used_bytes": ev.gpu.peak_used_bytes if ev.gpu else None,
+        "total_bytes": ev.gpu.total_bytes if ev.gpu else None,
+        "kv_cache_tokens": ev.startup.kv_cache_tokens if ev.startup else None,
+        "levels": len(ev.levels),
+    }
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    # The whole evaluation too (~20 kB): a worker on another host finalizing the study
+    # reads it from the storage when this run directory is not on its filesystem.
+    trial.set_user_attr(EVALUATION_ATTR, ev.model_dump(mode="json"))
+
+
+def best_trial(study: Any) -> Any | None:
+    """The feasible trial with the highest goodput in the workload's unit (ties: the
+    higher throughput)."""
+    from optuna.trial import TrialState
+
+    feasible = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.user_attrs.get("verdict") == Verdict.MET.value
+    ]
+    if not feasible:
+        return None
+
+    def key(t: Any) -> tuple[float, float]:
+        attrs = t.user_attrs
+        return (attrs.get("goodput_arrival_rate_per_s", attrs["goodput"]), attrs["throughput"])
+
+    return max(feasible, key=key)
+
+
+def default_trial(study: Any) -> Any | None:
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("role") == TrialRole.DEFAULT:
+            return t
+    return None
+
+
+def load_evaluation(trial: Any) -> Evaluation | None:
+    """The trial's evaluation.json, else (run by a worker on another host) its copy in the
+    study."""
+    path = evaluation_json(str(trial.user_attrs.get("dir", "")))
+    try:
+        return Evaluation.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    try:
+        return Evaluation.model_validate(trial.user_attrs[EVALUATION_ATTR])
+    except (KeyError, ValueError):
+        return None

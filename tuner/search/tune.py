@@ -1,0 +1,370 @@
+"""The whole tuning job: search, OOM edge, recommendation, report; what `tuner tune` runs.
+
+    runs/<study>/
+        tune.json              the resolved configuration: backend, GPU, vLLM, space, left-out knobs
+        tune.log               the harness's own log
+        study.db               the Optuna study (unless --storage names another)
+        calibration.json       the memory model's calibration from the first real startup
+        trials/<n>/            one directory per trial (evaluation.json, server.log, gpu.csv, level-*/)
+        edge/                  the OOM-edge probes (probe.json each) and edge.json
+        confirm/<variant>/     the confirmation runs
+        recommendation/        vllm-args.txt, vllm-config.yaml, kubernetes.yaml, recommendation.json
+                               and conservative/, aggressive/ beside it
+        report.html            the capacity-review report
+        summary.json           what the run came to, for scripts
+
+With several workers on one study (``--storage`` shared), every worker runs trials
+until the study has enough and waits for the other workers' last trials; the first
+to finish claims the edge search and the recommendation (``tuner.search.study.Claims``, once
+per study); the others wait for it to finish and then write the report into
+their own run directory (the same one for workers on one host sharing it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.errors import TunerError
+from tuner.rundir import RunLayout
+from tuner.search.config import TuneConfig
+from tuner.search.context import TuneContext, resolve
+from tuner.search.edge import EdgeResult, find_edge
+from tuner.search.rate_search import (
+    Goodput,
+    GoodputBound,
+    GoodputUnit,
+    drain_s,
+    plan_level_schedule,
+)
+from tuner.search.recommend import Recommendation, recommend
+from tuner.search.space import TrialParams
+from tuner.search.study import (
+    Duty,
+    OpenStudy,
+    TrialLoop,
+    best_trial,
+    default_trial,
+    fail_interrupted,
+    load_evaluation,
+    mark_finalized,
+    open_study,
+    redact_url,
+    storage_location,
+    storage_url,
+    wait_finalized,
+)
+from tuner.serving.processes import ChildRegistry
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+class WrittenReport(Protocol):
+    """What a report writer hands back: where it wrote, and why the study was left out
+    when it was (``reports.html.WrittenReport``)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def study_note(self) -> str | None: ...
+
+
+# Writes a finished run's report: (run directory, storage URL) -> what it wrote. The
+# command passes ``reports.html.write_report_noting`` in (the tuning job never imports
+# the reports, which read what it wrote).
+ReportWriter = Callable[[Path, str | None], WrittenReport]
+
+FINALIZE_GRACE_S = 600.0  # past its own budget, how long a worker waits for the finalizing one
+
+
+class TuneSummary(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    study: str
+    run_dir: str
+    backend: str
+    trials: int
+    feasible: int
+    best_trial: int | None
+    best_goodput: float | None  # requests/s the best trial offered at its best rate
+    # BRACKETED: a higher rate broke the SLOs; LOWER_BOUND: none did within the level
+    # budget, so the best trial holds at least best_goodput (None: no feasible trial)
+    best_goodput_bound: GoodputBound | None = None
+    best_goodput_is_lower_bound: bool = False
+    # the best trial's goodput stated whole: arrival_rate_per_s in the workload's unit
+    # (conversations/s where it has sessions), requests_per_s (= best_goodput) and
+    # output_tokens_per_s; best_goodput_unit repeats its unit
+    best_goodput_unit: GoodputUnit | None = None
+    best_goodput_figures: Goodput | None = None
+    finalized_here: bool
+    recommendation: str | None
+    report: str | None
+    wall_s: float
+
+
+def describe(ctx: TuneContext) -> dict[str, Any]:
+    return {
+        "study": ctx.study_name,
+        "config": {  # the storage URL's password stays out of the run directory
+            **ctx.config.model_dump(mode="json"),
+            "storage": redact_url(ctx.config.storage) if ctx.config.storage else None,
+        },
+        "backend": ctx.backend.value,
+        "model": ctx.model.name,
+        "gpu": ctx.gpu_name,
+        "vllm_version": str(ctx.version),
+        "vllm_cmd": list(ctx.vllm_cmd),
+        "workload": ctx.workload.model_dump(mode="json"),
+        "space": [r.model_dump(mode="json") for r in ctx.space.ranges],
+        "left_out": [o.model_dump(mode="json") for o in ctx.space.left_out],
+        "notes": ctx.notes,
+        "storage": storage_location(storage_url(ctx)),
+    }
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a run killed mid-write leaves the old file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _reserve_s(ctx: TuneContext) -> float:
+    """Wall time kept back for the edge search and the confirmation runs: what they take
+    in the usual case (the calibrated model puts the edge within three launches, a
+    confirmation measures two or three rates)."""
+    c = ctx.config
+    k = ctx.time_scale
+    overhead = 10.0  # launch, readiness, load generator start
+    edge_launches = min(c.max_edge_launches, 3)
+    edge = edge_launches * (overhead + c.edge_load_s * k) if c.edge else 0.0
+    rate = c.rate or ctx.workload.mean_rate_per_s
+    _, plan, _ = plan_level_schedule(
+        ctx.workload, rate, window_s=c.level_duration_s, warmup_s=c.level_warmup_s
+    )
+    level = (plan.warmup_min_s + plan.window_s + drain_s(ctx.workload)) * k + 4.0
+    warm = ctx.workload.warmup.duration_s * k
+    confirm = (
+        (overhead + warm + 3 * level) * c.repeats + 2 * (overhead + warm + level)
+        if c.confirm
+        else 0.0
+    )
+    return 1.25 * (edge + confirm)  # a busy machine runs them slower than planned
+
+
+def _log_to(path: Path) -> logging.Handler:
+    """INFO and up into the run's own log; the terminal keeps its level (progress lines only)."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        for existing in root.handlers:
+            if existing.level == logging.NOTSET:
+                existing.setLevel(root.level or logging.WARNING)
+        root.setLevel(logging.INFO)
+    root.addHandler(handler)
+    return handler
+
+
+def run_tune(
+    config: TuneConfig, progress: Progress, write_report: ReportWriter | None = None
+) -> TuneSummary:
+    """The tuning job end to end; ``write_report``: the report writer (None: no report)."""
+    began = time.monotonic()
+    ctx = resolve(config)  # every bad value fails here, before anything is launched
+    # A run directory or a study of another study (or other settings) is refused here,
+    # before anything is written into it.
+    opened = open_study(ctx)
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    handler = _log_to(RunLayout(ctx.run_dir).tune_log)
+    try:
+        return _run(ctx, opened, progress, began, write_report)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def _run(
+    ctx: TuneContext,
+    opened: OpenStudy,
+    progress: Progress,
+    began: float,
+    write_report: ReportWriter | None,
+) -> TuneSummary:
+    config = ctx.config
+    study = opened.study
+    registry = ChildRegistry(ctx.run_dir)
+    for note in registry.stop_leftovers():
+        progress(f"tuner: {note}")
+    for note in ctx.notes:
+        progress(note)
+    progress(
+        f"tuning {ctx.model.name} on {ctx.gpu_name or 'CPU'} (vLLM {ctx.version}, "
+        f"{ctx.backend.value} backend), workload {ctx.workload.name}, objective {config.objective.value}"
+    )
+    for line in ctx.space.describe():
+        progress(f"  {line}")
+    with registry.guard():
+        if config.resume:
+            failed = fail_interrupted(study, local=config.storage is None)
+            if failed:
+                progress(
+                    f"resume: {failed} trial(s) cut off by an earlier run marked failed and retried"
+                )
+        deadline = began + config.budget_min * 60.0
+        loop = TrialLoop(ctx, opened, registry, deadline_s=deadline, progress=progress)
+        loop.prepare()
+        _write_atomic(
+            RunLayout(ctx.run_dir).tune_json,
+            json.dumps({**describe(ctx), "time_scale": ctx.time_scale}, indent=2, default=str),
+        )
+        loop.deadline_s = deadline - _reserve_s(ctx)
+        loop.run()
+        best = best_trial(study)
+        complete = loop.complete_trials()
+        feasible = sum(1 for t in complete if t.user_attrs.get("verdict") == "met")
+        rec: Recommendation | None = None
+        finalized = False
+        if best is None:
+            progress("no trial met the SLOs: no recommendation (see the trials' evaluation.json)")
+        elif opened.claims.take(Duty.FINALIZE) or config.storage is None:
+            # (the study in the run directory has no other worker: a resumed run finalizes
+            # again, also when an earlier run claimed it and was cut off or had fewer trials)
+            finalized = True
+            rec = _finalize(ctx, study, best, registry, progress, loop.start_rate)
+        else:
+            progress(
+                "another worker of this study finalizes it (edge search, recommendation); "
+                "waiting for it to finish, then writing the report here"
+            )
+            wait_finalized(study, deadline_s=deadline + FINALIZE_GRACE_S, progress=progress)
+        report = _report(ctx, progress, write_report) if write_report is not None else None
+    best_bound = _bound_of(best)
+    best_figures = _figures_of(best)
+    summary = TuneSummary(
+        study=ctx.study_name,
+        run_dir=str(ctx.run_dir),
+        backend=ctx.backend.value,
+        trials=len(complete),
+        feasible=feasible,
+        best_trial=best.number if best is not None else None,
+        best_goodput=float(best.user_attrs["goodput"]) if best is not None else None,
+        best_goodput_bound=best_bound,
+        best_goodput_is_lower_bound=best_bound is GoodputBound.LOWER_BOUND,
+        best_goodput_unit=best_figures.unit if best_figures is not None else None,
+        best_goodput_figures=best_figures,
+        finalized_here=finalized,
+        recommendation=str(RunLayout(ctx.run_dir).recommendation_dir) if rec is not None else None,
+        report=str(report) if report else None,
+        wall_s=time.monotonic() - began,
+    )
+    _write_summary(RunLayout(ctx.run_dir).summary_json, summary)
+    if finalized:
+        mark_finalized(study, ctx.run_dir)
+    return summary
+
+
+def _bound_of(trial: Any | None) -> GoodputBound | None:
+    """The trial's goodput bound as it recorded it (None: no trial, or recorded before
+    the bound was)."""
+    value = trial.user_attrs.get("goodput_bound") if trial is not None else None
+    try:
+        return GoodputBound(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _figures_of(trial: Any | None) -> Goodput | None:
+    """The trial's goodput stated whole, from its evaluation (None: no trial, or its
+    evidence is on no host this worker reads)."""
+    evaluation = load_evaluation(trial) if trial is not None else None
+    return evaluation.stated_goodput if evaluation is not None else None
+
+
+def _write_summary(path: Path, summary: TuneSummary) -> None:
+    """summary.json, unless the worker that finalized this study wrote it into this (shared)
+    run directory: another worker's summary does not replace it."""
+    if not summary.finalized_here and path.exists():
+        try:
+            there = TuneSummary.model_validate_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            there = None
+        if there is not None and there.study == summary.study and there.finalized_here:
+            return
+    path.write_text(summary.model_dump_json(indent=2), encoding="utf-8")
+
+
+def _finalize(
+    ctx: TuneContext,
+    study: Any,
+    best: Any,
+    registry: ChildRegistry,
+    progress: Progress,
+    start_rate: Callable[[TrialParams], float | None],
+) -> Recommendation | None:
+    evaluation = load_evaluation(best)
+    if evaluation is None:
+        progress(f"the best trial's evidence ({best.user_attrs.get('dir')}) is not on this host")
+        return None
+    default = default_trial(study)
+    default_eval = load_evaluation(default) if default is not None else None
+    edge: EdgeResult | None = None
+    if ctx.config.edge:
+        progress(f"OOM edge of trial {best.number}'s settings: {evaluation.params.short()}")
+        edge = find_edge(ctx, evaluation.params, registry, progress)
+    rec = recommend(
+        ctx, best_number=best.number, best=evaluation, default=default_eval, edge=edge,
+        registry=registry, progress=progress, start_rate=start_rate,
+    )  # fmt: skip
+    _say_recommendation(rec, ctx.run_dir, progress)
+    return rec
+
+
+def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) -> None:
+    r = rec.recommended
+    progress("")
+    progress(
+        f"recommended for {rec.model} on {rec.gpu} ({'SIMULATED' if rec.simulated else 'measured'}):"
+    )
+    for line in r.command.splitlines():
+        progress(f"  {line}")
+    if r.measured is not None:
+        progress(f"  goodput {r.measured.stated_goodput.text()} within {'; '.join(rec.slo)}")
+    if rec.default is not None and rec.default.measured is not None:
+        progress(f"  vLLM defaults: goodput {rec.default.measured.stated_goodput.text()}")
+    if rec.edge is not None and rec.edge.utilization is not None:
+        e = rec.edge.utilization
+        progress(
+            f"  OOM edge: gpu-memory-utilization {e.highest_ok} held, {e.lowest_failed} failed "
+            f"({e.launches} launches); headroom kept {r.utilization_headroom}"
+        )
+    if rec.capacity is not None:
+        c = rec.capacity
+        progress(
+            f"  capacity: {c.text()}"
+            + ("; each replica may hold more" if c.replicas_is_upper_bound else "")
+        )
+    progress(f"  configs in {run_dir / 'recommendation'}/ (version hash {rec.version_hash})")
+
+
+def _report(ctx: TuneContext, progress: Progress, write_report: ReportWriter) -> Path | None:
+    try:
+        written = write_report(ctx.run_dir, ctx.config.storage)
+    except TunerError as exc:
+        progress(f"report not written: {exc}")
+        return None
+    progress(f"report: {written.path}")
+    if written.study_note is not None:
+        progress(f"  (the report shows the run's files only: {written.study_note})")
+    return written.path

@@ -1,0 +1,12 @@
+"""What owns a process or a thread, and what a live measurement reads from them.
+
+The server's lifecycle for both backends (``server``), the registry that stops every
+child on exit and after a crash (``processes``), the NVML sampler (``gpu_sampler``),
+``/metrics`` scraping (``metrics``), load runs through the Locust runner (``load``),
+the live server of one trial and its levels (``live``), and the steady-state tests a
+level's window is judged by (``window``: when it opens; ``backlog``: whether a queue
+builds).
+
+May import ``tuner.vllm``, ``tuner.errors`` and ``workloads``; never ``tuner.search``,
+``tuner.cli`` or ``reports``.
+"""

@@ -1,0 +1,757 @@
+"""One whole trial: launch, sample GPU memory, warm up, load, scrape /metrics, stop.
+
+Everything a trial measured is written to its directory, so reports can be rebuilt
+without rerunning anything:
+
+    <trial dir>/server.log      the server's own output
+    <trial dir>/gpu.csv         GPU memory timeline
+    <trial dir>/kv-fill/        warm-up by KV-cache fill, when the workload asks for it
+    <trial dir>/warmup/         the warm-up load run (schedule, records, Locust log)
+    <trial dir>/load/           the measured load run (schedule.jsonl, requests.jsonl,
+                                locust.log, metrics.csv: /metrics over the run,
+                                backlog.json: the backlog guard's verdict, ``tuner.serving.backlog``)
+    <trial dir>/result.json     the TrialResult
+
+``LiveServer`` holds a launched server with its GPU sampler for as long as a
+caller needs it: ``tuner trial`` measures once, the tuning loop measures several
+request rates on the same server.
+
+Warm-up requests are sent as a load run of their own and finish before the
+measured window opens, so the window's token counts on the client and the
+server's /metrics counters describe the same requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.errors import WorkloadLoadError
+from tuner.rundir import BACKLOG_JSON
+from tuner.serving.backlog import BacklogCheck, check_backlog, clearly_growing
+from tuner.serving.gpu_sampler import (
+    GpuSampler,
+    GpuSummary,
+    ProcessTree,
+    make_source,
+    release_watch,
+)
+from tuner.serving.load import (
+    LOCAL_LOAD,
+    LoadGenerators,
+    SloVerdict,
+    plan_schedule,
+    run_schedule,
+    split_warmup,
+    summarise_records,
+)
+from tuner.serving.metrics import (
+    KvUsageWatcher,
+    MetricsSample,
+    ServerCounters,
+    read_metrics_csv,
+    scrape,
+)
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
+from tuner.serving.window import WINDOW_FILE, LevelPlan, WindowOpening, steady_opening
+from workloads.metrics import LoadResult
+from workloads.schedule import (
+    RequestRecord,
+    ScheduledRequest,
+    read_records,
+    read_schedule,
+    sample_streams,
+)
+from workloads.spec import SloMetric, WarmupSpec, WorkloadSpec
+
+log = logging.getLogger(__name__)
+
+
+class Measurement(BaseModel):
+    """One measured load run on a live server, in the emulated GPU's time."""
+
+    model_config = ConfigDict(frozen=True)
+
+    out_dir: str
+    outcome: TrialOutcome  # READY, or how the engine died during the run
+    load: LoadResult
+    slo: SloVerdict
+    server: ServerCounters | None = None
+    death: StartupResult | None = None
+    client_saturated: bool = False
+    client_saturation_reason: str | None = None
+    stopped_early: bool = False  # by the SLO stop rule
+    backlog: BacklogCheck | None = None  # the backlog guard on the window (tuner.serving.backlog)
+    stopped_by_backlog: bool = False  # the queue grew clearly: stopped before its window ended
+    window: WindowOpening | None = (
+        None  # a rate-search level: when its window opened (tuner.serving.window)
+    )
+    # A rate-search level: the ids of the requests its window measured (what was sent,
+    # later turns at their answers' times), for its evidence; not written out.
+    measured_ids: tuple[str, ...] = Field(default=(), exclude=True)
+
+
+class KvFill(BaseModel):
+    """What warm-up by KV-cache fill reached."""
+
+    model_config = ConfigDict(frozen=True)
+
+    target: float
+    reached: float | None
+    seconds: float
+    requests_sent: int
+
+
+class TrialResult(BaseModel):
+    """What one trial found: settings, startup, load, server counters, GPU, outcome."""
+
+    model_config = ConfigDict(frozen=True)
+
+    outcome: TrialOutcome
+    trial_dir: str
+    settings: dict[str, object]
+    startup: StartupResult
+    load: LoadResult | None = None
+    slo: SloVerdict | None = None
+    server: ServerCounters | None = None
+    gpu: GpuSummary | None = None
+    client_saturated: bool = False
+    client_saturation_reason: str | None = None
+    death: StartupResult | None = None
+    kv_fill: KvFill | None = None
+    backlog: BacklogCheck | None = None
+
+
+class _ServerPids:
+    """The server's process tree once it has a pid (vLLM starts worker processes)."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
+        self.tree: ProcessTree | None = None
+
+    def __call__(self) -> frozenset[int]:
+        if self.tree is None and self.server.pid is not None:
+            self.tree = ProcessTree(self.server.pid)
+        return self.tree() if self.tree is not None else frozenset()
+
+
+def settings_of(spec: LaunchSpec) -> dict[str, object]:
+    params = spec.params.model_dump(exclude_none=True, exclude={"other_process_bytes"})
+    return {
+        "backend": spec.backend.value,
+        "model": spec.model,
+        "gpu": spec.gpu,
+        "vllm_version": spec.vllm_version,
+        **params,
+        "swap_space_gib": spec.swap_space_gib,
+        "enable_prefix_caching": spec.enable_prefix_caching,
+    }
+
+
+class LiveServer:
+    """A launched server and its GPU sampler, from launch to stop (a context manager).
+
+    On entry the server is launched and waited for; ``startup`` says how that went
+    and the caller measures only when it is READY. On exit the sampler and the
+    server stop, whatever happened, and ``gpu`` holds the timeline's summary.
+    ``time_scale`` is the simulator's ``--time-scale`` (1 for vLLM);
+    ``stream_fraction`` the share of requests streamed (``workloads.schedule.sample_streams``).
+    """
+
+    def __init__(
+        self,
+        launch: LaunchSpec,
+        *,
+        trial_dir: Path,
+        registry: ChildRegistry,
+        gpu_source: str = "auto",
+        gpu_sample_interval_s: float = 0.1,
+        generators: LoadGenerators = LOCAL_LOAD,
+        stream_fraction: float = 1.0,
+    ) -> None:
+        self.launch = launch
+        self.stream_fraction = stream_fraction
+        self.trial_dir = trial_dir
+        self.registry = registry
+        self.generators = generators
+        self.time_scale = launch.sim_time_scale if launch.backend is Backend.SIM else 1.0
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        self.source_kind = (
+            gpu_source
+            if gpu_source != "auto"
+            else ("sim" if launch.backend is Backend.SIM else "nvml")
+        )
+        self.server = ServerProcess(
+            launch, registry=registry, log_path=trial_dir / "server.log",
+            memory_source=release_watch(self.source_kind),
+        )  # fmt: skip
+        self.sampler = GpuSampler(
+            make_source(self.source_kind, base_url=self.server.base_url),
+            interval_s=gpu_sample_interval_s,
+            timeline_path=trial_dir / "gpu.csv",
+            pids=_ServerPids(self.server),
+        )
+        self._sampling = False
+        self.startup: StartupResult | None = None
+        self.gpu: GpuSummary | None = None
+        self.death: StartupResult | None = None
+
+    @property
+    def model(self) -> str:
+        return self.launch.served_model_name or self.launch.model
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self.startup is not None
+            and self.startup.outcome is TrialOutcome.READY
+            and self.death is None
+        )
+
+    def __enter__(self) -> LiveServer:
+        try:
+            if self.source_kind == "nvml":  # before the launch: startup memory is in the timeline
+                self.sampler.start()
+                self._sampling = True
+            self.startup = self.server.wait_ready()
+            if self.startup.outcome is TrialOutcome.READY and not self._sampling:
+                self.sampler.start()
+                self._sampling = True
+        except BaseException:
+            self._close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        try:
+            if self._sampling:
+                self._sampling = False
+                self.gpu = self.sampler.stop()
+        finally:
+            self.server.stop()
+
+    def fill_kv_cache(self, workload: WorkloadSpec, warmup: WarmupSpec) -> KvFill | None:
+        """Warm up until the KV cache is ``warmup.kv_cache_fill`` full or ``max_s`` passed."""
+        if warmup.kv_cache_fill is None:
+            return None
+        target = warmup.kv_cache_fill
+        spec = workload.model_copy(
+            update={
+                "duration_s": warmup.max_s,
+                "warmup": WarmupSpec(),
+                "seed": workload.seed + 7919,
+            }
+        )
+        schedule = plan_schedule(spec, max_model_len=self.launch.params.max_model_len)
+        schedule = sample_streams(
+            [dataclasses.replace(r, warmup=True) for r in schedule], self.stream_fraction
+        )
+        if not schedule:
+            return KvFill(target=target, reached=None, seconds=0.0, requests_sent=0)
+        watcher = KvUsageWatcher(self.server.base_url, interval_s=0.25).start()
+        began = time.monotonic()
+        try:
+            run = run_schedule(
+                spec, schedule, base_url=self.server.base_url, model=self.model,
+                out_dir=self.trial_dir / "kv-fill", registry=self.registry,
+                generators=self.generators, time_scale=self.time_scale,
+                stop_when=lambda: (watcher.peak or 0.0) >= target,
+            )  # fmt: skip
+        finally:
+            reached = watcher.stop()
+        return KvFill(
+            target=target,
+            reached=reached,
+            seconds=time.monotonic() - began,
+            requests_sent=run.run.num_records,
+        )
+
+    def warm_up(self, workload: WorkloadSpec, warm: list[ScheduledRequest]) -> None:
+        """Send the workload's own warm-up requests; stopped once the last one is sent, so
+        the measured window never waits for the warm-up's longest answers."""
+        if not warm:
+            return
+        out_dir = self.trial_dir / "warmup"
+        due = self._after_schedule(warm, drain_s=0.0)
+        try:
+            run_schedule(
+                workload, sample_streams(warm, self.stream_fraction),
+                base_url=self.server.base_url, model=self.model, out_dir=out_dir,
+                registry=self.registry, generators=self.generators, time_scale=self.time_scale,
+                stop_when=lambda: due(out_dir),
+            )  # fmt: skip
+        except WorkloadLoadError as exc:  # a warm-up that measured nothing still warmed
+            log.warning("warm-up in %s: %s", out_dir, exc)
+
+    def _after_schedule(
+        self, schedule: list[ScheduledRequest], *, drain_s: float
+    ) -> Callable[[Path], bool]:
+        """True once the schedule's last send and ``drain_s`` more (emulated seconds) passed,
+        and the load generator has recorded something (a slow start is waited for)."""
+        last_s = max((r.send_s for r in schedule), default=0.0)
+        lead_s = self.generators.startup_lead_s
+        deadline = time.monotonic() + lead_s + (last_s + drain_s) * self.time_scale
+
+        def due(out_dir: Path) -> bool:
+            if time.monotonic() < deadline:
+                return False
+            return any(p.stat().st_size > 0 for p in out_dir.glob("records.jsonl.w*"))
+
+        return due
+
+    def measure(
+        self,
+        workload: WorkloadSpec,
+        schedule: list[ScheduledRequest],
+        *,
+        out_dir: Path,
+        stop_when: StopFactory | None = None,
+        drain_s: float | None = None,
+        level: LevelPlan | None = None,
+    ) -> Measurement:
+        """One measured load run; /metrics deltas over exactly its window.
+
+        ``level``: a rate-search level sent as one schedule, warm-up then window
+        (``tuner.serving.window``): the window opens once the server is steady (``WindowRule``,
+        which also cuts the run a ``drain_s`` after the window and stops a clearly
+        growing queue), and only the window's requests are measured; ``window.json``
+        says when it opened and why.
+
+        ``drain_s`` (emulated seconds): stop the run that long after the last send, and
+        measure requests still in flight as far as they got, rather than waiting for the
+        longest answer (``LoadResult.from_records(cut_short=True)``). The backlog guard
+        (``tuner.serving.backlog``) judges the window and writes ``backlog.json``; ``stop_when``
+        may stop the run early (``StopRule``, ``BacklogStopRule``, both with ``AnyStop``).
+        """
+        for stale in ("backlog-stop.json", WINDOW_FILE):  # an earlier run's
+            (out_dir / stale).unlink(missing_ok=True)
+        before = scrape(self.server.base_url)
+        watcher = KvUsageWatcher(
+            self.server.base_url, interval_s=0.25, csv_path=out_dir / "metrics.csv"
+        ).start()
+        window_rule: _BoundWindowRule | None = None
+        if level is not None:
+            window_rule = WindowRule(
+                level, time_scale=self.time_scale, drain_s=drain_s or 0.0,
+                ttft_limit_ms=loosest_ttft_ms(workload), samples=watcher.snapshot,
+            ).bind(out_dir)  # fmt: skip
+            stop_when = AnyStop(stop_when, _Bound(window_rule))
+        rule = stop_when.bind(out_dir) if stop_when is not None else None
+        due = self._after_schedule(schedule, drain_s=drain_s) if drain_s is not None else None
+        cut = (lambda: due(out_dir)) if due is not None else None
+        fired: list[str] = []
+
+        def stop() -> bool:
+            if rule is not None and rule():
+                fired.append(str(getattr(rule, "reason", "slo")))
+                return True
+            if cut is not None and cut():
+                fired.append("cut")
+                return True
+            return False
+
+        run = run_schedule(
+            workload, sample_streams(schedule, self.stream_fraction),
+            base_url=self.server.base_url, model=self.model, out_dir=out_dir,
+            registry=self.registry, generators=self.generators, time_scale=self.time_scale,
+            stop_when=stop if rule is not None or cut is not None else None,
+            cut_short=cut is not None,
+        )  # fmt: skip
+        stopped_at = time.time()
+        peak_kv = watcher.stop()
+        watcher.write_csv(out_dir / "metrics.csv")
+        after = scrape(self.server.base_url)
+        died = self.server.engine_outcome()
+        if died is not None:
+            self.death = died
+        start = run.run.start_at_s
+        k = self.time_scale
+        records = list(read_records(run.run.records_path))
+        load, verdict = run.result, run.verdict
+        window_start, window_end = start, start + workload.duration_s * k
+        opening: WindowOpening | None = None
+        if level is not None and window_rule is not None:
+            opening = window_rule.opening or window_rule.open_now(watcher.samples, final=True)
+            window_start = start + opening.opened_at_s * k
+            window_end = window_start + opening.window_s * k
+            records = [
+                r for r in records if not r.warmup and window_start <= r.scheduled_s < window_end
+            ]
+            load, verdict = summarise_records(
+                workload, records, window_s=opening.window_s, time_scale=k, cut_short=True
+            )
+            opening = opening.model_copy(update={"requests": load.num_requests})
+            opening.write(out_dir)
+        backlog = check_backlog(
+            watcher.samples, records,
+            window_start_unix_s=window_start,
+            window_end_unix_s=min(window_end, stopped_at),
+            time_scale=k, ttft_limit_ms=loosest_ttft_ms(workload),
+        )  # fmt: skip
+        if window_rule is not None and window_rule.check is not None and "backlog" in fired:
+            # Stopped by the queue's growth: the check that decided it is the level's verdict
+            # (the window's few seconds after it may read steady once the load is cut).
+            backlog = window_rule.check
+        (out_dir / BACKLOG_JSON).write_text(backlog.model_dump_json(indent=2), "utf-8")
+        return Measurement(
+            out_dir=str(out_dir),
+            outcome=died.outcome if died is not None else TrialOutcome.READY,
+            load=load,
+            slo=verdict,
+            window=opening,
+            server=ServerCounters.between(before, after, peak_kv) if after else None,
+            death=died,
+            client_saturated=run.run.client_saturated,
+            client_saturation_reason=run.run.saturation_reason,
+            stopped_early=run.run.stopped_by_caller and "slo" in fired,
+            backlog=backlog,
+            stopped_by_backlog=run.run.stopped_by_caller and "backlog" in fired,
+            measured_ids=tuple(r.request_id for r in records) if opening is not None else (),
+        )
+
+
+def loosest_ttft_ms(workload: WorkloadSpec) -> float | None:
+    """The workload's largest TTFT limit (the backlog guard's TTFT margin is a share of it)."""
+    limits = [o.limit_ms for o in workload.slo.objectives() if o.metric is SloMetric.TTFT]
+    return max(limits) if limits else None
+
+
+class StopFactory(Protocol):
+    """Makes the ``stop_when`` check of one load run, given the run's directory."""
+
+    def bind(self, out_dir: Path) -> Callable[[], bool]: ...
+
+
+class StopRule:
+    """When a load run may stop early: too many requests have already broken the SLO.
+
+    Reads the run's records as they are written: once more than ``max_bad`` of the
+    requests scheduled so far have missed the TTFT objective (finished late, or still
+    waiting for their first token past it), the run's p99 cannot meet the SLO.
+    """
+
+    def __init__(self, ttft_limit_ms: float, *, time_scale: float, max_bad: int) -> None:
+        self.ttft_limit_s = ttft_limit_ms / 1000.0 * time_scale
+        self.max_bad = max_bad
+
+    def bind(self, out_dir: Path) -> _BoundStopRule:
+        return _BoundStopRule(self, out_dir)
+
+
+class _BoundStopRule:
+    reason = "slo"
+
+    def __init__(self, rule: StopRule, out_dir: Path) -> None:
+        self.rule = rule
+        self.out_dir = out_dir
+        self._last_check = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_check < 1.0:
+            return False
+        self._last_check = now
+        bad = 0
+        for path in self.out_dir.glob("records.jsonl.w*"):
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    record = RequestRecord.from_json(line)
+                except (ValueError, TypeError):
+                    continue  # a line still being written
+                if record.warmup:
+                    continue
+                if record.first_token_s is None:
+                    bad += not record.ok
+                elif record.first_token_s - record.scheduled_s > self.rule.ttft_limit_s:
+                    bad += 1
+        return bad > self.rule.max_bad
+
+
+def growing_backlog(
+    out_dir: Path, samples: list[MetricsSample], *, window_start_unix_s: float,
+    now_unix_s: float, window_s: float, time_scale: float, ttft_limit_ms: float | None,
+) -> BacklogCheck | None:  # fmt: skip
+    """The guard's check of a window so far when its queue clearly grows (then also left
+    in ``backlog-stop.json``), else None: the early stop of ``BacklogStopRule`` and
+    ``WindowRule``."""
+    check = check_backlog(
+        samples, (), window_start_unix_s=window_start_unix_s, window_end_unix_s=now_unix_s,
+        time_scale=time_scale, ttft_limit_ms=ttft_limit_ms,
+    )  # fmt: skip
+    elapsed_s = (now_unix_s - window_start_unix_s) / time_scale
+    if not clearly_growing(check, elapsed_s=elapsed_s, window_s=window_s):
+        return None
+    (out_dir / "backlog-stop.json").write_text(check.model_dump_json(indent=2), "utf-8")
+    return check
+
+
+class BacklogStopRule:
+    """When a level may stop early: its queue clearly grows (``tuner.serving.backlog.clearly_growing``,
+    after a third of its ``window_s``, emulated seconds).
+
+    Reads the run's directory as it is written, like ``StopRule``: the /metrics timeline
+    (``metrics.csv``, appended by the watcher) and, to place offset 0 of the schedule in
+    time, the schedule and the first record. When it fires it leaves the check that
+    decided in ``backlog-stop.json``.
+    """
+
+    def __init__(self, window_s: float, *, time_scale: float, ttft_limit_ms: float | None) -> None:
+        self.window_s = window_s
+        self.time_scale = time_scale
+        self.ttft_limit_ms = ttft_limit_ms
+
+    def bind(self, out_dir: Path) -> _BoundBacklogStop:
+        return _BoundBacklogStop(self, out_dir)
+
+
+class _BoundBacklogStop:
+    reason = "backlog"
+
+    def __init__(self, rule: BacklogStopRule, out_dir: Path) -> None:
+        self.rule = rule
+        self.out_dir = out_dir
+        self.start_unix_s: float | None = None
+        self.check: BacklogCheck | None = None
+        self._offsets: dict[str, float] | None = None  # the schedule's, by request id
+        self._last_check = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_check < 1.0:
+            return False
+        self._last_check = now
+        start = self.start_unix_s = self.start_unix_s or self._schedule_start()
+        if start is None:
+            return False
+        unix_now = time.time()
+        elapsed_s = (unix_now - start) / self.rule.time_scale
+        if elapsed_s < self.rule.window_s / 3.0:
+            return False
+        try:
+            samples = read_metrics_csv(self.out_dir / "metrics.csv")
+        except (OSError, ValueError, KeyError, TypeError):
+            return False  # not written yet, or a row being written
+        self.check = growing_backlog(
+            self.out_dir, samples, window_start_unix_s=start, now_unix_s=unix_now,
+            window_s=self.rule.window_s, time_scale=self.rule.time_scale,
+            ttft_limit_ms=self.rule.ttft_limit_ms,
+        )  # fmt: skip
+        return self.check is not None
+
+    def _schedule_start(self) -> float | None:
+        """Unix time of the schedule's offset 0 (see ``schedule_start_unix``)."""
+        if self._offsets is None:
+            self._offsets = open_loop_offsets(self.out_dir)
+        return None if self._offsets is None else schedule_start_unix(self.out_dir, self._offsets)
+
+
+def schedule_start_unix(out_dir: Path, offsets: dict[str, float]) -> float | None:
+    """Unix time of a run's offset 0: a record's intended send time less its offset
+    (``offsets``: the schedule's open-loop requests, by request id; a later turn's
+    intended time follows its answer, not its plan)."""
+    for path in sorted(out_dir.glob("records.jsonl.w*")):
+        try:
+            with path.open(encoding="utf-8") as fh:
+                for line, _ in zip(fh, range(64), strict=False):
+                    record = RequestRecord.from_json(line)
+                    if record.request_id in offsets:
+                        return record.scheduled_s - offsets[record.request_id]
+        except (OSError, ValueError, TypeError):
+            continue  # nothing recorded yet, or a line still being written
+    return None
+
+
+def open_loop_offsets(out_dir: Path) -> dict[str, float] | None:
+    """The schedule's open-loop send offsets by request id (None: not written yet)."""
+    try:  # written whole before the load generator starts
+        schedule = read_schedule(out_dir / "schedule.jsonl")
+    except (OSError, ValueError, TypeError):
+        return None
+    return {r.request_id: r.send_s for r in schedule if r.follows is None}
+
+
+class WindowRule:
+    """A rate-search level's window (``tuner.serving.window``): opens it once the server is steady
+    (or the longest warm-up is spent) and writes ``window.json``; stops the run when the
+    queue clearly grows through the window (``tuner.serving.backlog.clearly_growing``, reason
+    ``backlog``, leaving ``backlog-stop.json``), else a ``drain_s`` after the window
+    closes (reason ``cut``). ``samples``: the /metrics timeline so far."""
+
+    def __init__(
+        self, plan: LevelPlan, *, time_scale: float, drain_s: float,
+        ttft_limit_ms: float | None, samples: Callable[[], list[MetricsSample]],
+    ) -> None:  # fmt: skip
+        self.plan = plan
+        self.time_scale = time_scale
+        self.drain_s = drain_s
+        self.ttft_limit_ms = ttft_limit_ms
+        self.samples = samples
+
+    def bind(self, out_dir: Path) -> _BoundWindowRule:
+        return _BoundWindowRule(self, out_dir)
+
+
+class _BoundWindowRule:
+    def __init__(self, rule: WindowRule, out_dir: Path) -> None:
+        self.rule = rule
+        self.out_dir = out_dir
+        self.reason = "cut"
+        self.start_unix_s: float | None = None
+        self.opening: WindowOpening | None = None
+        self.check: BacklogCheck | None = None  # the check that stopped the level, if one did
+        self._offsets: dict[str, float] | None = None
+        self._last_check = 0.0
+
+    def open_now(self, samples: list[MetricsSample], *, final: bool = False) -> WindowOpening:
+        """The opening from the samples so far; ``final``: the run is over without the
+        window having opened (stopped early): it opens where the test would have said."""
+        plan = self.rule.plan
+        start = self.start_unix_s or (samples[0].unix_s if samples else time.time())
+        k = self.rule.time_scale
+        for sample in samples if final else samples[-1:]:
+            opening = steady_opening(
+                plan, samples, start_unix_s=start, now_unix_s=sample.unix_s, time_scale=k
+            )
+            if opening is not None:
+                return opening
+        last = samples[-1].unix_s if samples else start
+        return WindowOpening(
+            warmup_min_s=plan.warmup_min_s, warmup_max_s=plan.warmup_max_s,
+            opened_at_s=min(plan.warmup_max_s, max(0.0, (last - start) / k)),
+            steady_at_open=False, test=plan.test(), window_s=plan.window_s,
+            needed_requests=plan.needed_requests,
+        )  # fmt: skip
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_check < 0.5:
+            return False
+        self._last_check = now
+        if self.start_unix_s is None:
+            if self._offsets is None:
+                self._offsets = open_loop_offsets(self.out_dir)
+            if self._offsets is None:
+                return False
+            self.start_unix_s = schedule_start_unix(self.out_dir, self._offsets)
+            if self.start_unix_s is None:
+                return False
+        rule, start, k = self.rule, self.start_unix_s, self.rule.time_scale
+        unix_now = time.time()
+        samples = rule.samples()
+        if self.opening is None:
+            if not samples:
+                return False
+            opening = steady_opening(
+                rule.plan, samples, start_unix_s=start, now_unix_s=unix_now, time_scale=k
+            )
+            if opening is None:
+                return False
+            self.opening = opening
+            opening.write(self.out_dir)
+        opened_unix = start + self.opening.opened_at_s * k
+        elapsed_s = (unix_now - opened_unix) / k
+        if elapsed_s >= self.opening.window_s + rule.drain_s:
+            self.reason = "cut"
+            return True
+        self.check = growing_backlog(
+            self.out_dir, samples, window_start_unix_s=opened_unix, now_unix_s=unix_now,
+            window_s=self.opening.window_s, time_scale=k, ttft_limit_ms=rule.ttft_limit_ms,
+        )  # fmt: skip
+        if self.check is not None:
+            self.reason = "backlog"
+            return True
+        return False
+
+
+class _Bound:
+    """A check already bound to its directory, as a StopFactory (for AnyStop)."""
+
+    def __init__(self, check: Callable[[], bool]) -> None:
+        self.check = check
+
+    def bind(self, out_dir: Path) -> Callable[[], bool]:
+        return self.check
+
+
+class AnyStop:
+    """Several stop rules as one: a run stops once any of them fires (None entries are
+    left out); the bound check's ``reason`` names the rule that fired."""
+
+    def __init__(self, *rules: StopFactory | None) -> None:
+        self.rules = [r for r in rules if r is not None]
+
+    def bind(self, out_dir: Path) -> _BoundAnyStop:
+        return _BoundAnyStop([r.bind(out_dir) for r in self.rules])
+
+
+class _BoundAnyStop:
+    def __init__(self, checks: list[Callable[[], bool]]) -> None:
+        self.checks = checks
+        self.reason: str | None = None
+
+    def __call__(self) -> bool:
+        for check in self.checks:
+            if check():
+                self.reason = str(getattr(check, "reason", "slo"))
+                return True
+        return False
+
+
+def run_trial(
+    launch: LaunchSpec,
+    workload: WorkloadSpec,
+    *,
+    trial_dir: Path,
+    registry: ChildRegistry,
+    gpu_source: str = "auto",
+    gpu_sample_interval_s: float = 0.1,
+    model_dir: Path | None = None,
+    generators: LoadGenerators = LOCAL_LOAD,
+) -> TrialResult:
+    """Run one trial; a server that fails to start or dies is an outcome, not an exception."""
+    schedule = plan_schedule(
+        workload, max_model_len=launch.params.max_model_len, model_dir=model_dir
+    )
+    warm, measured = split_warmup(schedule)
+    fields: dict[str, object] = {"trial_dir": str(trial_dir), "settings": settings_of(launch)}
+    live = LiveServer(
+        launch, trial_dir=trial_dir, registry=registry, gpu_source=gpu_source,
+        gpu_sample_interval_s=gpu_sample_interval_s, generators=generators,
+    )  # fmt: skip
+    with live:
+        assert live.startup is not None
+        fields["startup"] = live.startup
+        fields["outcome"] = live.startup.outcome
+        if live.ready:
+            fields["kv_fill"] = live.fill_kv_cache(workload, workload.warmup)
+            live.warm_up(workload, warm)
+            m = live.measure(workload, measured, out_dir=trial_dir / "load")
+            fields.update(
+                outcome=m.outcome, death=m.death, load=m.load, slo=m.slo, server=m.server,
+                client_saturated=m.client_saturated,
+                client_saturation_reason=m.client_saturation_reason, backlog=m.backlog,
+            )  # fmt: skip
+    fields["gpu"] = live.gpu
+    result = TrialResult.model_validate(fields)
+    (trial_dir / "result.json").write_text(result.model_dump_json(indent=2), encoding="utf-8")
+    return result

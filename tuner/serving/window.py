@@ -1,0 +1,254 @@
+"""When a level's measured window opens, and how long it lasts.
+
+A level measures the rate a server sustains, so its window must hold the server's
+steady state at that rate, and enough of it for the percentiles its SLO names. Each
+level is sent as one schedule at its own rate (multi-turn sessions already under way
+from offset 0, ``workloads.stationary``): a warm-up, then the window.
+
+**How long** (`plan_level`, emulated seconds):
+
+- the warm-up lasts at least ``warmup_min_s``: with sessions, one turn gap (the
+  expected answer and the think time: the prefix cache and the turn mix settle within
+  it); without, two expected request lifetimes (the batch turns over twice); at least
+  ``MIN_WARMUP_S``. It lasts at most ``warmup_max_s``: with sessions, the most turns a
+  session has, one turn gap each (the sessions under way were planned with expected
+  answer times; on a slower server more of them are under way at once, and their
+  number, with the KV cache their histories hold, settles within a session's
+  length); without, twice the minimum, at least ``MIN_EXTRA_WARMUP_S`` more.
+- the window lasts the longest of: ``MIN_WINDOW_S``, enough requests for the tightest
+  SLO percentile (``needed``: ``2 / (1 - p)``, 200 for a p99, so at least two requests
+  lie beyond it; at least ``MIN_REQUESTS``), and ``LIFETIMES`` expected request
+  lifetimes (median planned answer); at most ``MAX_WINDOW_S``. ``--level-duration``
+  fixes it instead (and ``--level-warmup`` the warm-up).
+
+**When it opens** (`steady_opening`): the first moment past ``warmup_min_s`` at which,
+over the trailing ``steady_span_s`` (half the minimum warm-up, at least 5 s), none of
+running requests, waiting requests and KV-cache usage moves at a rate that, kept up
+through the window, would be material to the backlog guard: a least-squares slope
+with |t| >= 3 whose change over ``window_s`` exceeds the guard's margin (running and
+waiting ``max(2, 25 % of the mean running batch)``, KV usage 10 points), up or down.
+A server still filling up or building a queue fails it, and so does one whose
+population of conversations is still settling from above (the sessions under way
+were planned with expected answer times; a faster server finishes them sooner). At ``warmup_max_s``
+the window opens anyway, marked not steady at open; the backlog guard then judges the
+window (a level whose queue still grows fails).
+
+The window's requests are those whose intended send time falls in
+``[opened_at_s, opened_at_s + window_s)``; everything before is warm-up, and requests
+planned after it are never sent (the run is cut a drain after the window closes).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.rundir import WINDOW_JSON
+from tuner.serving.backlog import (
+    KV_MARGIN,
+    MIN_POINTS,
+    T_MIN,
+    WAITING_MIN_REQUESTS,
+    WAITING_RUNNING_FRACTION,
+    Signal,
+    SignalTrend,
+    trend,
+)
+from tuner.serving.metrics import MetricsSample
+from workloads.schedule import ScheduledRequest
+from workloads.spec import WorkloadSpec
+from workloads.stationary import largest_turns, turn_gap_s
+
+WINDOW_FILE = WINDOW_JSON
+MIN_WARMUP_S = 3.0
+MIN_EXTRA_WARMUP_S = 10.0
+MIN_STEADY_SPAN_S = 5.0
+MIN_REQUESTS = 50
+MIN_WINDOW_S = 8.0
+LIFETIMES = 3.0
+MAX_WINDOW_S = 120.0
+# Planned service of a request without a session's own expectations (SessionSpec's defaults).
+EXPECTED_TTFT_S = 0.5
+EXPECTED_TPOT_S = 0.03
+TEST = (
+    "over the trailing {span:g} s, none of running and waiting requests and KV-cache "
+    "usage moves (least-squares slope with |t| >= 3) by more than its margin, up or "
+    "down, if kept up through the {window:g} s window"
+)
+
+
+class LevelPlan(BaseModel):
+    """How one level spends its time (emulated seconds)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    warmup_min_s: float
+    warmup_max_s: float
+    window_s: float
+    needed_requests: int  # for the tightest SLO percentile
+    requests_per_s: float  # the schedule's planned request rate
+
+    @property
+    def total_s(self) -> float:
+        """The schedule's length: the longest warm-up and the window."""
+        return self.warmup_max_s + self.window_s
+
+    @property
+    def steady_span_s(self) -> float:
+        return max(MIN_STEADY_SPAN_S, self.warmup_min_s / 2.0)
+
+    def test(self) -> str:
+        return TEST.format(span=round(self.steady_span_s, 1), window=round(self.window_s))
+
+
+class WindowOpening(BaseModel):
+    """When a level's window opened, and the steadiness test's evidence at that moment."""
+
+    model_config = ConfigDict(frozen=True)
+
+    warmup_min_s: float
+    warmup_max_s: float
+    opened_at_s: float  # emulated seconds from the level's offset 0
+    steady_at_open: bool
+    test: str
+    signals: tuple[SignalTrend, ...] = ()
+    window_s: float
+    requests: int = 0  # measured in the window (set once the level is over)
+    needed_requests: int
+
+    def summary(self) -> str:
+        state = "steady" if self.steady_at_open else "NOT steady (longest warm-up spent)"
+        return (
+            f"window opened {self.opened_at_s:.1f} s in, {state}; {self.window_s:.0f} s, "
+            f"{self.requests} requests (needed {self.needed_requests})"
+        )
+
+    def write(self, level_dir: Path) -> None:
+        path = level_dir / WINDOW_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+
+def needed_requests(spec: WorkloadSpec) -> int:
+    """Requests a window needs for its tightest SLO percentile: two beyond it."""
+    tightest = max((o.percentile for o in spec.slo.objectives()), default=50)
+    return max(MIN_REQUESTS, math.ceil(2.0 / (1.0 - tightest / 100.0)))
+
+
+def expected_lifetime_s(spec: WorkloadSpec, schedule: Sequence[ScheduledRequest]) -> float:
+    """The planned lifetime of the median request: first token, then its answer."""
+    sessions = spec.sessions
+    ttft = sessions.expected_ttft_s if sessions is not None else EXPECTED_TTFT_S
+    tpot = sessions.expected_tpot_s if sessions is not None else EXPECTED_TPOT_S
+    tokens = statistics.median(r.max_tokens for r in schedule) if schedule else 0
+    return ttft + tokens * tpot
+
+
+def plan_level(
+    spec: WorkloadSpec,
+    schedule: Sequence[ScheduledRequest],
+    *,
+    window_s: float | None = None,
+    warmup_s: float | None = None,
+) -> LevelPlan:
+    """The plan of a level whose provisional ``schedule`` was built for ``spec`` (its
+    request rate is read from it). ``window_s``, ``warmup_s``: fixed (the warm-up's min =
+    max), else automatic."""
+    lifetime = expected_lifetime_s(spec, schedule)
+    if warmup_s is not None:
+        warm_min = warm_max = warmup_s
+    else:
+        if spec.sessions is not None:
+            median = statistics.median(r.max_tokens for r in schedule) if schedule else 0
+            warm_min = max(MIN_WARMUP_S, turn_gap_s(spec.sessions, median))
+            longest = largest_turns(spec.sessions) * warm_min
+            warm_max = max(warm_min + MIN_EXTRA_WARMUP_S, longest)
+        else:
+            warm_min = max(MIN_WARMUP_S, 2.0 * lifetime)
+            warm_max = warm_min + max(MIN_EXTRA_WARMUP_S, warm_min)
+    span = spec.duration_s
+    rate = sum(1 for r in schedule if 0.0 <= r.send_s < span) / span if span > 0 else 0.0
+    needed = needed_requests(spec)
+    if window_s is None:
+        enough_s = needed / rate if rate > 0 else MAX_WINDOW_S  # none planned: as long as allowed
+        window_s = max(MIN_WINDOW_S, LIFETIMES * lifetime, enough_s)
+        window_s = min(window_s, MAX_WINDOW_S)
+    return LevelPlan(
+        warmup_min_s=warm_min,
+        warmup_max_s=warm_max,
+        window_s=window_s,
+        needed_requests=needed,
+        requests_per_s=rate,
+    )
+
+
+def moving(signal: SignalTrend, window_s: float) -> bool:
+    """Whether a signal's slope, kept up through ``window_s``, is a material change, up
+    (a server filling up or queueing) or down (a population still settling from above)."""
+    if signal.points < MIN_POINTS or signal.slope_per_s is None:
+        return True  # too few points to say it is flat
+    slope = signal.slope_per_s
+    significant = slope != 0 if signal.t_stat is None else abs(signal.t_stat) >= T_MIN
+    return significant and abs(slope) * window_s > signal.margin
+
+
+def steady_signals(
+    samples: Sequence[MetricsSample], *, start_unix_s: float, now_unix_s: float,
+    span_s: float, time_scale: float,
+) -> tuple[SignalTrend, ...]:  # fmt: skip
+    """Running, waiting and KV usage over the trailing ``span_s`` (emulated) before now."""
+    k = time_scale
+    since = now_unix_s - span_s * k
+    inside = [s for s in samples if since <= s.unix_s <= now_unix_s and s.unix_s >= start_unix_s]
+    running = [s.running for s in inside if s.running is not None]
+    mean_running = sum(running) / len(running) if running else 0.0
+    margin = max(WAITING_MIN_REQUESTS, WAITING_RUNNING_FRACTION * mean_running)
+
+    def points(values: list[tuple[float, float | None]]) -> list[tuple[float, float]]:
+        return [((t - start_unix_s) / k, v) for t, v in values if v is not None]
+
+    return (
+        trend(Signal.RUNNING, points([(s.unix_s, s.running) for s in inside]), margin=margin),
+        trend(Signal.WAITING, points([(s.unix_s, s.waiting) for s in inside]), margin=margin),
+        trend(
+            Signal.KV_USAGE,
+            points([(s.unix_s, s.kv_cache_usage) for s in inside]),
+            margin=KV_MARGIN,
+        ),
+    )
+
+
+def steady_opening(
+    plan: LevelPlan,
+    samples: Sequence[MetricsSample],
+    *,
+    start_unix_s: float,
+    now_unix_s: float,
+    time_scale: float,
+) -> WindowOpening | None:
+    """The window's opening if it opens now (steady, or the longest warm-up spent), else None."""
+    elapsed_s = (now_unix_s - start_unix_s) / time_scale
+    if elapsed_s < plan.warmup_min_s:
+        return None
+    signals = steady_signals(
+        samples, start_unix_s=start_unix_s, now_unix_s=now_unix_s,
+        span_s=min(plan.steady_span_s, elapsed_s), time_scale=time_scale,
+    )  # fmt: skip
+    steady = not any(moving(s, plan.window_s) for s in signals)
+    if not steady and elapsed_s < plan.warmup_max_s:
+        return None
+    return WindowOpening(
+        warmup_min_s=plan.warmup_min_s,
+        warmup_max_s=plan.warmup_max_s,
+        opened_at_s=min(elapsed_s, plan.warmup_max_s) if not steady else elapsed_s,
+        steady_at_open=steady,
+        test=plan.test(),
+        signals=signals,
+        window_s=plan.window_s,
+        needed_requests=plan.needed_requests,
+    )

@@ -1,0 +1,309 @@
+"""Parsers for the lines vLLM prints at startup, for calibration and failure reports.
+
+Covers the V1 engine's lines from 0.8 to the current release, including the
+``Memory profiling takes ...`` block some versions print and the per-worker
+prefixes of tensor-parallel runs (``(VllmWorker TP0 pid=...)``), of which the
+first rank's values are taken.
+
+vLLM's CPU build prints its own KV-cache lines: ``CPU KV cache size: N tokens``
+instead of ``GPU KV cache size``, and instead of the memory profile one of
+``Explicitly set (X/Y) GiB for KV cache on node N.`` (``--kv-cache-memory-bytes``
+or ``VLLM_CPU_KVCACHE_SPACE``) or ``Auto set (X/Y) GiB for KV cache on node N, with
+R GiB requested memory for the worker. C GiB memory was consumed by non-kv
+usages.`` (``--gpu-memory-utilization`` of the node's memory). It prints no
+weights size, only ``Loading weights took S seconds``.
+
+From 0.28 the memory summary is one budget line, ``Free memory on device (F/T GiB)
+... Actual usage is C GiB for consumed memory (weights + non-torch), A GiB for peak
+activation, and G GiB for CUDAGraph memory ... Current kv cache memory in use is K
+GiB.`` (K = requested - C - A); from 0.32 it is the only place K is printed (no
+``Available KV cache memory`` line).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.errors import LogParseError
+from tuner.vllm.gpus import GiB
+from tuner.vllm.memory import Calibration
+
+_NUM = r"([0-9]+(?:\.[0-9]+)?)"
+
+RE_VERSION = re.compile(
+    r"(?:vLLM API server version|Initializing a V1 LLM engine \(v?|vLLM version|"
+    r"Initializing an LLM engine \(v?)\s*v?([0-9]+\.[0-9]+\.[0-9]+[^\s)]*)"
+)
+RE_WEIGHTS = re.compile(rf"(?:Model loading took|Loading model weights took)\s+{_NUM}\s*(GiB|GB)")
+RE_WEIGHTS_LOAD_TIME = re.compile(
+    rf"(?:Model loading took .*? and|Loading weights took)\s+{_NUM} seconds"
+)
+RE_AVAILABLE_KV = re.compile(rf"Available KV cache memory:\s*{_NUM}\s*GiB")
+RE_KV_TOKENS = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size:\s*([0-9,]+)\s*tokens")
+RE_CPU_KV_SET = re.compile(rf"(Explicitly|Auto) set \({_NUM}/{_NUM}\) GiB for KV cache on node")
+RE_MAX_CONCURRENCY = re.compile(
+    rf"Maximum concurrency for\s*([0-9,]+)\s*tokens per request:\s*{_NUM}x"
+)
+RE_GRAPH = re.compile(rf"Graph capturing finished in\s*{_NUM}\s*secs?, took\s*(-?{_NUM})\s*GiB")
+RE_GRAPH_ESTIMATE = re.compile(
+    rf"(?:Estimated CUDA graph memory|CUDA graph memory profiling[^:]*|cudagraph memory[^:]*):\s*"
+    rf"{_NUM}\s*GiB",
+    re.IGNORECASE,
+)
+RE_PROFILE_TOTAL = re.compile(
+    rf"total_gpu_memory \({_NUM}\s*GiB\) x gpu_memory_utilization \({_NUM}\)"
+)
+RE_PROFILE_PARTS = re.compile(
+    rf"model weights take {_NUM}\s*GiB; non_torch_memory takes {_NUM}\s*GiB; "
+    rf"PyTorch activation peak memory takes {_NUM}\s*GiB; "
+    rf"the rest of the memory reserved for KV Cache is {_NUM}\s*GiB"
+)
+RE_USAGE_DETAIL = re.compile(
+    rf"Free memory on device \({_NUM}/{_NUM} GiB\) on startup\. Desired GPU memory utilization "
+    rf"is \({_NUM}, {_NUM} GiB\)\. Actual usage is {_NUM} GiB for weight, {_NUM} GiB for peak "
+    rf"activation, {_NUM} GiB for non-torch memory, and {_NUM} GiB for CUDAGraph memory"
+)
+RE_CONSUMED_DETAIL = re.compile(
+    rf"Free memory on device \({_NUM}/{_NUM} GiB\) on startup\. Desired GPU memory utilization "
+    rf"is \({_NUM}, {_NUM} GiB\)\. Actual usage is {_NUM} GiB for consumed memory "
+    rf"\(weights \+ non-torch\), {_NUM} GiB for peak activation, and {_NUM} GiB for CUDAGraph memory"
+)
+# The KV memory vLLM sized, in the budget line (from 0.32 the only place it is printed).
+RE_CURRENT_KV = re.compile(rf"Current kv cache memory in use is {_NUM}\s*(GiB|bytes)")
+RE_PROFILE_RESULT = re.compile(
+    rf"Total non KV cache memory: {_NUM}\s*GiB; torch peak memory increase: {_NUM}\s*GiB; "
+    rf"non-torch forward increase memory: {_NUM}\s*GiB; weights memory: {_NUM}\s*GiB"
+)
+RE_CHUNKED_PREFILL = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=([0-9]+)")
+RE_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+RE_NON_DEFAULT_ARGS = re.compile(r"non-default args:\s*(\{.*\})\s*$")
+RE_ENGINE_CONFIG = re.compile(r"with config:\s*(.*)$")
+RE_READY = re.compile(r"Application startup complete\.|Starting vLLM API server")
+
+
+class StartupReport(BaseModel):
+    """What a vLLM startup log says about memory and settings (None: not in the log)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    vllm_version: str | None = None
+    weights_bytes: int | None = None
+    weights_load_s: float | None = None
+    total_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    activation_bytes: int | None = None
+    non_torch_bytes: int | None = None
+    # Weights plus non-torch memory (and the CUDA-graph estimate within the budget), as
+    # the budget line of 0.28 on measures it: the KV memory is requested - consumed - activation.
+    consumed_bytes: int | None = None
+    cudagraph_bytes: int | None = None
+    cudagraph_estimate_bytes: int | None = None
+    available_kv_bytes: int | None = None
+    kv_cache_tokens: int | None = None
+    # Where the KV cache lives: "gpu", or "cpu" for vLLM's CPU build.
+    kv_cache_device: str | None = None
+    # --kv-cache-memory-bytes as given (vLLM's CPU build: the KV cache's exact size).
+    kv_cache_memory_bytes: int | None = None
+    block_size: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_tokens: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    tensor_parallel_size: int | None = None
+    kv_cache_dtype: str | None = None
+    enforce_eager: bool | None = None
+    ready: bool = False
+
+
+def _gib_bytes(text: str) -> int:
+    return round(float(text) * GiB)
+
+
+def _engine_config_fields(text: str) -> dict[str, str]:
+    """``key=value, key=value`` of the engine config line; values may contain commas in braces."""
+    fields: dict[str, str] = {}
+    depth, start = 0, 0
+    parts: list[str] = []
+    for i, ch in enumerate(text):
+        if ch in "{[(":
+            depth += 1
+        elif ch in "}])":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    for part in parts:
+        key, sep, value = part.strip().partition("=")
+        if sep:
+            fields[key.strip()] = value.strip().strip("'\"")
+    return fields
+
+
+def _literal_dict(text: str) -> dict[str, Any]:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def parse_startup_log(text: str) -> StartupReport:
+    """Read every startup line vLLM printed.
+
+    Most values are taken from their first occurrence (rank 0). The KV-cache size is
+    printed once per tensor-parallel rank in older releases and vLLM keeps the
+    smallest, so for those the minimum over ranks is taken.
+    """
+    found: dict[str, Any] = {}
+
+    def once(key: str, value: Any) -> None:
+        if key not in found and value is not None:
+            found[key] = value
+
+    def smallest(key: str, value: Any) -> None:
+        found[key] = value if key not in found else min(found[key], value)
+
+    for raw in text.splitlines():
+        line = RE_ANSI.sub("", raw)
+        if m := RE_VERSION.search(line):
+            once("vllm_version", m[1])
+        if m := RE_WEIGHTS.search(line):
+            # Older releases print "GB" for what is computed in GiB.
+            once("weights_bytes", _gib_bytes(m[1]))
+        if m := RE_WEIGHTS_LOAD_TIME.search(line):
+            once("weights_load_s", float(m[1]))
+        if m := RE_AVAILABLE_KV.search(line):
+            smallest("available_kv_bytes", _gib_bytes(m[1]))
+        if m := RE_KV_TOKENS.search(line):
+            once("kv_cache_device", m[1].lower())
+            smallest("kv_cache_tokens", int(m[2].replace(",", "")))
+        if m := RE_CPU_KV_SET.search(line):
+            # Printed to 0.01 GiB; an explicit size is made exact from the arguments below.
+            once("cpu_kv_explicit", m[1] == "Explicitly")
+            smallest("available_kv_bytes", _gib_bytes(m[2]))
+            once("total_bytes", _gib_bytes(m[3]))
+        if m := RE_MAX_CONCURRENCY.search(line):
+            once("max_concurrency_tokens", int(m[1].replace(",", "")))
+            smallest("max_concurrency", float(m[2]))
+        if m := RE_GRAPH.search(line):
+            once("cudagraph_bytes", _gib_bytes(m[2]))
+        if m := RE_GRAPH_ESTIMATE.search(line):
+            once("cudagraph_estimate_bytes", _gib_bytes(m[1]))
+        if m := RE_PROFILE_TOTAL.search(line):
+            once("total_bytes", _gib_bytes(m[1]))
+            once("gpu_memory_utilization", float(m[2]))
+        if m := RE_PROFILE_PARTS.search(line):
+            once("weights_bytes", _gib_bytes(m[1]))
+            once("non_torch_bytes", _gib_bytes(m[2]))
+            once("activation_bytes", _gib_bytes(m[3]))
+        if m := RE_USAGE_DETAIL.search(line):
+            once("total_bytes", _gib_bytes(m[2]))
+            once("gpu_memory_utilization", float(m[3]))
+            once("weights_bytes", _gib_bytes(m[5]))
+            once("activation_bytes", _gib_bytes(m[6]))
+            once("non_torch_bytes", _gib_bytes(m[7]))
+            once("cudagraph_estimate_bytes", _gib_bytes(m[8]))
+        if m := RE_CONSUMED_DETAIL.search(line):
+            once("total_bytes", _gib_bytes(m[2]))
+            once("gpu_memory_utilization", float(m[3]))
+            once("consumed_bytes", _gib_bytes(m[5]))
+            once("activation_bytes", _gib_bytes(m[6]))
+            once("cudagraph_estimate_bytes", _gib_bytes(m[7]))
+        if m := RE_CURRENT_KV.search(line):
+            # The same figure as "Available KV cache memory" (per rank; vLLM keeps the smallest).
+            kv_now = int(m[1]) if m[2] == "bytes" else _gib_bytes(m[1])
+            smallest("current_kv_bytes", kv_now)
+        if m := RE_PROFILE_RESULT.search(line):
+            once("activation_bytes", _gib_bytes(m[2]))
+            once("non_torch_bytes", _gib_bytes(m[3]))
+            once("weights_bytes", _gib_bytes(m[4]))
+        if m := RE_NON_DEFAULT_ARGS.search(line):
+            args = _literal_dict(m[1])
+            for key in (
+                "gpu_memory_utilization",
+                "max_num_seqs",
+                "max_num_batched_tokens",
+                "max_model_len",
+                "tensor_parallel_size",
+                "kv_cache_dtype",
+                "enforce_eager",
+                "block_size",
+            ):
+                once(key, args.get(key))
+            if isinstance(size := args.get("kv_cache_memory_bytes"), int):
+                once("kv_cache_memory_bytes", size)
+        if m := RE_ENGINE_CONFIG.search(line):
+            cfg = _engine_config_fields(m[1])
+            if cfg.get("max_seq_len", "").isdigit():
+                once("max_model_len", int(cfg["max_seq_len"]))
+            if cfg.get("tensor_parallel_size", "").isdigit():
+                once("tensor_parallel_size", int(cfg["tensor_parallel_size"]))
+            once("kv_cache_dtype", cfg.get("kv_cache_dtype"))
+            if "enforce_eager" in cfg:
+                once("enforce_eager", cfg["enforce_eager"] == "True")
+        if m := RE_CHUNKED_PREFILL.search(line):
+            # The batch limit the engine resolved, defaults included.
+            once("max_num_batched_tokens", int(m[1]))
+        if RE_READY.search(line):
+            found["ready"] = True
+    current = found.pop("current_kv_bytes", None)
+    if current is not None and "available_kv_bytes" not in found:
+        found["available_kv_bytes"] = current
+    if found.pop("cpu_kv_explicit", False):
+        _exact_cpu_kv_size(found)
+    return StartupReport(**found)
+
+
+def _exact_cpu_kv_size(found: dict[str, Any]) -> None:
+    """An explicitly sized CPU KV cache is --kv-cache-memory-bytes, unless VLLM_CPU_KVCACHE_SPACE
+    (whole GiB, which overrides the flag) set another size: the logged size tells which."""
+    given = found.get("kv_cache_memory_bytes")
+    logged = found.get("available_kv_bytes")
+    if given is not None and logged is not None and abs(given - logged) <= 0.005 * GiB:
+        found["available_kv_bytes"] = given
+
+
+def calibration_from_log(path: Path, *, cudagraph_in_budget: bool | None = None) -> Calibration:
+    """A Calibration from a real vLLM startup log file."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise LogParseError(f"cannot read vLLM log {str(path)!r}: {exc.strerror}") from exc
+    report = parse_startup_log(text)
+    return calibration_from_report(
+        report, source=str(path), cudagraph_in_budget=cudagraph_in_budget
+    )
+
+
+def calibration_from_report(
+    report: StartupReport, *, source: str, cudagraph_in_budget: bool | None = None
+) -> Calibration:
+    if report.available_kv_bytes is None and report.activation_bytes is None:
+        raise LogParseError(
+            f"{source}: no vLLM memory summary found; a calibration log needs "
+            "'Available KV cache memory: X GiB', the 'Free memory on device ... Current kv cache "
+            "memory in use is X GiB' line or the 'Memory profiling takes' block"
+        )
+    if report.weights_bytes is None:
+        raise LogParseError(f"{source}: no 'Model loading took X GiB' line found")
+    return Calibration(
+        source=source,
+        weights_bytes=report.weights_bytes,
+        activation_bytes=report.activation_bytes,
+        non_torch_bytes=report.non_torch_bytes,
+        consumed_bytes=report.consumed_bytes,
+        cudagraph_bytes=report.cudagraph_estimate_bytes or report.cudagraph_bytes,
+        available_kv_bytes=report.available_kv_bytes,
+        total_bytes=report.total_bytes,
+        gpu_memory_utilization=report.gpu_memory_utilization,
+        max_num_batched_tokens=report.max_num_batched_tokens,
+        max_num_seqs=report.max_num_seqs,
+        cudagraph_in_budget=cudagraph_in_budget,
+    )
