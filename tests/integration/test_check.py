@@ -141,7 +141,10 @@ def subset_run(multi: Path, indices: list[int], out: Path) -> Path:
     return write_run(out, rec, variant, rec.version_hash)
 
 
-@pytest.fixture(scope="module")
+# Session-scoped, as the tune they extend: the tests of the shared tune run in one
+# xdist worker in whatever order its group arrives, and a module-scoped fixture would be
+# built again each time that worker came back to this module (5 minutes each).
+@pytest.fixture(scope="session")
 def repeats(tuned_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tuned run's recommendation confirmed four more times, unchanged (about 2 min)."""
     return reconfirm(
@@ -150,7 +153,7 @@ def repeats(tuned_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def worse_run(tuned_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recommendation with max-num-seqs 4: far less concurrency than the rate needs."""
     return reconfirm(
@@ -159,7 +162,7 @@ def worse_run(tuned_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def split(repeats: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Baseline (repeats 0, 1), the unchanged run (2, 3) and each repeat alone."""
     root = tmp_path_factory.mktemp("split")

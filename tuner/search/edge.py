@@ -20,9 +20,8 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.rundir import RunLayout
 from tuner.search.context import TuneContext
-from tuner.search.evaluate import launch_spec, predicted_plan
+from tuner.search.evaluate import live_server, predicted_plan
 from tuner.search.space import Knob, TrialParams
-from tuner.serving.live import LiveServer
 from tuner.serving.load import plan_schedule
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import TrialOutcome
@@ -148,11 +147,7 @@ class EdgeSearch:
         out = self.out_dir / f"{knob.value}-{value:g}"
         predicted = predicted_plan(self.ctx, params)
         began = time.monotonic()
-        live = LiveServer(
-            launch_spec(self.ctx, params), trial_dir=out, registry=self.registry,
-            gpu_source=self.ctx.gpu_source, generators=self.ctx.config.load_generators(),
-            stream_fraction=self.ctx.stream_fraction,
-        )  # fmt: skip
+        live = live_server(self.ctx, params, out, self.registry)
         measurement = None
         startup = None
         with live:

@@ -174,6 +174,18 @@ def screened(ctx: TuneContext, params: TrialParams, out_dir: Path) -> Evaluation
     return evaluation
 
 
+def live_server(
+    ctx: TuneContext, params: TrialParams, out_dir: Path, registry: ChildRegistry
+) -> LiveServer:
+    """The live server of a candidate, as every launch of a tune makes it (a trial, an edge
+    probe, a confirmation): the context's GPU source, load generators and streamed share."""
+    return LiveServer(
+        launch_spec(ctx, params), trial_dir=out_dir, registry=registry,
+        gpu_source=ctx.gpu_source, generators=ctx.config.load_generators(),
+        stream_fraction=ctx.stream_fraction,
+    )  # fmt: skip
+
+
 def evaluate(
     ctx: TuneContext,
     params: TrialParams,
@@ -190,11 +202,7 @@ def evaluate(
     if early is not None:
         return early
     config = ctx.config
-    live = LiveServer(
-        launch_spec(ctx, params), trial_dir=out_dir, registry=registry,
-        gpu_source=ctx.gpu_source, generators=config.load_generators(),
-        stream_fraction=ctx.stream_fraction,
-    )  # fmt: skip
+    live = live_server(ctx, params, out_dir, registry)
     search: RateSearch | None = None
     kv_fill: KvFill | None = None
     with live:

@@ -132,14 +132,16 @@ def open_storage(url: str) -> Any:
 
 def _retry_schema_race(attempt: Callable[[], T], tries: int = 5) -> T:
     """Workers opening a new database at once all create its tables; all but one collide
-    (duplicate type, table or version row). Once one has, opening again works."""
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
+    (duplicate type, table or version row; SQLite says "table ... already exists"). Once
+    one has, opening again works."""
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     for i in range(tries):
         try:
             return attempt()
-        except (IntegrityError, ProgrammingError):
-            if i == tries - 1:
+        except (IntegrityError, ProgrammingError, OperationalError) as exc:
+            schema_race = not isinstance(exc, OperationalError) or "already exists" in str(exc)
+            if not schema_race or i == tries - 1:
                 raise
             log.info("the study storage's tables were being created by another worker; again")
             time.sleep(0.5 + i)

@@ -24,18 +24,20 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # current,
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Sample values summed over label sets, by metric name (histogram series included)."""
+    """Sample values summed over label sets, by sample name (histogram series included),
+    read with ``prometheus_client``'s parser, as vLLM writes them with its exposition:
+    label values may hold spaces, commas and escaped quotes, and a sample may carry a
+    timestamp after its value. A text that does not parse from some line on gives what
+    was read before it (a truncated scrape is not an error)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, value_part = line.rpartition(" ")
-        name = name_part.split("{", 1)[0].strip()
-        try:
-            value = float(value_part)
-        except ValueError:
-            continue
-        values[name] = values.get(name, 0.0) + value
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    except ValueError:
+        pass
     return values
 
 
