@@ -49,7 +49,7 @@ number against the stationary mix, with a chi-square goodness-of-fit test
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -172,6 +172,13 @@ def lead_rate_per_s(spec: WorkloadSpec, trace: Sequence[TraceRecord] | None = No
     if warmed and initial <= 0:
         return arrival.mean_rate_per_s or 0.0
     return initial
+
+
+def nearest_in_rate(held: Mapping[float, AnswerTimes], rate_per_s: float) -> AnswerTimes | None:
+    """The answer times measured at the rate nearest ``rate_per_s`` (by ratio) among those
+    that held; None when none has."""
+    nearest = min(held, key=lambda r: abs(math.log(r / rate_per_s)), default=None)
+    return held[nearest] if nearest is not None else None
 
 
 # --- the stationary turn mix ------------------------------------------------------------

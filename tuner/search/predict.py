@@ -32,7 +32,7 @@ from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
 from workloads.schedule import ScheduledRequest
 from workloads.spec import SloMetric, WorkloadSpec
-from workloads.stationary import AnswerTimes, lookback_s
+from workloads.stationary import AnswerTimes, lookback_s, nearest_in_rate
 from workloads.traces import TraceRecord
 
 
@@ -281,8 +281,7 @@ def sustained_rate(
     held: dict[float, AnswerTimes] = {}
 
     def met(r: float) -> bool:
-        nearest = min(held, key=lambda h: abs(math.log(h / r)), default=None)
-        times = held[nearest] if nearest is not None else None
+        times = nearest_in_rate(held, r)
         run = steady_run(setup, spec, r, warmup_s=warmup_s, window_s=window_s, answer_times=times)
         measured = answer_times_of(run.result)
         if run.met and measured is not None:

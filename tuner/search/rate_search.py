@@ -54,7 +54,7 @@ from tuner.serving.window import LevelPlan, plan_level
 from workloads.prompts import prompt_builder_for
 from workloads.schedule import ScheduledRequest
 from workloads.spec import SessionStart, SloMetric, WarmupSpec, WorkloadSpec
-from workloads.stationary import AnswerTimes
+from workloads.stationary import AnswerTimes, nearest_in_rate
 
 MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
 PROVISIONAL_S = 30.0  # a level's first schedule, to read its request rate from
@@ -234,11 +234,12 @@ def nearest_answer_times(
     """The answer times to plan a level at ``rate_per_s`` with: those of the level that
     held nearest to it in rate (a level that broke measured a backlog's latencies), else
     ``fallback`` (the twin's)."""
-    held = [(lv, t) for lv in levels if lv.met and (t := measured_answer_times(lv.measurement))]
-    if not held or not rate_per_s:
+    held = {
+        lv.rate_per_s: t for lv in levels if lv.met and (t := measured_answer_times(lv.measurement))
+    }
+    if not rate_per_s:
         return fallback
-    _, times = min(held, key=lambda pair: abs(math.log(pair[0].rate_per_s / rate_per_s)))
-    return times
+    return nearest_in_rate(held, rate_per_s) or fallback
 
 
 def stop_rule(spec: WorkloadSpec, expected_requests: int, time_scale: float) -> StopRule | None:

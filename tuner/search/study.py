@@ -43,7 +43,6 @@ from tuner.serving.server import Backend
 from tuner.serving.window import MIN_WINDOW_S
 from tuner.vllm.log import calibration_from_report
 from tuner.vllm.memory import Calibration
-from workloads.stationary import AnswerTimes
 
 log = logging.getLogger(__name__)
 
@@ -922,10 +921,11 @@ class TrialLoop:
                 "accepted: another --run-dir"
             )
         start = self.start_rate(params)
+        predicted = self.prediction(params)
         evaluation = evaluate(
             ctx, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
-            predicted_rate_per_s=self.predicted_rate(params),
-            predicted_answer_times=self.predicted_answer_times(params),
+            predicted_rate_per_s=(predicted.rate_per_s or None) if predicted else None,
+            predicted_answer_times=predicted.answer_times if predicted else None,
         )  # fmt: skip
         self._calibrate(evaluation)
         record(trial, evaluation, role=role)
@@ -943,22 +943,21 @@ class TrialLoop:
         predicted = self.predicted_max_rate(params, fallback)
         return predicted * 0.9 if predicted > 0 else fallback
 
-    def predicted_rate(self, params: TrialParams) -> float | None:
-        """The twin's sustained rate for these settings, where it can place one."""
+    def prediction(self, params: TrialParams) -> SustainedRate | None:
+        """The twin's sustained rate for these settings and its answer times there, where
+        it can place one (a GPU profile, an open-loop workload)."""
         ctx = self.ctx
         if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
             return None
         fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
-        return self.predicted_max_rate(params, fallback) or None
-
-    def predicted_answer_times(self, params: TrialParams) -> AnswerTimes | None:
-        """The twin's answer times at its sustained rate (computed with it, so cached)."""
-        cached = self._predicted.get(params.model_dump_json())
-        return cached.answer_times if cached is not None else None
+        return self._sustained(params, fallback)
 
     def predicted_max_rate(self, params: TrialParams, start: float | None) -> float:
         """The simulator's highest arrival rate it sustains in the steady state, a level's
         warm-up and window long (``tuner.search.predict.sustained_rate``; cached per settings)."""
+        return self._sustained(params, start).rate_per_s
+
+    def _sustained(self, params: TrialParams, start: float | None) -> SustainedRate:
         ctx = self.ctx
         key = params.model_dump_json()
         if key not in self._predicted:
@@ -973,7 +972,7 @@ class TrialLoop:
                 setup, ctx.workload, warmup_s=plan.warmup_max_s, window_s=plan.window_s,
                 start_rate_per_s=start, precision=0.05, max_runs=10,
             )  # fmt: skip
-        return self._predicted[key].rate_per_s
+        return self._predicted[key]
 
     def best_rate(self) -> float | None:
         rates = [
