@@ -9,12 +9,31 @@ import pytest
 from tests.integration.tune_run import small_tune
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) every test of the
-    shared tune runs in one worker, so that the tune runs once."""
+    shared tune runs in one worker, so that the tune runs once. First of the hooks:
+    xdist's own reads the group marks into the test ids, and after it a mark is ignored."""
     for item in items:
         if "tuned_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("tuned_run"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A group that xdist did not write into the test ids is ignored without a word, and
+    each worker would then build the shared tune (minutes each): say so and stop."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(lost)} tests (first: {lost[0]}); this pytest "
+            "and pytest-xdist do not agree on test ids: install the versions pyproject.toml names"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from tuner.cli import bench, check, k8s, load_worker, report, serve, tune
 from tuner.errors import TunerError
-from tuner.serving.processes import Interrupted, raise_interrupted
+from tuner.serving.processes import Interrupted, interrupts_raised, raise_interrupted
 from tuner.sim import serve_cli, simulate_cli
 from tuner.vllm.flags import add_memory_flags, params_from_args
 
@@ -151,9 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _absolute_paths(args)
     _log_to_terminal(verbose=args.verbose)
-    previous = {sig: signal.signal(sig, raise_interrupted) for sig in INTERRUPT_SIGNALS}
     try:
-        code: int = args.func(args)
+        with interrupts_raised(raise_interrupted):
+            code: int = args.func(args)
     except TunerError as exc:
         print(f"tuner: error: {exc}", file=sys.stderr)
         return 2
@@ -165,13 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" ({exc.filename})" if exc.filename else ""
         print(f"tuner: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return code
 
-
-INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 # How to carry on after an interruption, by command.
 _RESUME = {

@@ -25,9 +25,11 @@ import fcntl
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -82,6 +84,56 @@ class Interrupted(KeyboardInterrupt):
 def raise_interrupted(signum: int, frame: FrameType | None) -> None:
     """A signal handler: SIGINT and SIGTERM become ``Interrupted`` where the program is."""
     raise Interrupted(signum)
+
+
+REDELIVER_AFTER_S = 0.02  # an Interrupted that went nowhere, sent again after this
+
+
+def _redeliver(pending: queue.SimpleQueue[int | None]) -> None:
+    """The thread that sends a swallowed interruption again to the main thread."""
+    while (signum := pending.get()) is not None:
+        time.sleep(REDELIVER_AFTER_S)
+        with contextlib.suppress(ProcessLookupError):
+            signal.pthread_kill(threading.main_thread().ident or 0, signum)
+
+
+@contextlib.contextmanager
+def interrupts_raised(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM handled by ``handler`` (one that raises ``Interrupted``) inside
+    the block; the previous handlers back after.
+
+    Python runs some code whose exceptions go nowhere (the hooks around a fork, which
+    ``Popen`` with a ``preexec_fn`` runs; ``__del__``; the collector's callbacks), and an
+    ``Interrupted`` raised there would be lost, the interruption then waiting for a
+    watchdog. Inside the block such an ``Interrupted`` is sent again, from another thread,
+    to land where it unwinds."""
+    previous = {sig: signal.getsignal(sig) for sig in INTERRUPT_SIGNALS}
+    previous_hook = sys.unraisablehook
+    # The hook only queues (a call into C that runs no Python, so no second signal can
+    # land inside it); the thread waits and sends.
+    pending: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+    sender = threading.Thread(target=_redeliver, args=(pending,), daemon=True)
+    sender.start()
+
+    def not_swallowed(unraisable: sys.UnraisableHookArgs) -> None:
+        if isinstance(unraisable.exc_value, Interrupted):
+            pending.put(int(unraisable.exc_value.signal))
+        else:
+            previous_hook(unraisable)
+
+    sys.unraisablehook = not_swallowed
+    for sig in INTERRUPT_SIGNALS:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        sys.unraisablehook = previous_hook
+        pending.put(None)
+
+
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _ignore(signum: int, frame: FrameType | None) -> None:
@@ -193,9 +245,6 @@ class ChildRegistry:
         self.owner = process_id(os.getpid())
         self._children: dict[int, ChildRecord] = {}
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
-        self._previous: dict[
-            signal.Signals, Callable[[int, FrameType | None], object] | int | None
-        ] = {}
 
     # -- leftovers of an earlier run --------------------------------------------------------
 
@@ -279,31 +328,29 @@ class ChildRegistry:
         a KeyboardInterrupt); a second signal while the children are stopped does not cut
         the stopping short."""
 
+        watchdogs: list[threading.Timer] = []
+
         def on_signal(signum: int, frame: FrameType | None) -> None:
             # The exception unwinds from wherever the program was; should that be inside a
             # lock the unwinding needs again, the watchdog still stops every child and exits.
-            watchdog = threading.Timer(FORCED_EXIT_AFTER_S, self._force_exit, args=(signum,))
-            watchdog.daemon = True
-            watchdog.start()
+            if not watchdogs:
+                watchdog = threading.Timer(FORCED_EXIT_AFTER_S, self._force_exit, args=(signum,))
+                watchdog.daemon = True
+                watchdog.start()
+                watchdogs.append(watchdog)
             raise Interrupted(signum)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.getsignal(sig)
-            signal.signal(sig, on_signal)
-        try:
-            yield self
-        except Interrupted as exc:
-            if exc.run_dir is None:
-                exc.run_dir = self.path.parent
-            raise
-        finally:
-            for sig in self._previous:
-                signal.signal(sig, _ignore)
+        with interrupts_raised(on_signal):
             try:
-                self.stop_all()
+                yield self
+            except Interrupted as exc:
+                if exc.run_dir is None:
+                    exc.run_dir = self.path.parent
+                raise
             finally:
-                for signum, handler in self._previous.items():
-                    signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+                for sig in INTERRUPT_SIGNALS:
+                    signal.signal(sig, _ignore)
+                self.stop_all()
 
     def _force_exit(self, signum: int) -> None:
         """The watchdog of an interruption that did not finish unwinding in time."""
