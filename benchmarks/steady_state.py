@@ -3,10 +3,12 @@
 For each built-in workload on the simulated engine (llama-3.1-8b, vLLM's defaults at
 the current version) it prints:
 
-(a) the reference rate: ``tuner.search.predict.reference_rate``, 10 virtual minutes after a
-    long warm-up (2 minutes, or the longest conversation's planned length), opening on
-    the stationary population of conversations, every later turn sent its think time
-    after the answer it follows;
+(a) the reference rate: ``tuner.search.predict.reference_rate``, 10 virtual minutes (or as
+    long as 200 requests take, for a p99, where that is longer) after a long warm-up
+    (2 minutes, or the longest conversation's planned length), opening on the
+    stationary population of conversations (planned with the answer times this server
+    gave at the nearest rate it held, as the live search plans it), every later turn
+    sent its think time after the answer it follows;
 (b) today's figure: what the old method says, ``tuner.search.predict.max_rate`` on an 8-s cold
     window (``level_workload(spec, None, 8)`` with ``sessions.start: empty``, each turn
     at its planned time), and its error against (a);
@@ -53,9 +55,6 @@ from tuner.search.predict import (
     max_rate,
     predict,
     reference_rate,
-    reference_warmup_s,
-    steady_run,
-    sustained_max_rate,
 )
 from tuner.search.rate_search import GoodputUnit, level_workload
 from tuner.search.space import TrialParams
@@ -65,6 +64,7 @@ from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.spec import SessionStart, WorkloadSpec, load_workload
+from workloads.stationary import expected_turns
 
 WORKLOADS = ("chat", "code", "rag", "batch", "mixed-long-short")
 GPUS = ("H100-80GB", "L4-24GB")
@@ -95,15 +95,6 @@ def cold_window(spec: WorkloadSpec) -> WorkloadSpec:
     return level
 
 
-def requests_per_s(setup: Setup, spec: WorkloadSpec, rate: float) -> float:
-    """Requests/s offered in the steady state at ``rate`` (a short steady run's window)."""
-    if rate <= 0.0:
-        return 0.0
-    window_s = 60.0
-    p = steady_run(setup, spec, rate, warmup_s=reference_warmup_s(spec), window_s=window_s)
-    return 0.0 if p.result is None else p.result.num_requests / window_s
-
-
 def closed_throughput(setup: Setup, spec: WorkloadSpec) -> float:
     p = predict(setup, spec)
     return p.result.request_throughput if p.met and p.result is not None else 0.0
@@ -114,10 +105,9 @@ def reference(setup: Setup, spec: WorkloadSpec) -> tuple[float, float]:
     if spec.mean_rate_per_s is None:
         rate = closed_throughput(setup, spec)
         return rate, rate
-    start = sustained_max_rate(setup, spec, warmup_s=15.0, window_s=30.0)
-    rate = reference_rate(setup, spec, start_rate_per_s=start or None)
+    rate = reference_rate(setup, spec)
     if GoodputUnit.of(spec) is GoodputUnit.CONVERSATIONS_PER_S:
-        return rate, requests_per_s(setup, spec, rate)
+        return rate, rate * expected_turns(spec)
     return rate, rate
 
 

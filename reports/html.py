@@ -58,7 +58,14 @@ from tuner.search.config import TuneConfig
 from tuner.search.edge import KnobEdge
 from tuner.search.evaluate import Evaluation, LevelSummary, Verdict
 from tuner.search.rate_search import Goodput, GoodputUnit
-from tuner.search.recommend import HARNESS_VERSION, Latency, Measured, Recommendation, Variant
+from tuner.search.recommend import (
+    HARNESS_VERSION,
+    Capacity,
+    Latency,
+    Measured,
+    Recommendation,
+    Variant,
+)
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
 from workloads.metrics import BucketLatency
 from workloads.spec import WorkloadSpec
@@ -400,151 +407,6 @@ def _trial_view(t: TrialRow, data: RunData, winner: int | None) -> TrialView:
 # --- sections ---------------------------------------------------------------------------
 
 
-def _summary(data: RunData) -> dict[str, Any]:
-    rec = data.recommendation
-    default_row = data.default_trial
-    best_row = data.best_trial
-    default_measured: Measured | None = None
-    default_flags: dict[str, object] = {}
-    if rec is not None and rec.default is not None:
-        default_measured, default_flags = rec.default.measured, dict(rec.default.flags)
-    elif default_row is not None and default_row.evaluation is not None:
-        default_measured = _measured_of_eval(default_row.evaluation)
-        default_flags = dict(default_row.evaluation.flags)
-    rec_measured: Measured | None = None
-    rec_flags: dict[str, object] = {}
-    rec_label = "Recommended"
-    if rec is not None:
-        rec_measured, rec_flags = rec.recommended.measured, dict(rec.recommended.flags)
-        if rec_measured is None and best_row is not None and best_row.evaluation is not None:
-            rec_measured = _measured_of_eval(best_row.evaluation)  # --no-confirm: the trial itself
-    elif best_row is not None and best_row.evaluation is not None:
-        rec_label = f"Best trial ({best_row.number})"
-        rec_measured = _measured_of_eval(best_row.evaluation)
-        rec_flags = dict(best_row.evaluation.flags)
-    if rec is None:
-        if best_row is None:
-            status = "No recommendation: no trial met the SLOs."
-        else:
-            status = (
-                "No recommendation was written (the run did not finalize); the best trial is shown."
-            )
-    else:
-        status = ""
-    headroom: list[str] = []
-    edge = data.edge
-    util_edge = edge.utilization if edge is not None else None
-    if rec is not None and rec.recommended.utilization_headroom is not None:
-        headroom.append(
-            f"--gpu-memory-utilization {_value(rec.recommended.params.gpu_memory_utilization)} "
-            f"keeps {rec.recommended.utilization_headroom:g} below the highest value that held "
-            "the worst-case load."
-        )
-    if util_edge is not None:
-        headroom.append(
-            f"--gpu-memory-utilization edge: {_value(util_edge.highest_ok)} held, "
-            f"{_value(util_edge.lowest_failed)} failed ({util_edge.launches} launch(es); the "
-            f"memory model predicted {_value(util_edge.predicted)})."
-        )
-    if edge is not None and edge.max_num_seqs is not None:
-        e = edge.max_num_seqs
-        if e.launches == 0:
-            headroom.append(f"--max-num-seqs edge: not probed ({e.note or 'no launch budget'}).")
-        else:
-            headroom.append(
-                f"--max-num-seqs edge: {_value(e.highest_ok)} held, {_value(e.lowest_failed)} "
-                f"failed ({e.launches} launch(es)){'; ' + e.note if e.note else ''}."
-            )
-    free: int | None = None
-    if rec_measured is not None and rec_measured.peak_used_bytes and rec_measured.total_bytes:
-        free = rec_measured.total_bytes - rec_measured.peak_used_bytes
-        headroom.append(
-            f"At its fullest the device still had {_gib(free)} free of "
-            f"{_gib(rec_measured.total_bytes)} ({free / rec_measured.total_bytes:.1%})."
-        )
-    if edge is None:
-        headroom.append("The OOM edge was not searched, so the headroom to it is unknown.")
-    headroom_config = data.tune.config.capacity_headroom
-    if rec is not None and rec.capacity is not None:
-        c = rec.capacity
-        u = c.unit.label
-        peak = f"{c.target_peak_rate:g} {u}" + (
-            f" (about {c.peak_requests_per_s:,.0f} req/s)"
-            if c.unit is not GoodputUnit.REQUESTS_PER_S and c.peak_requests_per_s is not None
-            else ""
-        )
-        each = f"{c.goodput_per_replica:.2f} {u}" + (
-            f" ({_figures(c.goodput)})" if c.goodput else ""
-        )
-        capacity = (
-            f"{c.replicas} replica(s) serve the target peak of {peak}: "
-            f"each holds {each} at the SLO and is planned to "
-            f"{1 - c.headroom:.0%} of it ({c.headroom:.0%} headroom kept)."
-        )
-        replicas_kpi = (str(c.replicas), f"for a peak of {c.target_peak_rate:g} {u}")
-        if c.replicas_is_upper_bound:
-            capacity = (
-                f"At most {c.replicas} replica(s) serve the target peak of "
-                f"{peak}: each holds at least "
-                f"{each} at the SLO (no rate measured broke it, "
-                f"so it may hold more and the peak need fewer) and is planned to "
-                f"{1 - c.headroom:.0%} of that ({c.headroom:.0%} headroom kept)."
-            )
-            replicas_kpi = (
-                f"at most {c.replicas}",
-                f"for a peak of {c.target_peak_rate:g} {u} (goodput is a lower bound)",
-            )
-    elif rec_measured is not None and rec_measured.goodput > 0:
-        g = rec_measured.stated_goodput
-        u = g.unit.label
-        per = g.arrival_rate_per_s * (1 - headroom_config)
-        lower = rec_measured.goodput_bound.is_lower_bound
-        capacity = (
-            f"No target peak was given (--target-peak-rate, in {u}). One replica holds "
-            f"{_at_least(rec_measured, 'at least ')}{g.arrival_rate_per_s:.2f} {u} "
-            f"({_figures(g)}) at the SLO"
-            + (" (no rate measured broke it)" if lower else "")
-            + f"; keeping {headroom_config:.0%} headroom, plan one replica per {per:.2f} {u} "
-            + "of peak traffic"
-            + (" (an upper bound on the replicas needed: each may hold more)." if lower else ".")
-        )
-        replicas_kpi = (
-            f"1 per {per:.1f} {u}",
-            f"of peak traffic ({headroom_config:.0%} kept"
-            + ("; each may hold more)" if lower else ")"),
-        )
-    else:
-        capacity = "Not known: no settings met the SLOs."
-        replicas_kpi = ("–", "no settings met the SLOs")
-    kpis = _kpis(data, rec_measured, default_measured, util_edge, free, rec, replicas_kpi)
-    return {
-        "kpis": kpis,
-        "status": status,
-        "rec_label": rec_label,
-        "compare": _compare_rows(rec_measured, default_measured)
-        if (rec_measured or default_measured)
-        else [],
-        "settings": _setting_rows(rec_flags, default_flags) if (rec_flags or default_flags) else [],
-        "command": rec.recommended.command if rec is not None else "",
-        "version_hash": rec.version_hash if rec is not None else "",
-        "headroom": headroom,
-        "capacity": capacity,
-        "variants": [_variant_row(v) for v in rec.variants] if rec is not None else [],
-        "variants_one_rate": rec is not None
-        and any(
-            v.measured is not None and len(v.measured.rates_per_s) == 1 for v in rec.variants[1:]
-        ),
-        "noise": (
-            f"{len(rec_measured.goodput_runs)} confirmation runs, goodput spread {rec_measured.goodput_spread:.1%}"
-            if rec_measured is not None and len(rec_measured.goodput_runs) > 1
-            else ""
-        ),
-        "default_note": ""
-        if default_measured
-        else "vLLM's defaults were not measured in this run.",
-    }
-
-
 @dataclass
 class Kpi:
     label: str
@@ -553,14 +415,253 @@ class Kpi:
     tone: str = ""  # "good", "bad" or ""
 
 
+@dataclass(frozen=True)
+class SummaryView:
+    """The summary section: KPIs, recommendation beside defaults, headroom, replicas, variants."""
+
+    kpis: list[Kpi]
+    status: str  # why there is no recommendation; "" when there is one
+    recommended_label: str  # the recommended column's heading
+    compare_rows: list[CompareRow]
+    setting_rows: list[SettingRow]
+    command: str  # the recommended `vllm serve` command; "" without a recommendation
+    version_hash: str
+    headroom_lines: list[str]
+    capacity_text: str
+    variant_rows: list[VariantRow]
+    variants_one_rate: bool  # the other variants were measured at the recommendation's rate
+    noise_note: str
+    default_note: str
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One column of the comparison: what it is called, what it measured, its flags."""
+
+    label: str
+    measured: Measured | None
+    flags: dict[str, object]
+
+
+@dataclass(frozen=True)
+class _CapacityPlan:
+    """The replicas for the peak: the sentence, and the KPI's value and note."""
+
+    text: str
+    replicas_value: str
+    replicas_note: str
+
+
+_CAPACITY_UNKNOWN = _CapacityPlan(
+    "Not known: no settings met the SLOs.", "–", "no settings met the SLOs"
+)
+
+
+def _summary(data: RunData) -> SummaryView:
+    """The summary section, from the recommendation (else the best trial) and the edge."""
+    rec = data.recommendation
+    recommended = _recommended_side(data)
+    default = _default_side(data)
+    rec_measured, default_measured = recommended.measured, default.measured
+    edge = data.edge
+    util_edge = edge.utilization if edge is not None else None
+    free_bytes = _free_bytes(rec_measured)
+    capacity = _capacity_plan(data, rec_measured)
+    return SummaryView(
+        kpis=_kpis(data, rec_measured, default_measured, util_edge, free_bytes, rec, capacity),
+        status=_status(data),
+        recommended_label=recommended.label,
+        compare_rows=_compare_rows(rec_measured, default_measured)
+        if (rec_measured or default_measured)
+        else [],
+        setting_rows=_setting_rows(recommended.flags, default.flags)
+        if (recommended.flags or default.flags)
+        else [],
+        command=rec.recommended.command if rec is not None else "",
+        version_hash=rec.version_hash if rec is not None else "",
+        headroom_lines=_headroom_lines(data, rec_measured, free_bytes),
+        capacity_text=capacity.text,
+        variant_rows=[_variant_row(v) for v in rec.variants] if rec is not None else [],
+        variants_one_rate=_variants_one_rate(rec),
+        noise_note=_noise_note(rec_measured),
+        default_note="" if default_measured else "vLLM's defaults were not measured in this run.",
+    )
+
+
+def _recommended_side(data: RunData) -> _Side:
+    """The recommendation as measured (with --no-confirm: its trial), else the best trial."""
+    rec = data.recommendation
+    best_row = data.best_trial
+    best_ev = best_row.evaluation if best_row is not None else None
+    if rec is not None:
+        measured = rec.recommended.measured
+        if measured is None and best_ev is not None:
+            measured = _measured_of_eval(best_ev)  # --no-confirm: the trial itself
+        return _Side("Recommended", measured, dict(rec.recommended.flags))
+    if best_row is not None and best_ev is not None:
+        return _Side(
+            f"Best trial ({best_row.number})", _measured_of_eval(best_ev), dict(best_ev.flags)
+        )
+    return _Side("Recommended", None, {})
+
+
+def _default_side(data: RunData) -> _Side:
+    """vLLM's defaults: the recommendation's measurement of them, else the default trial."""
+    rec = data.recommendation
+    default_row = data.default_trial
+    if rec is not None and rec.default is not None:
+        return _Side("vLLM defaults", rec.default.measured, dict(rec.default.flags))
+    if default_row is not None and default_row.evaluation is not None:
+        ev = default_row.evaluation
+        return _Side("vLLM defaults", _measured_of_eval(ev), dict(ev.flags))
+    return _Side("vLLM defaults", None, {})
+
+
+def _status(data: RunData) -> str:
+    """Why the summary shows no recommendation; "" when it shows one."""
+    if data.recommendation is not None:
+        return ""
+    if data.best_trial is None:
+        return "No recommendation: no trial met the SLOs."
+    return "No recommendation was written (the run did not finalize); the best trial is shown."
+
+
+def _free_bytes(measured: Measured | None) -> int | None:
+    """GPU memory still free at the measured peak; None when either figure is unknown."""
+    if measured is not None and measured.peak_used_bytes and measured.total_bytes:
+        return measured.total_bytes - measured.peak_used_bytes
+    return None
+
+
+def _headroom_lines(
+    data: RunData, rec_measured: Measured | None, free_bytes: int | None
+) -> list[str]:
+    """The headroom to the OOM edge: kept below it, where each knob's edge is, memory free."""
+    lines: list[str] = []
+    rec = data.recommendation
+    edge = data.edge
+    if rec is not None and rec.recommended.utilization_headroom is not None:
+        lines.append(
+            f"--gpu-memory-utilization {_value(rec.recommended.params.gpu_memory_utilization)} "
+            f"keeps {rec.recommended.utilization_headroom:g} below the highest value that held "
+            "the worst-case load."
+        )
+    if edge is not None and edge.utilization is not None:
+        lines.append(_utilization_edge_line(edge.utilization))
+    if edge is not None and edge.max_num_seqs is not None:
+        lines.append(_seqs_edge_line(edge.max_num_seqs))
+    if free_bytes is not None and rec_measured is not None and rec_measured.total_bytes:
+        lines.append(
+            f"At its fullest the device still had {_gib(free_bytes)} free of "
+            f"{_gib(rec_measured.total_bytes)} ({free_bytes / rec_measured.total_bytes:.1%})."
+        )
+    if edge is None:
+        lines.append("The OOM edge was not searched, so the headroom to it is unknown.")
+    return lines
+
+
+def _utilization_edge_line(e: KnobEdge) -> str:
+    """Where the --gpu-memory-utilization edge was found, beside the memory model's guess."""
+    return (
+        f"--gpu-memory-utilization edge: {_value(e.highest_ok)} held, "
+        f"{_value(e.lowest_failed)} failed ({e.launches} launch(es); the "
+        f"memory model predicted {_value(e.predicted)})."
+    )
+
+
+def _seqs_edge_line(e: KnobEdge) -> str:
+    """Where the --max-num-seqs edge was found, or why it was not probed."""
+    if e.launches == 0:
+        return f"--max-num-seqs edge: not probed ({e.note or 'no launch budget'})."
+    return (
+        f"--max-num-seqs edge: {_value(e.highest_ok)} held, {_value(e.lowest_failed)} "
+        f"failed ({e.launches} launch(es)){'; ' + e.note if e.note else ''}."
+    )
+
+
+def _capacity_plan(data: RunData, rec_measured: Measured | None) -> _CapacityPlan:
+    """The replicas for the target peak, else one replica's share of the peak, else unknown."""
+    rec = data.recommendation
+    if rec is not None and rec.capacity is not None:
+        return _capacity_for_peak(rec.capacity)
+    if rec_measured is not None and rec_measured.goodput > 0:
+        return _capacity_per_replica(rec_measured, data.tune.config.capacity_headroom)
+    return _CAPACITY_UNKNOWN
+
+
+def _capacity_for_peak(c: Capacity) -> _CapacityPlan:
+    """The recommendation's replicas for the target peak (at most, from a lower bound)."""
+    u = c.unit.label
+    peak = f"{c.target_peak_rate:g} {u}" + (
+        f" (about {c.peak_requests_per_s:,.0f} req/s)"
+        if c.unit is not GoodputUnit.REQUESTS_PER_S and c.peak_requests_per_s is not None
+        else ""
+    )
+    each = f"{c.goodput_per_replica:.2f} {u}" + (f" ({_figures(c.goodput)})" if c.goodput else "")
+    if c.replicas_is_upper_bound:
+        return _CapacityPlan(
+            f"At most {c.replicas} replica(s) serve the target peak of "
+            f"{peak}: each holds at least "
+            f"{each} at the SLO (no rate measured broke it, "
+            f"so it may hold more and the peak need fewer) and is planned to "
+            f"{1 - c.headroom:.0%} of that ({c.headroom:.0%} headroom kept).",
+            f"at most {c.replicas}",
+            f"for a peak of {c.target_peak_rate:g} {u} (goodput is a lower bound)",
+        )
+    return _CapacityPlan(
+        f"{c.replicas} replica(s) serve the target peak of {peak}: "
+        f"each holds {each} at the SLO and is planned to "
+        f"{1 - c.headroom:.0%} of it ({c.headroom:.0%} headroom kept).",
+        str(c.replicas),
+        f"for a peak of {c.target_peak_rate:g} {u}",
+    )
+
+
+def _capacity_per_replica(measured: Measured, headroom_fraction: float) -> _CapacityPlan:
+    """No target peak: how much peak traffic to plan one replica for, headroom kept."""
+    g = measured.stated_goodput
+    u = g.unit.label
+    per = g.arrival_rate_per_s * (1 - headroom_fraction)
+    lower = measured.goodput_bound.is_lower_bound
+    return _CapacityPlan(
+        f"No target peak was given (--target-peak-rate, in {u}). One replica holds "
+        f"{_at_least(measured, 'at least ')}{g.arrival_rate_per_s:.2f} {u} "
+        f"({_figures(g)}) at the SLO"
+        + (" (no rate measured broke it)" if lower else "")
+        + f"; keeping {headroom_fraction:.0%} headroom, plan one replica per {per:.2f} {u} "
+        + "of peak traffic"
+        + (" (an upper bound on the replicas needed: each may hold more)." if lower else "."),
+        f"1 per {per:.1f} {u}",
+        f"of peak traffic ({headroom_fraction:.0%} kept"
+        + ("; each may hold more)" if lower else ")"),
+    )
+
+
+def _variants_one_rate(rec: Recommendation | None) -> bool:
+    """Whether the other variants were measured at one rate (the one the recommendation held)."""
+    return rec is not None and any(
+        v.measured is not None and len(v.measured.rates_per_s) == 1 for v in rec.variants[1:]
+    )
+
+
+def _noise_note(measured: Measured | None) -> str:
+    """The run-to-run spread of goodput over the confirmation runs; "" with one run."""
+    if measured is not None and len(measured.goodput_runs) > 1:
+        return (
+            f"{len(measured.goodput_runs)} confirmation runs, "
+            f"goodput spread {measured.goodput_spread:.1%}"
+        )
+    return ""
+
+
 def _kpis(
     data: RunData,
     rec: Measured | None,
     default: Measured | None,
     util_edge: KnobEdge | None,
-    free: int | None,
+    free_bytes: int | None,
     recommendation: Recommendation | None,
-    replicas: tuple[str, str],
+    replicas: _CapacityPlan,
 ) -> list[Kpi]:
     out: list[Kpi] = []
     if rec is not None:
@@ -592,14 +693,14 @@ def _kpis(
     if recommendation is not None and recommendation.recommended.utilization_headroom is not None:
         edge_text = f"{recommendation.recommended.utilization_headroom:g}"
         sub = "utilization below the edge"
-        if free is not None:
-            sub += f"; {_gib(free)} free at peak"
+        if free_bytes is not None:
+            sub += f"; {_gib(free_bytes)} free at peak"
         out.append(Kpi("Headroom to OOM", edge_text, sub))
     elif util_edge is not None:
         out.append(Kpi("OOM edge", _value(util_edge.highest_ok), "highest utilization that held"))
     else:
         out.append(Kpi("Headroom to OOM", "unknown", "the OOM edge was not searched"))
-    out.append(Kpi("Replicas", replicas[0], replicas[1]))
+    out.append(Kpi("Replicas", replicas.replicas_value, replicas.replicas_note))
     return out
 
 

@@ -575,6 +575,7 @@ def _cache_volume(volume: PvcCache | HostPathCache, claim_name: str) -> dict[str
 
 
 def _claim(volume: PvcCache, *, name: str, pods: int, labels: dict[str, str]) -> dict[str, Any]:
+    """The PersistentVolumeClaim of a PVC cache, its access mode chosen for ``pods``."""
     spec: dict[str, Any] = {
         "accessModes": [volume.access_mode_for(pods)],
         "volumeMode": "Filesystem",
@@ -591,6 +592,7 @@ def _claim(volume: PvcCache, *, name: str, pods: int, labels: dict[str, str]) ->
 
 
 _GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+_STARTUP_PERIOD_S = 10
 
 
 def kubernetes_manifests(cfg: DeploymentConfig) -> str:
@@ -602,35 +604,76 @@ def kubernetes_manifests(cfg: DeploymentConfig) -> str:
     Shutdown: preStop sleeps ``drain_s`` so the endpoint is gone before SIGTERM, and the
     grace period leaves ``shutdown_s`` more for requests in flight.
     """
-    name = cfg.name
-    claim_name = f"{name}-vllm-cache"
-    common = {
+    claim_name = _serving_claim_name(cfg)
+    docs: list[dict[str, Any]] = [_deployment(cfg), _service(cfg)]
+    if isinstance(cfg.cache_volume, PvcCache):
+        labels = _serving_labels(cfg)
+        docs.insert(0, _claim(cfg.cache_volume, name=claim_name, pods=cfg.replicas, labels=labels))
+    header = (
+        f"# vLLM {cfg.vllm_version} serving {cfg.model!r}, config hash {cfg.config_hash}; "
+        "rendered by vllm-capacity-tuner\n"
+    )
+    return header + _dump_all(docs)
+
+
+def _serving_claim_name(cfg: DeploymentConfig) -> str:
+    """The name of the serving cache's PersistentVolumeClaim."""
+    return f"{cfg.name}-vllm-cache"
+
+
+def _serving_labels(cfg: DeploymentConfig) -> dict[str, str]:
+    """The labels of every serving object (the claim's; the others add the config hash)."""
+    return {
         **cfg.labels,
-        **_selector(name),
+        **_selector(cfg.name),
         "app.kubernetes.io/component": "inference-server",
         "app.kubernetes.io/managed-by": MANAGED_BY,
         "app.kubernetes.io/version": cfg.vllm_version,
     }
-    hashed = {**common, HASH_KEY: cfg.config_hash}
-    annotations = {HASH_KEY: cfg.config_hash, f"{LABEL_PREFIX}/model": cfg.model}
 
+
+def _hashed_labels(cfg: DeploymentConfig) -> dict[str, str]:
+    """The serving labels plus the config hash: the Deployment's, its pods' and the Service's."""
+    return {**_serving_labels(cfg), HASH_KEY: cfg.config_hash}
+
+
+def _serving_annotations(cfg: DeploymentConfig) -> dict[str, str]:
+    """The config hash and the model, as annotations of the Deployment, pods and Service."""
+    return {HASH_KEY: cfg.config_hash, f"{LABEL_PREFIX}/model": cfg.model}
+
+
+def _serving_env(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    """The vLLM container's environment: the cache directory, and the Secrets' keys."""
     env: list[dict[str, Any]] = [{"name": "VLLM_CACHE_DIR", "value": CACHE_MOUNT_PATH}]
     if cfg.api_key_secret is not None:
         env.append(_secret_env("VLLM_API_KEY", cfg.api_key_secret))
     if cfg.hf_token_secret is not None:
         env.append(_secret_env("HF_TOKEN", cfg.hf_token_secret))
+    return env
 
-    gpus = cfg.gpus_per_replica
+
+def _serving_mounts(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    """The vLLM container's volume mounts: the cache, and /dev/shm with several GPUs."""
     mounts: list[dict[str, Any]] = [{"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH}]
-    volumes: list[dict[str, Any]] = [_cache_volume(cfg.cache_volume, claim_name)]
-    if gpus > 1:
+    if cfg.gpus_per_replica > 1:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return mounts
+
+
+def _serving_volumes(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    """The pod's volumes: the cache, and an in-memory /dev/shm for NCCL with several GPUs."""
+    volumes: list[dict[str, Any]] = [_cache_volume(cfg.cache_volume, _serving_claim_name(cfg))]
+    if cfg.gpus_per_replica > 1:
         volumes.append(
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm_size}}
         )
+    return volumes
 
+
+def _serving_resources(cfg: DeploymentConfig) -> dict[str, Any]:
+    """GPU limit, optional CPU request, and memory as both request and limit."""
     requests: dict[str, Any] = {}
-    limits: dict[str, Any] = {GPU_RESOURCE: gpus}
+    limits: dict[str, Any] = {GPU_RESOURCE: cfg.gpus_per_replica}
     if cfg.cpu_request is not None:
         requests["cpu"] = cfg.cpu_request
     if cfg.memory_request is not None:
@@ -638,87 +681,105 @@ def kubernetes_manifests(cfg: DeploymentConfig) -> str:
     resources: dict[str, Any] = {"limits": limits}
     if requests:
         resources["requests"] = requests
+    return resources
 
-    startup_period_s = 10
+
+def _startup_probe(cfg: DeploymentConfig) -> dict[str, Any]:
+    """The probe that runs the warm-up script, allowing ``startup_timeout_s`` in all."""
     probe_served = cfg.served_model_name or cfg.model
     warmup = _warmup_script(port=cfg.port, model=probe_served, requests=cfg.warmup_requests)
-    container: dict[str, Any] = {
+    return {
+        "exec": {"command": ["python3", "-c", warmup]},
+        "periodSeconds": _STARTUP_PERIOD_S,
+        "timeoutSeconds": 60 + 15 * cfg.warmup_requests,
+        "failureThreshold": math.ceil(cfg.startup_timeout_s / _STARTUP_PERIOD_S),
+    }
+
+
+def _health_probe(*, period_s: int, timeout_s: int, failures: int) -> dict[str, Any]:
+    """A GET /health probe on the http port (readiness and liveness)."""
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period_s,
+        "timeoutSeconds": timeout_s,
+        "failureThreshold": failures,
+    }
+
+
+def _serving_container(cfg: DeploymentConfig) -> dict[str, Any]:
+    """The vLLM container: ``vllm serve`` with its arguments, probes and preStop drain."""
+    return {
         "name": "vllm",
         "image": cfg.image,
         "command": ["vllm", "serve"],
         "args": [_k8s_literal(arg) for arg in _argv(cfg)],
-        "env": env,
+        "env": _serving_env(cfg),
         "ports": [{"name": "http", "containerPort": cfg.port, "protocol": "TCP"}],
-        "resources": resources,
-        "volumeMounts": mounts,
-        "startupProbe": {
-            "exec": {"command": ["python3", "-c", warmup]},
-            "periodSeconds": startup_period_s,
-            "timeoutSeconds": 60 + 15 * cfg.warmup_requests,
-            "failureThreshold": math.ceil(cfg.startup_timeout_s / startup_period_s),
-        },
-        "readinessProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
-            "periodSeconds": 5,
-            "timeoutSeconds": 5,
-            "failureThreshold": 3,
-        },
-        "livenessProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
-            "periodSeconds": 15,
-            "timeoutSeconds": 10,
-            "failureThreshold": 4,
-        },
+        "resources": _serving_resources(cfg),
+        "volumeMounts": _serving_mounts(cfg),
+        "startupProbe": _startup_probe(cfg),
+        "readinessProbe": _health_probe(period_s=5, timeout_s=5, failures=3),
+        "livenessProbe": _health_probe(period_s=15, timeout_s=10, failures=4),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(cfg.drain_s)]}}},
     }
+
+
+def _rollout_strategy(cfg: DeploymentConfig) -> dict[str, Any]:
+    """Recreate when the cache claim mounts on one pod only, else a surge-one rolling update."""
     single_pod_claim = isinstance(cfg.cache_volume, PvcCache) and cfg.cache_volume.access_mode_for(
         cfg.replicas
     ) in ("ReadWriteOnce", "ReadWriteOncePod")
-    strategy: dict[str, Any] = (
+    return (
         {"type": "Recreate"}  # a new pod could not mount the old one's claim elsewhere
         if single_pod_claim
         else {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     )
-    deployment = {
+
+
+def _deployment(cfg: DeploymentConfig) -> dict[str, Any]:
+    """The Deployment of ``replicas`` vLLM pods."""
+    labels = _hashed_labels(cfg)
+    annotations = _serving_annotations(cfg)
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "labels": hashed, "annotations": annotations},
+        "metadata": {"name": cfg.name, "labels": labels, "annotations": annotations},
         "spec": {
             "replicas": cfg.replicas,
-            "selector": {"matchLabels": _selector(name)},
-            "strategy": strategy,
+            "selector": {"matchLabels": _selector(cfg.name)},
+            "strategy": _rollout_strategy(cfg),
             "template": {
-                "metadata": {"labels": hashed, "annotations": annotations},
+                "metadata": {"labels": labels, "annotations": annotations},
                 "spec": {
                     # No FOO_PORT variables from Services: a Service named vllm would set
                     # VLLM_PORT, which vLLM reads as its own setting.
                     "enableServiceLinks": False,
                     "terminationGracePeriodSeconds": cfg.drain_s + cfg.shutdown_s,
                     "tolerations": [_GPU_TOLERATION],
-                    "containers": [container],
-                    "volumes": volumes,
+                    "containers": [_serving_container(cfg)],
+                    "volumes": _serving_volumes(cfg),
                 },
             },
         },
     }
-    service = {
+
+
+def _service(cfg: DeploymentConfig) -> dict[str, Any]:
+    """The ClusterIP Service in front of the Deployment's pods."""
+    return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "labels": hashed, "annotations": annotations},
+        "metadata": {
+            "name": cfg.name,
+            "labels": _hashed_labels(cfg),
+            "annotations": _serving_annotations(cfg),
+        },
         "spec": {
             "type": "ClusterIP",
-            "selector": _selector(name),
+            "selector": _selector(cfg.name),
             "ports": [{"name": "http", "port": cfg.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
-    docs: list[dict[str, Any]] = [deployment, service]
-    if isinstance(cfg.cache_volume, PvcCache):
-        docs.insert(0, _claim(cfg.cache_volume, name=claim_name, pods=cfg.replicas, labels=common))
-    header = (
-        f"# vLLM {cfg.vllm_version} serving {cfg.model!r}, config hash {cfg.config_hash}; "
-        "rendered by vllm-capacity-tuner\n"
-    )
-    return header + _dump_all(docs)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -802,6 +863,58 @@ def _tuning_job(
     extra_args: Sequence[str],
     name: str | None,
 ) -> str:
+    """Check the inputs (ValueError naming the first bad one), then render the objects."""
+    _check_job_inputs(
+        model=model,
+        workers=workers,
+        study=study,
+        image=image,
+        storage_url=storage_url,
+        storage_secret=storage_secret,
+        extra_args=extra_args,
+    )
+    volume = PvcCache() if cache_volume is None else _as_cache_volume(cache_volume)
+    job_name = _job_name(study, name)
+    labels = _job_labels(job_name)
+    secret_ref = storage_secret or SecretKeyRef(name=f"{job_name}-storage", key=STORAGE_SECRET_KEY)
+    claim_name = f"{job_name}-vllm-cache"
+    docs: list[dict[str, Any]] = []
+    if storage_url is not None:
+        docs.append(_storage_secret(secret_ref, storage_url, labels=labels))
+    if isinstance(volume, PvcCache):
+        docs.append(_claim(volume, name=claim_name, pods=workers, labels=labels))
+    container = _tuner_container(
+        model=model, study=study, image=image, extra_args=extra_args, secret_ref=secret_ref
+    )
+    docs.append(
+        _job(
+            job_name,
+            model=model,
+            study=study,
+            workers=workers,
+            labels=labels,
+            container=container,
+            volume=_cache_volume(volume, claim_name),
+        )
+    )
+    header = (
+        f"# {workers} tuning worker(s) of study {study!r} on {model!r}; "
+        "rendered by vllm-capacity-tuner\n"
+    )
+    return header + _dump_all(docs)
+
+
+def _check_job_inputs(
+    *,
+    model: str,
+    workers: int,
+    study: str,
+    image: str,
+    storage_url: str | None,
+    storage_secret: SecretKeyRef | None,
+    extra_args: Sequence[str],
+) -> None:
+    """ValueError naming the first of the tuning job's inputs that is not accepted."""
     _no_control("model name", model)
     _no_control("study name", study)
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 1000:
@@ -811,17 +924,27 @@ def _tuning_job(
     if (storage_url is None) == (storage_secret is None):
         raise ValueError("give exactly one of storage_url and storage_secret")
     if storage_url is not None:
-        scheme = storage_url.partition("://")[0]
-        if not re.fullmatch(r"[a-z][a-z0-9+]*", scheme) or "://" not in storage_url:
-            raise ValueError(
-                "storage URL is not accepted; accepted: an SQLAlchemy URL such as "
-                "postgresql://user:password@host/db"
-            )
-        if scheme.startswith("sqlite"):
-            raise ValueError(
-                f"storage {scheme}:// is not accepted: workers on several pods cannot share "
-                "SQLite; accepted: a database server URL such as postgresql://user:pw@host/db"
-            )
+        _check_storage_url(storage_url)
+    _check_extra_args(extra_args)
+
+
+def _check_storage_url(storage_url: str) -> None:
+    """ValueError unless ``storage_url`` is an SQLAlchemy URL of a database server."""
+    scheme = storage_url.partition("://")[0]
+    if not re.fullmatch(r"[a-z][a-z0-9+]*", scheme) or "://" not in storage_url:
+        raise ValueError(
+            "storage URL is not accepted; accepted: an SQLAlchemy URL such as "
+            "postgresql://user:password@host/db"
+        )
+    if scheme.startswith("sqlite"):
+        raise ValueError(
+            f"storage {scheme}:// is not accepted: workers on several pods cannot share "
+            "SQLite; accepted: a database server URL such as postgresql://user:pw@host/db"
+        )
+
+
+def _check_extra_args(extra_args: Sequence[str]) -> None:
+    """ValueError for an extra argument that is not text or that k8s-job sets itself."""
     for arg in extra_args:
         if not isinstance(arg, str):
             raise ValueError(f"extra argument {arg!r} is not accepted; accepted: strings")
@@ -830,7 +953,10 @@ def _tuning_job(
             raise ValueError(
                 f"extra argument {arg!r} is set by k8s-job itself; accepted: other tune flags"
             )
-    volume = PvcCache() if cache_volume is None else _as_cache_volume(cache_volume)
+
+
+def _job_name(study: str, name: str | None) -> str:
+    """``name``, else a DNS label made from the study; ValueError when it is not one."""
     job_name = (
         name if name is not None else dns_label("tune-" + re.sub(r"[/\\]", "-", study), max_len=50)
     )
@@ -839,18 +965,44 @@ def _tuning_job(
             f"name {job_name!r} is not accepted; accepted: a DNS-1035 label of at most 50 "
             "characters (lowercase letters, digits and '-', starting with a letter)"
         )
+    return job_name
 
-    labels = {
+
+def _job_labels(job_name: str) -> dict[str, str]:
+    """The labels of every object of the tuning job."""
+    return {
         "app.kubernetes.io/name": "vllm-capacity-tuner",
         "app.kubernetes.io/instance": job_name,
         "app.kubernetes.io/component": "tuning-worker",
         "app.kubernetes.io/managed-by": MANAGED_BY,
     }
-    secret_ref = storage_secret or SecretKeyRef(name=f"{job_name}-storage", key=STORAGE_SECRET_KEY)
-    claim_name = f"{job_name}-vllm-cache"
+
+
+def _storage_secret(
+    secret_ref: SecretKeyRef, storage_url: str, *, labels: dict[str, str]
+) -> dict[str, Any]:
+    """The Secret that holds the storage URL under ``secret_ref``'s name and key."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": secret_ref.name, "labels": labels},
+        "type": "Opaque",
+        "stringData": {STORAGE_SECRET_KEY: storage_url},
+    }
+
+
+def _tuner_container(
+    *,
+    model: str,
+    study: str,
+    image: str,
+    extra_args: Sequence[str],
+    secret_ref: SecretKeyRef,
+) -> dict[str, Any]:
+    """A tuning worker's container: ``tuner tune ... --resume``, a GPU, storage from the Secret."""
     args = ["tune", "--model", _k8s_literal(model), "--study", _k8s_literal(study), "--resume"]
     args += [_k8s_literal(a) for a in extra_args]
-    container = {
+    return {
         "name": "tuner",
         "image": image,
         "command": ["tuner"],
@@ -862,7 +1014,20 @@ def _tuning_job(
         "resources": {"limits": {GPU_RESOURCE: 1}},
         "volumeMounts": [{"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH}],
     }
-    job = {
+
+
+def _job(
+    job_name: str,
+    *,
+    model: str,
+    study: str,
+    workers: int,
+    labels: dict[str, str],
+    container: dict[str, Any],
+    volume: dict[str, Any],
+) -> dict[str, Any]:
+    """The Indexed Job of ``workers`` pods, each index retried up to 3 times in a new pod."""
+    return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
@@ -882,27 +1047,8 @@ def _tuning_job(
                     "enableServiceLinks": False,
                     "tolerations": [_GPU_TOLERATION],
                     "containers": [container],
-                    "volumes": [_cache_volume(volume, claim_name)],
+                    "volumes": [volume],
                 },
             },
         },
     }
-    docs: list[dict[str, Any]] = []
-    if storage_url is not None:
-        docs.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": secret_ref.name, "labels": labels},
-                "type": "Opaque",
-                "stringData": {STORAGE_SECRET_KEY: storage_url},
-            }
-        )
-    if isinstance(volume, PvcCache):
-        docs.append(_claim(volume, name=claim_name, pods=workers, labels=labels))
-    docs.append(job)
-    header = (
-        f"# {workers} tuning worker(s) of study {study!r} on {model!r}; "
-        "rendered by vllm-capacity-tuner\n"
-    )
-    return header + _dump_all(docs)

@@ -98,7 +98,7 @@ import struct
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -423,6 +423,18 @@ def _split_share(
     return [r for r in share if r.request_id not in chained], followers
 
 
+@dataclass(slots=True)
+class _Exchange:
+    """What one sent request's exchange has measured so far (kept when it fails part-way)."""
+
+    sent_s: float  # when the request went out (the socket's time where it knows)
+    status: int = 0
+    error: str | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None  # from the usage, when the server gave it
+    output_tokens: int | None = None
+
+
 class Dispatcher:
     """Sends one process's share of the schedule: open-loop requests at their send times, a
     session's later turns when the answer each extends is in (plus its think time);
@@ -663,106 +675,141 @@ class Dispatcher:
     def _send(
         self, request: ScheduledRequest, scheduled_s: float, body: bytes, answer_s: float | None
     ) -> None:
-        settings = self.settings
+        """A request's greenlet: POST it, read the answer before its deadline, record it."""
         # vLLM (and the simulator) take the request id from this header.
         headers = {**self.headers, "X-Request-Id": request.request_id}
-        status = 0
-        error: str | None = None
-        token_times: list[float] = []
-        prompt_tokens: int | None = None
-        output_tokens: int | None = None
-        response = None
-        sent_s = time.time()  # replaced by when the request went out, where the socket knows
+        # sent_s is replaced by when the request went out, where the socket knows.
+        exchange = _Exchange(sent_s=time.time())
         self.counts["sent"] += 1
-        remaining_s = max(scheduled_s + settings.request_timeout_s - sent_s, 0.001)
+        self._exchange(request, scheduled_s, body, headers, exchange)
+        end_s = time.time()
+        record = self._sent_record(request, scheduled_s, answer_s, exchange, end_s)
+        self.counts["completed" if record.ok else "failed"] += 1
+        self._write(record)
+        first = record.first_token_s
+        self._fire(request, (first if first is not None else end_s) - scheduled_s, record)
+
+    def _exchange(
+        self,
+        request: ScheduledRequest,
+        scheduled_s: float,
+        body: bytes,
+        headers: dict[str, str],
+        exchange: _Exchange,
+    ) -> None:
+        """POST, read the answer into ``exchange`` by the deadline; a failure is its error."""
+        settings = self.settings
+        response = None
+        remaining_s = max(scheduled_s + settings.request_timeout_s - exchange.sent_s, 0.001)
         deadline = gevent.Timeout(remaining_s)
         deadline.start()
         try:
             response = self.client.request(
                 "POST", self.path_prefix + PATHS[request.api], body=body, headers=headers
             )
-            # The connection the request went out on and the stream arrives on.
-            sock = getattr(response, "_sock", None)
-            if isinstance(sock, StampedSocket) and sock.sent_s is not None:
-                sent_s = sock.sent_s
-            self._keep_a_spare_connection()
-            status = response.status_code
-            if status != 200:
-                error = _error_text(status, response.read())
-            elif not request.stream:  # sent whole: only its end and its usage are known
-                usage = json.loads(response.read()).get("usage") or {}
-                prompt_tokens = usage.get("prompt_tokens")
-                output_tokens = usage.get("completion_tokens")
-            else:
-                done = False
-                # When the connection is stamped, a token's time is when its bytes reached
-                # this host (see StampedSocket).
-                stamped = isinstance(sock, StampedSocket) and sock.stamping
-                last_arrival_s: float | None = None
-                readline = response.readline
-                while line := readline(b"\n"):
-                    now = time.time()
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        done = True
-                        continue
-                    chunk = json.loads(payload)
-                    if _choice_text(chunk):
-                        arrived_s = sock.received_s if stamped else None  # type: ignore[union-attr]
-                        if arrived_s is None:
-                            token_times.append(now)
-                        else:
-                            token_times.append(arrived_s)
-                            self.read_delays_s.append(now - arrived_s)
-                            if arrived_s == last_arrival_s:
-                                self.coalesced_events += 1
-                            last_arrival_s = arrived_s
-                        self.token_events += 1
-                    if usage := chunk.get("usage"):
-                        prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
-                        output_tokens = usage.get("completion_tokens", output_tokens)
-                    if (chunk_error := _chunk_error(chunk)) is not None:
-                        error = f"stream error: {chunk_error[:ERROR_BODY_LIMIT]}"
-                        break
-                if error is None and not done:
-                    error = "stream ended without [DONE]"
+            self._read_response(request, response, exchange)
         except gevent.Timeout as exc:
             if exc is not deadline:
                 raise
-            error = TIMED_OUT.format(timeout_s=settings.request_timeout_s)
+            exchange.error = TIMED_OUT.format(timeout_s=settings.request_timeout_s)
         except gevent.GreenletExit:
-            error = ABORTED
+            exchange.error = ABORTED
         except Exception as exc:  # any failure of one request is a measurement, not a crash
-            error = f"{type(exc).__name__}: {exc}"[:ERROR_BODY_LIMIT]
+            exchange.error = f"{type(exc).__name__}: {exc}"[:ERROR_BODY_LIMIT]
         finally:
             deadline.close()
             if response is not None:
                 response.release()  # closes the connection unless the response was read to its end
             self.in_flight -= 1
-            self.lags_s.append(sent_s - scheduled_s)
-        end_s = time.time()
-        record = RequestRecord(
+            self.lags_s.append(exchange.sent_s - scheduled_s)
+
+    def _read_response(self, request: ScheduledRequest, response: Any, exchange: _Exchange) -> None:
+        """The send time from the socket, then the error body, the whole answer or the stream."""
+        # The connection the request went out on and the stream arrives on.
+        sock = getattr(response, "_sock", None)
+        if isinstance(sock, StampedSocket) and sock.sent_s is not None:
+            exchange.sent_s = sock.sent_s
+        self._keep_a_spare_connection()
+        exchange.status = status = response.status_code
+        if status != 200:
+            exchange.error = _error_text(status, response.read())
+        elif not request.stream:  # sent whole: only its end and its usage are known
+            usage = json.loads(response.read()).get("usage") or {}
+            exchange.prompt_tokens = usage.get("prompt_tokens")
+            exchange.output_tokens = usage.get("completion_tokens")
+        else:
+            # When the connection is stamped, a token's time is when its bytes reached
+            # this host (see StampedSocket).
+            stamped = sock if isinstance(sock, StampedSocket) and sock.stamping else None
+            self._read_stream(response, stamped, exchange)
+
+    def _read_stream(
+        self, response: Any, stamped: StampedSocket | None, exchange: _Exchange
+    ) -> None:
+        """Read an SSE stream line by line: each token event's time, the usage, an error."""
+        token_times = exchange.token_times_s
+        done = False
+        last_arrival_s: float | None = None
+        readline = response.readline
+        while line := readline(b"\n"):
+            now = time.time()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                done = True
+                continue
+            chunk = json.loads(payload)
+            if _choice_text(chunk):
+                arrived_s = stamped.received_s if stamped is not None else None
+                if arrived_s is None:
+                    token_times.append(now)
+                else:
+                    token_times.append(arrived_s)
+                    self.read_delays_s.append(now - arrived_s)
+                    if arrived_s == last_arrival_s:
+                        self.coalesced_events += 1
+                    last_arrival_s = arrived_s
+                self.token_events += 1
+            if usage := chunk.get("usage"):
+                exchange.prompt_tokens = usage.get("prompt_tokens", exchange.prompt_tokens)
+                exchange.output_tokens = usage.get("completion_tokens", exchange.output_tokens)
+            if (chunk_error := _chunk_error(chunk)) is not None:
+                exchange.error = f"stream error: {chunk_error[:ERROR_BODY_LIMIT]}"
+                break
+        if exchange.error is None and not done:
+            exchange.error = "stream ended without [DONE]"
+
+    def _sent_record(
+        self,
+        request: ScheduledRequest,
+        scheduled_s: float,
+        answer_s: float | None,
+        exchange: _Exchange,
+        end_s: float,
+    ) -> RequestRecord:
+        """The record of a sent request; the usage's token counts where the server gave them."""
+        token_times = exchange.token_times_s
+        return RequestRecord(
             request_id=request.request_id,
             scheduled_s=scheduled_s,
-            sent_s=sent_s,
-            prompt_tokens=request.prompt_tokens if prompt_tokens is None else prompt_tokens,
-            output_tokens=len(token_times) if output_tokens is None else output_tokens,
-            status=status,
+            sent_s=exchange.sent_s,
+            prompt_tokens=(
+                request.prompt_tokens if exchange.prompt_tokens is None else exchange.prompt_tokens
+            ),
+            output_tokens=(
+                len(token_times) if exchange.output_tokens is None else exchange.output_tokens
+            ),
+            status=exchange.status,
             first_token_s=token_times[0] if token_times else None,
             end_s=end_s,
             token_times_s=token_times,
-            error=error,
+            error=exchange.error,
             warmup=request.warmup,
-            worker=settings.worker,
+            worker=self.settings.worker,
             streamed=request.stream,
             answer_s=answer_s,
         )
-        self.counts["completed" if record.ok else "failed"] += 1
-        self._write(record)
-        first = record.first_token_s
-        self._fire(request, (first if first is not None else end_s) - scheduled_s, record)
 
     def _keep_a_spare_connection(self) -> None:
         """Open a connection in the background when none is left idle for the next request.

@@ -60,6 +60,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -274,46 +275,35 @@ def run_load(
         timeout_s=timeout_s,
         turns_until_s=turns_until_s,
     )
-    workers_total = processes + remote_workers
+    generators = _Generators(
+        processes=processes,
+        remote_workers=remote_workers,
+        master_bind=master_bind,
+        bind=bind,
+        workers_wait_s=workers_wait_s,
+    )
     request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
     cap = DEFAULT_MAX_IN_FLIGHT if max_in_flight is None else max_in_flight
 
-    out_dir = out_dir.absolute()  # Locust runs in out_dir: the paths it is given are absolute
-    out_dir.mkdir(parents=True, exist_ok=True)
-    schedule_path = out_dir / "schedule.jsonl"
-    worker_base = out_dir / "records.jsonl"
-    merged_path = out_dir / "requests.jsonl"
-    log_path = out_dir / "locust.log"
-    connected_path = connected_workers_path(worker_base)
-    stale_files = (*out_dir.glob(f"{worker_base.name}.w*"), merged_path, connected_path)
-    for stale in stale_files:  # an earlier run's
-        stale.unlink(missing_ok=True)
-    num_scheduled = write_schedule(schedule_path, schedule)
-
-    launched_s = time.time()
-    start_at_s = launched_s + startup_lead_s(processes, remote_workers)
-    last_send_s = latest_send_s(schedule, request_timeout_s, turns_until_s)
-    run_time_s = math.ceil(start_at_s - launched_s + last_send_s + request_timeout_s + 5.0)
-    deadline_s = launched_s + run_time_s + SHUTDOWN_GRACE_S
-    if remote_workers:  # --run-time counts from the test start, after the workers connected
-        deadline_s += workers_wait_s
-
+    files = _fresh_files(out_dir)
+    num_scheduled = write_schedule(files.schedule_path, schedule)
+    clock = _plan_clock(schedule, generators, request_timeout_s, turns_until_s)
     cmd = _locust_command(
         base_url,
         processes=processes,
-        run_time_s=run_time_s,
+        run_time_s=clock.run_time_s,
         remote_workers=remote_workers,
         bind=bind,
         workers_wait_s=workers_wait_s,
     )
     env = _locust_env(
-        schedule_path=schedule_path,
-        records_path=worker_base,
+        schedule_path=files.schedule_path,
+        records_path=files.worker_base,
         model=model,
         max_in_flight=cap,
         processes=processes,
         remote_workers=remote_workers,
-        start_at_s=start_at_s,
+        start_at_s=clock.start_at_s,
         request_timeout_s=request_timeout_s,
         turns_until_s=turns_until_s,
     )
@@ -322,67 +312,206 @@ def run_load(
         num_scheduled,
         processes,
         remote_workers,
-        start_at_s,
-        log_path,
+        clock.start_at_s,
+        files.log_path,
     )
-    proc = (spawn or _popen)(cmd, log_path, env)
-    pgid = _own_group(proc, log_path)
+    ended = _run_locust(cmd, env, files, clock, generators.total, spawn, stop_when)
+    return _collect(schedule, files, clock, ended, generators, num_scheduled=num_scheduled)
+
+
+@dataclass(frozen=True)
+class _Generators:
+    """Who generates the load: local Locust processes, remote workers, the master's address."""
+
+    processes: int
+    remote_workers: int
+    master_bind: str | None
+    bind: tuple[str, int] | None  # master_bind as (host, port); None without remote workers
+    workers_wait_s: float
+
+    @property
+    def total(self) -> int:
+        """Every Locust worker, local and remote."""
+        return self.processes + self.remote_workers
+
+
+@dataclass(frozen=True)
+class _RunFiles:
+    """Where one run's files are (absolute: Locust runs in ``out_dir``)."""
+
+    out_dir: Path
+    schedule_path: Path  # schedule.jsonl
+    worker_base: Path  # records.jsonl: process i appends to records.jsonl.w<i>
+    merged_path: Path  # requests.jsonl, every record merged
+    log_path: Path  # locust.log
+    connected_path: Path  # workers-connected.json (remote workers)
+
+
+def _fresh_files(out_dir: Path) -> _RunFiles:
+    """The run's files in ``out_dir`` (made absolute and created), an earlier run's removed."""
+    out_dir = out_dir.absolute()  # Locust runs in out_dir: the paths it is given are absolute
+    out_dir.mkdir(parents=True, exist_ok=True)
+    worker_base = out_dir / "records.jsonl"
+    files = _RunFiles(
+        out_dir=out_dir,
+        schedule_path=out_dir / "schedule.jsonl",
+        worker_base=worker_base,
+        merged_path=out_dir / "requests.jsonl",
+        log_path=out_dir / "locust.log",
+        connected_path=connected_workers_path(worker_base),
+    )
+    stale_files = (*out_dir.glob(f"{worker_base.name}.w*"), files.merged_path, files.connected_path)
+    for stale in stale_files:  # an earlier run's
+        stale.unlink(missing_ok=True)
+    return files
+
+
+@dataclass(frozen=True)
+class _RunClock:
+    """When a run was launched, when its offset 0 is, how long Locust runs, when it is killed."""
+
+    launched_s: float  # Unix time
+    start_at_s: float  # Unix time of offset 0
+    run_time_s: int  # Locust's --run-time
+    deadline_s: float  # Unix time past which the process group is killed
+
+
+def _plan_clock(
+    schedule: Sequence[ScheduledRequest],
+    generators: _Generators,
+    request_timeout_s: float,
+    turns_until_s: float | None,
+) -> _RunClock:
+    """The run's times from now: offset 0 after the start-up lead, a deadline past the last send."""
+    launched_s = time.time()
+    start_at_s = launched_s + startup_lead_s(generators.processes, generators.remote_workers)
+    last_send_s = latest_send_s(schedule, request_timeout_s, turns_until_s)
+    run_time_s = math.ceil(start_at_s - launched_s + last_send_s + request_timeout_s + 5.0)
+    deadline_s = launched_s + run_time_s + SHUTDOWN_GRACE_S
+    if generators.remote_workers:  # --run-time counts from the test start, after they connected
+        deadline_s += generators.workers_wait_s
+    return _RunClock(
+        launched_s=launched_s, start_at_s=start_at_s, run_time_s=run_time_s, deadline_s=deadline_s
+    )
+
+
+@dataclass(frozen=True)
+class _LocustEnd:
+    """How the Locust process group ended."""
+
+    wall_s: float  # from launch to the group's exit
+    exit_code: int | None  # Locust's; None when it had to be killed
+    killed: bool  # past its deadline (or on stop_when), the group was killed
+    stopped_by_caller: bool  # stop_when() returned True before the deadline
+
+
+def _run_locust(
+    cmd: list[str],
+    env: dict[str, str],
+    files: _RunFiles,
+    clock: _RunClock,
+    workers_total: int,
+    spawn: Spawn | None,
+    stop_when: Callable[[], bool] | None,
+) -> _LocustEnd:
+    """Start Locust in its own process group, wait for it to end (or stop it), kill what is left."""
+    proc = (spawn or _popen)(cmd, files.log_path, env)
+    pgid = _own_group(proc, files.log_path)
     killed = False
     try:
-        killed = _wait(proc, worker_base, workers_total, deadline_s, stop_when)
+        killed = _wait(proc, files.worker_base, workers_total, clock.deadline_s, stop_when)
     finally:
         # Also on success: nothing of the group (forked workers) may outlive the run.
         _stop_group(proc, pgid)
-    wall_s = time.time() - launched_s
-    exit_code = None if killed else proc.returncode
-    stopped_by_caller = killed and stop_when is not None and time.time() < deadline_s
-
-    workers = tuple(
-        WorkerStats.model_validate_json(path.read_text(encoding="utf-8"))
-        for index in range(workers_total)
-        if (path := worker_stats_path(worker_base, index)).exists()
+    wall_s = time.time() - clock.launched_s
+    return _LocustEnd(
+        wall_s=wall_s,
+        exit_code=None if killed else proc.returncode,
+        killed=killed,
+        stopped_by_caller=killed and stop_when is not None and time.time() < clock.deadline_s,
     )
-    records = _merge(worker_base, workers_total, merged_path)
+
+
+def _collect(
+    schedule: Sequence[ScheduledRequest],
+    files: _RunFiles,
+    clock: _RunClock,
+    ended: _LocustEnd,
+    generators: _Generators,
+    *,
+    num_scheduled: int,
+) -> LoadRun:
+    """Read every process's stats and records, merge the records, and sum the run up."""
+    workers = _read_worker_stats(files.worker_base, generators.total)
+    records = _merge(files.worker_base, generators.total, files.merged_path)
     if not workers and not records:
-        connected = _connected_count(connected_path)
-        if bind is not None and not stopped_by_caller and connected < workers_total:
-            raise LoadGeneratorError(
-                f"only {connected} of {workers_total} Locust workers ({processes} local, "
-                f"{remote_workers} remote) connected to the master on {master_bind} within "
-                f"{workers_wait_s:g} s; start `tuner load-worker --master HOST:{bind[1]}` on "
-                f"each load host, reaching this host through its firewall (log {log_path})"
-            )
-        raise LoadGeneratorError(
-            f"Locust exited with {exit_code} without measuring anything; "
-            f"last lines of {log_path}:\n{_tail(log_path)}"
+        raise _nothing_measured(files, ended, generators)
+    if len(workers) < generators.total:
+        log.warning(
+            "only %d of %d Locust processes wrote their stats", len(workers), generators.total
         )
-    if len(workers) < workers_total:
-        log.warning("only %d of %d Locust processes wrote their stats", len(workers), workers_total)
     saturated, reason = client_saturation(workers)
-    recorded_ids = {record.request_id for record in records}
-    unrecorded = sum(1 for request in schedule if request.request_id not in recorded_ids)
     turns_after_window = sum(worker.turns_after_window for worker in workers)
     return LoadRun(
-        out_dir=out_dir,
-        schedule_path=schedule_path,
-        records_path=merged_path,
-        log_path=log_path,
-        processes=processes,
-        start_at_s=start_at_s,
-        wall_s=wall_s,
+        out_dir=files.out_dir,
+        schedule_path=files.schedule_path,
+        records_path=files.merged_path,
+        log_path=files.log_path,
+        processes=generators.processes,
+        start_at_s=clock.start_at_s,
+        wall_s=ended.wall_s,
         num_scheduled=num_scheduled,
         num_records=len(records),
-        num_missing=max(unrecorded - turns_after_window, 0),
+        num_missing=_num_missing(schedule, records, turns_after_window),
         cap_hits=sum(worker.cap_hits for worker in workers),
         workers=workers,
         client_saturated=saturated,
         saturation_reason=reason,
-        exit_code=exit_code,
-        killed=killed,
-        stopped_by_caller=stopped_by_caller,
-        remote_workers=remote_workers,
+        exit_code=ended.exit_code,
+        killed=ended.killed,
+        stopped_by_caller=ended.stopped_by_caller,
+        remote_workers=generators.remote_workers,
         turns_after_window=turns_after_window,
     )
+
+
+def _read_worker_stats(worker_base: Path, workers_total: int) -> tuple[WorkerStats, ...]:
+    """The `WorkerStats` of every Locust process that wrote them, by index."""
+    return tuple(
+        WorkerStats.model_validate_json(path.read_text(encoding="utf-8"))
+        for index in range(workers_total)
+        if (path := worker_stats_path(worker_base, index)).exists()
+    )
+
+
+def _nothing_measured(
+    files: _RunFiles, ended: _LocustEnd, generators: _Generators
+) -> LoadGeneratorError:
+    """The error of a run that left no stats and no records: who did not connect, or the log."""
+    total = generators.total
+    connected = _connected_count(files.connected_path)
+    bind = generators.bind
+    if bind is not None and not ended.stopped_by_caller and connected < total:
+        return LoadGeneratorError(
+            f"only {connected} of {total} Locust workers ({generators.processes} local, "
+            f"{generators.remote_workers} remote) connected to the master on "
+            f"{generators.master_bind} within {generators.workers_wait_s:g} s; start "
+            f"`tuner load-worker --master HOST:{bind[1]}` on each load host, reaching this "
+            f"host through its firewall (log {files.log_path})"
+        )
+    return LoadGeneratorError(
+        f"Locust exited with {ended.exit_code} without measuring anything; "
+        f"last lines of {files.log_path}:\n{_tail(files.log_path)}"
+    )
+
+
+def _num_missing(
+    schedule: Sequence[ScheduledRequest], records: Sequence[RequestRecord], turns_after_window: int
+) -> int:
+    """Scheduled requests without a record, less the later turns left unrecorded by design."""
+    recorded_ids = {record.request_id for record in records}
+    unrecorded = sum(1 for request in schedule if request.request_id not in recorded_ids)
+    return max(unrecorded - turns_after_window, 0)
 
 
 def latest_send_s(

@@ -214,6 +214,13 @@ def turns_pmf(turns: TurnsSpec) -> tuple[float, ...]:
     return tuple(probs)
 
 
+def expected_turns(spec: WorkloadSpec) -> float:
+    """Requests per arrival: a session's expected number of turns (1 without sessions)."""
+    if spec.sessions is None:
+        return 1.0
+    return sum(n * p for n, p in enumerate(turns_pmf(spec.sessions.turns), start=1))
+
+
 def stationary_turn_mix(turns: TurnsSpec) -> tuple[float, ...]:
     """The share of requests that are turn k (0 first) among sessions arriving at a
     constant rate: ``P(N > k) / E[N]``; a session of n turns sends one at each k < n."""

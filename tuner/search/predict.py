@@ -10,9 +10,9 @@ prompts, multi-turn history) is what ``tuner sim-serve`` would see.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tuner.search.bracket import search
 from tuner.serving.backlog import (
     KV_MARGIN,
     WAITING_MIN_REQUESTS,
@@ -22,6 +22,7 @@ from tuner.serving.backlog import (
     SignalTrend,
     trend,
 )
+from tuner.serving.window import needed_requests
 from tuner.sim.build import SimOptions, build_engine
 from tuner.sim.simulate import SimulationResult, Slo, run
 from tuner.sim.tokenizer import encode, encode_chat
@@ -32,7 +33,7 @@ from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
 from workloads.schedule import ScheduledRequest
 from workloads.spec import SloMetric, WorkloadSpec
-from workloads.stationary import AnswerTimes, lookback_s, nearest_in_rate
+from workloads.stationary import AnswerTimes, expected_turns, lookback_s, nearest_in_rate
 from workloads.traces import TraceRecord
 
 
@@ -169,7 +170,10 @@ def max_rate(
     rate = start_rate_per_s or spec.mean_rate_per_s
     if rate is None:  # closed: no rate to search
         return 0.0
-    return _search(lambda r: predict(setup, spec, r).met, rate, precision, max_runs, 2.0)
+    return search(
+        lambda r: predict(setup, spec, r).met, rate, precision=precision, max_runs=max_runs,
+        step=2.0,
+    )  # fmt: skip
 
 
 SAMPLE_EVERY_S = 0.25  # steady_run's engine samples, virtual seconds
@@ -288,7 +292,7 @@ def sustained_rate(
             held[r] = measured
         return run.met
 
-    best = _search(met, rate, precision, max_runs, step)
+    best = search(met, rate, precision=precision, max_runs=max_runs, step=step)
     return SustainedRate(best, held.get(best))
 
 
@@ -316,6 +320,15 @@ def reference_warmup_s(spec: WorkloadSpec) -> float:
     return max(REFERENCE_WARMUP_S, lookback_s(spec))
 
 
+def reference_window_s(spec: WorkloadSpec, rate_per_s: float) -> float:
+    """``REFERENCE_WINDOW_S``, or longer where that holds fewer requests than the SLO's
+    tightest percentile needs (``tuner.serving.window.needed_requests``: 200 for a p99)."""
+    requests_per_s = rate_per_s * expected_turns(spec)
+    if requests_per_s <= 0.0:
+        return REFERENCE_WINDOW_S
+    return max(REFERENCE_WINDOW_S, needed_requests(spec) / requests_per_s)
+
+
 def reference_rate(
     setup: Setup,
     spec: WorkloadSpec,
@@ -327,46 +340,45 @@ def reference_rate(
     """The rate the server sustains in the steady state of the workload: the highest
     rate whose ``steady_run`` over ``REFERENCE_WINDOW_S`` (10 virtual minutes) after
     ``reference_warmup_s`` is met, every turn of every conversation sent, to
-    ``precision``. Each run costs a 10-minute simulation, so the search starts from
+    ``precision`` (longer where 10 minutes hold too few requests for the SLO's
+    percentiles: ``reference_window_s``). Each run costs a 10-minute simulation, so the search starts from
     ``start_rate_per_s`` when given (a ``sustained_max_rate`` of short windows, close
-    to it) with steps of 25 %, else from a short ``sustained_max_rate`` itself. Closed
-    workloads: 0 (no rate; see ``steady_run``)."""
+    to it) with steps of 25 %, else from a short ``sustained_rate`` itself. Closed
+    workloads: 0 (no rate; see ``steady_run``).
+
+    Each run opens on the session population of this server: planned with the answer
+    times of the run that held nearest in rate (the short search's, to begin with), as
+    ``sustained_rate`` and the live search plan theirs. Near capacity a chat server is
+    bistable (a cache that fills slows every answer, which keeps more conversations
+    under way, which fills the cache): planned with the spec's expected answer times,
+    several times slower than this server's, the run opens with too many conversations
+    under way and tips into the full state at a rate it sustains from its own
+    population (llama-3.1-8b on an H100, ``chat``: 5.8 conversations/s fills the cache
+    and queues from that start, holds 300 s with KV usage flat at 0.4 from its own)."""
     if spec.mean_rate_per_s is None:
         return 0.0
-    start = start_rate_per_s or sustained_max_rate(setup, spec, warmup_s=15.0, window_s=30.0)
+    held: dict[float, AnswerTimes] = {}
+    start = start_rate_per_s
+    if not start:
+        short = sustained_rate(setup, spec, warmup_s=15.0, window_s=30.0)
+        start = short.rate_per_s
+        if short.answer_times is not None:
+            held[start] = short.answer_times
     if start <= 0.0:
         start = spec.mean_rate_per_s
     warmup = reference_warmup_s(spec)
 
     def met(r: float) -> bool:
-        return steady_run(setup, spec, r, warmup_s=warmup, window_s=REFERENCE_WINDOW_S).met
+        run = steady_run(
+            setup, spec, r, warmup_s=warmup, window_s=reference_window_s(spec, r),
+            answer_times=nearest_in_rate(held, r),
+        )  # fmt: skip
+        measured = answer_times_of(run.result)
+        if run.met and measured is not None:
+            held[r] = measured
+        return run.met
 
-    return _search(met, start, precision, max_runs, 1.25)
-
-
-def _search(
-    met: Callable[[float], bool], rate: float, precision: float, max_runs: int, step: float
-) -> float:
-    """Bracket from ``rate`` by ``step`` up or down, then bisect (geometrically) to
-    ``precision``: the highest rate met (0: none was)."""
-    low: float | None = None
-    high: float | None = None
-    for _ in range(max_runs):
-        if met(rate):
-            low = rate
-        else:
-            high = rate
-        if high is None:
-            rate *= step
-        elif low is None:
-            if rate < 1e-3:
-                return 0.0
-            rate /= step
-        elif high / low <= 1.0 + precision:
-            break
-        else:
-            rate = math.sqrt(low * high)
-    return low or 0.0
+    return search(met, start, precision=precision, max_runs=max_runs, step=1.25)
 
 
 def _shift(request: ScheduledRequest, origin: float) -> ScheduledRequest:

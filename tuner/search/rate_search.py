@@ -46,6 +46,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.search.bracket import RateBracket
 from tuner.search.level_evidence import write_level_evidence
 from tuner.serving.live import Measurement, StopFactory, StopRule
 from tuner.serving.load import plan_schedule, split_warmup
@@ -298,10 +299,11 @@ def level_met(m: Measurement) -> bool:
 
 def bracket(levels: list[Level]) -> tuple[Level | None, Level | None]:
     """The best level that held, and the lowest level above it that broke (or killed the
-    engine); with no level held, the lowest level that broke."""
-    low = max((lv for lv in levels if lv.met), key=lambda lv: lv.rate_per_s, default=None)
-    broke = (lv for lv in levels if not lv.met and (low is None or lv.rate_per_s > low.rate_per_s))
-    return low, min(broke, key=lambda lv: lv.rate_per_s, default=None)
+    engine); with no level held, the lowest level that broke (``RateBracket``'s ends)."""
+    rates = RateBracket(0.0, [(lv.rate_per_s, lv.met) for lv in levels])
+    low = next((lv for lv in levels if lv.met and lv.rate_per_s == rates.low), None)
+    high = next((lv for lv in levels if not lv.met and lv.rate_per_s == rates.high), None)
+    return low, high
 
 
 def _shares(spec: WorkloadSpec, m: Measurement) -> list[float]:
@@ -407,6 +409,7 @@ def search_rate(
         if predicted_rate_per_s:
             rate = predicted_rate_per_s / math.sqrt(1.0 + precision)
     died = False
+    rates = RateBracket(precision)
     for index in range(1 if closed else max_levels):
         level_spec, plan, schedule = plan_level_schedule(
             spec, rate, window_s=level_duration_s, warmup_s=warmup_s,
@@ -437,18 +440,18 @@ def search_rate(
             break
         if rate is None:
             break
+        rates.record(level.rate_per_s, met)
         low, high = bracket(levels)
-        if low is None:  # every rate so far broke: down by how far the lowest missed
-            assert high is not None
-            rate = high.rate_per_s / descent_step(spec, high.measurement, growth)
-        elif high is None and predicted_rate_per_s and index == 0:  # the twin's other side
-            rate = low.rate_per_s * (1.0 + precision)
-        elif high is None:  # every rate so far held: up by what the best one allows
-            rate = low.rate_per_s * climb_step(spec, low.measurement, growth)
-        elif high.rate_per_s / low.rate_per_s <= 1.0 + precision * 1.0001:
+        if low is not None and high is None and predicted_rate_per_s and index == 0:
+            rate = low.rate_per_s * (1.0 + precision)  # the twin's other side
+            continue
+        # up from a level that held by what it allows; down from the lowest that broke
+        # by how far it missed; else the bracket's middle, until it closes
+        up = climb_step(spec, low.measurement, growth) if low is not None else 1.0
+        down = descent_step(spec, high.measurement, growth) if high is not None else 1.0
+        rate = rates.next_rate(up=up, down=down)
+        if rate is None:
             break
-        else:
-            rate = math.sqrt(low.rate_per_s * high.rate_per_s)
     low, high = bracket(levels)
     return RateSearch(
         levels=tuple(levels), best=low, broken_rate_per_s=high.rate_per_s if high else None,
