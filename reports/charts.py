@@ -14,6 +14,7 @@ import html
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import plotly.graph_objects as go
@@ -171,52 +172,73 @@ def _num(value: object) -> float | None:
 
 # --- 2. the OOM edge ------------------------------------------------------------------------
 
+
+class EdgeCategory(StrEnum):
+    """Where a launched or screened setting falls on the OOM-edge map."""
+
+    HELD = "held"
+    OVER = "over"
+    OOM = "oom"
+    INVALID = "invalid"
+    OTHER = "other"
+    SCREENED = "screened"
+
+
 EDGE_CATEGORIES = {
-    "held": ("started, held the load", "#2e7d32", "circle"),
-    "over": ("started, ran out of memory or died under load", "#6a1b9a", "circle"),
-    "oom": ("failed to start: out of memory", "#c62828", "x"),
-    "invalid": ("failed to start: rejected settings", "#455a64", "x"),
-    "other": ("failed to start: timeout or crash", "#8d6e63", "x"),
-    "screened": ("not launched: the memory model says it cannot start", "#9e9e9e", "circle-open"),
-}
+    EdgeCategory.HELD: ("started, held the load", "#2e7d32", "circle"),
+    EdgeCategory.OVER: ("started, ran out of memory or died under load", "#6a1b9a", "circle"),
+    EdgeCategory.OOM: ("failed to start: out of memory", "#c62828", "x"),
+    EdgeCategory.INVALID: ("failed to start: rejected settings", "#455a64", "x"),
+    EdgeCategory.OTHER: ("failed to start: timeout or crash", "#8d6e63", "x"),
+    EdgeCategory.SCREENED: (
+        "not launched: the memory model says it cannot start", "#9e9e9e", "circle-open",
+    ),
+}  # fmt: skip
 
 
-def _category_of_outcome(outcome: TrialOutcome | None) -> str:
+class PointSource(StrEnum):
+    """What put a point on the map: a trial of the study or a probe of the OOM edge."""
+
+    TRIAL = "trial"
+    PROBE = "probe"
+
+
+def _category_of_outcome(outcome: TrialOutcome | None) -> EdgeCategory:
     if outcome is TrialOutcome.STARTUP_OOM:
-        return "oom"
+        return EdgeCategory.OOM
     if outcome is TrialOutcome.INVALID_CONFIG:
-        return "invalid"
+        return EdgeCategory.INVALID
     if outcome is TrialOutcome.ENGINE_DIED:
-        return "over"
-    return "other"
+        return EdgeCategory.OVER
+    return EdgeCategory.OTHER
 
 
-def _trial_category(ev: Evaluation) -> str:
+def _trial_category(ev: Evaluation) -> EdgeCategory:
     if ev.verdict in (Verdict.MET, Verdict.SLO_MISSED):
-        return "held"
+        return EdgeCategory.HELD
     if ev.verdict is Verdict.SCREENED:
-        return "screened"
+        return EdgeCategory.SCREENED
     if ev.verdict is Verdict.DIED:
-        return "over"
+        return EdgeCategory.OVER
     return _category_of_outcome(ev.outcome)
 
 
-def _probe_category(p: EdgeProbe) -> str:
+def _probe_category(p: EdgeProbe) -> EdgeCategory:
     if p.survived:
-        return "held"
+        return EdgeCategory.HELD
     if p.outcome is TrialOutcome.READY:
-        return "over"
+        return EdgeCategory.OVER
     return _category_of_outcome(p.outcome)
 
 
 @dataclass
 class MapPoint:
-    source: str  # "probe" or "trial"
+    source: PointSource
     label: str
     util: float
     seqs: int
     dtype: str
-    category: str
+    category: EdgeCategory
     peak_used_bytes: int | None
     total_bytes: int | None
     failure: str | None
@@ -240,7 +262,7 @@ def map_points(data: RunData, ctx: MemoryContext | None) -> list[MapPoint]:
         failure = f"{ev.failure.kind.value}: {ev.failure.message}" if ev.failure else None
         points.append(
             MapPoint(
-                source="trial", label=f"trial {row.number}", util=util, seqs=seqs,
+                source=PointSource.TRIAL, label=f"trial {row.number}", util=util, seqs=seqs,
                 dtype=ev.params.kv_cache_dtype, category=_trial_category(ev),
                 peak_used_bytes=ev.gpu.peak_used_bytes if ev.gpu else None,
                 total_bytes=ev.gpu.total_bytes if ev.gpu else None, failure=failure,
@@ -255,7 +277,7 @@ def map_points(data: RunData, ctx: MemoryContext | None) -> list[MapPoint]:
             failure = f"{p.failure_kind}: {p.failure_message}" if p.failure_kind else None
             points.append(
                 MapPoint(
-                    source="probe", label=f"edge probe {i} ({p.knob.value} {p.value:g})",
+                    source=PointSource.PROBE, label=f"edge probe {i} ({p.knob.value} {p.value:g})",
                     util=util, seqs=seqs, dtype=dtype, category=_probe_category(p),
                     peak_used_bytes=p.peak_used_bytes, total_bytes=p.total_bytes, failure=failure,
                 )
@@ -328,7 +350,7 @@ def edge_map(data: RunData) -> tuple[Chart, list[MapPoint]]:
     notes: list[str] = []
     if ctx_note:
         notes.append(f"predicted boundary not drawn: {ctx_note}")
-    shown: set[str] = set()
+    shown: set[EdgeCategory] = set()
     for col, dtype in enumerate(dtypes, start=1):
         if ctx is not None:
             band = predicted_band(ctx, dtype, _seqs_grid(low_seqs, high_seqs))
@@ -347,7 +369,7 @@ def edge_map(data: RunData) -> tuple[Chart, list[MapPoint]]:
             else:
                 notes.append(f"kv-cache-dtype {dtype}: the memory model says nothing starts")
         for key, (name, color, symbol) in EDGE_CATEGORIES.items():
-            for source in ("trial", "probe"):
+            for source in (PointSource.TRIAL, PointSource.PROBE):
                 group = [
                     p
                     for p in points
@@ -359,10 +381,10 @@ def edge_map(data: RunData) -> tuple[Chart, list[MapPoint]]:
                 fig.add_trace(
                     go.Scatter(
                         x=[p.util for p in group], y=[p.seqs for p in group], mode="markers",
-                        name=legend, legendgroup=key, showlegend=key not in shown,
+                        name=legend, legendgroup=key.value, showlegend=key not in shown,
                         marker={
-                            "color": color, "symbol": symbol if source == "trial" else _diamond(symbol),
-                            "size": 11 if source == "probe" else 9,
+                            "color": color, "symbol": symbol if source is PointSource.TRIAL else _diamond(symbol),
+                            "size": 11 if source is PointSource.PROBE else 9,
                             "line": {"width": 1.5, "color": "#ffffff" if "open" not in symbol else color},
                         },
                         text=[_point_hover(p) for p in group], hovertemplate="%{text}<extra></extra>",
@@ -424,8 +446,12 @@ def _point_hover(p: MapPoint) -> str:
 
 def probe_memory(data: RunData, points: Sequence[MapPoint]) -> Chart:
     """Peak device memory of every launched setting on the map, against the device's total."""
-    rows = [p for p in points if p.source == "probe"]
-    rows += [p for p in points if p.source == "trial" and p.category != "screened"]
+    rows = [p for p in points if p.source is PointSource.PROBE]
+    rows += [
+        p
+        for p in points
+        if p.source is PointSource.TRIAL and p.category is not EdgeCategory.SCREENED
+    ]
     if not rows:
         return Chart("probe-memory", None, "no launched setting recorded its peak memory")
     labels = [esc(f"{p.label}: util {p.util:g}, seqs {p.seqs}, kv {p.dtype}") for p in rows]

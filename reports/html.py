@@ -66,7 +66,10 @@ from tuner.search.recommend import (
     Recommendation,
     Variant,
 )
+from tuner.search.study import TrialRole
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
+from tuner.serving.gpu_sampler import AUTO_SOURCE
+from tuner.serving.server import TrialOutcome
 from workloads.metrics import BucketLatency
 from workloads.spec import WorkloadSpec
 
@@ -334,7 +337,7 @@ def _variant_row(v: Variant) -> VariantRow:
 @dataclass
 class TrialView:
     number: int
-    role: str
+    role: TrialRole
     state: str
     verdict: str
     verdict_color: str
@@ -788,7 +791,7 @@ def _memory(data: RunData) -> list[ChartView]:
     if data.edge is not None:
         for i, p in enumerate(data.edge.probes, start=1):
             pdir = rebase(p.dir, RunLayout(data.run_dir).edge_dir)
-            if p.outcome.value != "ready" and not (pdir / "gpu.csv").is_file():
+            if p.outcome is not TrialOutcome.READY and not (pdir / "gpu.csv").is_file():
                 continue
             flags = " ".join(f"{k} {_value(v)}" for k, v in p.flags.items())
             label = (
@@ -1091,7 +1094,7 @@ def _how(data: RunData) -> dict[str, Any]:
         ("Load generator", f"Locust, {c.processes} local process(es)" + (
             f" and {c.load_workers} worker(s) on load hosts (master {c.load_master_bind})"
             if c.load_workers else "") + ", open loop"),
-        ("GPU memory source", c.gpu_source + (" (sim: the simulator's /sim/gpu)" if tune.simulated and c.gpu_source == "auto" else "")),
+        ("GPU memory source", c.gpu_source + (" (sim: the simulator's /sim/gpu)" if tune.simulated and c.gpu_source == AUTO_SOURCE else "")),
         ("Time scale", f"{data.time_scale:g}" + (
             " (the simulator ran its clock this many times slower; every time and rate here is in "
             "the emulated GPU's time)" if tune.simulated else "")),

@@ -42,6 +42,7 @@ from tuner.search.tune import TuneSummary
 from tuner.serving.backlog import BacklogCheck
 from tuner.serving.gpu_sampler import GpuSample, read_timeline
 from tuner.serving.metrics import MetricsSample
+from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
 from workloads.schedule import read_records
 from workloads.spec import WorkloadSpec
@@ -61,7 +62,7 @@ class TuneRecord(BaseModel):
 
     study: str | None = None  # older runs: only in the study storage and summary.json
     config: TuneConfig
-    backend: str
+    backend: Backend
     model: str
     gpu: str | None
     vllm_version: str
@@ -75,7 +76,7 @@ class TuneRecord(BaseModel):
 
     @property
     def simulated(self) -> bool:
-        return self.backend == "sim"
+        return self.backend is Backend.SIM
 
 
 @dataclass
@@ -85,7 +86,7 @@ class TrialRow:
     number: int
     dir: Path
     state: str  # Optuna's trial state, or "UNKNOWN" without the study
-    role: str
+    role: TrialRole
     evaluation: Evaluation | None
 
     @property
@@ -94,7 +95,7 @@ class TrialRow:
 
     @property
     def is_default(self) -> bool:
-        return self.role == TrialRole.DEFAULT
+        return self.role is TrialRole.DEFAULT
 
     @property
     def best_load_dir(self) -> Path | None:
@@ -348,12 +349,12 @@ def _trials(
     from tuner.search.study import EVALUATION_ATTR
 
     states: dict[int, str] = {}
-    roles: dict[int, str] = {}
+    roles: dict[int, TrialRole] = {}
     copies: dict[int, Any] = {}  # the evaluation each trial also keeps in the study
     if study is not None:
         for t in study.get_trials(deepcopy=False):
             states[t.number] = t.state.name
-            roles[t.number] = str(t.user_attrs.get("role", TrialRole.SEARCH.value))
+            roles[t.number] = _role(t.user_attrs.get("role"))
             if EVALUATION_ATTR in t.user_attrs:
                 copies[t.number] = t.user_attrs[EVALUATION_ATTR]
     numbers = set(states)
@@ -384,7 +385,7 @@ def _trials(
             missing.append(f"trial {number}: no evaluation.json in {tdir}")
         rows.append(
             TrialRow(
-                number=number, dir=tdir, state=state, role=roles.get(number, "search"),
+                number=number, dir=tdir, state=state, role=roles.get(number, TrialRole.SEARCH),
                 evaluation=evaluation,
             )
         )  # fmt: skip
@@ -395,8 +396,17 @@ def _trials(
             else None
         )
         default = next((r for r in rows if r.dir.name == default_dir), rows[0])
-        default.role = TrialRole.DEFAULT.value
+        default.role = TrialRole.DEFAULT
     return rows
+
+
+def _role(value: object) -> TrialRole:
+    """A trial's ``role`` attribute; a trial without one (or with a name no release wrote)
+    was drawn by the sampler."""
+    try:
+        return TrialRole(str(value))
+    except ValueError:
+        return TrialRole.SEARCH
 
 
 def _calibration(

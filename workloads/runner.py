@@ -581,29 +581,58 @@ def _connected_count(path: Path) -> int:
         return 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class GeneratorNames:
+    """How a caller names the three load-generator settings in its error messages: the
+    keyword arguments of `run_load` (``processes=0``) or a command's flags
+    (``--processes 0``). The checks and their wording are `validate_generators`' alone."""
+
+    processes: str = "processes"
+    remote_workers: str = "remote_workers"
+    master_bind: str = "master_bind"
+    joiner: str = "="  # between a name and its value: "=" for keywords, " " for flags
+
+    def show(self, name: str, value: object) -> str:
+        return f"{name}{self.joiner}{value}"
+
+
+KEYWORD_NAMES = GeneratorNames()
+
+
 def validate_generators(
-    *, processes: int, remote_workers: int, master_bind: str | None
+    *,
+    processes: int,
+    remote_workers: int,
+    master_bind: str | None,
+    names: GeneratorNames = KEYWORD_NAMES,
 ) -> tuple[str, int] | None:
     """Check how the load is generated; the master's (host, port) when remote workers come.
 
-    ``processes`` may be 0 with remote workers: this host then runs only the master."""
-    if remote_workers < 0:
-        raise LoadConfigError(f"remote_workers={remote_workers} is out of range; accepted: >= 0")
-    if remote_workers and master_bind is None:
-        raise LoadConfigError(
-            f"remote_workers={remote_workers} needs master_bind, the HOST:PORT the Locust "
-            "master listens on for them; accepted: e.g. 0.0.0.0:5557"
-        )
+    The only check of these settings: `run_load` and the tuner's commands both call it,
+    each with its own ``names``. ``processes`` may be 0 with remote workers: this host
+    then runs only the master. A bad value is one LoadConfigError line naming it and what
+    is accepted."""
+    p, r, b = names.processes, names.remote_workers, names.master_bind
     if processes < (0 if remote_workers else 1):
         raise LoadConfigError(
-            f"processes={processes} is out of range; accepted: >= 1, or >= 0 with remote workers"
+            f"{names.show(p, processes)} is out of range; accepted: an integer >= 1 "
+            f"(>= 0 with {r}: all the load from load hosts)"
+        )
+    if remote_workers < 0:
+        raise LoadConfigError(
+            f"{names.show(r, remote_workers)} is out of range; accepted: an integer >= 0"
+        )
+    if remote_workers and master_bind is None:
+        raise LoadConfigError(
+            f"{names.show(r, remote_workers)} needs {names.show(b, 'HOST:PORT')}, "
+            "where the Locust master listens for them; accepted e.g. 0.0.0.0:5557"
         )
     if master_bind is not None and not remote_workers:
         raise LoadConfigError(
-            f"master_bind={master_bind!r} is only used with remote workers; "
-            "accepted: remote_workers >= 1 with it, or no master_bind"
+            f"{names.show(b, repr(master_bind))} is only used with remote workers; "
+            f"accepted: {names.show(r, 'K')} (K >= 1) with it, or no {b}"
         )
-    return None if master_bind is None else parse_host_port(master_bind, "master_bind")
+    return None if master_bind is None else parse_host_port(master_bind, b)
 
 
 def _validate(

@@ -125,6 +125,8 @@ FLAG_CASES = [
     ((*TRIAL, "--max-num-seqs", "0"), ("--max-num-seqs", "0")),
     ((*TRIAL, "--cpu-offload-gb", "inf"), ("--cpu-offload-gb", "inf")),
     ((*TRIAL, "--processes", "0"), ("--processes", "0")),
+    ((*TRIAL, "--gpu-source", "NVML"), ("--gpu-source", "'NVML'", "auto, nvml, sim, none")),
+    (("serve", "--model", "qwen2.5-7b", "--gpu-source", "x"), ("--gpu-source", "'x'", "nvml")),
     (("bench", "--url", "http://127.0.0.1:9", "--rate", "0"), ("--rate", "'0'")),
     (("bench", "--url", "http://127.0.0.1:9", "--duration", "inf"), ("--duration", "inf")),
     (("serve", "--model", "qwen2.5-7b", "--gpu-sample-hz", "inf"), ("--gpu-sample-hz", "inf")),

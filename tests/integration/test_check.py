@@ -34,7 +34,7 @@ import pytest
 from tuner.cli.main import main
 from tuner.search.check import Metric, RowVerdict
 from tuner.search.config import TuneConfig
-from tuner.search.context import resolve
+from tuner.search.context import StudySetup, resolve
 from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.recommend import (
     Recommendation,
@@ -109,10 +109,13 @@ def reconfirm(
         {**described["config"], "run_dir": str(out), "repeats": repeats}
     )
     ctx = resolve(config)
-    ctx.time_scale = float(described["time_scale"])
     calibration = tuned / "calibration.json"
-    if calibration.exists():
-        ctx.calibration = Calibration.model_validate_json(calibration.read_text())
+    setup = StudySetup(
+        time_scale=float(described["time_scale"]),
+        calibration=Calibration.model_validate_json(calibration.read_text())
+        if calibration.exists()
+        else None,
+    )
     rec = recommendation(tuned)
     name = rec.recommended.name
     first = Evaluation.model_validate_json(
@@ -122,7 +125,7 @@ def reconfirm(
     registry = ChildRegistry(out)
     with registry.guard():
         measured = confirm(
-            ctx, name, params, registry=registry,
+            ctx, setup, name, params, registry=registry,
             start_rate_per_s=first.levels[0].rate_per_s * rate_fraction, repeats=repeats,
             max_levels=max_levels,
         )  # fmt: skip

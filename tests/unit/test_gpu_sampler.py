@@ -23,6 +23,7 @@ from tuner.serving.gpu_sampler import (
     GpuSample,
     GpuSampler,
     GpuSource,
+    GpuSourceKind,
     NoneSource,
     NvmlSource,
     ProcessTree,
@@ -269,6 +270,14 @@ def test_make_source() -> None:
         make_source("sim", base_url=None, device_indices=None)
     with pytest.raises(ConfigError, match="not an http"):
         make_source("sim", base_url="localhost:8000", device_indices=None)
+
+
+def test_auto_follows_the_backend() -> None:
+    assert GpuSourceKind.requested("auto", simulated=True) is GpuSourceKind.SIM
+    assert GpuSourceKind.requested("auto", simulated=False) is GpuSourceKind.NVML
+    assert GpuSourceKind.requested("none", simulated=False) is GpuSourceKind.NONE
+    with pytest.raises(ValueError):
+        GpuSourceKind.requested("dcgm", simulated=True)
 
 
 # --- the sampling thread -------------------------------------------------------------------

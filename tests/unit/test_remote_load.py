@@ -11,15 +11,17 @@ from tuner.cli.load_worker import locust_worker_command
 from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.search.config import load_config
-from tuner.serving.load import LoadGenerators
+from tuner.serving.load import FLAG_NAMES, LoadGenerators
 from workloads.load_errors import LoadConfigError
 from workloads.remote import RecordBatch, Share, reachable_url
 from workloads.runner import (
+    KEYWORD_NAMES,
     WorkerStats,
     _locust_command,
     _locust_env,
     parse_host_port,
     startup_lead_s,
+    validate_generators,
 )
 from workloads.schedule import Api, RequestRecord, ScheduledRequest
 
@@ -127,6 +129,33 @@ def test_load_generators_reject_what_does_not_go_together() -> None:
     for kwargs, message in cases:
         with pytest.raises(ConfigError, match=message):
             LoadGenerators(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "as_keywords", "as_flags"),
+    [
+        ({"processes": 0}, "processes=0 is out of range", "--processes 0 is out of range"),
+        ({"remote_workers": -1}, "remote_workers=-1 is out of range",
+         "--load-workers -1 is out of range"),
+        ({"remote_workers": 2}, "remote_workers=2 needs master_bind=HOST:PORT",
+         "--load-workers 2 needs --load-master-bind HOST:PORT"),
+        ({"master_bind": "h:1"}, "master_bind='h:1' is only used with remote workers",
+         "--load-master-bind 'h:1' is only used with remote workers"),
+        ({"remote_workers": 1, "master_bind": "h"}, "master_bind 'h' has no host and port",
+         "--load-master-bind 'h' has no host and port"),
+    ],
+)  # fmt: skip
+def test_one_validator_names_the_settings_as_its_caller_does(
+    kwargs: dict[str, object], as_keywords: str, as_flags: str
+) -> None:
+    """run_load (keywords) and the tuner's commands (flags) share validate_generators."""
+    settings: dict[str, object] = {"processes": 1, "remote_workers": 0, "master_bind": None}
+    settings.update(kwargs)
+    for names, expected in ((KEYWORD_NAMES, as_keywords), (FLAG_NAMES, as_flags)):
+        with pytest.raises(LoadConfigError) as caught:
+            validate_generators(**settings, names=names)  # type: ignore[arg-type]
+        assert str(caught.value).startswith(expected), str(caught.value)
+        assert "accepted" in str(caught.value)
 
 
 def test_tune_config_checks_the_load_workers_before_anything_runs() -> None:

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tuner.search.context import StudySetup
 from tuner.search.evaluate import screened
 from tuner.search.space import TrialParams
 from tuner.vllm.failures import StartupFailureKind
@@ -128,10 +129,9 @@ def test_screening_skips_a_trial_vllm_would_refuse(tmp_path: Path) -> None:
         gpu=get_gpu("H100-80GB"),
         version=VllmVersion.current(),
         base=ServingParams(),
-        calibration=None,
-        time_scale=1.0,
     )
-    evaluation = screened(ctx, TrialParams(max_num_seqs=10000), tmp_path / "trial")  # type: ignore[arg-type]
+    setup = StudySetup()
+    evaluation = screened(ctx, setup, TrialParams(max_num_seqs=10000), tmp_path / "trial")  # type: ignore[arg-type]
     assert evaluation is not None
     assert evaluation.failure is not None and REFUSED in evaluation.failure.message
-    assert screened(ctx, TrialParams(max_num_seqs=512), tmp_path / "ok") is None  # type: ignore[arg-type]
+    assert screened(ctx, setup, TrialParams(max_num_seqs=512), tmp_path / "ok") is None  # type: ignore[arg-type]

@@ -10,10 +10,15 @@ import optuna
 import pytest
 
 from tuner.errors import ConfigError
+from tuner.search import optuna_store
 from tuner.search.study import (
     Claims,
     Duty,
+    OpenStudy,
+    StudySettings,
+    TrialRole,
     check_storage_url,
+    fail_interrupted,
     foreign_message,
     open_storage,
     redact_text,
@@ -105,6 +110,29 @@ def test_markers_of_older_runs_are_not_studies_and_claims_are_taken_once(tmp_pat
     assert Claims(storage, "b").take(Duty.PREPARE)  # another duty, another claim
     assert Claims(storage, "b").holder(Duty.FINALIZE) is not None
     assert study_names(storage) == ["a", "b", "release.finalize"]  # claims add no study
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask() here, not optimize()
+def test_a_trial_a_local_run_left_running_is_failed_and_enqueued_again(tmp_path: Path) -> None:
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = optuna_store.create_or_load_study(
+        storage,
+        "s",
+        directions=["maximize"],
+        sampler=optuna_store.tpe_sampler(seed=1, n_startup_trials=3),
+    )
+    study.enqueue_trial({"x": 3}, user_attrs={"role": TrialRole.DEFAULT.value})
+    cut_off = study.ask({"x": optuna.distributions.IntDistribution(1, 8)})  # left RUNNING
+    opened = OpenStudy(
+        study=study, storage=storage, claims=Claims(storage, "s"),
+        settings=StudySettings.model_construct(),
+    )  # fmt: skip
+    assert fail_interrupted(opened, local=True) == 1
+    (failed,) = optuna_store.trials_in(study, optuna_store.TrialState.FAIL)
+    assert failed.number == cut_off.number
+    (retry,) = optuna_store.trials_in(study, optuna_store.TrialState.WAITING)
+    assert retry.user_attrs == {"retried_from": cut_off.number, "role": TrialRole.DEFAULT.value}
+    assert retry.system_attrs["fixed_params"] == {"x": 3}
 
 
 def test_settings_differences_name_the_leaf_and_skip_what_a_record_lacks() -> None:

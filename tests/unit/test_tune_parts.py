@@ -3,6 +3,7 @@ rule, and the rate search's climbing and bracketing (on a stand-in server of kno
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,7 +12,7 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.search.config import load_config
-from tuner.search.context import auto_time_scale, resolve
+from tuner.search.context import StudySetup, auto_time_scale, resolve
 from tuner.search.edge import EdgeResult, KnobEdge
 from tuner.search.rate_search import (
     Goodput,
@@ -32,6 +33,7 @@ from tuner.serving.live import Measurement
 from tuner.serving.load import SloVerdict
 from tuner.serving.metrics import ServerCounters
 from tuner.serving.server import TrialOutcome
+from tuner.vllm.memory import Calibration
 from workloads.metrics import LoadResult, Percentiles
 from workloads.schedule import ScheduledRequest
 from workloads.spec import WorkloadSpec, load_workload
@@ -83,6 +85,18 @@ def test_resolve_leaves_out_what_the_release_lacks_and_fits_the_context() -> Non
     left = {o.knob: o.reason for o in current.space.left_out}
     assert "0.18" in left[Knob.SWAP_SPACE]
     assert "fp8" in left[Knob.KV_CACHE_DTYPE]
+
+
+def test_the_context_is_frozen_and_the_study_setup_is_passed_apart() -> None:
+    ctx = resolve(load_config(None, {"backend": "sim"}))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.run_dir = Path("elsewhere")  # type: ignore[misc]
+    assert ctx.notes[0].startswith("SIMULATED backend")
+    setup = StudySetup(time_scale=2.0, stream_fraction=0.5)
+    calibration = Calibration(source="server.log")
+    calibrated = setup.calibrated(calibration)
+    assert setup.calibration is None  # a new set-up, the old one unchanged
+    assert calibrated == StudySetup(time_scale=2.0, stream_fraction=0.5, calibration=calibration)
 
 
 def _edge(highest_ok: float | None) -> EdgeResult:

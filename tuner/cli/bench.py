@@ -125,6 +125,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_trial(args: argparse.Namespace) -> int:
+    from tuner.serving.gpu_sampler import check_gpu_source
     from tuner.serving.live import run_trial
     from tuner.serving.load import resolve_workload
     from tuner.serving.processes import ChildRegistry, writable_dir
@@ -140,6 +141,7 @@ def _cmd_trial(args: argparse.Namespace) -> int:
     backend = Backend(args.backend)
     if backend is Backend.SIM:
         get_gpu(args.gpu)
+    check_gpu_source(args.gpu_source)
     params = params_from_args(args)
     spec = resolve_workload(args.workload, rate_per_s=args.rate, duration_s=args.duration)
     launch = LaunchSpec(

@@ -8,11 +8,14 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.cli.args import non_negative_float, positive_float
 from tuner.errors import ConfigError
 from tuner.vllm.flags import add_memory_flags, params_from_args
+
+if TYPE_CHECKING:
+    from tuner.serving.gpu_sampler import GpuSourceKind
 
 
 def add_parser(sub: Any) -> None:
@@ -65,7 +68,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from tuner.serving.gpu_sampler import release_watch
+    from tuner.serving.gpu_sampler import check_gpu_source, release_watch
     from tuner.serving.processes import ChildRegistry, writable_dir
     from tuner.serving.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
     from tuner.vllm.gpus import get_gpu
@@ -86,10 +89,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         )
     if args.gpu_sample_hz <= 0:
         raise ConfigError(f"--gpu-sample-hz {args.gpu_sample_hz} is out of range; accepted: > 0")
-    if args.gpu_source not in ("auto", "nvml", "sim", "none"):
-        raise ConfigError(
-            f"--gpu-source {args.gpu_source!r} is not a source; accepted: auto, nvml, sim, none"
-        )
+    check_gpu_source(args.gpu_source)
     if args.port and not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is out of range; accepted: 1 to 65535")
     spec = LaunchSpec(
@@ -116,10 +116,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             spec, registry=registry, log_path=args.run_dir / "server.log", adapt=args.adapt,
             memory_source=release_watch(_gpu_source_kind(args)),
         )  # fmt: skip
-        if args.hold and _gpu_source_kind(args) == "nvml":
+        if args.hold and _gpu_source_kind(args) is GpuSourceKind.NVML:
             from tuner.serving.gpu_sampler import make_source
 
-            probe = make_source("nvml")
+            probe = make_source(GpuSourceKind.NVML)
             probe.open()  # no NVIDIA driver: one clear line before anything is launched
             probe.close()
         for dropped in server.dropped:
@@ -132,10 +132,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0 if result.outcome is TrialOutcome.READY else 1
 
 
-def _gpu_source_kind(args: argparse.Namespace) -> str:
-    if args.gpu_source == "auto":
-        return "sim" if args.backend == "sim" else "nvml"
-    return str(args.gpu_source)
+def _gpu_source_kind(args: argparse.Namespace) -> GpuSourceKind:
+    from tuner.serving.gpu_sampler import GpuSourceKind
+    from tuner.serving.server import Backend
+
+    return GpuSourceKind.requested(args.gpu_source, simulated=args.backend == Backend.SIM)
 
 
 def _hold(server: Any, args: argparse.Namespace) -> int:

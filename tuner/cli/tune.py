@@ -124,22 +124,14 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-def _optuna_logs_through_ours() -> None:
-    """Optuna's records go where the tuner's go (the terminal's one-line handler and the
-    run's tune.log), not to a handler of its own printing tracebacks on the terminal."""
-    import optuna
-
-    optuna.logging.disable_default_handler()
-    optuna.logging.enable_propagation()
-
-
 def _cmd_tune(args: argparse.Namespace) -> int:
     from reports.html import write_report_noting
     from tuner.search.config import load_config
+    from tuner.search.optuna_store import route_logs
     from tuner.search.tune import run_tune
 
     config = load_config(args.config, overrides_of(args))
-    _optuna_logs_through_ours()
+    route_logs()  # Optuna's records into the terminal's one-line handler and tune.log
 
     def progress(line: str) -> None:
         print(line, flush=True)

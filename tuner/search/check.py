@@ -42,6 +42,7 @@ from tuner.errors import ConfigError
 from tuner.rundir import RunLayout, evaluation_json
 from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.recommend import HARNESS_VERSION, Measured, Recommendation, measured_of
+from tuner.serving.server import Backend
 
 BASELINE_FORMAT = 1
 DEFAULT_TOLERANCE_PCT = 5.0
@@ -139,7 +140,7 @@ class RunFigures(BaseModel):
     study: str
     model: str
     gpu: str | None
-    backend: str
+    backend: Backend
     simulated: bool
     vllm_version: str
     workload: str

@@ -2,9 +2,14 @@
 
 Resolves the backend (``auto``: the real vLLM when NVML sees an NVIDIA GPU and the
 vLLM launch command exists, else the simulated engine), the GPU profile, the vLLM
-release and the flags it accepts, the model, the workload with its SLO overrides,
-the search space, and the simulator's time scale. Every bad value fails here with
-one line, before anything starts.
+release and the flags it accepts, the model, the workload with its SLO overrides and
+the search space. Every bad value fails here with one line, before anything starts.
+
+Both types here are frozen. ``TuneContext`` is what ``resolve`` found and does not change
+for the run; what the study decides once it is open (the simulator's time scale, the
+share of requests streamed, the memory model's calibration) is a ``StudySetup``, which
+``tuner.search.study.TrialLoop.prepare`` returns and every launch is handed beside the
+context (a calibrated one replaces it after the first real startup).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import math
 import os
 import shlex
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.errors import ConfigError
@@ -36,7 +41,7 @@ DEFAULT_SIM_GPU = "H100-80GB"
 ALLOW_LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 
 
-@dataclass
+@dataclass(frozen=True)
 class TuneContext:
     config: TuneConfig
     backend: Backend
@@ -51,10 +56,7 @@ class TuneContext:
     run_dir: Path
     model_dir: Path | None = None  # whose tokenizer sizes the prompts
     gpu_source: str = "auto"  # nvml, sim or none, resolved from the backend and NVML
-    time_scale: float = 1.0
-    stream_fraction: float = 1.0  # share of requests streamed (token timings); see sample_streams
-    calibration: Calibration | None = None
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
 
     @property
     def study_name(self) -> str:
@@ -68,6 +70,19 @@ class TuneContext:
     def gpu_or_default(self) -> GpuSpec:
         """The GPU profile, or the simulator's default where there is none (vLLM's CPU build)."""
         return self.gpu if self.gpu is not None else get_gpu(DEFAULT_SIM_GPU)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudySetup:
+    """How a study measures every trial, decided once per study (``TrialLoop.prepare``,
+    recorded in the study's attributes) and handed to every launch beside the context."""
+
+    time_scale: float = 1.0  # the simulator's clock slowed this many times (1.0: vLLM)
+    stream_fraction: float = 1.0  # share of requests streamed (token timings); see sample_streams
+    calibration: Calibration | None = None  # the memory model's, from the first real startup
+
+    def calibrated(self, calibration: Calibration) -> StudySetup:
+        return replace(self, calibration=calibration)
 
 
 def detect_gpu_name() -> str | None:
@@ -184,10 +199,16 @@ def resolve(config: TuneConfig) -> TuneContext:
         base, fitted = _fit_context(model, gpu, version, base, workload, space)
         if fitted:
             notes.append(fitted)
-    ctx = TuneContext(
+    if backend is Backend.SIM:
+        notes.insert(
+            0,
+            "SIMULATED backend: no GPU or vLLM here; the simulated engine reproduces vLLM's "
+            "memory accounting, scheduling and metrics",
+        )
+    return TuneContext(
         config=config, backend=backend, model=model, gpu=gpu, version=version,
         vllm_cmd=vllm_cmd, accepted_flags=accepted, workload=workload, space=space,
-        base=base, notes=notes,
+        base=base, notes=tuple(notes),
         run_dir=writable_dir(
             config.run_path(gpu.name if gpu else None),
             what="--run-dir" if config.run_dir is not None else "run directory",
@@ -195,13 +216,6 @@ def resolve(config: TuneConfig) -> TuneContext:
         model_dir=None if model_dir is None else model_dir.absolute(),
         gpu_source=_gpu_source(config.gpu_source, backend, nvml_name),
     )  # fmt: skip
-    if backend is Backend.SIM:
-        ctx.notes.insert(
-            0,
-            "SIMULATED backend: no GPU or vLLM here; the simulated engine reproduces vLLM's "
-            "memory accounting, scheduling and metrics",
-        )
-    return ctx
 
 
 def _check_context_length(max_model_len: int | None, model: ModelSpec) -> None:

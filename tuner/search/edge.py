@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from tuner.rundir import RunLayout
-from tuner.search.context import TuneContext
+from tuner.search.context import StudySetup, TuneContext
 from tuner.search.evaluate import live_server, predicted_plan
 from tuner.search.space import Knob, TrialParams
 from tuner.serving.load import plan_schedule
@@ -129,8 +129,11 @@ def worst_case_schedule(case: WorstCase, model_dir: Path | None) -> list[Schedul
 
 
 class EdgeSearch:
-    def __init__(self, ctx: TuneContext, registry: ChildRegistry, progress: object) -> None:
+    def __init__(
+        self, ctx: TuneContext, setup: StudySetup, registry: ChildRegistry, progress: object
+    ) -> None:
         self.ctx = ctx
+        self.setup = setup
         self.registry = registry
         self.progress = progress
         self.probes: list[EdgeProbe] = []
@@ -145,9 +148,9 @@ class EdgeSearch:
     def probe(self, knob: Knob, params: TrialParams) -> EdgeProbe:
         value = float(getattr(params, knob.field))
         out = self.out_dir / f"{knob.value}-{value:g}"
-        predicted = predicted_plan(self.ctx, params)
+        predicted = predicted_plan(self.ctx, self.setup, params)
         began = time.monotonic()
-        live = live_server(self.ctx, params, out, self.registry)
+        live = live_server(self.ctx, self.setup, params, out, self.registry)
         measurement = None
         startup = None
         with live:
@@ -250,10 +253,10 @@ class EdgeSearch:
         """The memory model's highest value (on the resolution grid) that starts."""
 
         def fits(value: float) -> bool:
-            plan = predicted_plan(self.ctx, _with(params, knob, value))
+            plan = predicted_plan(self.ctx, self.setup, _with(params, knob, value))
             return plan is not None and plan.fits
 
-        if predicted_plan(self.ctx, params) is None:
+        if predicted_plan(self.ctx, self.setup, params) is None:
             return None
         lo = _grid(start, res)
         if not fits(lo):
@@ -346,14 +349,18 @@ def _grid(value: float, res: float) -> float:
 
 
 def find_edge(
-    ctx: TuneContext, params: TrialParams, registry: ChildRegistry, progress: object
+    ctx: TuneContext,
+    setup: StudySetup,
+    params: TrialParams,
+    registry: ChildRegistry,
+    progress: object,
 ) -> EdgeResult:
     if ctx.gpu is None:
         return EdgeResult(
             worst_case=None, utilization=None, max_num_seqs=None, probes=[],
             skipped="no GPU: vLLM's CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE",
         )  # fmt: skip
-    search = EdgeSearch(ctx, registry, progress)
+    search = EdgeSearch(ctx, setup, registry, progress)
     util = search.utilization(params, ctx.config.max_edge_launches)
     seqs = search.max_num_seqs(params, ctx.config.seqs_edge_launches)
     concurrency = params.max_num_seqs or 256

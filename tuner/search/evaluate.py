@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from tuner.rundir import evaluation_json
-from tuner.search.context import TuneContext
+from tuner.search.context import StudySetup, TuneContext
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit, RateSearch, search_rate
 from tuner.search.space import TrialParams
 from tuner.serving.backlog import BacklogCheck
@@ -129,7 +129,7 @@ class Evaluation(BaseModel):
         evaluation_json(self.dir).write_text(self.model_dump_json(indent=2), "utf-8")
 
 
-def launch_spec(ctx: TuneContext, params: TrialParams) -> LaunchSpec:
+def launch_spec(ctx: TuneContext, setup: StudySetup, params: TrialParams) -> LaunchSpec:
     serving = params.serving(ctx.base)
     sim = ctx.backend is Backend.SIM
     return LaunchSpec(
@@ -143,20 +143,22 @@ def launch_spec(ctx: TuneContext, params: TrialParams) -> LaunchSpec:
         enable_prefix_caching=params.enable_prefix_caching,
         cache_dir=ctx.run_dir / "vllm-cache",
         sim_startup_delay_s=ctx.config.sim_startup_delay_s,
-        sim_time_scale=ctx.time_scale,
+        sim_time_scale=setup.time_scale,
         host=ctx.config.load_generators().server_host,
     )
 
 
-def predicted_plan(ctx: TuneContext, params: TrialParams) -> MemoryPlan | None:
+def predicted_plan(ctx: TuneContext, setup: StudySetup, params: TrialParams) -> MemoryPlan | None:
     if ctx.gpu is None:
         return None
-    return plan(ctx.model, ctx.gpu, params.serving(ctx.base), ctx.version, ctx.calibration)
+    return plan(ctx.model, ctx.gpu, params.serving(ctx.base), ctx.version, setup.calibration)
 
 
-def screened(ctx: TuneContext, params: TrialParams, out_dir: Path) -> Evaluation | None:
+def screened(
+    ctx: TuneContext, setup: StudySetup, params: TrialParams, out_dir: Path
+) -> Evaluation | None:
     """The recorded prediction when the memory model says this cannot start, else None."""
-    predicted = predicted_plan(ctx, params)
+    predicted = predicted_plan(ctx, setup, params)
     if not ctx.config.screen or predicted is None or predicted.fits:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -168,26 +170,31 @@ def screened(ctx: TuneContext, params: TrialParams, out_dir: Path) -> Evaluation
         outcome=None,
         failure=predicted.failure,
         predicted=predicted,
-        time_scale=ctx.time_scale,
+        time_scale=setup.time_scale,
     )
     evaluation.write()
     return evaluation
 
 
 def live_server(
-    ctx: TuneContext, params: TrialParams, out_dir: Path, registry: ChildRegistry
+    ctx: TuneContext,
+    setup: StudySetup,
+    params: TrialParams,
+    out_dir: Path,
+    registry: ChildRegistry,
 ) -> LiveServer:
     """The live server of a candidate, as every launch of a tune makes it (a trial, an edge
     probe, a confirmation): the context's GPU source, load generators and streamed share."""
     return LiveServer(
-        launch_spec(ctx, params), trial_dir=out_dir, registry=registry,
+        launch_spec(ctx, setup, params), trial_dir=out_dir, registry=registry,
         gpu_source=ctx.gpu_source, generators=ctx.config.load_generators(),
-        stream_fraction=ctx.stream_fraction,
+        stream_fraction=setup.stream_fraction,
     )  # fmt: skip
 
 
 def evaluate(
     ctx: TuneContext,
+    setup: StudySetup,
     params: TrialParams,
     *,
     out_dir: Path,
@@ -198,11 +205,11 @@ def evaluate(
     predicted_answer_times: AnswerTimes | None = None,
 ) -> Evaluation:
     """Launch the candidate and measure its goodput (screened first when configured)."""
-    early = screened(ctx, params, out_dir)
+    early = screened(ctx, setup, params, out_dir)
     if early is not None:
         return early
     config = ctx.config
-    live = live_server(ctx, params, out_dir, registry)
+    live = live_server(ctx, setup, params, out_dir, registry)
     search: RateSearch | None = None
     kv_fill: KvFill | None = None
     with live:
@@ -230,7 +237,7 @@ def evaluate(
                 predicted_rate_per_s=predicted_rate_per_s,
                 predicted_answer_times=predicted_answer_times,
             )  # fmt: skip
-    evaluation = _evaluation(ctx, params, out_dir, startup, search, live, kv_fill)
+    evaluation = _evaluation(ctx, setup, params, out_dir, startup, search, live, kv_fill)
     evaluation.write()
     if evaluation.backlog_note:
         log.info("%s: %s", out_dir, evaluation.backlog_note)
@@ -239,6 +246,7 @@ def evaluate(
 
 def _evaluation(
     ctx: TuneContext,
+    setup: StudySetup,
     params: TrialParams,
     out_dir: Path,
     startup: StartupResult,
@@ -271,7 +279,7 @@ def _evaluation(
         outcome=outcome,
         failure=failure,
         log_excerpt=excerpt,
-        predicted=predicted_plan(ctx, params),
+        predicted=predicted_plan(ctx, setup, params),
         startup=startup.report,
         startup_s=startup.ready_s,
         dropped_flags=startup.dropped_flags,

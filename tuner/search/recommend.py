@@ -26,12 +26,13 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.deploy import DeploymentConfig, kubernetes_manifests, vllm_args, vllm_config_yaml
 from tuner.rundir import RECOMMENDATION_JSON, RunLayout
-from tuner.search.context import TuneContext
+from tuner.search.context import StudySetup, TuneContext
 from tuner.search.edge import EdgeResult
 from tuner.search.evaluate import Evaluation, Verdict, evaluate
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
 from tuner.search.space import Knob, TrialParams, clamp
 from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
 
 HARNESS_VERSION = "0.1.0"
@@ -145,7 +146,7 @@ class Recommendation(BaseModel):
     study: str
     model: str
     gpu: str | None
-    backend: str
+    backend: Backend
     simulated: bool
     vllm_version: str
     workload: str
@@ -274,6 +275,7 @@ def combined_bound(bounds: list[GoodputBound]) -> GoodputBound:
 
 def confirm(
     ctx: TuneContext,
+    setup: StudySetup,
     name: str,
     params: TrialParams,
     *,
@@ -288,6 +290,7 @@ def confirm(
         runs.append(
             evaluate(
                 ctx,
+                setup,
                 params,
                 out_dir=out_dir,
                 registry=registry,
@@ -352,6 +355,7 @@ def write_configs(ctx: TuneContext, variant: Variant, out_dir: Path) -> None:
 
 def recommend(
     ctx: TuneContext,
+    setup: StudySetup,
     *,
     best_number: int,
     best: Evaluation,
@@ -384,8 +388,8 @@ def recommend(
             else:
                 start = held_rate
             measured = confirm(
-                ctx, name, params, registry=registry, start_rate_per_s=start, repeats=repeats,
-                max_levels=3 if name == "recommended" else 1,
+                ctx, setup, name, params, registry=registry, start_rate_per_s=start,
+                repeats=repeats, max_levels=3 if name == "recommended" else 1,
             )  # fmt: skip
             if name == "recommended":
                 held_rate = measured.rate_per_s
@@ -413,8 +417,8 @@ def recommend(
         study=ctx.study_name,
         model=ctx.model.name,
         gpu=ctx.gpu_name,
-        backend=ctx.backend.value,
-        simulated=ctx.backend.value == "sim",
+        backend=ctx.backend,
+        simulated=ctx.backend is Backend.SIM,
         vllm_version=str(ctx.version),
         workload=ctx.workload.name,
         slo=[
@@ -427,9 +431,9 @@ def recommend(
         variants=variants,
         default=default_variant,
         edge=edge,
-        calibration=ctx.calibration,
+        calibration=setup.calibration,
         capacity=capacity(ctx, goodput),
-        time_scale=ctx.time_scale,
+        time_scale=setup.time_scale,
         harness_version=HARNESS_VERSION,
         version_hash=flags_hash,
     )

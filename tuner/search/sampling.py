@@ -10,11 +10,14 @@ study crashing.
 
 from __future__ import annotations
 
-import warnings
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from tuner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tuner.search.distinct_sampler import DistinctSampler
+    from tuner.search.optuna_store import FrozenTrial
 
 CONSTRAINTS = ("starts", "survives", "slo")
 
@@ -40,12 +43,12 @@ class Objective(StrEnum):
         return ["maximize"]
 
 
-def is_feasible(frozen_trial: Any) -> bool:
+def is_feasible(frozen_trial: FrozenTrial) -> bool:
     constraints: dict[str, float] = frozen_trial.constraints
     return bool(constraints) and all(v <= 0 for v in constraints.values())
 
 
-def make_sampler(objective: Objective, *, seed: int | None, n_trials: int) -> Any:
+def make_sampler(objective: Objective, *, seed: int | None, n_trials: int) -> DistinctSampler:
     """TPE with constraints for one objective, NSGA-II for the Pareto front, each drawing
     only settings no trial of the study has (``DistinctSampler``).
 
@@ -53,19 +56,12 @@ def make_sampler(objective: Objective, *, seed: int | None, n_trials: int) -> An
     of the landscape starts from a spread of points; vLLM's defaults are enqueued
     before them by the study.
     """
-    import optuna
-
+    # Imported here, not above: the configuration imports this module, every command
+    # imports the configuration, and these import Optuna.
     from tuner.search.distinct_sampler import DistinctSampler
+    from tuner.search.optuna_store import nsga2_sampler, tpe_sampler
 
     startup = max(3, min(8, n_trials // 3))
     if objective is Objective.PARETO:
-        return DistinctSampler(
-            optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, startup))
-        )
-    with warnings.catch_warnings():  # multivariate TPE is stable in use, flagged experimental
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return DistinctSampler(
-            optuna.samplers.TPESampler(
-                seed=seed, n_startup_trials=startup, multivariate=True, group=True
-            )
-        )
+        return DistinctSampler(nsga2_sampler(seed=seed, population_size=max(4, startup)))
+    return DistinctSampler(tpe_sampler(seed=seed, n_startup_trials=startup))

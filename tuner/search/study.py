@@ -9,6 +9,8 @@ every run measures the baseline its recommendation is compared with.
 Trials are COMPLETE whatever happened to the server: the verdict, failure class
 and evidence go into user attributes and ``trials/<n>/evaluation.json``, and the
 constraints (``tuner.search.sampling.CONSTRAINTS``) tell the sampler which were feasible.
+
+Optuna itself is reached through ``tuner.search.optuna_store`` only.
 """
 
 from __future__ import annotations
@@ -18,25 +20,39 @@ import logging
 import math
 import os
 import re
+import socket
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import unquote, unquote_plus
+from urllib.parse import quote, unquote, unquote_plus
 
+import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
 
 from tuner.errors import ConfigError
 from tuner.rundir import RunLayout, evaluation_json
+from tuner.search import optuna_store
 from tuner.search.config import TuneConfig
-from tuner.search.context import TuneContext, auto_stream_fraction, auto_time_scale
+from tuner.search.context import StudySetup, TuneContext, auto_stream_fraction, auto_time_scale
 from tuner.search.evaluate import Evaluation, Verdict, evaluate
+from tuner.search.optuna_store import (
+    FrozenTrial,
+    RDBStorage,
+    StorageInternalError,
+    Study,
+    Trial,
+    TrialState,
+)
 from tuner.search.predict import Setup, SustainedRate, sustained_rate
 from tuner.search.rate_search import GoodputBound, GoodputUnit, level_workload, plan_level_schedule
 from tuner.search.sampling import Objective, make_sampler
-from tuner.search.space import TrialParams, vllm_defaults
+from tuner.search.space import Range, TrialParams, vllm_defaults
 from tuner.serving.load import plan_schedule
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend
@@ -75,9 +91,6 @@ def check_storage_url(url: str, *, what: str = "the study storage") -> None:
     """A URL SQLAlchemy would read otherwise than its user meant: ConfigError, before any
     connection. SQLAlchemy ends the password at its first ``@``, so a password holding a
     raw ``@`` sends the rest of it to the driver as the host name."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
     try:
         host = make_url(url).host or ""
     except (ArgumentError, ValueError):
@@ -92,32 +105,24 @@ def check_storage_url(url: str, *, what: str = "the study storage") -> None:
         )
 
 
-def open_storage(url: str) -> Any:
-    import warnings
-
-    import optuna
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-
+def open_storage(url: str) -> RDBStorage:
+    """The study storage at ``url``, with heartbeats (a trial whose worker died is failed
+    and retried twice); every failure to open it is a ConfigError without its secrets."""
     check_storage_url(url)
-    kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
 
-    def attempt() -> Any:
-        with warnings.catch_warnings():  # heartbeats are stable in use, flagged experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            interval = int(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_INTERVAL_S)
-            return RDBStorage(
-                url,
-                heartbeat_interval=interval,
-                grace_period=max(4 * interval, 2),
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
-                **kwargs,
-            )
+    def attempt() -> RDBStorage:
+        interval = int(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_INTERVAL_S)
+        return optuna_store.rdb_storage(
+            url,
+            heartbeat_interval_s=interval,
+            grace_period_s=max(4 * interval, 2),
+            max_retry=2,
+            sqlite_timeout_s=30 if url.startswith("sqlite") else None,
+        )
 
     try:
         return _retry_schema_race(attempt)
-    except (optuna.exceptions.StorageInternalError, ImportError, ValueError) as exc:
+    except (StorageInternalError, ImportError, ValueError) as exc:
         raise ConfigError(
             f"cannot open the study storage {redact_url(url)!r}: {foreign_message(exc, url)}; "
             "accepted: a SQLAlchemy URL such as sqlite:///runs/study.db or "
@@ -133,8 +138,6 @@ def _retry_schema_race(attempt: Callable[[], T], tries: int = 5) -> T:
     """Workers opening a new database at once all create its tables; all but one collide
     (duplicate type, table or version row; SQLite says "table ... already exists"). Once
     one has, opening again works."""
-    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
-
     for i in range(tries):
         try:
             return attempt()
@@ -220,8 +223,6 @@ def storage_location(url: str) -> str:
 def url_secrets(url: str) -> list[str]:
     """The secrets of a storage URL in every form a message may show them: as written,
     percent-decoded and percent-encoded; longest first."""
-    from urllib.parse import quote
-
     parts = _url_parts(url)
     forms: set[str] = set()
     for secret in parts.secret_values() if parts is not None else []:
@@ -271,12 +272,10 @@ def _legacy_marker(name: str, names: set[str]) -> bool:
     return bool(dot) and what in {d.value for d in Duty} and base in names
 
 
-def study_names(storage: Any) -> list[str]:
+def study_names(storage: RDBStorage | str) -> list[str]:
     """The studies of a storage (an RDBStorage or a URL), without the claim markers of older
     runs; what every reader of a storage lists (the tune, the report)."""
-    import optuna
-
-    names = set(optuna.get_all_study_names(storage=storage))
+    names = set(optuna_store.all_study_names(storage))
     return sorted(n for n in names if not _legacy_marker(n, names))
 
 
@@ -291,13 +290,11 @@ class Claims:
     shows only the study. Older runs claimed by creating marker studies; those still count.
     """
 
-    def __init__(self, storage: Any, study_name: str) -> None:
-        self.storage = storage  # optuna.storages.RDBStorage
+    def __init__(self, storage: RDBStorage, study_name: str) -> None:
+        self.storage = storage
         self.study_name = study_name
 
-    def _table(self) -> Any:
-        import sqlalchemy as sa
-
+    def _table(self) -> sa.Table:
         metadata = sa.MetaData()
         table = sa.Table(
             CLAIMS_TABLE, metadata,
@@ -312,10 +309,6 @@ class Claims:
 
     def take(self, duty: Duty) -> bool:
         """True for exactly one caller per study and duty."""
-        import socket
-
-        from sqlalchemy.exc import IntegrityError
-
         if f"{self.study_name}.{duty.value}" in _all_study_names(self.storage):
             return False  # claimed by an older run, as a marker study
         table = self._table()
@@ -333,8 +326,6 @@ class Claims:
 
     def holder(self, duty: Duty) -> str | None:
         """Who took ``duty`` (host:pid), None when nobody has."""
-        import sqlalchemy as sa
-
         table = self._table()
         study_id = self.storage.get_study_id_from_name(self.study_name)
         with self.storage.engine.connect() as conn:
@@ -346,10 +337,8 @@ class Claims:
         return str(found) if found is not None else None
 
 
-def _all_study_names(storage: Any) -> set[str]:
-    import optuna
-
-    return set(optuna.get_all_study_names(storage=storage))
+def _all_study_names(storage: RDBStorage) -> set[str]:
+    return set(optuna_store.all_study_names(storage))
 
 
 # --- which study a run directory and a study belong to ------------------------------------
@@ -413,8 +402,6 @@ def _flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def recorded_settings(tune_json: dict[str, Any]) -> dict[str, Any]:
     """What a run's ``tune.json`` (``tuner.search.tune.describe``) says it was tuned with, flat;
     the fields an older or damaged file lacks are left out (not compared)."""
-    from tuner.search.space import Range
-
     found = tune_json.get("config")
     config: dict[str, Any] = found if isinstance(found, dict) else {}
     doc: dict[str, Any] = {
@@ -592,9 +579,7 @@ def open_study(ctx: TuneContext) -> OpenStudy:
     Refused before anything is written: a run directory whose tune.json, study or trial
     evidence belongs to another study, and a study set up with other settings.
     """
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna_store.quiet_logs()
     config = ctx.config
     settings = StudySettings.of(ctx)
     check_run_dir(ctx.run_dir, settings)
@@ -611,7 +596,7 @@ def open_study(ctx: TuneContext) -> OpenStudy:
     if url.startswith("sqlite"):
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
     storage = open_storage(url)
-    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
+    existing = optuna_store.trial_counts(storage)
     names = study_names(storage)
     where = f"study.db in {ctx.run_dir}" if local else redact_url(url)
     others = [n for n in names if n != name]
@@ -621,7 +606,7 @@ def open_study(ctx: TuneContext) -> OpenStudy:
             f"--study {name!r}; accepted: --study {others[0]} (with --resume) to continue it, "
             "or another --run-dir for a new study"
         )
-    n_trials = existing[name].n_trials if name in existing else 0
+    n_trials = existing.get(name, 0)
     if name in existing:
         attrs = storage.get_study_user_attrs(storage.get_study_id_from_name(name))
         recorded = (
@@ -646,23 +631,23 @@ def open_study(ctx: TuneContext) -> OpenStudy:
             f"run directory {ctx.run_dir} holds trials/{foreign[0]:03d}, which study {name!r} "
             f"in {where} did not write ({n_trials} trial(s)); accepted: another --run-dir"
         )
-    study = optuna.create_study(
-        study_name=name,
-        storage=storage,
+    study = optuna_store.create_or_load_study(
+        storage,
+        name,
         directions=config.objective.directions,
         sampler=make_sampler(
             config.objective,
             seed=sampler_seed(config.seed, trials_so_far=n_trials, shared=not local),
             n_trials=config.trials,
         ),
-        load_if_exists=True,
     )
-    return OpenStudy(study=study, claims=Claims(storage, name), settings=settings)
+    return OpenStudy(study=study, storage=storage, claims=Claims(storage, name), settings=settings)
 
 
 @dataclass(frozen=True)
 class OpenStudy:
-    study: Any  # optuna.Study
+    study: Study
+    storage: RDBStorage  # the study's storage, as open_storage opened it
     claims: Claims
     settings: StudySettings
 
@@ -672,37 +657,32 @@ def sampler_seed(seed: int, *, trials_so_far: int, shared: bool) -> int:
     the trials the study already has, so a resumed sampler does not replay the draws of the
     run before it, and with the worker's host and pid in a shared study, so workers seeded
     alike do not suggest the same settings (a shared study is not repeatable anyway)."""
-    import socket
-    import zlib
-
     if trials_so_far == 0 and not shared:
         return seed
     identity = f"{socket.gethostname()}:{os.getpid()}" if shared else ""
     return zlib.crc32(f"{seed}:{trials_so_far}:{identity}".encode())
 
 
-def fail_interrupted(study: Any, *, local: bool) -> int:
+def fail_interrupted(opened: OpenStudy, *, local: bool) -> int:
     """Trials left RUNNING by a crashed worker: failed (and retried by the storage's callback).
 
     With a local SQLite study no other worker can be running, so every RUNNING trial
     was cut off; elsewhere only those whose heartbeat stopped.
     """
-    from optuna.trial import TrialState
-
+    study = opened.study
     if not local:
-        before = len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
-        fail_stale(study)
-        return len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,))) - before
-    storage = study._storage
+        before = len(optuna_store.trials_in(study, TrialState.FAIL))
+        optuna_store.fail_stale(study)
+        return len(optuna_store.trials_in(study, TrialState.FAIL)) - before
     failed = 0
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+    for trial in optuna_store.trials_in(study, TrialState.RUNNING):
+        if optuna_store.fail_running(opened.storage, study, trial):
             failed += 1
             retry_trial(study, trial)
     return failed
 
 
-def retry_trial(study: Any, trial: Any) -> None:
+def retry_trial(study: Study, trial: FrozenTrial) -> None:
     """Enqueue a cut-off trial again with its settings and its role, so that a resumed
     study still measures what it was measuring (vLLM's defaults above all: the baseline
     every recommendation is compared with)."""
@@ -727,7 +707,11 @@ class TrialLoop:
         progress: Progress,
     ) -> None:
         self.ctx = ctx
+        # How every trial is measured: the study's own once prepare() has read it, then
+        # calibrated after the first real startup (each launch is given the one of now).
+        self.setup = StudySetup()
         self.study = opened.study
+        self.storage = opened.storage
         self.claims = opened.claims
         self.settings = opened.settings
         self.registry = registry
@@ -739,12 +723,10 @@ class TrialLoop:
 
     # -- set-up shared by every worker --------------------------------------------------------
 
-    def prepare(self) -> None:
+    def prepare(self) -> StudySetup:
         """Time scale, streamed share, calibration and the baseline trial, decided once per
         study: the first worker claims the set-up (``Claims``), the others wait for it
-        and adopt what it chose."""
-        import optuna
-
+        and adopt what it chose. Returns the set-up (also kept as ``self.setup``)."""
         attrs = self.study.user_attrs
         if "time_scale" not in attrs:
             if self.claims.take(Duty.PREPARE):
@@ -780,13 +762,16 @@ class TrialLoop:
                             f"finish within {PREPARE_WAIT_S:.0f} s; accepted: start again with --resume"
                         )
                     time.sleep(1.0)
-            attrs = optuna.load_study(
-                study_name=self.study.study_name, storage=self.study._storage
-            ).user_attrs
-        self.ctx.time_scale = float(attrs["time_scale"])
-        self.ctx.stream_fraction = float(attrs.get("stream_fraction", 1.0))
-        if "calibration" in attrs and self.ctx.calibration is None:
-            self.ctx.calibration = Calibration.model_validate(attrs["calibration"])
+            attrs = optuna_store.load_study(self.storage, self.study.study_name).user_attrs
+        calibration = self.setup.calibration
+        if "calibration" in attrs and calibration is None:
+            calibration = Calibration.model_validate(attrs["calibration"])
+        self.setup = StudySetup(
+            time_scale=float(attrs["time_scale"]),
+            stream_fraction=float(attrs.get("stream_fraction", 1.0)),
+            calibration=calibration,
+        )
+        return self.setup
 
     def _choose_measurement(self) -> tuple[float, float]:
         """The simulator's time scale and the share of requests streamed, so the load
@@ -831,15 +816,11 @@ class TrialLoop:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def complete_trials(self) -> list[Any]:
-        from optuna.trial import TrialState
+    def complete_trials(self) -> list[FrozenTrial]:
+        return optuna_store.trials_in(self.study, TrialState.COMPLETE)
 
-        return list(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-
-    def running_trials(self) -> list[Any]:
-        from optuna.trial import TrialState
-
-        return list(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    def running_trials(self) -> list[FrozenTrial]:
+        return optuna_store.trials_in(self.study, TrialState.RUNNING)
 
     def run(self) -> None:
         """Run trials until the study has ``trials`` complete ones and none running.
@@ -854,7 +835,7 @@ class TrialLoop:
         wanted = self.ctx.config.trials
         said_waiting = False
         while True:
-            fail_stale(self.study)
+            optuna_store.fail_stale(self.study)
             done = len(self.complete_trials())
             running = len(self.running_trials())
             left = self.deadline_s - time.monotonic()
@@ -896,17 +877,15 @@ class TrialLoop:
     def _retry_cut_off(self) -> None:
         """The trial an interruption cut off runs again, with the same settings, on
         ``--resume``: an interrupted trial measured nothing."""
-        from optuna.trial import TrialState
-
         number = self._current_trial
         if number is None:
             return
-        trial = self.study.get_trials(deepcopy=False)[number]
+        trial = optuna_store.trials_in(self.study)[number]
         if trial.state is TrialState.FAIL:
             retry_trial(self.study, trial)
             log.info("trial %d was interrupted; --resume runs it again", number)
 
-    def _objective(self, trial: Any) -> float | tuple[float, float]:
+    def _objective(self, trial: Trial) -> float | tuple[float, float]:
         self._current_trial = trial.number
         ctx = self.ctx
         params = ctx.space.suggest(trial)
@@ -923,7 +902,7 @@ class TrialLoop:
         start = self.start_rate(params)
         predicted = self.prediction(params)
         evaluation = evaluate(
-            ctx, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
+            ctx, self.setup, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
             predicted_rate_per_s=(predicted.rate_per_s or None) if predicted else None,
             predicted_answer_times=predicted.answer_times if predicted else None,
         )  # fmt: skip
@@ -984,7 +963,7 @@ class TrialLoop:
 
     def _calibrate(self, evaluation: Evaluation) -> None:
         ctx = self.ctx
-        if ctx.calibration is not None or evaluation.startup is None or ctx.gpu is None:
+        if self.setup.calibration is not None or evaluation.startup is None or ctx.gpu is None:
             return
         try:
             calibration = calibration_from_report(
@@ -995,7 +974,7 @@ class TrialLoop:
         except Exception:  # a log without the memory summary: keep the uncalibrated model
             log.info("no calibration from %s", evaluation.dir, exc_info=True)
             return
-        ctx.calibration = calibration
+        self.setup = self.setup.calibrated(calibration)
         self.study.set_user_attr("calibration", calibration.model_dump(mode="json"))
         (ctx.run_dir / "calibration.json").write_text(
             calibration.model_dump_json(indent=2), encoding="utf-8"
@@ -1033,28 +1012,14 @@ def _unit_of(value: object) -> GoodputUnit:
         return GoodputUnit.REQUESTS_PER_S
 
 
-def fail_stale(study: Any) -> None:
-    """Fail the trials of workers whose heartbeat stopped (each is retried by the storage's
-    callback); what Optuna does itself before each trial, here also while waiting."""
-    import warnings
-
-    import optuna
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
-
-
-def mark_finalized(study: Any, run_dir: Path) -> None:
+def mark_finalized(study: Study, run_dir: Path) -> None:
     """Tell the other workers the edge search, recommendation and report are written."""
-    import socket
-
     study.set_user_attr(
         FINALIZED_ATTR, {"host": socket.gethostname(), "run_dir": str(run_dir), "at": time.time()}
     )
 
 
-def wait_finalized(study: Any, *, deadline_s: float, progress: Progress) -> bool:
+def wait_finalized(study: Study, *, deadline_s: float, progress: Progress) -> bool:
     """Wait (until ``deadline_s``, monotonic) for the worker that claimed the finalize."""
     while FINALIZED_ATTR not in study.user_attrs:
         if time.monotonic() > deadline_s:
@@ -1075,7 +1040,7 @@ def objective_values(objective: Objective, ev: Evaluation) -> float | tuple[floa
     return (ev.throughput if ev.verdict.feasible else 0.0, p99)
 
 
-def record(trial: Any, ev: Evaluation, *, role: str) -> None:
+def record(trial: Trial, ev: Evaluation, *, role: str) -> None:
     """User attributes (what the report and other workers read) and constraints."""
     starts = ev.verdict not in (Verdict.SCREENED, Verdict.STARTUP_FAILED)
     trial.set_constraint("starts", 0.0 if starts else 1.0)
@@ -1115,36 +1080,32 @@ def record(trial: Any, ev: Evaluation, *, role: str) -> None:
     trial.set_user_attr(EVALUATION_ATTR, ev.model_dump(mode="json"))
 
 
-def best_trial(study: Any) -> Any | None:
+def best_trial(study: Study) -> FrozenTrial | None:
     """The feasible trial with the highest goodput in the workload's unit (ties: the
     higher throughput)."""
-    from optuna.trial import TrialState
-
     feasible = [
         t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        for t in optuna_store.trials_in(study, TrialState.COMPLETE)
         if t.user_attrs.get("verdict") == Verdict.MET.value
     ]
     if not feasible:
         return None
 
-    def key(t: Any) -> tuple[float, float]:
+    def key(t: FrozenTrial) -> tuple[float, float]:
         attrs = t.user_attrs
         return (attrs.get("goodput_arrival_rate_per_s", attrs["goodput"]), attrs["throughput"])
 
     return max(feasible, key=key)
 
 
-def default_trial(study: Any) -> Any | None:
-    from optuna.trial import TrialState
-
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+def default_trial(study: Study) -> FrozenTrial | None:
+    for t in optuna_store.trials_in(study, TrialState.COMPLETE):
         if t.user_attrs.get("role") == TrialRole.DEFAULT:
             return t
     return None
 
 
-def load_evaluation(trial: Any) -> Evaluation | None:
+def load_evaluation(trial: FrozenTrial) -> Evaluation | None:
     """The trial's evaluation.json, else (run by a worker on another host) its copy in the
     study."""
     path = evaluation_json(str(trial.user_attrs.get("dir", "")))

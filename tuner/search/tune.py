@@ -35,8 +35,9 @@ from pydantic import BaseModel, ConfigDict
 from tuner.errors import TunerError
 from tuner.rundir import RunLayout
 from tuner.search.config import TuneConfig
-from tuner.search.context import TuneContext, resolve
+from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.edge import EdgeResult, find_edge
+from tuner.search.optuna_store import FrozenTrial, Study
 from tuner.search.rate_search import (
     Goodput,
     GoodputBound,
@@ -139,12 +140,12 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _reserve_s(ctx: TuneContext) -> float:
+def _reserve_s(ctx: TuneContext, setup: StudySetup) -> float:
     """Wall time kept back for the edge search and the confirmation runs: what they take
     in the usual case (the calibrated model puts the edge within three launches, a
     confirmation measures two or three rates)."""
     c = ctx.config
-    k = ctx.time_scale
+    k = setup.time_scale
     overhead = 10.0  # launch, readiness, load generator start
     edge_launches = min(c.max_edge_launches, 3)
     edge = edge_launches * (overhead + c.edge_load_s * k) if c.edge else 0.0
@@ -217,20 +218,21 @@ def _run(
         progress(f"  {line}")
     with registry.guard():
         if config.resume:
-            failed = fail_interrupted(study, local=config.storage is None)
+            failed = fail_interrupted(opened, local=config.storage is None)
             if failed:
                 progress(
                     f"resume: {failed} trial(s) cut off by an earlier run marked failed and retried"
                 )
         deadline = began + config.budget_min * 60.0
         loop = TrialLoop(ctx, opened, registry, deadline_s=deadline, progress=progress)
-        loop.prepare()
+        setup = loop.prepare()
         _write_atomic(
             RunLayout(ctx.run_dir).tune_json,
-            json.dumps({**describe(ctx), "time_scale": ctx.time_scale}, indent=2, default=str),
+            json.dumps({**describe(ctx), "time_scale": setup.time_scale}, indent=2, default=str),
         )
-        loop.deadline_s = deadline - _reserve_s(ctx)
+        loop.deadline_s = deadline - _reserve_s(ctx, setup)
         loop.run()
+        setup = loop.setup  # calibrated by the first real startup, if this worker saw one
         best = best_trial(study)
         complete = loop.complete_trials()
         feasible = sum(1 for t in complete if t.user_attrs.get("verdict") == "met")
@@ -242,7 +244,7 @@ def _run(
             # (the study in the run directory has no other worker: a resumed run finalizes
             # again, also when an earlier run claimed it and was cut off or had fewer trials)
             finalized = True
-            rec = _finalize(ctx, study, best, registry, progress, loop.start_rate)
+            rec = _finalize(ctx, setup, study, best, registry, progress, loop.start_rate)
         else:
             progress(
                 "another worker of this study finalizes it (edge search, recommendation); "
@@ -275,7 +277,7 @@ def _run(
     return summary
 
 
-def _bound_of(trial: Any | None) -> GoodputBound | None:
+def _bound_of(trial: FrozenTrial | None) -> GoodputBound | None:
     """The trial's goodput bound as it recorded it (None: no trial, or recorded before
     the bound was)."""
     value = trial.user_attrs.get("goodput_bound") if trial is not None else None
@@ -285,7 +287,7 @@ def _bound_of(trial: Any | None) -> GoodputBound | None:
         return None
 
 
-def _figures_of(trial: Any | None) -> Goodput | None:
+def _figures_of(trial: FrozenTrial | None) -> Goodput | None:
     """The trial's goodput stated whole, from its evaluation (None: no trial, or its
     evidence is on no host this worker reads)."""
     evaluation = load_evaluation(trial) if trial is not None else None
@@ -307,8 +309,9 @@ def _write_summary(path: Path, summary: TuneSummary) -> None:
 
 def _finalize(
     ctx: TuneContext,
-    study: Any,
-    best: Any,
+    setup: StudySetup,
+    study: Study,
+    best: FrozenTrial,
     registry: ChildRegistry,
     progress: Progress,
     start_rate: Callable[[TrialParams], float | None],
@@ -322,9 +325,9 @@ def _finalize(
     edge: EdgeResult | None = None
     if ctx.config.edge:
         progress(f"OOM edge of trial {best.number}'s settings: {evaluation.params.short()}")
-        edge = find_edge(ctx, evaluation.params, registry, progress)
+        edge = find_edge(ctx, setup, evaluation.params, registry, progress)
     rec = recommend(
-        ctx, best_number=best.number, best=evaluation, default=default_eval, edge=edge,
+        ctx, setup, best_number=best.number, best=evaluation, default=default_eval, edge=edge,
         registry=registry, progress=progress, start_rate=start_rate,
     )  # fmt: skip
     _say_recommendation(rec, ctx.run_dir, progress)

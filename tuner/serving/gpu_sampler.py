@@ -66,10 +66,33 @@ TIMELINE_COLUMNS = (
 )
 
 
+AUTO_SOURCE = "auto"  # --gpu-source auto: the kind follows the backend (GpuSourceKind.requested)
+
+
 class GpuSourceKind(StrEnum):
+    """Where device memory is read from: NVML, the simulator's /sim/gpu, or nowhere."""
+
     NVML = "nvml"
     SIM = "sim"
     NONE = "none"
+
+    @classmethod
+    def requested(cls, wanted: str, *, simulated: bool) -> GpuSourceKind:
+        """The kind ``--gpu-source wanted`` names for a launch: ``auto`` is the simulator's
+        for the simulated engine, NVML for vLLM. ValueError for a name that is no kind."""
+        if wanted == AUTO_SOURCE:
+            return cls.SIM if simulated else cls.NVML
+        return cls(wanted)
+
+
+def check_gpu_source(wanted: str) -> str:
+    """``--gpu-source wanted`` as given when it names a source, else ConfigError (one line)."""
+    sources = (AUTO_SOURCE, *GpuSourceKind)
+    if wanted not in sources:
+        raise ConfigError(
+            f"--gpu-source {wanted!r} is not a source; accepted: {', '.join(sources)}"
+        )
+    return wanted
 
 
 @dataclass(frozen=True, slots=True)

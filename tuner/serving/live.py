@@ -38,6 +38,7 @@ from tuner.rundir import BACKLOG_JSON
 from tuner.serving.backlog import BacklogCheck, check_backlog, clearly_growing
 from tuner.serving.gpu_sampler import (
     GpuSampler,
+    GpuSourceKind,
     GpuSummary,
     ProcessTree,
     make_source,
@@ -184,10 +185,8 @@ class LiveServer:
         self.generators = generators
         self.time_scale = launch.sim_time_scale if launch.backend is Backend.SIM else 1.0
         trial_dir.mkdir(parents=True, exist_ok=True)
-        self.source_kind = (
-            gpu_source
-            if gpu_source != "auto"
-            else ("sim" if launch.backend is Backend.SIM else "nvml")
+        self.source_kind = GpuSourceKind.requested(
+            gpu_source, simulated=launch.backend is Backend.SIM
         )
         self.server = ServerProcess(
             launch, registry=registry, log_path=trial_dir / "server.log",
@@ -218,7 +217,8 @@ class LiveServer:
 
     def __enter__(self) -> LiveServer:
         try:
-            if self.source_kind == "nvml":  # before the launch: startup memory is in the timeline
+            # NVML before the launch: startup memory is in the timeline
+            if self.source_kind is GpuSourceKind.NVML:
                 self.sampler.start()
                 self._sampling = True
             self.startup = self.server.wait_ready()

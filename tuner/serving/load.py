@@ -26,6 +26,7 @@ from workloads.load_errors import LoadConfigError, LoadGeneratorError
 from workloads.metrics import LoadResult, Slo
 from workloads.prompts import prompt_builder_for
 from workloads.runner import (
+    GeneratorNames,
     LoadRun,
     is_any_address,
     is_local_address,
@@ -36,6 +37,15 @@ from workloads.runner import (
 from workloads.schedule import RequestRecord, ScheduledRequest
 from workloads.spec import SloMetric, WorkloadError, WorkloadSpec, load_workload
 from workloads.traces import TraceError
+
+# The flags of `tuner bench`, `trial` and `tune` that set the load generators, as their
+# error messages name them.
+FLAG_NAMES = GeneratorNames(
+    processes="--processes",
+    remote_workers="--load-workers",
+    master_bind="--load-master-bind",
+    joiner=" ",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,33 +59,15 @@ class LoadGenerators:
     master_bind: str | None = None
 
     def __post_init__(self) -> None:
-        if self.processes < (0 if self.remote_workers else 1):
-            raise ConfigError(
-                f"--processes {self.processes} is out of range; accepted: an integer >= 1 "
-                "(>= 0 with --load-workers: all the load from load hosts)"
-            )
-        if self.remote_workers < 0:
-            raise ConfigError(
-                f"--load-workers {self.remote_workers} is out of range; accepted: an integer >= 0"
-            )
-        if self.remote_workers and self.master_bind is None:
-            raise ConfigError(
-                f"--load-workers {self.remote_workers} needs --load-master-bind HOST:PORT, "
-                "where the Locust master listens for them; accepted e.g. 0.0.0.0:5557"
-            )
-        if self.master_bind is not None and not self.remote_workers:
-            raise ConfigError(
-                f"--load-master-bind {self.master_bind!r} is only used with remote workers; "
-                "accepted: --load-workers K (K >= 1) with it, or no --load-master-bind"
-            )
         try:
             validate_generators(
                 processes=self.processes,
                 remote_workers=self.remote_workers,
                 master_bind=self.master_bind,
+                names=FLAG_NAMES,
             )
         except LoadConfigError as exc:
-            raise ConfigError(str(exc).replace("master_bind", "--load-master-bind")) from exc
+            raise ConfigError(str(exc)) from exc
 
     @property
     def startup_lead_s(self) -> float:

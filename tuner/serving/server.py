@@ -48,6 +48,8 @@ API_KEY_ENV = "VLLM_API_KEY"
 
 
 class Backend(StrEnum):
+    """What serves a trial: the simulated engine or a real vLLM."""
+
     SIM = "sim"
     VLLM = "vllm"
 
