@@ -68,7 +68,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from tuner.serving.gpu_sampler import check_gpu_source, release_watch
+    from tuner.serving.gpu_sampler import GpuSourceKind, check_gpu_source, release_watch
     from tuner.serving.processes import ChildRegistry, writable_dir
     from tuner.serving.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
     from tuner.vllm.gpus import get_gpu
