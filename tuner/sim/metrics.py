@@ -10,14 +10,22 @@ request finishes; the engine's gauges and counters are read when ``/metrics`` is
 
 from __future__ import annotations
 
+import math
 import time
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from tuner.sim.engine import FinishReason
 
@@ -35,6 +43,34 @@ REQUEST_LATENCY_BUCKETS_S = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
     40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
+
+
+@dataclass
+class Histogram:
+    """Cumulative-bucket histogram over fixed upper bounds (observed without a lock: the
+    server's one event loop observes, a scrape reads)."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """(upper bound as prometheus_client writes it, cumulative count), +Inf last."""
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
+            running += n
+            out.append(("+Inf" if math.isinf(bound) else repr(float(bound)), float(running)))
+        return out
 
 
 @dataclass(frozen=True)
@@ -108,54 +144,53 @@ _COUNTERS = (
 _LABELS = ("model_name", "engine")
 
 
-class _EngineCollector(Collector):
-    """The engine's gauges and counters, read from its snapshot at each scrape."""
+class ServerMetrics(Collector):
+    """Request-level metrics the server records, and the engine's gauges and counters read
+    from its snapshot at each scrape; exposed by ``prometheus_client`` (``render``).
 
-    def __init__(self, labels: tuple[str, str], created_s: float) -> None:
-        self.labels = list(labels)
-        self.created_s = created_s
-        self.snapshot: EngineSnapshot | None = None
-
-    def collect(self) -> Iterator[Metric]:
-        snapshot = self.snapshot
-        if snapshot is None:
-            return
-        for name, help_text, attr in _GAUGES:
-            gauge = GaugeMetricFamily(name, help_text, labels=list(_LABELS))
-            gauge.add_metric(self.labels, float(getattr(snapshot, attr)))
-            yield gauge
-        for name, help_text, attr in _COUNTERS:
-            counter = CounterMetricFamily(name, help_text, labels=list(_LABELS))
-            counter.add_metric(self.labels, float(getattr(snapshot, attr)), created=self.created_s)
-            yield counter
-
-
-class ServerMetrics:
-    """Request-level metrics the server records; engine counters are read at render time."""
+    The histograms are counted here, not by ``prometheus_client.Histogram``: a request of
+    500 tokens is 500 inter-token observations, each of which that class takes a lock
+    for (three times the cost, on the event loop that runs the engine)."""
 
     def __init__(self, model_name: str, *, created_s: float | None = None) -> None:
         self.model_name = model_name
         self.created_s = time.time() if created_s is None else created_s
+        self.histograms = {name: Histogram(bounds) for name, _, bounds in _HISTOGRAMS}
+        self.request_success = dict.fromkeys(FinishReason, 0)
+        self.snapshot: EngineSnapshot | None = None
         self.registry = CollectorRegistry(auto_describe=False)
-        labels = (model_name, "0")
-        self._engine = _EngineCollector(labels, self.created_s)
-        self.registry.register(self._engine)
-        success = Counter(
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        labels = [self.model_name, "0"]
+        snapshot = self.snapshot
+        if snapshot is not None:
+            for name, help_text, attr in _GAUGES:
+                gauge = GaugeMetricFamily(name, help_text, labels=list(_LABELS))
+                gauge.add_metric(labels, float(getattr(snapshot, attr)))
+                yield gauge
+            for name, help_text, attr in _COUNTERS:
+                counter = CounterMetricFamily(name, help_text, labels=list(_LABELS))
+                counter.add_metric(labels, float(getattr(snapshot, attr)), created=self.created_s)
+                yield counter
+        success = CounterMetricFamily(
             "vllm:request_success", "Count of successfully processed requests.",
-            [*_LABELS, "finished_reason"], registry=self.registry,
+            labels=[*_LABELS, "finished_reason"],
         )  # fmt: skip
-        self.request_success = {
-            reason: success.labels(*labels, reason.value) for reason in FinishReason
-        }
-        self.histograms = {
-            name: Histogram(
-                name, help_text, list(_LABELS), buckets=bounds, registry=self.registry
-            ).labels(*labels)
-            for name, help_text, bounds in _HISTOGRAMS
-        }
+        for reason, count in self.request_success.items():
+            success.add_metric([*labels, reason.value], float(count), created=self.created_s)
+        yield success
+        for name, help_text, _ in _HISTOGRAMS:
+            histogram = self.histograms[name]
+            family = HistogramMetricFamily(name, help_text, labels=list(_LABELS))
+            family.add_metric(labels, histogram.buckets(), sum_value=histogram.total)
+            family.samples.append(
+                Sample(f"{name}_created", dict(zip(_LABELS, labels, strict=True)), self.created_s)
+            )
+            yield family
 
     def observe_finished(self, request: FinishedRequest) -> None:
-        self.request_success[request.finish_reason].inc()
+        self.request_success[request.finish_reason] += 1
         times = request.token_times_s
         self.histograms["vllm:e2e_request_latency_seconds"].observe(
             request.finish_s - request.arrival_s
@@ -173,5 +208,5 @@ class ServerMetrics:
 
     def render(self, snapshot: EngineSnapshot) -> str:
         """The exposition, with the engine's state at ``snapshot``."""
-        self._engine.snapshot = snapshot
+        self.snapshot = snapshot
         return generate_latest(self.registry).decode("utf-8")
