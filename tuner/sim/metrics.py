@@ -1,11 +1,10 @@
-"""The simulator's ``/metrics``: vLLM's Prometheus names, labels and buckets.
+"""The simulator's ``/metrics``: vLLM's Prometheus names, labels and buckets, written by hand.
 
-Written with ``prometheus_client``, as vLLM's V1 metric loggers write theirs
-(``vllm/v1/metrics/loggers.py``): counters carry ``_total`` and ``_created``
-samples, histograms ``_bucket``/``_count``/``_sum``/``_created``, every series is
-labelled ``model_name`` and ``engine="0"``. Each server has a registry of its own.
-Latencies are in the server's own (wall-clock) seconds and are observed when a
-request finishes; the engine's gauges and counters are read when ``/metrics`` is.
+The exposition follows what ``prometheus_client`` prints for vLLM's V1 metric
+loggers (``vllm/v1/metrics/loggers.py``): counters carry ``_total`` and
+``_created`` samples, histograms ``_bucket``/``_count``/``_sum``/``_created``,
+every series is labelled ``model_name`` and ``engine="0"``. Latencies are in the
+server's own (wall-clock) seconds and are observed when a request finishes.
 """
 
 from __future__ import annotations
@@ -13,19 +12,9 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 
 from tuner.sim.engine import FinishReason
 
@@ -45,10 +34,18 @@ REQUEST_LATENCY_BUCKETS_S = (
 )  # fmt: skip
 
 
+def format_value(value: float) -> str:
+    """A sample value as prometheus_client writes it (Go's float formatting)."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    return repr(float(value))
+
+
 @dataclass
 class Histogram:
-    """Cumulative-bucket histogram over fixed upper bounds (observed without a lock: the
-    server's one event loop observes, a scrape reads)."""
+    """Cumulative-bucket histogram over fixed upper bounds."""
 
     bounds: tuple[float, ...]
     counts: list[int] = field(default_factory=list)
@@ -63,13 +60,12 @@ class Histogram:
         self.total += value
         self.count += 1
 
-    def buckets(self) -> list[tuple[str, float]]:
-        """(upper bound as prometheus_client writes it, cumulative count), +Inf last."""
-        out: list[tuple[str, float]] = []
+    def cumulative(self) -> list[tuple[float, int]]:
         running = 0
+        out: list[tuple[float, int]] = []
         for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
             running += n
-            out.append(("+Inf" if math.isinf(bound) else repr(float(bound)), float(running)))
+            out.append((bound, running))
         return out
 
 
@@ -121,73 +117,14 @@ _HISTOGRAMS = (
 )
 
 
-_GAUGES = (
-    ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),
-    ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "num_waiting"),
-    ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "kv_cache_usage"),
-)
-_COUNTERS = (
-    ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "num_preemptions"),
-    ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
-    ("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens"),
-    (
-        "vllm:prefix_cache_queries",
-        "Prefix cache queries, in terms of number of queried tokens.",
-        "prefix_cache_queries",
-    ),
-    (
-        "vllm:prefix_cache_hits",
-        "Prefix cache hits, in terms of number of cached tokens.",
-        "prefix_cache_hits",
-    ),
-)
-_LABELS = ("model_name", "engine")
-
-
-class ServerMetrics(Collector):
-    """Request-level metrics the server records, and the engine's gauges and counters read
-    from its snapshot at each scrape; exposed by ``prometheus_client`` (``render``).
-
-    The histograms are counted here, not by ``prometheus_client.Histogram``: a request of
-    500 tokens is 500 inter-token observations, each of which that class takes a lock
-    for (three times the cost, on the event loop that runs the engine)."""
+class ServerMetrics:
+    """Request-level metrics the server records; engine counters are read at render time."""
 
     def __init__(self, model_name: str, *, created_s: float | None = None) -> None:
         self.model_name = model_name
         self.created_s = time.time() if created_s is None else created_s
         self.histograms = {name: Histogram(bounds) for name, _, bounds in _HISTOGRAMS}
         self.request_success = dict.fromkeys(FinishReason, 0)
-        self.snapshot: EngineSnapshot | None = None
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
-
-    def collect(self) -> Iterator[Metric]:
-        labels = [self.model_name, "0"]
-        snapshot = self.snapshot
-        if snapshot is not None:
-            for name, help_text, attr in _GAUGES:
-                gauge = GaugeMetricFamily(name, help_text, labels=list(_LABELS))
-                gauge.add_metric(labels, float(getattr(snapshot, attr)))
-                yield gauge
-            for name, help_text, attr in _COUNTERS:
-                counter = CounterMetricFamily(name, help_text, labels=list(_LABELS))
-                counter.add_metric(labels, float(getattr(snapshot, attr)), created=self.created_s)
-                yield counter
-        success = CounterMetricFamily(
-            "vllm:request_success", "Count of successfully processed requests.",
-            labels=[*_LABELS, "finished_reason"],
-        )  # fmt: skip
-        for reason, count in self.request_success.items():
-            success.add_metric([*labels, reason.value], float(count), created=self.created_s)
-        yield success
-        for name, help_text, _ in _HISTOGRAMS:
-            histogram = self.histograms[name]
-            family = HistogramMetricFamily(name, help_text, labels=list(_LABELS))
-            family.add_metric(labels, histogram.buckets(), sum_value=histogram.total)
-            family.samples.append(
-                Sample(f"{name}_created", dict(zip(_LABELS, labels, strict=True)), self.created_s)
-            )
-            yield family
 
     def observe_finished(self, request: FinishedRequest) -> None:
         self.request_success[request.finish_reason] += 1
@@ -206,7 +143,84 @@ class ServerMetrics(Collector):
                 (times[-1] - times[0]) / (len(times) - 1)
             )
 
+    # -- exposition -------------------------------------------------------------------------
+
+    def _labels(self, **extra: str) -> str:
+        pairs = {"model_name": self.model_name, "engine": "0", **extra}
+        body = ",".join(f'{k}="{_escape(v)}"' for k, v in pairs.items())
+        return "{" + body + "}"
+
     def render(self, snapshot: EngineSnapshot) -> str:
-        """The exposition, with the engine's state at ``snapshot``."""
-        self.snapshot = snapshot
-        return generate_latest(self.registry).decode("utf-8")
+        lines: list[str] = []
+        labels = self._labels()
+        gauges = (
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                snapshot.num_running,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                snapshot.num_waiting,
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                snapshot.kv_cache_usage,
+            ),
+        )
+        for name, help_text, value in gauges:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+            lines.append(f"{name}{labels} {format_value(value)}")
+        counters = (
+            (
+                "vllm:num_preemptions",
+                "Cumulative number of preemption from the engine.",
+                snapshot.num_preemptions,
+            ),
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", snapshot.prompt_tokens),
+            (
+                "vllm:generation_tokens",
+                "Number of generation tokens processed.",
+                snapshot.generation_tokens,
+            ),
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                snapshot.prefix_cache_queries,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                snapshot.prefix_cache_hits,
+            ),
+        )
+        created = format_value(self.created_s)
+        for name, help_text, count in counters:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+            lines.append(f"{name}_total{labels} {format_value(count)}")
+            lines.append(f"{name}_created{labels} {created}")
+        name = "vllm:request_success"
+        lines += [
+            f"# HELP {name} Count of successfully processed requests.",
+            f"# TYPE {name} counter",
+        ]
+        for reason, count in self.request_success.items():
+            reason_labels = self._labels(finished_reason=reason.value)
+            lines.append(f"{name}_total{reason_labels} {format_value(count)}")
+            lines.append(f"{name}_created{reason_labels} {created}")
+        for name, help_text, _ in _HISTOGRAMS:
+            histogram = self.histograms[name]
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+            for bound, cumulative in histogram.cumulative():
+                le = self._labels(le=format_value(bound))
+                lines.append(f"{name}_bucket{le} {format_value(cumulative)}")
+            lines.append(f"{name}_count{labels} {format_value(histogram.count)}")
+            lines.append(f"{name}_sum{labels} {format_value(histogram.total)}")
+            lines.append(f"{name}_created{labels} {created}")
+        return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
