@@ -300,10 +300,14 @@ def level_met(m: Measurement) -> bool:
 def bracket(levels: list[Level]) -> tuple[Level | None, Level | None]:
     """The best level that held, and the lowest level above it that broke (or killed the
     engine); with no level held, the lowest level that broke (``RateBracket``'s ends)."""
-    rates = RateBracket(0.0, [(lv.rate_per_s, lv.met) for lv in levels])
+    rates = _rates(levels, 0.0)
     low = next((lv for lv in levels if lv.met and lv.rate_per_s == rates.low), None)
     high = next((lv for lv in levels if not lv.met and lv.rate_per_s == rates.high), None)
     return low, high
+
+
+def _rates(levels: list[Level], precision: float) -> RateBracket:
+    return RateBracket(precision, [(lv.rate_per_s, lv.met) for lv in levels])
 
 
 def _shares(spec: WorkloadSpec, m: Measurement) -> list[float]:
@@ -409,7 +413,6 @@ def search_rate(
         if predicted_rate_per_s:
             rate = predicted_rate_per_s / math.sqrt(1.0 + precision)
     died = False
-    rates = RateBracket(precision)
     for index in range(1 if closed else max_levels):
         level_spec, plan, schedule = plan_level_schedule(
             spec, rate, window_s=level_duration_s, warmup_s=warmup_s,
@@ -440,7 +443,6 @@ def search_rate(
             break
         if rate is None:
             break
-        rates.record(level.rate_per_s, met)
         low, high = bracket(levels)
         if low is not None and high is None and predicted_rate_per_s and index == 0:
             rate = low.rate_per_s * (1.0 + precision)  # the twin's other side
@@ -449,7 +451,7 @@ def search_rate(
         # by how far it missed; else the bracket's middle, until it closes
         up = climb_step(spec, low.measurement, growth) if low is not None else 1.0
         down = descent_step(spec, high.measurement, growth) if high is not None else 1.0
-        rate = rates.next_rate(up=up, down=down)
+        rate = _rates(levels, precision).next_rate(up=up, down=down)
         if rate is None:
             break
     low, high = bracket(levels)
