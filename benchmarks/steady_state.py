@@ -29,6 +29,10 @@ Run (CPU only, a few minutes per workload and GPU for (a))::
     .venv/bin/python benchmarks/steady_state.py --workloads chat,rag --gpus H100-80GB
     .venv/bin/python benchmarks/steady_state.py --no-live --gpus L4-24GB --max-model-len 8192
     .venv/bin/python benchmarks/steady_state.py --run-dir runs/<study>
+    .venv/bin/python benchmarks/steady_state.py --workloads mixed-long-short --keep-runs /tmp/ss
+
+``--keep-runs``: each live trial's run directory is kept there (its levels' ``window.json``
+say how long each window was held, and why); the last column is that trial's wall time.
 
 At vLLM's defaults llama-3.1-8b does not start on an L4 (its 131072-token context
 does not fit the KV cache); such a case prints "does not start" and its reason.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +89,7 @@ class Row:
     live: float | None
     cpu_s: float
     failure: str | None = None  # the server would not start at these settings
+    live_wall_s: float | None = None  # the tuner's one trial, wall time
 
 
 def cold_window(spec: WorkloadSpec) -> WorkloadSpec:
@@ -118,10 +124,15 @@ def today(setup: Setup, spec: WorkloadSpec) -> float:
     return max_rate(setup, cold_window(spec))
 
 
-def live_goodput(workload: str, gpu: str, max_model_len: int | None = None) -> float | None:
-    """(c): one trial of ``tuner tune`` on the sim backend, in the workload's unit."""
+def live_goodput(
+    workload: str, gpu: str, max_model_len: int | None = None, keep: Path | None = None
+) -> float | None:
+    """(c): one trial of ``tuner tune`` on the sim backend, in the workload's unit; its run
+    directory is kept under ``keep`` (``<workload>-<gpu>``) when given."""
     with tempfile.TemporaryDirectory(prefix="steady-state-") as tmp:
-        out = Path(tmp) / "run"
+        out = Path(tmp) / "run" if keep is None else keep / f"{workload}-{gpu}"
+        if keep is not None and out.exists():
+            shutil.rmtree(out)
         cmd = [
             sys.executable, "-m", "tuner.cli", "tune", "--backend", "sim", "--model", MODEL,
             "--gpu", gpu, "--workload", workload, "--trials", "1", "--no-edge",
@@ -148,7 +159,10 @@ def setup_for(gpu: str, params: ServingParams | None = None) -> Setup:
     )
 
 
-def measure(workload: str, gpu: str, live: bool, max_model_len: int | None = None) -> Row:
+def measure(
+    workload: str, gpu: str, live: bool, max_model_len: int | None = None,
+    keep: Path | None = None,
+) -> Row:  # fmt: skip
     t0 = time.process_time()
     spec = load_workload(workload)
     setup = setup_for(gpu, ServingParams(max_model_len=max_model_len))
@@ -159,8 +173,11 @@ def measure(workload: str, gpu: str, live: bool, max_model_len: int | None = Non
     ref, ref_req = reference(setup, spec)
     old = today(setup, spec)
     cpu = time.process_time() - t0
-    return Row(workload, gpu, GoodputUnit.of(spec), ref, ref_req, old,
-               live_goodput(workload, gpu, max_model_len) if live else None, cpu)  # fmt: skip
+    wall = time.perf_counter()
+    figure = live_goodput(workload, gpu, max_model_len, keep) if live else None
+    wall = time.perf_counter() - wall
+    return Row(workload, gpu, GoodputUnit.of(spec), ref, ref_req, old, figure, cpu,
+               live_wall_s=wall if live else None)  # fmt: skip
 
 
 def error_text(figure: float | None, ref: float) -> str:
@@ -175,14 +192,15 @@ def error_text(figure: float | None, ref: float) -> str:
 
 def print_table(rows: list[Row]) -> None:
     print(f"{'workload':<17} {'gpu':<10} {'unit':<16} {'ref':>8} {'ref req/s':>9} "
-          f"{'today':>8} {'error':>8}      {'tuner':>8} {'error':>8}")  # fmt: skip
+          f"{'today':>8} {'error':>8}      {'tuner':>8} {'error':>8}      {'trial':>11}")  # fmt: skip
     for r in rows:
         if r.failure is not None:
             print(f"{r.workload:<17} {r.gpu:<10} {r.unit.label:<16} does not start: {r.failure}")
             continue
+        trial = f" {r.live_wall_s / 60:7.1f} min" if r.live_wall_s is not None else ""
         print(f"{r.workload:<17} {r.gpu:<10} {r.unit.label:<16} {r.reference:8.2f} "
               f"{r.reference_req_s:9.2f} {error_text(r.today, r.reference)} "
-              f"{error_text(r.live, r.reference)}")  # fmt: skip
+              f"{error_text(r.live, r.reference)}{trial}")  # fmt: skip
 
 
 def confirm_run(run_dir: Path) -> None:
@@ -229,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-model-len", type=int, help="instead of vLLM's default (the model's 131072)"
     )
+    parser.add_argument(
+        "--keep-runs", type=Path, help="keep each live trial's run directory under this one"
+    )
     args = parser.parse_args(argv)
     if args.run_dir is not None:
         confirm_run(args.run_dir)
@@ -236,13 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(w, g) for w in args.workloads.split(",") for g in args.gpus.split(",")]
     t0 = time.perf_counter()
     live = not args.no_live
+    keep = args.keep_runs.resolve() if args.keep_runs is not None else None
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
             n = len(cases)
             ws, gs = zip(*cases, strict=True)
-            rows = list(pool.map(measure, ws, gs, [live] * n, [args.max_model_len] * n))
+            rows = list(pool.map(measure, ws, gs, [live] * n, [args.max_model_len] * n, [keep] * n))
     else:
-        rows = [measure(w, g, live, args.max_model_len) for w, g in cases]
+        rows = [measure(w, g, live, args.max_model_len, keep) for w, g in cases]
     print_table(rows)
     cpu = sum(r.cpu_s for r in rows)
     print(f"\n{len(rows)} cases in {time.perf_counter() - t0:.0f} s wall "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from reports.run_data import (
     LevelEvidence,
     RunData,
     TrialRow,
+    WindowRecord,
     level_evidence,
     level_latencies,
     load_run,
@@ -901,6 +903,40 @@ def _missing(label: str, note: str | None) -> EvidencePart:
     return EvidencePart(label, note or NOT_RECORDED, "missing", [])
 
 
+_WINDOW_CLOSES = {
+    "shortest": "closed at its shortest",
+    "held": "held on past its shortest",
+    "longest": "closed at its longest, holding fewer correlation times than wanted",
+    "fixed": "fixed by --level-duration",
+    "stopped": "cut when the level stopped early",
+}
+
+
+def _window_length(w: WindowRecord) -> str:
+    """Why the window lasted as long as it did: the server state's correlation time."""
+    if w.closed is None:
+        return ""
+    text = f"length: {_WINDOW_CLOSES.get(w.closed, w.closed)}"
+    if w.window_min_s is not None and w.window_max_s is not None:
+        text += f" (between {w.window_min_s:g} s and {w.window_max_s:g} s)"
+    if w.correlation_s is not None:
+        held = w.window_s / w.correlation_s if w.correlation_s > 0 else math.inf
+        wanted = f" of {w.correlations_wanted:g} wanted" if w.correlations_wanted else ""
+        floor = ""
+        if w.correlation_floor_s is not None and w.correlation_floor_s >= w.correlation_s:
+            floor = " (the one a lower rate that held measured: at least that)"
+        text += (
+            f"; the running batch and KV usage have a correlation time of "
+            f"{w.correlation_s:.1f} s{floor}: the window holds {held:.0f}{wanted}"
+        )
+    if w.slo_share is not None and w.band is not None:
+        text += (
+            f"; the worst SLO percentile was {100 * w.slo_share:.0f} % of its limit at the "
+            f"close (clear of it by {100 * w.band:.0f} % needed)"
+        )
+    return text
+
+
 def _window_part(level: LevelEvidence) -> EvidencePart:
     w = level.window.value
     if w is None:
@@ -921,6 +957,9 @@ def _window_part(level: LevelEvidence) -> EvidencePart:
         details.append(f"warm-up between {w.warmup_min_s:g} s and {w.warmup_max_s:g} s")
     if w.test:
         details.append(f"test: {w.test}")
+    closed = _window_length(w)
+    if closed:
+        details.append(closed)
     for sig in w.signals:
         name = _WINDOW_SIGNAL_NAMES.get(sig.signal, sig.signal.replace("_", " "))
         growth, span = sig.number("growth"), sig.number("span_s")

@@ -626,6 +626,14 @@ class WindowRecord(BaseModel):
     window_s: float
     requests: int | None = None
     needed_requests: int | None = None
+    window_min_s: float | None = None
+    window_max_s: float | None = None
+    closed: str | None = None  # tuner.serving.window.WindowClose
+    correlation_s: float | None = None
+    correlation_floor_s: float | None = None
+    correlations_wanted: float | None = None
+    slo_share: float | None = None
+    band: float | None = None
 
 
 @dataclass(frozen=True)

@@ -308,6 +308,7 @@ def _arrival_requests(
     out: list[ScheduledRequest] = []
     context = system  # completions: the text so far
     history: list[Message] = [{"role": "system", "content": system}] if system else []
+    history_tokens = _chat_tokens(builder, history)  # chat: a sum over its messages
     for turn, (new_tokens, max_tokens) in enumerate(
         zip(prompt_len.tolist(), output_len.tolist(), strict=True)
     ):
@@ -321,7 +322,7 @@ def _arrival_requests(
         else:
             user = builder.extend(blocks, new_tokens - used, seed=seed)
             messages = [dict(m) for m in history] + [{"role": "user", "content": user}]
-            tokens = _chat_tokens(builder, messages)
+            tokens = history_tokens + _chat_tokens(builder, messages[-1:])
         if (
             turn > 0
             and sessions is not None
@@ -354,6 +355,7 @@ def _arrival_requests(
         if messages is not None:
             answer = text_of(builder, max_tokens, seed=answer_seed)
             history = [*messages, {"role": "assistant", "content": answer}]
+            history_tokens = tokens + _chat_tokens(builder, history[-1:])
         send_s += (
             sessions.expected_ttft_s + max_tokens * sessions.expected_tpot_s + sessions.think_time_s
         )

@@ -652,7 +652,9 @@ class Dispatcher:
 
     def stop(self) -> None:
         """The test stopped (run time, UI, SIGTERM): abort what is in flight, record the rest
-        (a later turn at the time it was due, or, with its answer not in yet, its plan)."""
+        (a later turn at the time it was due; with its answer not in yet it was not due by
+        the stop, so at its plan or the stop, whichever is later: a window over before the
+        stop does not count it as a request it failed to send)."""
         if self.finished:
             return
         self.stopping = True
@@ -663,9 +665,12 @@ class Dispatcher:
         self.group.kill(block=True, timeout=5.0)
         if not self.wall_start_s:
             self.cpu_start_s, self.wall_start_s = time.process_time(), time.time()
+        stopped_s = time.time()
         for request in list(self.unsent.values()):
             due = self.due.get(request.request_id)
             scheduled_s, answer_s = due or (self.settings.start_at_s + request.send_s, None)
+            if due is None and request.follows is not None:
+                scheduled_s = max(scheduled_s, stopped_s)
             self.counts["stopped"] += 1
             self._not_sent(request, scheduled_s, STOPPED_BEFORE_SEND, answer_s)
         self.unsent.clear()

@@ -50,6 +50,7 @@ _WORDS = """
 VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(_WORDS.split()))
 # Words that may end a text to land on an exact count under a real tokenizer.
 FILLERS: tuple[str, ...] = VOCABULARY + tuple("abcdefghijklmnopqrstuvwxyz0123456789")
+_VOCABULARY_ARRAY = np.array(VOCABULARY, dtype=object)  # indexed by a draw at C speed
 
 
 class PromptBuilder(Protocol):
@@ -77,7 +78,8 @@ def text_of(builder: PromptBuilder, n_tokens: int, *, seed: int) -> str:
 
 def _words(n: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
-    return [VOCABULARY[i] for i in rng.integers(0, len(VOCABULARY), size=n)]
+    words: list[str] = _VOCABULARY_ARRAY[rng.integers(0, len(VOCABULARY), size=n)].tolist()
+    return words
 
 
 def _join(prefix: str, text: str) -> str:

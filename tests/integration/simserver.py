@@ -8,13 +8,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tuner.serving.server import free_port
+from tuner.serving.live import LiveServer
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend, LaunchSpec, free_port
+from tuner.vllm.memory import ServingParams
 
 STARTUP_TIMEOUT_S = 20.0
 
@@ -98,3 +103,20 @@ def start_sim(args: tuple[str, ...], log_path: Path) -> SimServer:
         server.stop()
         raise
     return server
+
+
+@contextmanager
+def live_sim(base: Path, params: ServingParams, *, gpu: str = "L4") -> Iterator[LiveServer]:
+    """A READY ``LiveServer`` on the simulated engine (llama-3.1-8b) under ``base``, as the
+    rate search holds one: its children in their own registry, stopped on exit."""
+    launch = LaunchSpec(
+        backend=Backend.SIM, model="llama-3.1-8b", gpu=gpu, params=params,
+        cache_dir=base / "cache", sim_startup_delay_s=0.1,
+    )  # fmt: skip
+    registry = ChildRegistry(base)
+    with (
+        registry.guard(),
+        LiveServer(launch, trial_dir=base / "trial", registry=registry) as server,
+    ):
+        assert server.ready, server.startup
+        yield server

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.simserver import live_sim
 from tuner.search.predict import Setup, simulate_schedule
 from tuner.search.rate_search import drain_s, level_met, level_workload, search_rate, stop_rule
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict
 from tuner.serving.live import AnyStop, BacklogStopRule, LiveServer, Measurement, loosest_ttft_ms
 from tuner.serving.load import plan_schedule, split_warmup
-from tuner.serving.processes import ChildRegistry
-from tuner.serving.server import Backend, LaunchSpec
 from tuner.sim.simulate import Slo
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
@@ -60,17 +59,7 @@ def spec() -> WorkloadSpec:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    base = tmp_path_factory.mktemp("backlog")
-    launch = LaunchSpec(
-        backend=Backend.SIM, model="llama-3.1-8b", gpu="L4", params=PARAMS,
-        cache_dir=base / "cache", sim_startup_delay_s=0.1,
-    )  # fmt: skip
-    registry = ChildRegistry(base)
-    with (
-        registry.guard(),
-        LiveServer(launch, trial_dir=base / "trial", registry=registry) as server,
-    ):
-        assert server.ready, server.startup
+    with live_sim(tmp_path_factory.mktemp("backlog"), PARAMS) as server:
         yield server
 
 

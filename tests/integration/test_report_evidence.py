@@ -52,6 +52,13 @@ WINDOW = {
     "window_s": WINDOW_S,
     "requests": 850,
     "needed_requests": 200,
+    "window_min_s": 4.0,
+    "window_max_s": 600.0,
+    "closed": "held",
+    "correlation_s": 0.4,
+    "correlations_wanted": 20.0,
+    "slo_share": 0.5,
+    "band": 0.28,
     "some_later_field": [1, 2],  # what a newer harness may add is ignored
 }
 
@@ -231,7 +238,12 @@ def test_level_files_are_read_and_drawn(tmp_path: Path) -> None:
     assert level_evidence_.start_unix_s == pytest.approx(1_700_000_000.0)
     window = level_evidence_.window.value
     assert window is not None and window.opened_at_s == 12.5 and len(window.signals) == 3
-    assert _window_part(level_evidence_).tone == "good"
+    window = _window_part(level_evidence_)
+    assert window.tone == "good"
+    (length,) = [d for d in window.details if d.startswith("length:")]
+    assert "held on past its shortest (between 4 s and 600 s)" in length
+    assert "correlation time of 0.4 s: the window holds 20 of 20 wanted" in length
+    assert "worst SLO percentile was 50 % of its limit" in length
     assert _backlog_part(level_evidence_).text.startswith("steady")
     assert _turn_mix_part(level_evidence_, sessions=True).tone == "good"
     assert _prompt_part(level_evidence_).tone == "good"

@@ -202,7 +202,8 @@ def test_turns_after_the_window_are_not_sent(sim: SimServer, tmp_path: Path) -> 
 
 def test_a_stop_records_the_turns_still_to_come(sim: SimServer, tmp_path: Path) -> None:
     """Stopped while turn 1 thinks: it is recorded not sent at the time it was due (after
-    turn 0's answer), and turn 2, whose answer to extend never came, at its plan."""
+    turn 0's answer), and turn 2, whose answer to extend never came, at the stop (its
+    plan was earlier, but without that answer it was never due)."""
     schedule = session("t", 0.0, turns=3, step_s=0.5, think_s=[0.0, 30.0, 0.2])
     stop_at = time.time() + startup_lead_s(1) + 2.0
     run = run_load(
@@ -220,6 +221,7 @@ def test_a_stop_records_the_turns_still_to_come(sim: SimServer, tmp_path: Path) 
     assert waiting.answer_s == pytest.approx(first.end_s, abs=1e-6)
     assert waiting.scheduled_s == pytest.approx(first.end_s + 30.0, abs=1e-6)
     assert later.answer_s is None
-    assert later.scheduled_s == pytest.approx(run.start_at_s + 1.0, abs=1e-6)
+    assert later.scheduled_s > run.start_at_s + 1.5  # not its plan (offset 1.0)
+    assert later.scheduled_s == pytest.approx(later.sent_s, abs=0.5)  # the stop
     (stats,) = run.workers
     assert (stats.sent, stats.not_sent_stopped, stats.stopped_early) == (1, 2, True)

@@ -29,13 +29,13 @@ from tuner.search.rate_search import (
 from tuner.search.recommend import capacity, combined_bound, config_hash, variant_params
 from tuner.search.space import Knob, TrialParams
 from tuner.search.study import redact_url
-from tuner.serving.live import Measurement
+from tuner.serving.live import Measurement, StopRule
 from tuner.serving.load import SloVerdict
 from tuner.serving.metrics import ServerCounters
 from tuner.serving.server import TrialOutcome
 from tuner.vllm.memory import Calibration
 from workloads.metrics import LoadResult, Percentiles
-from workloads.schedule import ScheduledRequest
+from workloads.schedule import RequestRecord, ScheduledRequest
 from workloads.spec import WorkloadSpec, load_workload
 from workloads.stationary import TURN_MIX_FILE, AnswerTimes, TurnMix
 
@@ -170,9 +170,47 @@ def test_stop_rule_allowance_follows_the_percentile() -> None:
     rule = stop_rule(spec, expected_requests=1000, time_scale=2.0)
     assert rule is not None
     assert rule.max_bad == 22  # 2 x 1% of 1000, plus 2
+    assert rule.bad_fraction == pytest.approx(0.02)  # a window held on past them: 2 %
     assert rule.ttft_limit_s == pytest.approx(4.0)  # 2 s on a clock twice as slow
     no_ttft = spec.model_copy(update={"slo": spec.slo.model_copy(update={"ttft": None})})
     assert stop_rule(no_ttft, 1000, 1.0) is None
+
+
+def test_a_held_window_is_allowed_its_share_of_late_requests(tmp_path: Path) -> None:
+    """A level's early stop is sized for its shortest window; a window held on past it
+    stops once more than twice the percentile's allowance of what it recorded was late.
+    The records are read on from where the last reading stopped, a half-written line
+    waiting for the next."""
+    rule = StopRule(1000.0, time_scale=1.0, max_bad=5, bad_fraction=0.02).bind(tmp_path)
+    path = tmp_path / "records.jsonl.w0"
+    written = 0
+
+    def append(n: int, late: int, tail: str = "") -> bool:
+        nonlocal written
+        lines = []
+        for i in range(written, written + n):
+            ttft = 2.0 if i - written < late else 0.1
+            record = RequestRecord(request_id=f"r{i}", scheduled_s=100.0 + i, sent_s=100.0 + i,
+                                   prompt_tokens=10, output_tokens=5, status=200,
+                                   first_token_s=100.0 + i + ttft, end_s=100.0 + i + ttft + 0.1)  # fmt: skip
+            lines.append(record.to_json() + "\n")
+        written += n
+        with path.open("a", encoding="utf-8") as f:
+            f.write("".join(lines) + tail)
+        rule._last_check = 0.0
+        return rule()
+
+    assert not append(100, 5)  # 5 late of 100: within max_bad
+    assert not append(900, 16)  # 21 late of 1,000: within 2 % of them, plus 2
+    half = RequestRecord(request_id="half", scheduled_s=1.0, sent_s=1.0, prompt_tokens=1,
+                         output_tokens=1, status=200, first_token_s=9.0).to_json()  # fmt: skip
+    assert not append(2, 2, tail=half[:20])  # 23 late of 1,002 (limit 23); a line half out
+    assert len(rule.tail.records) == 1002
+    with path.open("a", encoding="utf-8") as f:
+        f.write(half[20:] + "\n")  # the half line completed: one more late
+    rule._last_check = 0.0
+    assert rule()  # 24 late of 1,003: past ceil(2 % of them) + 2 = 23
+    assert len(rule.tail.records) == 1003
 
 
 def test_storage_password_is_redacted() -> None:
@@ -255,7 +293,7 @@ def _search(
 ) -> RateSearch:
     return search_rate(
         server, load_workload("chat"), start_rate_per_s=start, out_dir=tmp_path,
-        level_duration_s=2.0, max_levels=max_levels, precision=precision,
+        level_duration_s=2.0, warmup_s=1.0, max_levels=max_levels, precision=precision,
     )  # fmt: skip
 
 

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import SimpleNamespace
+
 import pytest
 
 from tuner.search.rate_search import plan_level_schedule
 from tuner.serving.metrics import MetricsSample
 from tuner.serving.window import (
+    FAR_CORRELATIONS,
+    MAX_WINDOW_REQUESTS,
     MAX_WINDOW_S,
     MIN_WINDOW_S,
+    VERDICT_BAND,
+    WINDOW_CORRELATIONS,
     LevelPlan,
+    WindowClose,
+    WindowOpening,
     needed_requests,
     steady_opening,
+    verdict_band,
+    verdict_clear,
+    window_closes,
 )
 from workloads.spec import load_workload, parse_workload
 
@@ -127,3 +139,154 @@ def test_a_population_still_settling_from_above_keeps_it_closed() -> None:
         steady_opening(PLAN, samples[:61], start_unix_s=1000.0, now_unix_s=now, time_scale=1.0)
         is None
     )
+
+
+def _ar1_samples(
+    tau_s: float, length_s: float, seed: int, every_s: float = 0.25
+) -> list[MetricsSample]:
+    """Running and KV usage swinging around their means with a correlation time of ``tau_s``."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    phi = math.exp(-every_s / tau_s)
+    x = 0.0
+    running, kv = [], []
+    for _ in range(int(length_s / every_s)):
+        x = phi * x + rng.gauss(0.0, math.sqrt(1.0 - phi * phi))
+        running.append(max(0.0, 100.0 + 30.0 * x))
+        kv.append(min(1.0, max(0.0, 0.4 + 0.1 * x)))
+    return _samples(kv, running, every_s)
+
+
+AUTO = PLAN.model_copy(update={"window_max_s": MAX_WINDOW_S})
+
+
+def _opening(plan: LevelPlan) -> WindowOpening:
+    return WindowOpening(
+        warmup_min_s=plan.warmup_min_s, warmup_max_s=plan.warmup_max_s, opened_at_s=0.0,
+        steady_at_open=True, test=plan.test(), window_s=plan.window_s,
+        needed_requests=plan.needed_requests, window_max_s=plan.window_max_s,
+        correlation_floor_s=plan.correlation_floor_s,
+    )  # fmt: skip
+
+
+def _first_close(
+    plan: LevelPlan,
+    samples: list[MetricsSample],
+    shares: Callable[[float], list[float]] | None = None,
+) -> WindowOpening | None:
+    """Where the live rule would close the window, checking every 2 s of the run;
+    ``shares``: the window's SLO percentiles against its length so far."""
+    opening = _opening(plan)
+    start = samples[0].unix_s
+    for now in range(2, int(samples[-1].unix_s - start) + 1, 2):
+        closed = window_closes(
+            plan, opening, samples, opened_unix_s=start, now_unix_s=start + now, time_scale=1.0,
+            shares=shares(now) if shares is not None else None,
+        )  # fmt: skip
+        if closed is not None:
+            return closed
+    return None
+
+
+def test_a_quickly_forgetting_server_closes_at_the_shortest_window() -> None:
+    closed = _first_close(AUTO, _ar1_samples(0.5, 200.0, seed=1))
+    assert closed is not None and closed.closed is WindowClose.SHORTEST
+    assert closed.window_s == pytest.approx(AUTO.window_s, abs=2.0)
+    assert closed.correlation_s is not None and closed.correlation_s < 1.0
+    assert closed.window_min_s == AUTO.window_s
+
+
+def test_a_slow_server_is_held_for_its_correlation_times() -> None:
+    closed = _first_close(AUTO, _ar1_samples(10.0, 600.0, seed=2))
+    assert closed is not None and closed.closed is WindowClose.HELD
+    assert closed.correlation_s is not None
+    assert closed.window_s >= WINDOW_CORRELATIONS * closed.correlation_s
+    assert closed.window_s > 2 * AUTO.window_s
+    assert "correlation time" in closed.summary()
+
+
+def test_a_verdict_near_the_slo_holds_the_window_until_it_is_clear() -> None:
+    samples = _ar1_samples(0.5, 700.0, seed=5)
+    # the worst percentile at 90 % of its limit: within the band until it narrows to 11 %
+    closed = _first_close(AUTO, samples, lambda t: [0.3, 0.9])
+    assert closed is not None and closed.closed is WindowClose.HELD
+    assert closed.slo_share == 0.9 and closed.band is not None
+    assert closed.band <= 1 / 0.9 - 1
+    assert closed.window_s == pytest.approx(
+        AUTO.window_s * (VERDICT_BAND / (1 / 0.9 - 1)) ** 2, abs=2.0
+    )
+    # at the limit it is never clear: the longest window
+    at_limit = _first_close(AUTO, samples, lambda t: [1.0])
+    assert at_limit is not None and at_limit.closed is WindowClose.LONGEST
+    assert at_limit.window_s == MAX_WINDOW_S
+    # far from it either way: the shortest
+    for shares in ([0.2], [0.3, 2.5]):
+        far = _first_close(AUTO, samples, lambda t, s=shares: s)
+        assert far is not None and far.closed is WindowClose.SHORTEST
+    # nothing measured yet is not clear either
+    assert verdict_clear([], 0.1) is False
+    assert verdict_band(AUTO, 4 * AUTO.window_s) == pytest.approx(VERDICT_BAND / 2)
+
+
+def test_a_server_slower_than_the_longest_window_allows_says_so() -> None:
+    plan = PLAN.model_copy(update={"window_max_s": 120.0})
+    closed = _first_close(plan, _ar1_samples(30.0, 200.0, seed=3))
+    assert closed is not None and closed.closed is WindowClose.LONGEST
+    assert closed.window_s == 120.0
+    assert "wanted" in closed.summary()
+
+
+def test_a_fixed_window_closes_at_its_length_whatever_the_server() -> None:
+    closed = _first_close(PLAN, _ar1_samples(30.0, 200.0, seed=4))
+    assert closed is not None and closed.closed is WindowClose.FIXED
+    assert closed.window_s == PLAN.window_s
+
+
+def test_an_automatic_plan_runs_its_schedule_to_the_longest_window() -> None:
+    spec = parse_workload(SINGLE, label="single.yaml")
+    level, plan, schedule = plan_level_schedule(spec, 10.0)
+    assert plan.window_max_s == MAX_WINDOW_S  # 10 req/s: 6,000 requests in 10 minutes
+    assert plan.total_s == pytest.approx(plan.warmup_max_s + MAX_WINDOW_S)
+    assert level.duration_s == pytest.approx(plan.total_s)
+    assert max(r.send_s for r in schedule) > plan.warmup_max_s + 0.9 * MAX_WINDOW_S
+    _, fixed, _ = plan_level_schedule(spec, 10.0, window_s=3.0, warmup_s=1.0)
+    assert fixed.window_max_s is None and fixed.total_s == 4.0
+    _, fast, _ = plan_level_schedule(spec, 100.0)  # the longest holds 20,000 requests
+    assert fast.window_max_s == pytest.approx(MAX_WINDOW_REQUESTS / fast.requests_per_s, rel=0.01)
+
+
+def test_a_lower_rates_memory_holds_a_quickly_forgetting_window_on() -> None:
+    # 0.5 s of its own; a level that held below it measured 8 s: 20 of those
+    plan = AUTO.model_copy(update={"correlation_floor_s": 8.0})
+    samples = _ar1_samples(0.5, 400.0, seed=6)
+    closed = _first_close(plan, samples, lambda t: [0.7])  # near its limit: 20 of them
+    assert closed is not None and closed.closed is WindowClose.HELD
+    assert closed.correlation_s == 8.0 and closed.correlation_floor_s == 8.0
+    assert closed.correlations_wanted == WINDOW_CORRELATIONS
+    assert closed.window_s == pytest.approx(WINDOW_CORRELATIONS * 8.0, abs=2.0)
+    far = _first_close(plan, samples, lambda t: [0.3])  # far from it: 5 of them
+    assert far is not None and far.correlations_wanted == FAR_CORRELATIONS
+    assert far.window_s == pytest.approx(FAR_CORRELATIONS * 8.0, abs=2.0)
+    # a fixed window takes no floor
+    fixed = plan_level_schedule(
+        parse_workload(SINGLE, label="single.yaml"), 10.0, window_s=3.0, correlation_floor_s=8.0
+    )[1]
+    assert fixed.correlation_floor_s is None
+
+
+def test_the_floor_is_the_longest_memory_of_a_level_that_held_at_or_below_the_rate() -> None:
+    from tuner.search.rate_search import Level, correlation_floor
+
+    def level(rate: float, met: bool, tau: float | None) -> Level:
+        window = _opening(AUTO).model_copy(update={"correlation_s": tau})
+        m = SimpleNamespace(window=window)  # only its window is read
+        return Level.model_construct(index=0, rate_per_s=rate, met=met, measurement=m)
+
+    levels = [level(1.0, True, 2.0), level(2.0, True, 6.0), level(3.0, False, 30.0),
+              level(4.0, True, None)]  # fmt: skip
+    assert correlation_floor(levels, 2.5) == 6.0  # the broken level's backlog does not count
+    assert correlation_floor(levels, 1.5) == 2.0  # nor a higher rate's
+    assert correlation_floor(levels, 0.5) is None
+    assert correlation_floor(levels, None) is None

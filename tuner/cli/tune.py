@@ -52,7 +52,11 @@ def add_parser(sub: Any) -> None:
                    help="launch even what the memory model says cannot start")  # fmt: skip
     p.add_argument("--level-duration", dest="level_duration_s", type=float,
                    help="measured window per rate, seconds (default: sized for the SLO's "
-                        "percentiles, 8 to 120 s)")  # fmt: skip
+                        "percentiles, held on while the server's state or the SLO's "
+                        "verdict needs it, 8 to 600 s)")  # fmt: skip
+    p.add_argument("--level-max-duration", dest="level_max_duration_s", type=float,
+                   help="the longest a sized window is held on, seconds (default 600; "
+                        "GPU time per rate)")  # fmt: skip
     p.add_argument("--level-warmup", dest="level_warmup_s", type=float,
                    help="warm-up per rate, seconds (default: until the server is steady)")  # fmt: skip
     p.add_argument("--max-levels", type=int, help="measured rates per trial (default 4)")
@@ -109,7 +113,8 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "model", "gpu", "backend", "vllm_cmd", "vllm_version", "model_dir", "max_model_len",
         "kv_cache_memory_bytes",
         "tensor_parallel_size", "workload", "rate", "slo_ttft_ms", "slo_itl_ms", "objective",
-        "trials", "budget_min", "seed", "screen", "level_duration_s", "level_warmup_s", "max_levels", "study",
+        "trials", "budget_min", "seed", "screen", "level_duration_s", "level_warmup_s",
+        "level_max_duration_s", "max_levels", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
         "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "processes",
         "load_workers", "load_master_bind",

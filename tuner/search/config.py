@@ -69,6 +69,9 @@ class TuneConfig(BaseModel):
     # for the SLO's percentiles, opening once the server is steady (tuner.serving.window).
     level_duration_s: float | None = Field(default=None, gt=0)
     level_warmup_s: float | None = Field(default=None, ge=0)
+    # The longest a sized window is held on (its server's correlation time, an SLO
+    # verdict near its limit); None: tuner.serving.window.MAX_WINDOW_S.
+    level_max_duration_s: float | None = Field(default=None, gt=0)
     max_levels: int = Field(default=4, ge=1)
     # Where it goes
     study: str | None = None
@@ -205,4 +208,8 @@ def _one_line(exc: ValidationError, path: Path | None) -> str:
 
 
 # Fields whose flag is not the field's name with dashes.
-_FLAGS = {"level_duration_s": "--level-duration", "level_warmup_s": "--level-warmup"}
+_FLAGS = {
+    "level_duration_s": "--level-duration",
+    "level_warmup_s": "--level-warmup",
+    "level_max_duration_s": "--level-max-duration",
+}

@@ -233,6 +233,7 @@ def evaluate(
             search = search_rate(
                 live, ctx.workload, start_rate_per_s=start_rate_per_s, out_dir=out_dir,
                 level_duration_s=config.level_duration_s, warmup_s=config.level_warmup_s,
+                level_max_duration_s=config.level_max_duration_s,
                 max_levels=max_levels or config.max_levels, model_dir=ctx.model_dir,
                 predicted_rate_per_s=predicted_rate_per_s,
                 predicted_answer_times=predicted_answer_times,

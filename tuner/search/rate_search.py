@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict
 from tuner.search.bracket import RateBracket
 from tuner.search.level_evidence import write_level_evidence
 from tuner.serving.live import Measurement, StopFactory, StopRule
-from tuner.serving.load import plan_schedule, split_warmup
+from tuner.serving.load import percentile_shares, plan_schedule, split_warmup
 from tuner.serving.server import LaunchSpec, TrialOutcome
 from tuner.serving.window import LevelPlan, plan_level
 from workloads.prompts import prompt_builder_for
@@ -251,7 +251,35 @@ def stop_rule(spec: WorkloadSpec, expected_requests: int, time_scale: float) -> 
     tightest = min(ttft, key=lambda o: o.limit_ms)
     allowance = (100 - tightest.percentile) / 100.0
     max_bad = math.ceil(2 * allowance * expected_requests) + 2
-    return StopRule(tightest.limit_ms, time_scale=time_scale, max_bad=max_bad)
+    return StopRule(
+        tightest.limit_ms, time_scale=time_scale, max_bad=max_bad, bad_fraction=2 * allowance
+    )
+
+
+def correlation_floor(levels: list[Level], rate_per_s: float | None) -> float | None:
+    """The longest correlation time of the server's state that a level which held at or
+    below ``rate_per_s`` measured over its window (None: none has). Toward capacity the
+    server's memory lengthens (its excursions grow and last), so a level above one that
+    held needs at least as long a memory's worth of window; a short window of its own
+    reads it short."""
+    if rate_per_s is None:
+        return None
+    times = [
+        lv.measurement.window.correlation_s
+        for lv in levels
+        if lv.met
+        and lv.rate_per_s <= rate_per_s
+        and lv.measurement.window is not None
+        and lv.measurement.window.correlation_s is not None
+    ]
+    return max(times) if times else None
+
+
+def planned_requests(plan: LevelPlan, schedule: list[ScheduledRequest]) -> int:
+    """The requests a level sends by the end of its longest warm-up and shortest window
+    (its schedule runs on to the longest window, ``tuner.serving.window``)."""
+    until_s = plan.warmup_max_s + plan.window_s
+    return sum(1 for r in schedule if r.send_s < until_s)
 
 
 def drain_s(spec: WorkloadSpec) -> float:
@@ -271,6 +299,8 @@ def plan_level_schedule(
     max_model_len: int | None = None,
     model_dir: Path | None = None,
     answer_times: AnswerTimes | None = None,
+    window_max_s: float | None = None,
+    correlation_floor_s: float | None = None,
 ) -> tuple[WorkloadSpec, LevelPlan, list[ScheduledRequest]]:
     """One level at ``rate_per_s``: its spec (warm-up and window in one schedule), its
     plan (``tuner.serving.window.plan_level``) and its schedule (the spec's own warm-up left out);
@@ -285,7 +315,10 @@ def plan_level_schedule(
 
     provisional_s = window_s or PROVISIONAL_S
     level_spec, schedule = build(provisional_s)
-    plan = plan_level(level_spec, schedule, window_s=window_s, warmup_s=warmup_s)
+    plan = plan_level(
+        level_spec, schedule, window_s=window_s, warmup_s=warmup_s, window_max_s=window_max_s,
+        correlation_floor_s=correlation_floor_s,
+    )  # fmt: skip
     if abs(plan.total_s - provisional_s) > 1e-9:
         level_spec, schedule = build(plan.total_s)
     return level_spec, plan, schedule
@@ -312,13 +345,7 @@ def _rates(levels: list[Level], precision: float) -> RateBracket:
 
 def _shares(spec: WorkloadSpec, m: Measurement) -> list[float]:
     """Each SLO objective's measured percentile as a share of its limit (1: at the limit)."""
-    shares = []
-    for objective in spec.slo.objectives():
-        percentiles = getattr(m.load, f"{objective.metric.value}_ms")
-        value = getattr(percentiles, f"p{objective.percentile}")
-        if value is not None and value > 0:
-            shares.append(value / objective.limit_ms)
-    return shares
+    return percentile_shares(spec, m.load)
 
 
 def climb_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
@@ -386,6 +413,7 @@ def search_rate(
     start_rate_per_s: float | None,
     out_dir: Path,
     level_duration_s: float | None = None,
+    level_max_duration_s: float | None = None,
     max_levels: int = 4,
     growth: float = 1.15,
     precision: float = 0.05,
@@ -397,6 +425,7 @@ def search_rate(
     """Measure levels on a READY server until the goodput is bracketed to ``precision``
     or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
 
+    ``level_max_duration_s``: the longest a sized window is held on (``plan_level``).
     ``level_duration_s``, ``warmup_s``: a fixed window and warm-up per level instead of
     a window sized for the SLO's percentiles opening once the server is steady
     (``tuner.serving.window.plan_level``). ``growth`` is the smallest step from one
@@ -416,13 +445,14 @@ def search_rate(
     for index in range(1 if closed else max_levels):
         level_spec, plan, schedule = plan_level_schedule(
             spec, rate, window_s=level_duration_s, warmup_s=warmup_s,
+            window_max_s=level_max_duration_s, correlation_floor_s=correlation_floor(levels, rate),
             max_model_len=live.launch.params.max_model_len, model_dir=model_dir,
             answer_times=nearest_answer_times(levels, rate, predicted_answer_times),
         )  # fmt: skip
         level_dir = out_dir / f"level-{index}"
         m = live.measure(
             level_spec, schedule, out_dir=level_dir,
-            stop_when=stop_rule(level_spec, len(schedule), live.time_scale),
+            stop_when=stop_rule(level_spec, planned_requests(plan, schedule), live.time_scale),
             drain_s=drain_s(level_spec), level=plan,
         )  # fmt: skip
         measured = schedule  # what the window held, against the workload's stationary mix

@@ -365,6 +365,7 @@ class StudySettings(BaseModel):
     tensor_parallel_size: int
     level_duration_s: float | None = None
     level_warmup_s: float | None = None
+    level_max_duration_s: float | None = None
     max_levels: int
 
     @classmethod
@@ -377,7 +378,8 @@ class StudySettings(BaseModel):
             space={r.knob.value: r.describe() for r in ctx.space.ranges},
             max_model_len=c.max_model_len, kv_cache_memory_bytes=c.kv_cache_memory_bytes,
             tensor_parallel_size=c.tensor_parallel_size, level_duration_s=c.level_duration_s,
-            level_warmup_s=c.level_warmup_s, max_levels=c.max_levels,
+            level_warmup_s=c.level_warmup_s, level_max_duration_s=c.level_max_duration_s,
+            max_levels=c.max_levels,
         )  # fmt: skip
 
     def flat(self) -> dict[str, Any]:
@@ -418,7 +420,7 @@ def recorded_settings(tune_json: dict[str, Any]) -> dict[str, Any]:
         except ValueError:
             pass
     for key in ("objective", "max_model_len", "kv_cache_memory_bytes", "tensor_parallel_size",
-                "level_duration_s", "level_warmup_s", "max_levels"):  # fmt: skip
+                "level_duration_s", "level_warmup_s", "level_max_duration_s", "max_levels"):  # fmt: skip
         if key in config:
             doc[key] = config[key]
     return _flatten(doc)
@@ -441,6 +443,7 @@ _LABELS = {
     "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
     "tensor_parallel_size": "--tensor-parallel-size", "level_duration_s": "--level-duration",
     "level_warmup_s": "--level-warmup", "max_levels": "--max-levels",
+    "level_max_duration_s": "--level-max-duration",
     "workload.name": "--workload",
     "workload.slo.ttft": "--slo-ttft-ms", "workload.slo.itl": "--slo-itl-ms",
 }  # fmt: skip

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +49,7 @@ from tuner.serving.load import (
     LOCAL_LOAD,
     LoadGenerators,
     SloVerdict,
+    percentile_shares,
     plan_schedule,
     run_schedule,
     split_warmup,
@@ -62,7 +64,15 @@ from tuner.serving.metrics import (
 )
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
-from tuner.serving.window import WINDOW_FILE, LevelPlan, WindowOpening, steady_opening
+from tuner.serving.window import (
+    WINDOW_FILE,
+    LevelPlan,
+    WindowClose,
+    WindowOpening,
+    state_correlation_s,
+    steady_opening,
+    window_closes,
+)
 from workloads.metrics import LoadResult
 from workloads.schedule import (
     RequestRecord,
@@ -74,6 +84,8 @@ from workloads.schedule import (
 from workloads.spec import SloMetric, WarmupSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
+
+VERDICT_EVERY_S = 2.0  # wall seconds between readings of a held window's records
 
 
 class Measurement(BaseModel):
@@ -350,6 +362,7 @@ class LiveServer:
             window_rule = WindowRule(
                 level, time_scale=self.time_scale, drain_s=drain_s or 0.0,
                 ttft_limit_ms=loosest_ttft_ms(workload), samples=watcher.snapshot,
+                workload=workload,
             ).bind(out_dir)  # fmt: skip
             stop_when = AnyStop(stop_when, _Bound(window_rule))
         rule = stop_when.bind(out_dir) if stop_when is not None else None
@@ -387,7 +400,7 @@ class LiveServer:
         window_start, window_end = start, start + workload.duration_s * k
         opening: WindowOpening | None = None
         if level is not None and window_rule is not None:
-            opening = window_rule.opening or window_rule.open_now(watcher.samples, final=True)
+            opening = window_rule.final(watcher.samples, stopped_at)
             window_start = start + opening.opened_at_s * k
             window_end = window_start + opening.window_s * k
             records = [
@@ -443,15 +456,55 @@ class StopRule:
 
     Reads the run's records as they are written: once more than ``max_bad`` of the
     requests scheduled so far have missed the TTFT objective (finished late, or still
-    waiting for their first token past it), the run's p99 cannot meet the SLO.
+    waiting for their first token past it), the run's p99 cannot meet the SLO. A run
+    that goes on past the requests ``max_bad`` was sized for (a window held on for its
+    server's correlation time) is allowed ``bad_fraction`` of the requests it recorded.
     """
 
-    def __init__(self, ttft_limit_ms: float, *, time_scale: float, max_bad: int) -> None:
+    def __init__(
+        self, ttft_limit_ms: float, *, time_scale: float, max_bad: int, bad_fraction: float = 0.0
+    ) -> None:
         self.ttft_limit_s = ttft_limit_ms / 1000.0 * time_scale
         self.max_bad = max_bad
+        self.bad_fraction = bad_fraction
 
     def bind(self, out_dir: Path) -> _BoundStopRule:
         return _BoundStopRule(self, out_dir)
+
+
+class RecordTail:
+    """The records a running load run has written so far (``records.jsonl.w*``), read on
+    from where the last reading stopped: a rule that looks every second at a window of
+    ten minutes parses each record once. A line still being written waits for the next
+    reading; warm-up records are left out."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.records: list[RequestRecord] = []
+        self._offsets: dict[Path, int] = {}
+
+    def read(self) -> list[RequestRecord]:
+        """The records appended since the last reading (also kept in ``records``)."""
+        new: list[RequestRecord] = []
+        for path in sorted(self.out_dir.glob("records.jsonl.w*")):
+            start = self._offsets.get(path, 0)
+            try:
+                with path.open("rb") as f:
+                    f.seek(start)
+                    chunk = f.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n") + 1  # whole lines only
+            self._offsets[path] = start + end
+            for line in chunk[:end].decode("utf-8", errors="replace").splitlines():
+                try:
+                    record = RequestRecord.from_json(line)
+                except (ValueError, TypeError):
+                    continue  # a damaged line
+                if not record.warmup:
+                    new.append(record)
+        self.records.extend(new)
+        return new
 
 
 class _BoundStopRule:
@@ -459,32 +512,22 @@ class _BoundStopRule:
 
     def __init__(self, rule: StopRule, out_dir: Path) -> None:
         self.rule = rule
-        self.out_dir = out_dir
+        self.tail = RecordTail(out_dir)
         self._last_check = 0.0
+        self._bad = 0
 
     def __call__(self) -> bool:
         now = time.monotonic()
         if now - self._last_check < 1.0:
             return False
         self._last_check = now
-        bad = 0
-        for path in self.out_dir.glob("records.jsonl.w*"):
-            try:
-                lines = path.read_text(encoding="utf-8").splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                try:
-                    record = RequestRecord.from_json(line)
-                except (ValueError, TypeError):
-                    continue  # a line still being written
-                if record.warmup:
-                    continue
-                if record.first_token_s is None:
-                    bad += not record.ok
-                elif record.first_token_s - record.scheduled_s > self.rule.ttft_limit_s:
-                    bad += 1
-        return bad > self.rule.max_bad
+        for record in self.tail.read():
+            if record.first_token_s is None:
+                self._bad += not record.ok
+            elif record.first_token_s - record.scheduled_s > self.rule.ttft_limit_s:
+                self._bad += 1
+        seen = len(self.tail.records)
+        return self._bad > max(self.rule.max_bad, math.ceil(self.rule.bad_fraction * seen) + 2)
 
 
 def growing_backlog(
@@ -592,7 +635,10 @@ def open_loop_offsets(out_dir: Path) -> dict[str, float] | None:
 
 class WindowRule:
     """A rate-search level's window (``tuner.serving.window``): opens it once the server is steady
-    (or the longest warm-up is spent) and writes ``window.json``; stops the run when the
+    (or the longest warm-up is spent) and writes ``window.json``; closes it once it is long
+    enough (``window_closes``: the server state's correlation times, and with ``workload``
+    the SLO's verdict over the requests of the window so far whose answers are due, read
+    from the run's records every ``VERDICT_EVERY_S``); stops the run when the
     queue clearly grows through the window (``tuner.serving.backlog.clearly_growing``, reason
     ``backlog``, leaving ``backlog-stop.json``), else a ``drain_s`` after the window
     closes (reason ``cut``). ``samples``: the /metrics timeline so far."""
@@ -600,12 +646,14 @@ class WindowRule:
     def __init__(
         self, plan: LevelPlan, *, time_scale: float, drain_s: float,
         ttft_limit_ms: float | None, samples: Callable[[], list[MetricsSample]],
+        workload: WorkloadSpec | None = None,
     ) -> None:  # fmt: skip
         self.plan = plan
         self.time_scale = time_scale
         self.drain_s = drain_s
         self.ttft_limit_ms = ttft_limit_ms
         self.samples = samples
+        self.workload = workload  # its SLO's verdict over the window so far holds it on
 
     def bind(self, out_dir: Path) -> _BoundWindowRule:
         return _BoundWindowRule(self, out_dir)
@@ -621,6 +669,51 @@ class _BoundWindowRule:
         self.check: BacklogCheck | None = None  # the check that stopped the level, if one did
         self._offsets: dict[str, float] | None = None
         self._last_check = 0.0
+        self._shares: list[float] | None = None
+        self._last_verdict = 0.0
+        self._tail = RecordTail(out_dir)
+
+    def _window_shares(self, opened_unix_s: float, now_unix_s: float) -> list[float] | None:
+        """The SLO percentiles of the window so far, as shares of their limits: the
+        requests sent in it at least a drain ago (their answers are due, or late);
+        refreshed every ``VERDICT_EVERY_S`` of wall time (None: no workload to judge by)."""
+        rule = self.rule
+        if rule.workload is None:
+            return None
+        now = time.monotonic()
+        if self._shares is not None and now - self._last_verdict < VERDICT_EVERY_S:
+            return self._shares
+        self._last_verdict = now
+        k = rule.time_scale
+        due_unix = now_unix_s - rule.drain_s * k
+        self._tail.read()
+        records = [r for r in self._tail.records if opened_unix_s <= r.scheduled_s < due_unix]
+        if not records:
+            self._shares = []
+            return self._shares
+        span_s = max((due_unix - opened_unix_s) / k, 1e-3)
+        load, _ = summarise_records(
+            rule.workload, records, window_s=span_s, time_scale=k, cut_short=True
+        )
+        self._shares = percentile_shares(rule.workload, load)
+        return self._shares
+
+    def final(self, samples: list[MetricsSample], stopped_unix_s: float) -> WindowOpening:
+        """The window as the run left it: closed, or (stopped before it closed) as long as
+        it had lasted when the run stopped, at least its shortest."""
+        opening = self.opening or self.open_now(samples, final=True)
+        if opening.closed is not None:
+            return opening
+        k = self.rule.time_scale
+        start = self.start_unix_s or (samples[0].unix_s if samples else stopped_unix_s)
+        opened_unix = start + opening.opened_at_s * k
+        lasted_s = min(
+            max(0.0, (stopped_unix_s - opened_unix) / k), self.rule.plan.longest_window_s
+        )
+        tau = state_correlation_s(
+            samples, start_unix_s=opened_unix, now_unix_s=stopped_unix_s, time_scale=k
+        )
+        return opening.closed_at(max(opening.window_s, lasted_s), WindowClose.STOPPED, tau)
 
     def open_now(self, samples: list[MetricsSample], *, final: bool = False) -> WindowOpening:
         """The opening from the samples so far; ``final``: the run is over without the
@@ -639,7 +732,8 @@ class _BoundWindowRule:
             warmup_min_s=plan.warmup_min_s, warmup_max_s=plan.warmup_max_s,
             opened_at_s=min(plan.warmup_max_s, max(0.0, (last - start) / k)),
             steady_at_open=False, test=plan.test(), window_s=plan.window_s,
-            needed_requests=plan.needed_requests,
+            needed_requests=plan.needed_requests, window_max_s=plan.window_max_s,
+            correlation_floor_s=plan.correlation_floor_s,
         )  # fmt: skip
 
     def __call__(self) -> bool:
@@ -670,12 +764,21 @@ class _BoundWindowRule:
             opening.write(self.out_dir)
         opened_unix = start + self.opening.opened_at_s * k
         elapsed_s = (unix_now - opened_unix) / k
-        if elapsed_s >= self.opening.window_s + rule.drain_s:
+        if self.opening.closed is None and elapsed_s >= self.opening.window_s:
+            closing = window_closes(
+                rule.plan, self.opening, samples, opened_unix_s=opened_unix,
+                now_unix_s=unix_now, time_scale=k,
+                shares=self._window_shares(opened_unix, unix_now),
+            )  # fmt: skip
+            if closing is not None:
+                self.opening = closing
+                closing.write(self.out_dir)
+        if self.opening.closed is not None and elapsed_s >= self.opening.window_s + rule.drain_s:
             self.reason = "cut"
             return True
         self.check = growing_backlog(
             self.out_dir, samples, window_start_unix_s=opened_unix, now_unix_s=unix_now,
-            window_s=self.opening.window_s, time_scale=k, ttft_limit_ms=rule.ttft_limit_ms,
+            window_s=rule.plan.window_s, time_scale=k, ttft_limit_ms=rule.ttft_limit_ms,
         )  # fmt: skip
         if self.check is not None:
             self.reason = "backlog"

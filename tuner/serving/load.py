@@ -132,6 +132,18 @@ def request_slo(spec: WorkloadSpec) -> Slo:
     return Slo(**limits)
 
 
+def percentile_shares(spec: WorkloadSpec, result: LoadResult) -> list[float]:
+    """Each SLO objective's measured percentile as a share of its limit (1: at the limit);
+    objectives the run could not measure are left out."""
+    shares = []
+    for objective in spec.slo.objectives():
+        percentiles = getattr(result, f"{objective.metric.value}_ms")
+        value = getattr(percentiles, f"p{objective.percentile}")
+        if value is not None and value > 0:
+            shares.append(value / objective.limit_ms)
+    return shares
+
+
 def slo_verdict(spec: WorkloadSpec, result: LoadResult) -> SloVerdict:
     """Each objective (a percentile of a metric at most a limit) against the run's percentiles."""
     violations: list[str] = []

@@ -22,6 +22,29 @@ from offset 0, ``workloads.stationary``): a warm-up, then the window.
   of a request a second a p99 is estimated from fewer requests than it needs, and
   ``window.json`` says how many). ``--level-duration``
   fixes it instead (and ``--level-warmup`` the warm-up).
+- that is the window's shortest length; it goes on (`window_closes`) until it holds
+  ``WINDOW_CORRELATIONS`` (20) correlation times of the running batch and of KV usage
+  (``tuner.serving.correlation``: 10 independent stretches of the server's state; 5
+  where the percentiles so far are far from their limits, below half of them or past
+  twice, `correlations_wanted`) and
+  the SLO's verdict over it is clear: every percentile below ``1 / (1 + band)`` of its
+  limit, or one past ``1 + band`` times it, where the band is ``VERDICT_BAND`` (40 %) at
+  the shortest window and narrows as the square root of its length (22 % at three
+  times it, 10 % at 16 times); at most ``MAX_WINDOW_S``. A correlation time estimated
+  from a stretch shorter than it reads short (a stretch cannot show a memory longer
+  than itself), so the verdict's band is what holds on a level near its SLO, the
+  levels the goodput is decided by, and the correlation time counted is at least the
+  longest one a level that held at a lower rate measured (``correlation_floor_s``:
+  the server's memory lengthens toward capacity). The longest window holds at most
+  ``MAX_WINDOW_REQUESTS`` (20,000: a hundred times what a p99 needs), so a fast level's
+  schedule stays cheap to plan. Near capacity the batch swings through excursions tens of
+  seconds long (``mixed-long-short`` on an H100 at 34 req/s: a correlation time of
+  10 s, against 2.6 s at 20 req/s), so a window of three request lifetimes holds one
+  excursion or none, and its p99 says which: the level is held as long as the
+  server's state needs to show its percentiles, and no longer where it is quick to
+  forget (a level far below capacity closes at its shortest). The schedule is
+  planned to the longest window; what is planned after the window closes is never
+  sent.
 
 **When it opens** (`steady_opening`): the first moment past ``warmup_min_s`` at which,
 over the trailing ``steady_span_s`` (half the minimum warm-up, at least 5 s), none of
@@ -45,6 +68,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -60,6 +84,7 @@ from tuner.serving.backlog import (
     SignalTrend,
     trend,
 )
+from tuner.serving.correlation import correlation_time_s
 from tuner.serving.metrics import MetricsSample
 from workloads.schedule import ScheduledRequest
 from workloads.spec import WorkloadSpec
@@ -73,6 +98,11 @@ MIN_REQUESTS = 50
 MIN_WINDOW_S = 8.0
 LIFETIMES = 3.0
 MAX_WINDOW_S = 600.0  # 10 minutes: 200 requests for a p99 down to 0.33 req/s
+WINDOW_CORRELATIONS = 20.0  # correlation times of the server's state a window holds
+FAR_CORRELATIONS = 5.0  # ... where its SLO percentiles are far from their limits
+FAR_SHARE = 0.5  # far: every one below half its limit, or one past twice it
+MAX_WINDOW_REQUESTS = 20_000  # the longest window's, where fewer than MAX_WINDOW_S hold them
+VERDICT_BAND = 0.4  # a percentile within 40 % of its limit at the shortest window holds it on
 # Planned service of a request without a session's own expectations (SessionSpec's defaults).
 EXPECTED_TTFT_S = 0.5
 EXPECTED_TPOT_S = 0.03
@@ -83,6 +113,16 @@ TEST = (
 )
 
 
+class WindowClose(StrEnum):
+    """Why a level's window closed when it did."""
+
+    SHORTEST = "shortest"  # its shortest length already held enough correlation times
+    HELD = "held"  # held on until it did, and its verdict was clear of the SLO's limits
+    LONGEST = "longest"  # the longest window was spent first: fewer than wanted
+    FIXED = "fixed"  # --level-duration
+    STOPPED = "stopped"  # the level stopped early (a backlog, the SLO already broken)
+
+
 class LevelPlan(BaseModel):
     """How one level spends its time (emulated seconds)."""
 
@@ -90,14 +130,23 @@ class LevelPlan(BaseModel):
 
     warmup_min_s: float
     warmup_max_s: float
-    window_s: float
+    window_s: float  # the shortest window
     needed_requests: int  # for the tightest SLO percentile
     requests_per_s: float  # the schedule's planned request rate
+    window_max_s: float | None = None  # the longest (None: fixed at ``window_s``)
+    # The longest correlation time a level that held at a lower rate measured: near
+    # capacity the server's memory only lengthens with the load, and a short stretch
+    # reads it short, so this level's window holds at least as many of those.
+    correlation_floor_s: float | None = None
+
+    @property
+    def longest_window_s(self) -> float:
+        return self.window_max_s if self.window_max_s is not None else self.window_s
 
     @property
     def total_s(self) -> float:
-        """The schedule's length: the longest warm-up and the window."""
-        return self.warmup_max_s + self.window_s
+        """The schedule's length: the longest warm-up and the longest window."""
+        return self.warmup_max_s + self.longest_window_s
 
     @property
     def steady_span_s(self) -> float:
@@ -118,16 +167,45 @@ class WindowOpening(BaseModel):
     steady_at_open: bool
     test: str
     signals: tuple[SignalTrend, ...] = ()
-    window_s: float
+    window_s: float  # the planned shortest, until the window closes; then its length
     requests: int = 0  # measured in the window (set once the level is over)
     needed_requests: int
+    window_min_s: float | None = None
+    window_max_s: float | None = None
+    closed: WindowClose | None = None
+    correlation_s: float | None = None  # the server state's, over the window, at its close
+    correlation_floor_s: float | None = None  # at least this: a lower rate's that held
+    correlations_wanted: float = WINDOW_CORRELATIONS
+    slo_share: float | None = None  # the worst percentile's share of its limit, at the close
+    band: float | None = None  # how clear of 1 it had to be then (``verdict_band``)
 
     def summary(self) -> str:
         state = "steady" if self.steady_at_open else "NOT steady (longest warm-up spent)"
+        held = ""
+        if self.correlation_s is not None:
+            held = f", {self.correlation_s:.1f} s correlation time"
+            if self.closed is WindowClose.LONGEST:
+                held += f" (held {self.window_s / max(self.correlation_s, 1e-9):.0f} of "
+                held += f"{self.correlations_wanted:.0f} wanted)"
+        if self.slo_share is not None and self.closed is not WindowClose.FIXED:
+            held += f", worst percentile {100 * self.slo_share:.0f} % of its limit"
         return (
-            f"window opened {self.opened_at_s:.1f} s in, {state}; {self.window_s:.0f} s, "
-            f"{self.requests} requests (needed {self.needed_requests})"
+            f"window opened {self.opened_at_s:.1f} s in, {state}; {self.window_s:.0f} s"
+            f"{held}, {self.requests} requests (needed {self.needed_requests})"
         )
+
+    def closed_at(
+        self, window_s: float, closed: WindowClose, correlation_s: float | None,
+        slo_share: float | None = None, band: float | None = None,
+    ) -> WindowOpening:  # fmt: skip
+        """This opening with its window closed ``window_s`` in."""
+        return self.model_copy(
+            update={
+                "window_min_s": self.window_min_s if self.window_min_s is not None else self.window_s,
+                "window_s": window_s, "closed": closed, "correlation_s": correlation_s,
+                "slo_share": slo_share, "band": band,
+            }
+        )  # fmt: skip
 
     def write(self, level_dir: Path) -> None:
         path = level_dir / WINDOW_FILE
@@ -157,10 +235,13 @@ def plan_level(
     *,
     window_s: float | None = None,
     warmup_s: float | None = None,
+    window_max_s: float | None = None,
+    correlation_floor_s: float | None = None,
 ) -> LevelPlan:
     """The plan of a level whose provisional ``schedule`` was built for ``spec`` (its
     request rate is read from it). ``window_s``, ``warmup_s``: fixed (the warm-up's min =
-    max), else automatic."""
+    max), else automatic. ``window_max_s``: the longest an automatic window is held
+    (default ``MAX_WINDOW_S``, at most ``MAX_WINDOW_REQUESTS``); its shortest is cut to it."""
     lifetime = expected_lifetime_s(spec, schedule)
     if warmup_s is not None:
         warm_min = warm_max = warmup_s
@@ -176,16 +257,21 @@ def plan_level(
     span = spec.duration_s
     rate = sum(1 for r in schedule if 0.0 <= r.send_s < span) / span if span > 0 else 0.0
     needed = needed_requests(spec)
+    held_max_s: float | None = None
     if window_s is None:
-        enough_s = needed / rate if rate > 0 else MAX_WINDOW_S  # none planned: as long as allowed
-        window_s = max(MIN_WINDOW_S, LIFETIMES * lifetime, enough_s)
-        window_s = min(window_s, MAX_WINDOW_S)
+        cap = window_max_s if window_max_s is not None else MAX_WINDOW_S
+        enough_s = needed / rate if rate > 0 else cap  # none planned: as long as allowed
+        window_s = min(max(MIN_WINDOW_S, LIFETIMES * lifetime, enough_s), cap, MAX_WINDOW_S)
+        by_requests = MAX_WINDOW_REQUESTS / rate if rate > 0 else cap
+        held_max_s = max(window_s, min(cap, by_requests))
     return LevelPlan(
         warmup_min_s=warm_min,
         warmup_max_s=warm_max,
         window_s=window_s,
         needed_requests=needed,
         requests_per_s=rate,
+        window_max_s=held_max_s,
+        correlation_floor_s=correlation_floor_s if held_max_s is not None else None,
     )
 
 
@@ -253,4 +339,91 @@ def steady_opening(
         signals=signals,
         window_s=plan.window_s,
         needed_requests=plan.needed_requests,
+        window_max_s=plan.window_max_s,
+        correlation_floor_s=plan.correlation_floor_s,
     )
+
+
+def state_correlation_s(
+    samples: Sequence[MetricsSample], *, start_unix_s: float, now_unix_s: float,
+    time_scale: float,
+) -> float | None:  # fmt: skip
+    """The longest correlation time (emulated seconds) of the running batch and KV usage
+    between ``start_unix_s`` and ``now_unix_s`` (None: too few samples to say)."""
+    inside = [s for s in samples if start_unix_s <= s.unix_s <= now_unix_s]
+    k = time_scale
+    times: list[float] = []
+    for values in (
+        [((s.unix_s - start_unix_s) / k, s.running) for s in inside],
+        [((s.unix_s - start_unix_s) / k, s.kv_cache_usage) for s in inside],
+    ):
+        tau = correlation_time_s([(t, float(v)) for t, v in values if v is not None])
+        if tau is not None:
+            times.append(tau)
+    return max(times) if times else None
+
+
+def verdict_band(plan: LevelPlan, elapsed_s: float) -> float:
+    """How far clear of its limit a percentile must be for the window to close now: a
+    share of the limit, ``VERDICT_BAND`` at the shortest window, narrowing as the square
+    root of the window's length (a percentile's noise shrinks so)."""
+    return VERDICT_BAND * math.sqrt(plan.window_s / max(elapsed_s, plan.window_s))
+
+
+def verdict_clear(shares: Sequence[float], band: float) -> bool:
+    """Whether the SLO's verdict is clear: some percentile past ``(1 + band)`` times its
+    limit (missed), or every one below ``1 / (1 + band)`` of it (met). No share: not clear."""
+    if not shares:
+        return False
+    return max(shares) >= 1.0 + band or max(shares) <= 1.0 / (1.0 + band)
+
+
+def window_closes(
+    plan: LevelPlan, opening: WindowOpening, samples: Sequence[MetricsSample], *,
+    opened_unix_s: float, now_unix_s: float, time_scale: float,
+    shares: Sequence[float] | None = None,
+) -> WindowOpening | None:  # fmt: skip
+    """The opening closed now, if its window is long enough, else None: it has held
+    ``correlations_wanted`` correlation times of the server's state and, where the
+    window's SLO percentiles so far are given (``shares``: each one's share of its
+    limit), their verdict is clear (``verdict_clear`` within ``verdict_band``); or the
+    longest window is spent."""
+    elapsed_s = (now_unix_s - opened_unix_s) / time_scale
+    if elapsed_s < plan.window_s:
+        return None
+    tau = state_correlation_s(
+        samples, start_unix_s=opened_unix_s, now_unix_s=now_unix_s, time_scale=time_scale
+    )
+    if plan.correlation_floor_s is not None:
+        tau = max(tau or 0.0, plan.correlation_floor_s)
+    worst = max(shares) if shares else None
+    if plan.window_max_s is None:
+        return opening.closed_at(plan.window_s, WindowClose.FIXED, tau, worst, None)
+    band = verdict_band(plan, elapsed_s)
+    wanted = correlations_wanted(shares)
+    enough = tau is not None and elapsed_s >= wanted * tau
+    if shares is not None:
+        enough = enough and verdict_clear(shares, band)
+    if not enough and elapsed_s >= plan.window_max_s:
+        closed = opening.closed_at(plan.window_max_s, WindowClose.LONGEST, tau, worst, band)
+        return closed.model_copy(update={"correlations_wanted": wanted})
+    if not enough:
+        return None
+    length_s = min(elapsed_s, plan.window_max_s)
+    kind = WindowClose.SHORTEST if elapsed_s < plan.window_s + 1.0 else WindowClose.HELD
+    closed = opening.closed_at(length_s, kind, tau, worst, band)
+    return closed.model_copy(update={"correlations_wanted": wanted})
+
+
+def correlations_wanted(shares: Sequence[float] | None) -> float:
+    """How many correlation times of the server's state a window holds: ``FAR_CORRELATIONS``
+    where the SLO's percentiles so far are far from their limits (every one below
+    ``FAR_SHARE`` of its limit, or one past its inverse), else ``WINDOW_CORRELATIONS``.
+    Far from the limit only a backlog or a tipping state would change the verdict, and
+    the backlog guard watches for those; near it, the percentile's own noise decides."""
+    if not shares:
+        return WINDOW_CORRELATIONS
+    worst = max(shares)
+    if worst <= FAR_SHARE or worst >= 1.0 / FAR_SHARE:
+        return FAR_CORRELATIONS
+    return WINDOW_CORRELATIONS
