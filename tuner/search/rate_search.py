@@ -343,11 +343,6 @@ def _rates(levels: list[Level], precision: float) -> RateBracket:
     return RateBracket(precision, [(lv.rate_per_s, lv.met) for lv in levels])
 
 
-def _shares(spec: WorkloadSpec, m: Measurement) -> list[float]:
-    """Each SLO objective's measured percentile as a share of its limit (1: at the limit)."""
-    return percentile_shares(spec, m.load)
-
-
 def climb_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
     """The factor from a level that held to the next rate while none has broken: what its
     evidence allows, between ``growth`` and ``max(MAX_STEP, growth)``.
@@ -363,7 +358,7 @@ def climb_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
     server = m.server
     if server is not None and server.num_preemptions > 0:
         return growth
-    allowed = min([top, *(1.0 / math.sqrt(share) for share in _shares(spec, m))])
+    allowed = min([top, *(1.0 / math.sqrt(share) for share in percentile_shares(spec, m.load))])
     if server is not None and server.max_kv_cache_usage:
         allowed = min(allowed, 1.0 / server.max_kv_cache_usage)
     return min(top, max(growth, allowed))
@@ -383,7 +378,7 @@ def descent_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
         return top
     load = m.load
     failed = load.num_errors / load.num_requests if load.num_requests else 0.0
-    needed = [math.sqrt(share) for share in _shares(spec, m)]
+    needed = [math.sqrt(share) for share in percentile_shares(spec, m.load)]
     needed.append(1.0 / (1.0 - failed) if failed < 1.0 else top)
     return min(top, max(growth, *needed))
 

@@ -676,9 +676,10 @@ class _BoundWindowRule:
     def _window_shares(self, opened_unix_s: float, now_unix_s: float) -> list[float] | None:
         """The SLO percentiles of the window so far, as shares of their limits: the
         requests sent in it at least a drain ago (their answers are due, or late);
-        refreshed every ``VERDICT_EVERY_S`` of wall time (None: no workload to judge by)."""
+        refreshed every ``VERDICT_EVERY_S`` of wall time (None: no workload to judge by, or
+        a fixed window, which closes at its length whatever the verdict)."""
         rule = self.rule
-        if rule.workload is None:
+        if rule.workload is None or rule.plan.window_max_s is None:
             return None
         now = time.monotonic()
         if self._shares is not None and now - self._last_verdict < VERDICT_EVERY_S:

@@ -197,13 +197,14 @@ class WindowOpening(BaseModel):
     def closed_at(
         self, window_s: float, closed: WindowClose, correlation_s: float | None,
         slo_share: float | None = None, band: float | None = None,
+        correlations_wanted: float = WINDOW_CORRELATIONS,
     ) -> WindowOpening:  # fmt: skip
         """This opening with its window closed ``window_s`` in."""
         return self.model_copy(
             update={
                 "window_min_s": self.window_min_s if self.window_min_s is not None else self.window_s,
                 "window_s": window_s, "closed": closed, "correlation_s": correlation_s,
-                "slo_share": slo_share, "band": band,
+                "slo_share": slo_share, "band": band, "correlations_wanted": correlations_wanted,
             }
         )  # fmt: skip
 
@@ -405,14 +406,12 @@ def window_closes(
     if shares is not None:
         enough = enough and verdict_clear(shares, band)
     if not enough and elapsed_s >= plan.window_max_s:
-        closed = opening.closed_at(plan.window_max_s, WindowClose.LONGEST, tau, worst, band)
-        return closed.model_copy(update={"correlations_wanted": wanted})
+        return opening.closed_at(plan.window_max_s, WindowClose.LONGEST, tau, worst, band, wanted)
     if not enough:
         return None
     length_s = min(elapsed_s, plan.window_max_s)
     kind = WindowClose.SHORTEST if elapsed_s < plan.window_s + 1.0 else WindowClose.HELD
-    closed = opening.closed_at(length_s, kind, tau, worst, band)
-    return closed.model_copy(update={"correlations_wanted": wanted})
+    return opening.closed_at(length_s, kind, tau, worst, band, wanted)
 
 
 def correlations_wanted(shares: Sequence[float] | None) -> float:
