@@ -125,8 +125,9 @@ def today(setup: Setup, spec: WorkloadSpec) -> float:
 
 
 def live_goodput(
-    workload: str, gpu: str, max_model_len: int | None = None, keep: Path | None = None
-) -> float | None:
+    workload: str, gpu: str, max_model_len: int | None = None, keep: Path | None = None,
+    tune_args: tuple[str, ...] = (),
+) -> float | None:  # fmt: skip
     """(c): one trial of ``tuner tune`` on the sim backend, in the workload's unit; its run
     directory is kept under ``keep`` (``<workload>-<gpu>``) when given."""
     with tempfile.TemporaryDirectory(prefix="steady-state-") as tmp:
@@ -140,6 +141,7 @@ def live_goodput(
         ]  # fmt: skip
         if max_model_len is not None:
             cmd += ["--max-model-len", str(max_model_len)]
+        cmd += tune_args
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         summary = out / "summary.json"
         if done.returncode != 0 or not summary.exists():
@@ -161,7 +163,7 @@ def setup_for(gpu: str, params: ServingParams | None = None) -> Setup:
 
 def measure(
     workload: str, gpu: str, live: bool, max_model_len: int | None = None,
-    keep: Path | None = None,
+    keep: Path | None = None, tune_args: tuple[str, ...] = (),
 ) -> Row:  # fmt: skip
     t0 = time.process_time()
     spec = load_workload(workload)
@@ -174,7 +176,7 @@ def measure(
     old = today(setup, spec)
     cpu = time.process_time() - t0
     wall = time.perf_counter()
-    figure = live_goodput(workload, gpu, max_model_len, keep) if live else None
+    figure = live_goodput(workload, gpu, max_model_len, keep, tune_args) if live else None
     wall = time.perf_counter() - wall
     return Row(workload, gpu, GoodputUnit.of(spec), ref, ref_req, old, figure, cpu,
                live_wall_s=wall if live else None)  # fmt: skip
@@ -250,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep-runs", type=Path, help="keep each live trial's run directory under this one"
     )
+    parser.add_argument(
+        "--tune-arg", action="append", default=[],
+        help="passed on to the live trial's `tuner tune` (e.g. --tune-arg=--no-chain-levels)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.run_dir is not None:
         confirm_run(args.run_dir)
@@ -262,9 +268,20 @@ def main(argv: list[str] | None = None) -> int:
         with ProcessPoolExecutor(args.jobs) as pool:
             n = len(cases)
             ws, gs = zip(*cases, strict=True)
-            rows = list(pool.map(measure, ws, gs, [live] * n, [args.max_model_len] * n, [keep] * n))
+            rows = list(
+                pool.map(
+                    measure,
+                    ws,
+                    gs,
+                    [live] * n,
+                    [args.max_model_len] * n,
+                    [keep] * n,
+                    [tuple(args.tune_arg)] * n,
+                )
+            )
     else:
-        rows = [measure(w, g, live, args.max_model_len, keep) for w, g in cases]
+        tune_args = tuple(args.tune_arg)
+        rows = [measure(w, g, live, args.max_model_len, keep, tune_args) for w, g in cases]
     print_table(rows)
     cpu = sum(r.cpu_s for r in rows)
     print(f"\n{len(rows)} cases in {time.perf_counter() - t0:.0f} s wall "

@@ -948,6 +948,11 @@ def _window_part(level: LevelEvidence) -> EvidencePart:
     else:
         state = "not steady at open: the longest warm-up was spent"
     text = f"opened {w.opened_at_s:.1f} s into the level, {state}; measured {w.window_s:g} s"
+    if w.carried_on is not None:
+        text = (
+            "carried on from the rate before without draining the server (its conversations "
+            f"under way went on; {100 * w.carried_on:.0f} % of this rate's were added); " + text
+        )
     if w.requests is not None:
         text += f", {w.requests:,} requests"
         if w.needed_requests is not None:

@@ -634,6 +634,7 @@ class WindowRecord(BaseModel):
     correlations_wanted: float | None = None
     slo_share: float | None = None
     band: float | None = None
+    carried_on: float | None = None  # chained on from the level before: the share it added
 
 
 @dataclass(frozen=True)

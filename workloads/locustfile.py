@@ -40,6 +40,16 @@ Configuration (environment variables, read when a test starts, never at import):
     Offset from ``TUNER_START_AT``: a session's later turn due at or after it is not sent
     and not recorded (the user's turn falls after the measurement), only counted
     (``turns_after_window`` in the stats). Unset: no limit.
+``TUNER_SEGMENTS``
+    A folder: the schedule grows while the run goes on (a chained run,
+    ``workloads.chain``). Every ``SEGMENT_POLL_S`` the dispatcher looks there for the
+    next ``segment-<k>.jsonl`` (``workloads.schedule.SegmentHeader``, then requests
+    whose offsets count from ``TUNER_START_AT`` too): from the segment's offset the
+    earlier segments' new arrivals are withdrawn, the sessions under way carry on (as
+    many as it keeps), and its own requests join. It also answers each
+    ``snapshot-<n>`` there with ``snapshot-<n>.w<i>``: a record of every request in
+    flight, as far as it got. The run then never ends by itself; its caller stops it.
+    Local processes only.
 ``VLLM_API_KEY``
     Sent as ``Authorization: Bearer`` when set.
 
@@ -98,7 +108,7 @@ import struct
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -134,7 +144,19 @@ from workloads.runner import (
     worker_records_path,
     worker_stats_path,
 )
-from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_schedule, share_of
+from workloads.schedule import (
+    Api,
+    RequestRecord,
+    ScheduledRequest,
+    SegmentHeader,
+    carries_on,
+    read_schedule,
+    read_segment_header,
+    segment_path,
+    share_of,
+    snapshot_path,
+    snapshot_request_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +178,8 @@ FLUSH_S = 0.5
 SHARE_WAIT_S = 30.0
 DONE_WAIT_S = 30.0
 LATE_WARNING_S = 0.01
+SEGMENT_POLL_S = 0.1  # a chained run: how often the dispatcher looks for segments and snapshots
+SEGMENT_LINES_AT_ONCE = 20  # a segment's schedule lines parsed between two yields
 _TIMESPEC = struct.Struct("@ll")  # struct timespec: tv_sec, tv_nsec
 _CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 
@@ -228,6 +252,7 @@ class LoadSettings:
     request_timeout_s: float
     api_key: str | None
     turns_until_s: float | None = None  # TUNER_TURNS_UNTIL_S, an offset from start_at_s
+    segments_dir: Path | None = None  # TUNER_SEGMENTS: a chained run's segments
 
     @classmethod
     def from_env(
@@ -258,6 +283,7 @@ class LoadSettings:
             ),
             api_key=environ.get("VLLM_API_KEY") or None,
             turns_until_s=turns_until_from_env(environ),
+            segments_dir=Path(environ["TUNER_SEGMENTS"]) if environ.get("TUNER_SEGMENTS") else None,
         )
 
     @classmethod
@@ -476,6 +502,14 @@ class Dispatcher:
         self.unsent = {request.request_id: request for request in share}
         self.due: dict[str, tuple[float, float]] = {}
         self.outstanding = len(share)  # requests neither recorded nor dropped
+        # A chained run (TUNER_SEGMENTS): the next segment and snapshot to look for, the
+        # sessions that did not carry on into a segment, and what is in flight (by id).
+        self.next_segment = 1
+        self.next_snapshot = 1
+        self.next_poll_s = 0.0
+        self.withdrawn_sessions: set[str] = set()
+        self.reader: gevent.Greenlet[Any, Any] | None = None  # reading the next segment
+        self.flying: dict[str, tuple[ScheduledRequest, float, float | None, _Exchange]] = {}
         self.all_done = Event()
         if not share:
             self.all_done.set()
@@ -494,6 +528,7 @@ class Dispatcher:
             "failed": 0,
             "stopped": 0,
             "turns_after_window": 0,
+            "withdrawn": 0,
         }
         self.stopped_early = False
         self.finished = False
@@ -538,9 +573,23 @@ class Dispatcher:
             len(self.open_loop),
             len(self.share) - len(self.open_loop),
         )
-        while self.next_index < len(self.open_loop):
+        chained = settings.segments_dir is not None
+        while chained or self.next_index < len(self.open_loop):
+            if chained and time.time() >= self.next_poll_s:
+                self._poll_segments()
+            if self.next_index >= len(self.open_loop):  # a chained run waits for more
+                gevent.sleep(SEGMENT_POLL_S)
+                continue
             request = self.open_loop[self.next_index]
             scheduled_s = settings.start_at_s + request.send_s
+            if chained and scheduled_s > self.next_poll_s:
+                # A segment read meanwhile may bring earlier requests, or withdraw this one.
+                gevent.sleep(max(0.0, min(scheduled_s, self.next_poll_s) - time.time()))
+                continue
+            if request.session_id in self.withdrawn_sessions:
+                self.next_index += 1
+                self._withdraw(request)
+                continue
             # Encoded while waiting for the send time, so its cost is not send lag.
             body = request_body(request, settings.model)
             self._sleep_until(scheduled_s)
@@ -557,6 +606,108 @@ class Dispatcher:
         if _quits_when_done(self.environment) and runner is not None:
             log.info("%s: every request done; quitting", settings.worker)
             runner.quit()
+
+    def _poll_segments(self) -> None:
+        """A chained run: take on every segment written since the last look, and answer
+        every snapshot asked for."""
+        self.next_poll_s = time.time() + SEGMENT_POLL_S
+        folder = self.settings.segments_dir
+        assert folder is not None
+        path = segment_path(folder, self.next_segment)
+        if self.reader is None and path.exists():
+            self.reader = gevent.spawn(self._read_segment, path)
+            self.reader.link_exception(self._crashed)
+        while snapshot_request_path(folder, self.next_snapshot).exists():
+            self._write_snapshot(
+                snapshot_path(folder, self.next_snapshot, self.settings.worker_index)
+            )
+            self.next_snapshot += 1
+
+    def _read_segment(self, path: Path) -> None:
+        """Read a segment's schedule a few lines at a time, yielding between them (a
+        level's schedule can be a hundred megabytes of conversation history, and parsing it
+        at once would stall every send and stream for seconds), then take it on."""
+        header = read_segment_header(path)
+        requests: list[ScheduledRequest] = []
+        with Path(header.schedule).open(encoding="utf-8") as fh:
+            for count, line in enumerate(fh, 1):
+                if line.strip():
+                    request = ScheduledRequest.from_json(line)
+                    requests.append(replace(request, send_s=request.send_s + header.offset_s))
+                if count % SEGMENT_LINES_AT_ONCE == 0:
+                    gevent.sleep(0)
+        late_s = time.time() - (self.settings.start_at_s + header.offset_s)
+        if late_s > 0:
+            log.warning(
+                "%s: segment %d read %.3f s after its offset; its first sends are late",
+                self.settings.worker, header.index, late_s,
+            )  # fmt: skip
+        self.next_segment += 1
+        self.reader = None
+        self._take_on(header, requests)
+        del requests
+        gc.freeze()  # as at the start (Dispatcher.start): the new schedule lives on
+
+    def _take_on(self, header: SegmentHeader, requests: list[ScheduledRequest]) -> None:
+        """From ``header.offset_s``: the earlier segments' new arrivals withdrawn, the sessions
+        under way thinned to what the segment keeps, its own share of requests added."""
+        share = share_of(requests, self.settings.worker_index, self.settings.worker_count)
+        ahead = self.open_loop[self.next_index :]
+        arrivals = [r for r in ahead if r.turn == 0 and r.send_s >= header.offset_s]
+        for request in arrivals:
+            self._withdraw(request)
+        sessions = {r.session_id for r in self.unsent.values() if r.session_id is not None}
+        ending = {s for s in sessions if not carries_on(s, header.keep_under_way, header.salt)}
+        self.withdrawn_sessions.update(ending)
+        for request in [r for r in self.unsent.values() if r.session_id in ending]:
+            self._withdraw(request)
+        open_loop, followers = _split_share(share)
+        for follows, turns in followers.items():
+            self.followers.setdefault(follows, []).extend(turns)
+        self.unsent.update((r.request_id, r) for r in share)
+        self.outstanding += len(share)
+        if share:
+            self.all_done.clear()
+        withdrawn = {r.request_id for r in arrivals}
+        kept = [r for r in ahead if r.request_id not in withdrawn]
+        self.open_loop = self.open_loop[: self.next_index] + sorted(
+            kept + open_loop, key=lambda r: r.send_s
+        )
+        log.info(
+            "%s: segment %d from offset %.3f s: %d requests, %d arrivals withdrawn, "
+            "%d of %d sessions under way carry on",
+            self.settings.worker, header.index, header.offset_s, len(share), len(arrivals),
+            len(sessions - self.withdrawn_sessions), len(sessions),
+        )  # fmt: skip
+
+    def _write_snapshot(self, path: Path) -> None:
+        """Every request in flight, as far as it got (``error`` ABORTED), written whole,
+        after this process's stats so far (``<path>.stats.json``)."""
+        write_stats(path.with_name(path.name + ".stats.json"), self._stats())
+        now = time.time()
+        lines = []
+        for request, scheduled_s, answer_s, exchange in list(self.flying.values()):
+            record = self._sent_record(request, scheduled_s, answer_s, exchange, now)
+            lines.append(replace(record, error=ABORTED).to_json() + "\n")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(lines), encoding="utf-8")
+        tmp.replace(path)
+
+    def _withdraw(self, request: ScheduledRequest) -> None:
+        """Left out of a chained run (a new arrival after the next segment's offset, or a
+        session that does not carry on into it), with the turns that follow it: neither
+        sent nor recorded, only counted."""
+        dropped = [request]
+        while dropped:
+            turn = dropped.pop()
+            if self.unsent.pop(turn.request_id, None) is None:
+                continue
+            self.due.pop(turn.request_id, None)
+            self.counts["withdrawn"] += 1
+            self.outstanding -= 1
+            dropped.extend(self.followers.get(turn.request_id, ()))
+        if self.outstanding <= 0:
+            self.all_done.set()
 
     def _dispatch(
         self, request: ScheduledRequest, scheduled_s: float, body: bytes, answer_s: float | None
@@ -585,6 +736,9 @@ class Dispatcher:
             self.all_done.set()
 
     def _plan_turn(self, turn: ScheduledRequest, answer_s: float) -> None:
+        if turn.session_id in self.withdrawn_sessions:
+            self._withdraw(turn)
+            return
         scheduled_s = answer_s + turn.think_time_s
         until_s = self.settings.turns_until_s
         if until_s is not None and scheduled_s >= self.settings.start_at_s + until_s:
@@ -598,6 +752,9 @@ class Dispatcher:
         """A later turn's greenlet: encode, sleep until it is due, dispatch."""
         body = request_body(turn, self.settings.model)
         self._sleep_until(scheduled_s)
+        if turn.session_id in self.withdrawn_sessions:  # it did not carry on into a segment
+            self._withdraw(turn)
+            return
         self._dispatch(turn, scheduled_s, body, answer_s)
 
     def _drop_after_window(self, turn: ScheduledRequest) -> None:
@@ -686,7 +843,11 @@ class Dispatcher:
         # sent_s is replaced by when the request went out, where the socket knows.
         exchange = _Exchange(sent_s=time.time())
         self.counts["sent"] += 1
-        self._exchange(request, scheduled_s, body, headers, exchange)
+        self.flying[request.request_id] = (request, scheduled_s, answer_s, exchange)
+        try:
+            self._exchange(request, scheduled_s, body, headers, exchange)
+        finally:
+            self.flying.pop(request.request_id, None)
         end_s = time.time()
         record = self._sent_record(request, scheduled_s, answer_s, exchange, end_s)
         self.counts["completed" if record.ok else "failed"] += 1
@@ -881,9 +1042,30 @@ class Dispatcher:
             return
         self.finished = True
         settings = self.settings
-        wall_s = max(time.time() - self.wall_start_s, 1e-9)
-        cpu_s = max(time.process_time() - self.cpu_start_s - self.spin_s, 0.0)
-        stats = WorkerStats(
+        stats = self._stats()
+        self.client.close()
+        self.sink.finish(stats)
+        log.info(
+            "%s: %d sent, %d completed, %d failed, %d cap hits, %d turns after the window; "
+            "CPU %.0f%%, lag p99 %s ms",
+            settings.worker,
+            stats.sent,
+            stats.completed,
+            stats.failed,
+            stats.cap_hits,
+            stats.turns_after_window,
+            stats.cpu_percent,
+            "-" if stats.send_lag_p99_ms is None else f"{stats.send_lag_p99_ms:.2f}",
+        )
+
+    def _stats(self) -> WorkerStats:
+        """What this process measured about itself so far."""
+        settings = self.settings
+        wall_start_s = self.wall_start_s or time.time()
+        wall_s = max(time.time() - wall_start_s, 1e-9)
+        cpu_start_s = self.cpu_start_s or time.process_time()
+        cpu_s = max(time.process_time() - cpu_start_s - self.spin_s, 0.0)
+        return WorkerStats(
             worker=settings.worker,
             index=settings.worker_index,
             count=settings.worker_count,
@@ -894,6 +1076,7 @@ class Dispatcher:
             failed=self.counts["failed"],
             not_sent_stopped=self.counts["stopped"],
             turns_after_window=self.counts["turns_after_window"],
+            withdrawn=self.counts["withdrawn"],
             max_in_flight=settings.max_in_flight,
             peak_in_flight=self.peak_in_flight,
             start_late_s=self.started_s - settings.start_at_s if self.started_s else 0.0,
@@ -909,20 +1092,6 @@ class Dispatcher:
             coalesced_events=self.coalesced_events,
             read_delay_p50_ms=_percentile_ms(self.read_delays_s, 50),
             read_delay_p99_ms=_percentile_ms(self.read_delays_s, 99),
-        )
-        self.client.close()
-        self.sink.finish(stats)
-        log.info(
-            "%s: %d sent, %d completed, %d failed, %d cap hits, %d turns after the window; "
-            "CPU %.0f%%, lag p99 %s ms",
-            settings.worker,
-            stats.sent,
-            stats.completed,
-            stats.failed,
-            stats.cap_hits,
-            stats.turns_after_window,
-            stats.cpu_percent,
-            "-" if stats.send_lag_p99_ms is None else f"{stats.send_lag_p99_ms:.2f}",
         )
 
 

@@ -49,6 +49,7 @@ process, so it happens only inside the subprocess.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -196,6 +197,8 @@ class WorkerStats(BaseModel):
     read_delay_p99_ms: float | None = None
     # Later turns due at or after TUNER_TURNS_UNTIL_S: neither sent nor recorded.
     turns_after_window: int = 0
+    # A chained run: requests withdrawn by a later segment, neither sent nor recorded.
+    withdrawn: int = 0
 
 
 class LoadRun(BaseModel):
@@ -241,6 +244,10 @@ def run_load(
     stop_when: Callable[[], bool] | None = None,
     workers_wait_s: float = WORKERS_WAIT_S,
     turns_until_s: float | None = None,
+    segments_dir: Path | None = None,
+    start_at_s: float | None = None,
+    horizon_s: float | None = None,
+    schedule_path: Path | None = None,
 ) -> LoadRun:
     """Send ``schedule`` to ``base_url`` (e.g. ``http://127.0.0.1:8000``) and collect the records.
 
@@ -265,7 +272,18 @@ def run_load(
     ``turns_until_s``: offset (from the schedule's offset 0) at and after which a later
     turn of a session is not sent or recorded, only counted (``turns_after_window``);
     None: no limit.
+    ``segments_dir``: a chained run (``workloads.chain``): the schedule grows by the
+    segments written there while the run goes on, and it ends only when ``stop_when``
+    says so or ``horizon_s`` (seconds from offset 0) has passed; local processes only.
+    ``start_at_s``: Unix time of offset 0 (default: the start-up lead from now).
+    ``schedule_path``: ``schedule`` is already written there (``write_schedule``), where
+    Locust reads it (default: written to ``out_dir/schedule.jsonl``).
     """
+    if segments_dir is not None and remote_workers:
+        raise LoadConfigError(
+            f"a chained run's segments are files in {segments_dir}, which remote workers "
+            "cannot read; accepted: local processes only"
+        )
     bind = _validate(
         schedule,
         processes=processes,
@@ -286,8 +304,15 @@ def run_load(
     cap = DEFAULT_MAX_IN_FLIGHT if max_in_flight is None else max_in_flight
 
     files = _fresh_files(out_dir)
-    num_scheduled = write_schedule(files.schedule_path, schedule)
-    clock = _plan_clock(schedule, generators, request_timeout_s, turns_until_s)
+    if schedule_path is not None:
+        files = dataclasses.replace(files, schedule_path=schedule_path.absolute())
+        num_scheduled = len(schedule)
+    else:
+        num_scheduled = write_schedule(files.schedule_path, schedule)
+    clock = _plan_clock(
+        schedule, generators, request_timeout_s, turns_until_s,
+        start_at_s=start_at_s, horizon_s=horizon_s,
+    )  # fmt: skip
     cmd = _locust_command(
         base_url,
         processes=processes,
@@ -306,6 +331,7 @@ def run_load(
         start_at_s=clock.start_at_s,
         request_timeout_s=request_timeout_s,
         turns_until_s=turns_until_s,
+        segments_dir=segments_dir,
     )
     log.info(
         "locust: %d requests, %d local process(es), %d remote worker(s), offset 0 at %.3f, log %s",
@@ -381,11 +407,18 @@ def _plan_clock(
     generators: _Generators,
     request_timeout_s: float,
     turns_until_s: float | None,
+    *,
+    start_at_s: float | None = None,
+    horizon_s: float | None = None,
 ) -> _RunClock:
-    """The run's times from now: offset 0 after the start-up lead, a deadline past the last send."""
+    """The run's times from now: offset 0 after the start-up lead (or at ``start_at_s``), a
+    deadline past the last send (or past ``horizon_s``, a chained run's)."""
     launched_s = time.time()
-    start_at_s = launched_s + startup_lead_s(generators.processes, generators.remote_workers)
+    if start_at_s is None:
+        start_at_s = launched_s + startup_lead_s(generators.processes, generators.remote_workers)
     last_send_s = latest_send_s(schedule, request_timeout_s, turns_until_s)
+    if horizon_s is not None:
+        last_send_s = max(last_send_s, horizon_s)
     run_time_s = math.ceil(start_at_s - launched_s + last_send_s + request_timeout_s + 5.0)
     deadline_s = launched_s + run_time_s + SHUTDOWN_GRACE_S
     if generators.remote_workers:  # --run-time counts from the test start, after they connected
@@ -452,6 +485,7 @@ def _collect(
         )
     saturated, reason = client_saturation(workers)
     turns_after_window = sum(worker.turns_after_window for worker in workers)
+    withdrawn = sum(worker.withdrawn for worker in workers)
     return LoadRun(
         out_dir=files.out_dir,
         schedule_path=files.schedule_path,
@@ -462,7 +496,7 @@ def _collect(
         wall_s=ended.wall_s,
         num_scheduled=num_scheduled,
         num_records=len(records),
-        num_missing=_num_missing(schedule, records, turns_after_window),
+        num_missing=_num_missing(schedule, records, turns_after_window + withdrawn),
         cap_hits=sum(worker.cap_hits for worker in workers),
         workers=workers,
         client_saturated=saturated,
@@ -754,6 +788,7 @@ def _locust_env(
     request_timeout_s: float,
     remote_workers: int = 0,
     turns_until_s: float | None = None,
+    segments_dir: Path | None = None,
 ) -> dict[str, str]:
     env = locust_base_env()
     env.update(
@@ -767,6 +802,8 @@ def _locust_env(
     )
     if turns_until_s is not None:
         env["TUNER_TURNS_UNTIL_S"] = repr(turns_until_s)
+    if segments_dir is not None:
+        env["TUNER_SEGMENTS"] = str(segments_dir.absolute())
     # With several processes Locust forks the workers; each takes its index from the master.
     env.pop("TUNER_WORKER_INDEX", None)
     if processes == 1 and not remote_workers:

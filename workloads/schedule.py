@@ -156,6 +156,68 @@ def share_of(
     return share
 
 
+@dataclass(frozen=True)
+class SegmentHeader:
+    """How a segment of a chained run (``workloads.chain``) takes over from those before it.
+
+    From ``offset_s`` (seconds from the run's offset 0) the segment's requests (the
+    schedule at ``schedule``, its offsets counted from ``offset_s``) are the new load:
+    the earlier segments' new arrivals (open-loop first turns) due at or after it are
+    withdrawn, the sessions already under way carry on into it, and of those only
+    ``keep_under_way`` do (a lower rate thins them: a session carries on when
+    ``carries_on(session_id, keep_under_way, salt)``). A withdrawn request is neither
+    sent nor recorded, only counted (``WorkerStats.withdrawn``)."""
+
+    index: int  # 1, 2, ...: segment 0 is the run's schedule
+    offset_s: float
+    schedule: str  # absolute path of a schedule file (write_schedule's), read once
+    keep_under_way: float = 1.0
+    salt: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str) -> SegmentHeader:
+        return cls(**json.loads(line))
+
+
+def carries_on(session_id: str | None, keep: float, salt: str) -> bool:
+    """Whether a session under way carries on into a segment that keeps ``keep`` of them:
+    a hash of the salt and the session id, so every load-generator process agrees."""
+    if keep >= 1.0 or session_id is None:
+        return True
+    return zlib.crc32(f"{salt}/{session_id}".encode()) < int(keep * (1 << 32))
+
+
+def segment_path(segments_dir: Path, index: int) -> Path:
+    return segments_dir / f"segment-{index}.jsonl"
+
+
+def write_segment(segments_dir: Path, header: SegmentHeader) -> None:
+    """Write a segment's header whole (a load generator polls for the file; its schedule
+    must be written before)."""
+    path = segment_path(segments_dir, header.index)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(header.to_json() + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_segment_header(path: Path) -> SegmentHeader:
+    return SegmentHeader.from_json(path.read_text(encoding="utf-8"))
+
+
+def snapshot_request_path(segments_dir: Path, index: int) -> Path:
+    """Asks every load-generator process for snapshot ``index`` of what it has in flight."""
+    return segments_dir / f"snapshot-{index}"
+
+
+def snapshot_path(segments_dir: Path, index: int, worker_index: int) -> Path:
+    """Process ``worker_index``'s answer: a record per request in flight, as far as it got
+    (``error`` ABORTED, as a request cut off at a run's stop), written whole."""
+    return segments_dir / f"snapshot-{index}.w{worker_index}"
+
+
 def read_schedule(path: Path) -> list[ScheduledRequest]:
     with path.open(encoding="utf-8") as fh:
         return [ScheduledRequest.from_json(line) for line in fh if line.strip()]

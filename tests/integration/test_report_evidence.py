@@ -296,3 +296,19 @@ def test_unreadable_files_are_said_and_nothing_breaks(tmp_path: Path) -> None:
     assert _prompt_part(level).tone == "missing"
     chart = level_timeline("k", level, time_scale=1.0)
     assert chart.figure is None and chart.note == f"/metrics over the level: {NOT_RECORDED}"
+
+
+def test_a_level_carried_on_from_the_one_before_says_so(tmp_path: Path) -> None:
+    """A chained level's window.json records the share of conversations it added; the
+    report says it carried on without draining the server (an unchained one does not)."""
+    level_dir = tmp_path / "trials" / "000" / "level-0"
+    _write_level_files(level_dir, start_unix_s=1_700_000_000.0)
+    (level,) = level_evidence(level_dir.parent, _evaluation(level_dir))
+    assert "carried on" not in _window_part(level).text
+    (level_dir / "window.json").write_text(
+        json.dumps({**WINDOW, "carried_on": 0.25}), encoding="utf-8"
+    )
+    (level,) = level_evidence(level_dir.parent, _evaluation(level_dir))
+    text = _window_part(level).text
+    assert text.startswith("carried on from the rate before without draining the server")
+    assert "25 % of this rate's were added" in text

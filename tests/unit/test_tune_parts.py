@@ -274,6 +274,7 @@ class _KnownCapacity:
         drain_s: float | None = None,
         stop_on_backlog: bool = False,
         level: object = None,
+        chain: object = None,
     ) -> Measurement:
         rate = workload.mean_rate_per_s
         assert rate is not None

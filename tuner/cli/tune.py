@@ -60,6 +60,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--level-warmup", dest="level_warmup_s", type=float,
                    help="warm-up per rate, seconds (default: until the server is steady)")  # fmt: skip
     p.add_argument("--max-levels", type=int, help="measured rates per trial (default 4)")
+    p.add_argument("--no-chain-levels", dest="chain_levels", action="store_false", default=None,
+                   help="start each measured rate from an empty server instead of carrying "
+                        "the load and the conversations under way on from the rate before")  # fmt: skip
     p.add_argument("--study", help="study name (default from model, GPU and workload)")
     p.add_argument("--run-dir", type=Path, help="default runs/<study>")
     p.add_argument(
@@ -114,7 +117,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "kv_cache_memory_bytes",
         "tensor_parallel_size", "workload", "rate", "slo_ttft_ms", "slo_itl_ms", "objective",
         "trials", "budget_min", "seed", "screen", "level_duration_s", "level_warmup_s",
-        "level_max_duration_s", "max_levels", "study",
+        "level_max_duration_s", "max_levels", "chain_levels", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
         "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "processes",
         "load_workers", "load_master_bind",

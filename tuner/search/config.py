@@ -73,6 +73,9 @@ class TuneConfig(BaseModel):
     # verdict near its limit); None: tuner.serving.window.MAX_WINDOW_S.
     level_max_duration_s: float | None = Field(default=None, gt=0)
     max_levels: int = Field(default=4, ge=1)
+    # A trial's levels follow one another on one load run, the conversations under way
+    # carrying on from each to the next (workloads.chain); False: each from an empty server.
+    chain_levels: bool = True
     # Where it goes
     study: str | None = None
     run_dir: Path | None = None

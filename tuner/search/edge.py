@@ -326,7 +326,7 @@ class _Deadline:
     def __init__(self, at_s: float) -> None:
         self.at_s = at_s
 
-    def bind(self, out_dir: Path) -> _Deadline:
+    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> _Deadline:
         return self
 
     def __call__(self) -> bool:

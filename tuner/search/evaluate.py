@@ -237,6 +237,7 @@ def evaluate(
                 max_levels=max_levels or config.max_levels, model_dir=ctx.model_dir,
                 predicted_rate_per_s=predicted_rate_per_s,
                 predicted_answer_times=predicted_answer_times,
+                chain=live.chain if config.chain_levels else None,
             )  # fmt: skip
     evaluation = _evaluation(ctx, setup, params, out_dir, startup, search, live, kv_fill)
     evaluation.write()

@@ -39,7 +39,9 @@ least that much (``GoodputBound.LOWER_BOUND``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
@@ -48,16 +50,21 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.search.bracket import RateBracket
 from tuner.search.level_evidence import write_level_evidence
-from tuner.serving.live import Measurement, StopFactory, StopRule
+from tuner.serving.live import LevelChain, Measurement, StopFactory, StopRule
 from tuner.serving.load import percentile_shares, plan_schedule, split_warmup
 from tuner.serving.server import LaunchSpec, TrialOutcome
 from tuner.serving.window import LevelPlan, plan_level
+from workloads.chain import LoadChain
 from workloads.prompts import prompt_builder_for
-from workloads.schedule import ScheduledRequest
+from workloads.schedule import ScheduledRequest, carries_on
 from workloads.spec import SessionStart, SloMetric, WarmupSpec, WorkloadSpec
 from workloads.stationary import AnswerTimes, nearest_in_rate
 
 MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
+# On a chained run a level's schedule goes on this long past its longest window and
+# drain (emulated seconds), so the server stays loaded at its rate while the next level
+# is decided and planned, until that one takes over.
+BRIDGE_S = 60.0
 PROVISIONAL_S = 30.0  # a level's first schedule, to read its request rate from
 
 
@@ -290,6 +297,49 @@ def drain_s(spec: WorkloadSpec) -> float:
     return max(4.0, 1.5 * max(ttft, default=0.0) / 1000.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class CarryOn:
+    """A level that carries on from the one before it on a chained run (``workloads.chain``):
+    the conversations under way at ``from_rate_per_s`` go on into it, so of the population
+    its own rate has under way it adds only what a higher rate has on top, and it names
+    its requests apart (``id_prefix``)."""
+
+    from_rate_per_s: float
+    id_prefix: str
+
+    def new_share(self, rate_per_s: float) -> float:
+        """The share of the level's conversations under way that it adds: the rest carry
+        on from the rate before (a Poisson population at r2 is one at r1 and one at r2 - r1)."""
+        return max(0.0, 1.0 - self.from_rate_per_s / rate_per_s) if rate_per_s > 0 else 0.0
+
+    def keep_under_way(self, rate_per_s: float) -> float:
+        """The share of the conversations under way that carry on into a level at
+        ``rate_per_s`` (a lower rate thins them)."""
+        return min(1.0, rate_per_s / self.from_rate_per_s) if self.from_rate_per_s > 0 else 1.0
+
+    def applied(
+        self, schedule: list[ScheduledRequest], rate_per_s: float
+    ) -> list[ScheduledRequest]:
+        """The level's schedule as it joins the run: of its conversations already under way
+        (a first request with a later turn number) only its new share, every id prefixed."""
+        keep = self.new_share(rate_per_s)
+        leads = {r.session_id for r in schedule if r.follows is None and r.turn > 0}
+        out = []
+        p = self.id_prefix
+        for r in schedule:
+            if r.session_id in leads and not carries_on(r.session_id, keep, p):
+                continue
+            out.append(
+                dataclasses.replace(
+                    r,
+                    request_id=p + r.request_id,
+                    session_id=None if r.session_id is None else p + r.session_id,
+                    follows=None if r.follows is None else p + r.follows,
+                )
+            )
+        return out
+
+
 def plan_level_schedule(
     spec: WorkloadSpec,
     rate_per_s: float | None,
@@ -301,10 +351,15 @@ def plan_level_schedule(
     answer_times: AnswerTimes | None = None,
     window_max_s: float | None = None,
     correlation_floor_s: float | None = None,
+    carry_on: CarryOn | None = None,
+    bridge_s: float = 0.0,
 ) -> tuple[WorkloadSpec, LevelPlan, list[ScheduledRequest]]:
     """One level at ``rate_per_s``: its spec (warm-up and window in one schedule), its
     plan (``tuner.serving.window.plan_level``) and its schedule (the spec's own warm-up left out);
-    ``answer_times``: see ``level_workload``."""
+    ``answer_times``: see ``level_workload``; ``carry_on``: the level follows the one
+    before it on a chained run (``CarryOn``: its schedule as it joins, a shorter warm-up);
+    ``bridge_s``: the schedule goes on that long past the plan (a chained run's
+    ``BRIDGE_S``: no measured window uses it)."""
 
     def build(duration_s: float) -> tuple[WorkloadSpec, list[ScheduledRequest]]:
         level_spec = level_workload(spec, rate_per_s, duration_s, answer_times)
@@ -315,12 +370,15 @@ def plan_level_schedule(
 
     provisional_s = window_s or PROVISIONAL_S
     level_spec, schedule = build(provisional_s)
+    new_share = None if carry_on is None or not rate_per_s else carry_on.new_share(rate_per_s)
     plan = plan_level(
         level_spec, schedule, window_s=window_s, warmup_s=warmup_s, window_max_s=window_max_s,
-        correlation_floor_s=correlation_floor_s,
+        correlation_floor_s=correlation_floor_s, carried_on=new_share,
     )  # fmt: skip
-    if abs(plan.total_s - provisional_s) > 1e-9:
-        level_spec, schedule = build(plan.total_s)
+    if abs(plan.total_s + bridge_s - provisional_s) > 1e-9:
+        level_spec, schedule = build(plan.total_s + bridge_s)
+    if carry_on is not None and rate_per_s:
+        schedule = carry_on.applied(schedule, rate_per_s)
     return level_spec, plan, schedule
 
 
@@ -398,7 +456,19 @@ class LevelServer(Protocol):
         stop_when: StopFactory | None = None,
         drain_s: float | None = None,
         level: LevelPlan | None = None,
+        chain: LevelChain | None = None,
     ) -> Measurement: ...
+
+
+def ends_clean(m: Measurement) -> bool:
+    """Whether a level leaves its server in the steady state of its rate, so the next
+    level can carry on from it: not stopped early (a queue, the SLO clearly broken), no
+    backlog built, the engine alive. Otherwise the next level starts a fresh run on a
+    server its load generator's stop has drained."""
+    growing = m.backlog is not None and m.backlog.growing
+    return not (m.stopped_early or m.stopped_by_backlog or growing) and (
+        m.outcome is TrialOutcome.READY
+    )
 
 
 def search_rate(
@@ -416,6 +486,7 @@ def search_rate(
     predicted_rate_per_s: float | None = None,
     warmup_s: float | None = None,
     predicted_answer_times: AnswerTimes | None = None,
+    chain: Callable[[Path], LoadChain | None] | None = None,
 ) -> RateSearch:
     """Measure levels on a READY server until the goodput is bracketed to ``precision``
     or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
@@ -428,7 +499,11 @@ def search_rate(
     from a first one that broke: at most x2). ``predicted_rate_per_s``: the twin's
     sustained rate; the first two levels straddle it (the module's docstring).
     ``predicted_answer_times``: the twin's answer times near that rate, which plan the
-    session population a level opens on until a level has held (``nearest_answer_times``)."""
+    session population a level opens on until a level has held (``nearest_answer_times``).
+    ``chain``: makes a chained run on the server (``LiveServer.chain``): each level after
+    the first carries on from the one before on it (``CarryOn``), without draining the
+    server to empty, unless that one ended unclean (``ends_clean``); then the next level
+    starts a fresh run. None: every level is a run of its own."""
     levels: list[Level] = []
     closed = spec.mean_rate_per_s is None
     rate: float | None = None
@@ -437,50 +512,124 @@ def search_rate(
         if predicted_rate_per_s:
             rate = predicted_rate_per_s / math.sqrt(1.0 + precision)
     died = False
-    for index in range(1 if closed else max_levels):
-        level_spec, plan, schedule = plan_level_schedule(
-            spec, rate, window_s=level_duration_s, warmup_s=warmup_s,
-            window_max_s=level_max_duration_s, correlation_floor_s=correlation_floor(levels, rate),
-            max_model_len=live.launch.params.max_model_len, model_dir=model_dir,
-            answer_times=nearest_answer_times(levels, rate, predicted_answer_times),
-        )  # fmt: skip
-        level_dir = out_dir / f"level-{index}"
-        m = live.measure(
-            level_spec, schedule, out_dir=level_dir,
-            stop_when=stop_rule(level_spec, planned_requests(plan, schedule), live.time_scale),
-            drain_s=drain_s(level_spec), level=plan,
-        )  # fmt: skip
-        measured = schedule  # what the window held, against the workload's stationary mix
-        if m.measured_ids:  # what was sent in it (a later turn goes at its answer's time)
-            ids = set(m.measured_ids)
-            measured = [r for r in schedule if r.request_id in ids]
-        elif m.window is not None:  # a stand-in server: what was planned in it
-            opened, until = m.window.opened_at_s, m.window.opened_at_s + m.window.window_s
-            measured = [r for r in schedule if opened <= r.send_s < until]
-        write_level_evidence(
-            level_dir, measured, level_spec, prompt_builder=prompt_builder_for(model_dir)
-        )
-        met = level_met(m)
-        level = Level(index=index, rate_per_s=rate or 0.0, met=met, measurement=m)
-        levels.append(level)
-        if m.outcome is not TrialOutcome.READY:
-            died = True
-            break
-        if rate is None:
-            break
-        low, high = bracket(levels)
-        if low is not None and high is None and predicted_rate_per_s and index == 0:
-            rate = low.rate_per_s * (1.0 + precision)  # the twin's other side
-            continue
-        # up from a level that held by what it allows; down from the lowest that broke
-        # by how far it missed; else the bracket's middle, until it closes
-        up = climb_step(spec, low.measurement, growth) if low is not None else 1.0
-        down = descent_step(spec, high.measurement, growth) if high is not None else 1.0
-        rate = _rates(levels, precision).next_rate(up=up, down=down)
-        if rate is None:
-            break
+    runs = _ChainedRuns(chain, out_dir)
+    try:
+        for index in range(1 if closed else max_levels):
+            level_chain, carry_on = runs.for_level(index, levels, rate)
+            level_spec, plan, schedule = plan_level_schedule(
+                spec, rate, window_s=level_duration_s, warmup_s=warmup_s,
+                window_max_s=level_max_duration_s,
+                correlation_floor_s=correlation_floor(levels, rate),
+                max_model_len=live.launch.params.max_model_len, model_dir=model_dir,
+                answer_times=nearest_answer_times(levels, rate, predicted_answer_times),
+                carry_on=carry_on,
+                bridge_s=drain_s(spec) + BRIDGE_S if level_chain is not None else 0.0,
+            )  # fmt: skip
+            if level_chain is not None and carry_on is not None and rate:
+                level_chain.keep_under_way = carry_on.keep_under_way(rate)
+            m = live.measure(
+                level_spec, schedule, out_dir=out_dir / f"level-{index}",
+                stop_when=stop_rule(level_spec, planned_requests(plan, schedule), live.time_scale),
+                drain_s=drain_s(level_spec), level=plan, chain=level_chain,
+            )  # fmt: skip
+            runs.sent(schedule, clean=ends_clean(m))
+            level = _record_level(index, rate, m, runs.requests(schedule), level_spec, model_dir)
+            levels.append(level)
+            if m.outcome is not TrialOutcome.READY:
+                died = True
+                break
+            if rate is None:
+                break
+            low, high = bracket(levels)
+            if low is not None and high is None and predicted_rate_per_s and index == 0:
+                rate = low.rate_per_s * (1.0 + precision)  # the twin's other side
+                continue
+            # up from a level that held by what it allows; down from the lowest that broke
+            # by how far it missed; else the bracket's middle, until it closes
+            up = climb_step(spec, low.measurement, growth) if low is not None else 1.0
+            down = descent_step(spec, high.measurement, growth) if high is not None else 1.0
+            rate = _rates(levels, precision).next_rate(up=up, down=down)
+            if rate is None:
+                break
+    finally:
+        runs.close()
     low, high = bracket(levels)
     return RateSearch(
         levels=tuple(levels), best=low, broken_rate_per_s=high.rate_per_s if high else None,
         died=died,
     )  # fmt: skip
+
+
+class _ChainedRuns:
+    """The chained runs of one search (``search_rate``'s ``chain``): the run the next level
+    joins, a fresh one after a level that ended unclean, and every request sent on the
+    current run (a level's window also measures the conversations carried into it)."""
+
+    def __init__(self, make: Callable[[Path], LoadChain | None] | None, out_dir: Path) -> None:
+        self.make = make
+        self.out_dir = out_dir
+        self.current: LevelChain | None = None
+        self.runs = 0
+        self.carry = False  # the last level ended clean on the current run
+        self.sent_on_run: dict[str, ScheduledRequest] = {}
+
+    def for_level(
+        self, index: int, levels: list[Level], rate: float | None
+    ) -> tuple[LevelChain | None, CarryOn | None]:
+        """The run level ``index`` goes on, and how it carries on from the level before
+        (None: it opens the run, from an empty server)."""
+        if self.make is None or rate is None:
+            return None, None
+        if self.current is not None and self.carry and levels:
+            return self.current, CarryOn(
+                from_rate_per_s=levels[-1].rate_per_s, id_prefix=f"L{index}."
+            )
+        self.close()
+        load = self.make(self.out_dir / f"chain-{self.runs}")
+        self.runs += 1
+        self.current = LevelChain(load) if load is not None else None
+        return self.current, None
+
+    def sent(self, schedule: list[ScheduledRequest], *, clean: bool) -> None:
+        """A level was sent on the current run (kept without its texts: a later window's
+        evidence needs only the turns and prompt lengths); ``clean``: ``ends_clean``."""
+        if self.current is not None:
+            self.sent_on_run.update(
+                (r.request_id, dataclasses.replace(r, messages=None, prompt=None)) for r in schedule
+            )
+        self.carry = clean
+
+    def requests(self, schedule: list[ScheduledRequest]) -> list[ScheduledRequest]:
+        """Every request the level's window could have measured: its own, and on a chained
+        run those of the levels before it on that run (without their texts)."""
+        return list(self.sent_on_run.values()) if self.current is not None else schedule
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.load.close(raise_error=False)
+        self.current = None
+        self.carry = False
+        self.sent_on_run = {}
+
+
+def _record_level(
+    index: int,
+    rate: float | None,
+    m: Measurement,
+    schedule: list[ScheduledRequest],
+    level_spec: WorkloadSpec,
+    model_dir: Path | None,
+) -> Level:
+    """A measured level, its evidence written to its directory: the requests its window
+    measured (``schedule``: those it could have) against the workload's stationary mix."""
+    measured = schedule
+    if m.measured_ids:  # what was sent in it (a later turn goes at its answer's time)
+        ids = set(m.measured_ids)
+        measured = [r for r in schedule if r.request_id in ids]
+    elif m.window is not None:  # a stand-in server: what was planned in it
+        opened, until = m.window.opened_at_s, m.window.opened_at_s + m.window.window_s
+        measured = [r for r in schedule if opened <= r.send_s < until]
+    write_level_evidence(
+        Path(m.out_dir), measured, level_spec, prompt_builder=prompt_builder_for(model_dir)
+    )
+    return Level(index=index, rate_per_s=rate or 0.0, met=level_met(m), measurement=m)

@@ -367,6 +367,7 @@ class StudySettings(BaseModel):
     level_warmup_s: float | None = None
     level_max_duration_s: float | None = None
     max_levels: int
+    chain_levels: bool = True
 
     @classmethod
     def of(cls, ctx: TuneContext) -> StudySettings:
@@ -379,7 +380,7 @@ class StudySettings(BaseModel):
             max_model_len=c.max_model_len, kv_cache_memory_bytes=c.kv_cache_memory_bytes,
             tensor_parallel_size=c.tensor_parallel_size, level_duration_s=c.level_duration_s,
             level_warmup_s=c.level_warmup_s, level_max_duration_s=c.level_max_duration_s,
-            max_levels=c.max_levels,
+            max_levels=c.max_levels, chain_levels=c.chain_levels,
         )  # fmt: skip
 
     def flat(self) -> dict[str, Any]:
@@ -420,7 +421,8 @@ def recorded_settings(tune_json: dict[str, Any]) -> dict[str, Any]:
         except ValueError:
             pass
     for key in ("objective", "max_model_len", "kv_cache_memory_bytes", "tensor_parallel_size",
-                "level_duration_s", "level_warmup_s", "level_max_duration_s", "max_levels"):  # fmt: skip
+                "level_duration_s", "level_warmup_s", "level_max_duration_s", "max_levels",
+                "chain_levels"):  # fmt: skip
         if key in config:
             doc[key] = config[key]
     return _flatten(doc)
@@ -444,6 +446,7 @@ _LABELS = {
     "tensor_parallel_size": "--tensor-parallel-size", "level_duration_s": "--level-duration",
     "level_warmup_s": "--level-warmup", "max_levels": "--max-levels",
     "level_max_duration_s": "--level-max-duration",
+    "chain_levels": "levels chained (--no-chain-levels: False)",
     "workload.name": "--workload",
     "workload.slo.ttft": "--slo-ttft-ms", "workload.slo.itl": "--slo-itl-ms",
 }  # fmt: skip

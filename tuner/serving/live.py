@@ -28,6 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
@@ -49,9 +50,11 @@ from tuner.serving.load import (
     LOCAL_LOAD,
     LoadGenerators,
     SloVerdict,
+    locust_spawner,
     percentile_shares,
     plan_schedule,
     run_schedule,
+    scaled_schedule,
     split_warmup,
     summarise_records,
 )
@@ -73,19 +76,30 @@ from tuner.serving.window import (
     steady_opening,
     window_closes,
 )
+from workloads.chain import LoadChain, Snapshot
+from workloads.load_errors import LoadConfigError, LoadGeneratorError
 from workloads.metrics import LoadResult
+from workloads.runner import client_saturation
 from workloads.schedule import (
     RequestRecord,
     ScheduledRequest,
     read_records,
     read_schedule,
     sample_streams,
+    write_schedule,
 )
 from workloads.spec import SloMetric, WarmupSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
 VERDICT_EVERY_S = 2.0  # wall seconds between readings of a held window's records
+# A chained level's segment starts this long (wall) after it is written: the load
+# generators look for segments every 0.1 s, then read its schedule a few lines at a time
+# between their sends and streams (SEGMENT_READ_BYTES_PER_S: a seventh of what one
+# process parses alone, 340 MB/s: a chat level's 10-minute schedule of 160 MB is read
+# in time with a lead of 3.7 s; one read late says so in its locust.log).
+SEGMENT_LEAD_S = 0.5
+SEGMENT_READ_BYTES_PER_S = 50e6
 
 
 class Measurement(BaseModel):
@@ -336,8 +350,12 @@ class LiveServer:
         stop_when: StopFactory | None = None,
         drain_s: float | None = None,
         level: LevelPlan | None = None,
+        chain: LevelChain | None = None,
     ) -> Measurement:
         """One measured load run; /metrics deltas over exactly its window.
+
+        ``chain`` (with ``level``): the level is the next segment of a rate search's
+        chained run instead of a run of its own (``_measure_chained``).
 
         ``level``: a rate-search level sent as one schedule, warm-up then window
         (``tuner.serving.window``): the window opens once the server is steady (``WindowRule``,
@@ -351,6 +369,11 @@ class LiveServer:
         (``tuner.serving.backlog``) judges the window and writes ``backlog.json``; ``stop_when``
         may stop the run early (``StopRule``, ``BacklogStopRule``, both with ``AnyStop``).
         """
+        if chain is not None and level is not None:
+            return self._measure_chained(
+                workload, schedule, out_dir=out_dir, chain=chain, stop_when=stop_when,
+                drain_s=drain_s or 0.0, level=level,
+            )  # fmt: skip
         for stale in ("backlog-stop.json", WINDOW_FILE):  # an earlier run's
             (out_dir / stale).unlink(missing_ok=True)
         before = scrape(self.server.base_url)
@@ -359,11 +382,7 @@ class LiveServer:
         ).start()
         window_rule: _BoundWindowRule | None = None
         if level is not None:
-            window_rule = WindowRule(
-                level, time_scale=self.time_scale, drain_s=drain_s or 0.0,
-                ttft_limit_ms=loosest_ttft_ms(workload), samples=watcher.snapshot,
-                workload=workload,
-            ).bind(out_dir)  # fmt: skip
+            window_rule = self._window_rule(workload, level, watcher, drain_s or 0.0).bind(out_dir)
             stop_when = AnyStop(stop_when, _Bound(window_rule))
         rule = stop_when.bind(out_dir) if stop_when is not None else None
         due = self._after_schedule(schedule, drain_s=drain_s) if drain_s is not None else None
@@ -389,17 +408,131 @@ class LiveServer:
         stopped_at = time.time()
         peak_kv = watcher.stop()
         watcher.write_csv(out_dir / "metrics.csv")
+        return self._conclude(
+            workload, out_dir, _Ended(
+                records=list(read_records(run.run.records_path)), start_unix_s=run.run.start_at_s,
+                stopped_unix_s=stopped_at, fired=tuple(fired), result=run.result,
+                verdict=run.verdict, saturated=run.run.client_saturated,
+                saturation_reason=run.run.saturation_reason,
+                stopped_by_caller=run.run.stopped_by_caller,
+            ), before=before, watcher=watcher, peak_kv=peak_kv, window_rule=window_rule,
+        )  # fmt: skip
+
+    def _window_rule(
+        self, workload: WorkloadSpec, level: LevelPlan, watcher: KvUsageWatcher, drain_s: float
+    ) -> WindowRule:
+        return WindowRule(
+            level, time_scale=self.time_scale, drain_s=drain_s,
+            ttft_limit_ms=loosest_ttft_ms(workload), samples=watcher.snapshot, workload=workload,
+        )  # fmt: skip
+
+    def chain(self, out_dir: Path) -> LoadChain | None:
+        """A chained run for a rate search's levels on this server (``workloads.chain``), or
+        None where its segments cannot reach the load generators (remote workers)."""
+        if self.generators.remote_workers:
+            return None
+        return LoadChain(
+            base_url=self.server.base_url, model=self.model, out_dir=out_dir,
+            processes=self.generators.processes, spawn=locust_spawner(self.registry),
+        )  # fmt: skip
+
+    def _measure_chained(
+        self,
+        workload: WorkloadSpec,
+        schedule: list[ScheduledRequest],
+        *,
+        out_dir: Path,
+        chain: LevelChain,
+        stop_when: StopFactory | None,
+        drain_s: float,
+        level: LevelPlan,
+    ) -> Measurement:
+        """A level as the next segment of the search's chained run: the server is not
+        drained between levels, and the conversations under way carry on into it
+        (``workloads.chain``). Its window is measured as ``measure``'s is, from the run's
+        records whose intended send time falls in it; what is still in flight when the
+        level ends is measured as far as it got (the run's snapshot), as a cut run's is."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in ("backlog-stop.json", WINDOW_FILE, "requests.jsonl"):  # an earlier run's
+            (out_dir / stale).unlink(missing_ok=True)
+        k = self.time_scale
+        sent = sample_streams(scaled_schedule(schedule, k), self.stream_fraction)
+        write_schedule(out_dir / "schedule.jsonl", sent)  # offsets from the level's offset 0
+        before = scrape(self.server.base_url)
+        watcher = KvUsageWatcher(
+            self.server.base_url, interval_s=0.25, csv_path=out_dir / "metrics.csv"
+        ).start()
+        load = chain.load
+        try:
+            if not load.started:
+                start = load.start(sent, out_dir / "schedule.jsonl")
+            else:
+                size = (out_dir / "schedule.jsonl").stat().st_size
+                offset_s = load.offset_now_s() + SEGMENT_LEAD_S + size / SEGMENT_READ_BYTES_PER_S
+                load.append(
+                    out_dir / "schedule.jsonl", offset_s=offset_s,
+                    keep_under_way=chain.keep_under_way, salt=out_dir.name,
+                )  # fmt: skip
+                start = load.start_at_s + offset_s
+            window_rule = self._window_rule(workload, level, watcher, drain_s).bind(
+                out_dir, records_dir=load.out_dir, start_unix_s=start
+            )
+            rule = AnyStop(stop_when, _Bound(window_rule)).bind(load.out_dir, since_unix_s=start)
+            while not rule():
+                if not load.running():
+                    load.close()  # raises the run's failure
+                    raise WorkloadLoadError(f"the chained load run in {load.out_dir} ended")
+                time.sleep(0.1)
+        except (LoadConfigError, LoadGeneratorError) as exc:
+            watcher.stop()
+            raise WorkloadLoadError(f"load run failed: {exc}") from exc
+        except BaseException:
+            watcher.stop()
+            raise
+        stopped_at = time.time()
+        snapshot = load.snapshot()
+        records = chained_records(
+            load.out_dir, snapshot, since_unix_s=start, until_unix_s=stopped_at
+        )
+        write_records(out_dir / "requests.jsonl", records)
+        peak_kv = watcher.stop()
+        watcher.write_csv(out_dir / "metrics.csv")
+        saturated, reason = client_saturation(snapshot.workers)
+        return self._conclude(
+            workload, out_dir, _Ended(
+                records=records, start_unix_s=start, stopped_unix_s=stopped_at,
+                fired=(str(rule.reason),), saturated=saturated, saturation_reason=reason,
+                stopped_by_caller=True,
+            ), before=before, watcher=watcher, peak_kv=peak_kv, window_rule=window_rule,
+        )  # fmt: skip
+
+    def _conclude(
+        self,
+        workload: WorkloadSpec,
+        out_dir: Path,
+        ended: _Ended,
+        *,
+        before: dict[str, float],
+        watcher: KvUsageWatcher,
+        peak_kv: float | None,
+        window_rule: _BoundWindowRule | None,
+    ) -> Measurement:
+        """A load run's measurement: its window's records against the SLO, the backlog
+        guard's verdict (``backlog.json``), /metrics deltas, whether the engine died."""
         after = scrape(self.server.base_url)
         died = self.server.engine_outcome()
         if died is not None:
             self.death = died
-        start = run.run.start_at_s
+        start = ended.start_unix_s
+        stopped_at = ended.stopped_unix_s
         k = self.time_scale
-        records = list(read_records(run.run.records_path))
-        load, verdict = run.result, run.verdict
+        records = ended.records
+        load, verdict = ended.result, ended.verdict
         window_start, window_end = start, start + workload.duration_s * k
         opening: WindowOpening | None = None
-        if level is not None and window_rule is not None:
+        if window_rule is None:
+            assert load is not None and verdict is not None, "a run without a level sums itself"
+        else:
             opening = window_rule.final(watcher.samples, stopped_at)
             window_start = start + opening.opened_at_s * k
             window_end = window_start + opening.window_s * k
@@ -417,6 +550,7 @@ class LiveServer:
             window_end_unix_s=min(window_end, stopped_at),
             time_scale=k, ttft_limit_ms=loosest_ttft_ms(workload),
         )  # fmt: skip
+        fired = ended.fired
         if window_rule is not None and window_rule.check is not None and "backlog" in fired:
             # Stopped by the queue's growth: the check that decided it is the level's verdict
             # (the window's few seconds after it may read steady once the load is cut).
@@ -430,13 +564,59 @@ class LiveServer:
             window=opening,
             server=ServerCounters.between(before, after, peak_kv) if after else None,
             death=died,
-            client_saturated=run.run.client_saturated,
-            client_saturation_reason=run.run.saturation_reason,
-            stopped_early=run.run.stopped_by_caller and "slo" in fired,
+            client_saturated=ended.saturated,
+            client_saturation_reason=ended.saturation_reason,
+            stopped_early=ended.stopped_by_caller and "slo" in fired,
             backlog=backlog,
-            stopped_by_backlog=run.run.stopped_by_caller and "backlog" in fired,
+            stopped_by_backlog=ended.stopped_by_caller and "backlog" in fired,
             measured_ids=tuple(r.request_id for r in records) if opening is not None else (),
         )
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """How a load run of ``LiveServer.measure`` ended: its records and first summary."""
+
+    records: list[RequestRecord]
+    start_unix_s: float  # offset 0 of its schedule
+    stopped_unix_s: float
+    fired: tuple[str, ...]  # the stop rules that ended it ("slo", "backlog", "cut")
+    saturated: bool
+    saturation_reason: str | None
+    stopped_by_caller: bool
+    # The whole run summed up (None for a level: its window is, in ``_conclude``).
+    result: LoadResult | None = None
+    verdict: SloVerdict | None = None
+
+
+@dataclass
+class LevelChain:
+    """A rate search's chained run (``LiveServer.chain``), and how much of the population
+    under way the next level keeps (``SegmentHeader.keep_under_way``: a lower rate thins
+    it), which the search sets before each level."""
+
+    load: LoadChain
+    keep_under_way: float = 1.0
+
+
+def chained_records(
+    run_dir: Path, snapshot: Snapshot, *, since_unix_s: float, until_unix_s: float
+) -> list[RequestRecord]:
+    """A chained run's records intended between two times: those written, and for those
+    still in flight the snapshot's, as far as they got (in intended-send order)."""
+    tail = RecordTail(run_dir, since_unix_s=since_unix_s)
+    tail.read()
+    done = {r.request_id: r for r in tail.records if r.scheduled_s < until_unix_s}
+    for record in snapshot.in_flight:
+        if since_unix_s <= record.scheduled_s < until_unix_s:
+            done.setdefault(record.request_id, record)
+    return sorted(done.values(), key=lambda r: (r.scheduled_s, r.request_id))
+
+
+def write_records(path: Path, records: list[RequestRecord]) -> None:
+    with path.open("w", encoding="utf-8") as out:
+        for record in records:
+            out.write(record.to_json() + "\n")
 
 
 def loosest_ttft_ms(workload: WorkloadSpec) -> float | None:
@@ -448,7 +628,10 @@ def loosest_ttft_ms(workload: WorkloadSpec) -> float | None:
 class StopFactory(Protocol):
     """Makes the ``stop_when`` check of one load run, given the run's directory."""
 
-    def bind(self, out_dir: Path) -> Callable[[], bool]: ...
+    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> Callable[[], bool]:
+        """The check of the run whose records are written in ``out_dir``; ``since_unix_s``:
+        of its records only those intended from then on (a chained run's level)."""
+        ...
 
 
 class StopRule:
@@ -468,18 +651,20 @@ class StopRule:
         self.max_bad = max_bad
         self.bad_fraction = bad_fraction
 
-    def bind(self, out_dir: Path) -> _BoundStopRule:
-        return _BoundStopRule(self, out_dir)
+    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> _BoundStopRule:
+        return _BoundStopRule(self, out_dir, since_unix_s)
 
 
 class RecordTail:
     """The records a running load run has written so far (``records.jsonl.w*``), read on
     from where the last reading stopped: a rule that looks every second at a window of
     ten minutes parses each record once. A line still being written waits for the next
-    reading; warm-up records are left out."""
+    reading; warm-up records are left out, and with ``since_unix_s`` those intended before
+    it (a chained run's earlier levels)."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, *, since_unix_s: float | None = None) -> None:
         self.out_dir = out_dir
+        self.since_unix_s = since_unix_s
         self.records: list[RequestRecord] = []
         self._offsets: dict[Path, int] = {}
 
@@ -501,7 +686,9 @@ class RecordTail:
                     record = RequestRecord.from_json(line)
                 except (ValueError, TypeError):
                     continue  # a damaged line
-                if not record.warmup:
+                if not record.warmup and (
+                    self.since_unix_s is None or record.scheduled_s >= self.since_unix_s
+                ):
                     new.append(record)
         self.records.extend(new)
         return new
@@ -510,9 +697,9 @@ class RecordTail:
 class _BoundStopRule:
     reason = "slo"
 
-    def __init__(self, rule: StopRule, out_dir: Path) -> None:
+    def __init__(self, rule: StopRule, out_dir: Path, since_unix_s: float | None = None) -> None:
         self.rule = rule
-        self.tail = RecordTail(out_dir)
+        self.tail = RecordTail(out_dir, since_unix_s=since_unix_s)
         self._last_check = 0.0
         self._bad = 0
 
@@ -563,8 +750,10 @@ class BacklogStopRule:
         self.time_scale = time_scale
         self.ttft_limit_ms = ttft_limit_ms
 
-    def bind(self, out_dir: Path) -> _BoundBacklogStop:
-        return _BoundBacklogStop(self, out_dir)
+    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> _BoundBacklogStop:
+        bound = _BoundBacklogStop(self, out_dir)
+        bound.start_unix_s = since_unix_s
+        return bound
 
 
 class _BoundBacklogStop:
@@ -655,23 +844,31 @@ class WindowRule:
         self.samples = samples
         self.workload = workload  # its SLO's verdict over the window so far holds it on
 
-    def bind(self, out_dir: Path) -> _BoundWindowRule:
-        return _BoundWindowRule(self, out_dir)
+    def bind(
+        self, out_dir: Path, *, records_dir: Path | None = None, start_unix_s: float | None = None
+    ) -> _BoundWindowRule:
+        """``records_dir``: where the run's records are written (a chained run's folder;
+        default ``out_dir``); ``start_unix_s``: the level's offset 0 when it is known
+        (a chained level), else read from the schedule and the first records."""
+        return _BoundWindowRule(self, out_dir, records_dir=records_dir, start_unix_s=start_unix_s)
 
 
 class _BoundWindowRule:
-    def __init__(self, rule: WindowRule, out_dir: Path) -> None:
+    def __init__(
+        self, rule: WindowRule, out_dir: Path, *, records_dir: Path | None = None,
+        start_unix_s: float | None = None,
+    ) -> None:  # fmt: skip
         self.rule = rule
         self.out_dir = out_dir
         self.reason = "cut"
-        self.start_unix_s: float | None = None
+        self.start_unix_s: float | None = start_unix_s
         self.opening: WindowOpening | None = None
         self.check: BacklogCheck | None = None  # the check that stopped the level, if one did
         self._offsets: dict[str, float] | None = None
         self._last_check = 0.0
         self._shares: list[float] | None = None
         self._last_verdict = 0.0
-        self._tail = RecordTail(out_dir)
+        self._tail = RecordTail(records_dir or out_dir, since_unix_s=start_unix_s)
 
     def _window_shares(self, opened_unix_s: float, now_unix_s: float) -> list[float] | None:
         """The SLO percentiles of the window so far, as shares of their limits: the
@@ -734,7 +931,7 @@ class _BoundWindowRule:
             opened_at_s=min(plan.warmup_max_s, max(0.0, (last - start) / k)),
             steady_at_open=False, test=plan.test(), window_s=plan.window_s,
             needed_requests=plan.needed_requests, window_max_s=plan.window_max_s,
-            correlation_floor_s=plan.correlation_floor_s,
+            correlation_floor_s=plan.correlation_floor_s, carried_on=plan.carried_on,
         )  # fmt: skip
 
     def __call__(self) -> bool:
@@ -793,7 +990,7 @@ class _Bound:
     def __init__(self, check: Callable[[], bool]) -> None:
         self.check = check
 
-    def bind(self, out_dir: Path) -> Callable[[], bool]:
+    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> Callable[[], bool]:
         return self.check
 
 
@@ -804,8 +1001,8 @@ class AnyStop:
     def __init__(self, *rules: StopFactory | None) -> None:
         self.rules = [r for r in rules if r is not None]
 
-    def bind(self, out_dir: Path) -> _BoundAnyStop:
-        return _BoundAnyStop([r.bind(out_dir) for r in self.rules])
+    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> _BoundAnyStop:
+        return _BoundAnyStop([r.bind(out_dir, since_unix_s=since_unix_s) for r in self.rules])
 
 
 class _BoundAnyStop:

@@ -28,6 +28,7 @@ from workloads.prompts import prompt_builder_for
 from workloads.runner import (
     GeneratorNames,
     LoadRun,
+    Spawn,
     is_any_address,
     is_local_address,
     run_load,
@@ -246,29 +247,18 @@ def run_schedule(
     stop after the window is expected and requests cut off in flight are measured as far
     as they got (``LoadResult.from_records``).
     """
-    if time_scale != 1.0:  # a user thinks on the emulated clock too
-        schedule = [
-            dataclasses.replace(
-                r, send_s=r.send_s * time_scale, think_time_s=r.think_time_s * time_scale
-            )
-            for r in schedule
-        ]
+    schedule = scaled_schedule(schedule, time_scale)
     slo = request_slo(spec)
     # A session's later turn waits for the answer it extends; one that would then go out
     # after the window (the builder plans none at or after its end, duration_s from the
     # schedule's start) is not sent.
     turns_until_s = None if spec.sessions is None else spec.duration_s * time_scale
-
-    def spawn(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        return registry.spawn(
-            cmd, role="load generator", stdout_path=log_path, env=env, cwd=log_path.parent
-        )
-
     try:
         run = run_load(
             base_url=base_url, model=model, schedule=schedule, out_dir=out_dir,
             processes=generators.processes, remote_workers=generators.remote_workers,
-            master_bind=generators.master_bind, spawn=spawn, stop_when=stop_when,
+            master_bind=generators.master_bind, spawn=locust_spawner(registry),
+            stop_when=stop_when,
             turns_until_s=turns_until_s,
         )  # fmt: skip
     except (LoadConfigError, LoadGeneratorError) as exc:
@@ -284,6 +274,30 @@ def run_schedule(
     )
     result = result.in_virtual_time(time_scale)
     return WorkloadRun(spec=spec, run=run, result=result, verdict=slo_verdict(spec, result))
+
+
+def scaled_schedule(schedule: list[ScheduledRequest], time_scale: float) -> list[ScheduledRequest]:
+    """A schedule on a K times slower clock (the simulator's ``--time-scale``): its offsets
+    and think times stretched by K (a user thinks on the emulated clock too)."""
+    if time_scale == 1.0:
+        return schedule
+    return [
+        dataclasses.replace(
+            r, send_s=r.send_s * time_scale, think_time_s=r.think_time_s * time_scale
+        )
+        for r in schedule
+    ]
+
+
+def locust_spawner(registry: ChildRegistry) -> Spawn:
+    """How the load generator is started: as a child of ``registry``, in its own group."""
+
+    def spawn(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return registry.spawn(
+            cmd, role="load generator", stdout_path=log_path, env=env, cwd=log_path.parent
+        )
+
+    return spawn
 
 
 def summarise_records(

@@ -138,6 +138,9 @@ class LevelPlan(BaseModel):
     # capacity the server's memory only lengthens with the load, and a short stretch
     # reads it short, so this level's window holds at least as many of those.
     correlation_floor_s: float | None = None
+    # Carried on from the level before on a chained run, adding this share of its
+    # conversations under way (None: opened on an empty server).
+    carried_on: float | None = None
 
     @property
     def longest_window_s(self) -> float:
@@ -178,9 +181,14 @@ class WindowOpening(BaseModel):
     correlations_wanted: float = WINDOW_CORRELATIONS
     slo_share: float | None = None  # the worst percentile's share of its limit, at the close
     band: float | None = None  # how clear of 1 it had to be then (``verdict_band``)
+    # Carried on from the level before on a chained run, adding this share of the
+    # conversations under way (None: opened on an empty server).
+    carried_on: float | None = None
 
     def summary(self) -> str:
         state = "steady" if self.steady_at_open else "NOT steady (longest warm-up spent)"
+        if self.carried_on is not None:
+            state += f", carried on from the rate before ({100 * self.carried_on:.0f} % new)"
         held = ""
         if self.correlation_s is not None:
             held = f", {self.correlation_s:.1f} s correlation time"
@@ -238,23 +246,34 @@ def plan_level(
     warmup_s: float | None = None,
     window_max_s: float | None = None,
     correlation_floor_s: float | None = None,
+    carried_on: float | None = None,
 ) -> LevelPlan:
     """The plan of a level whose provisional ``schedule`` was built for ``spec`` (its
     request rate is read from it). ``window_s``, ``warmup_s``: fixed (the warm-up's min =
     max), else automatic. ``window_max_s``: the longest an automatic window is held
-    (default ``MAX_WINDOW_S``, at most ``MAX_WINDOW_REQUESTS``); its shortest is cut to it."""
+    (default ``MAX_WINDOW_S``, at most ``MAX_WINDOW_REQUESTS``); its shortest is cut to it.
+    ``carried_on``: the level carries on from the one before on a chained run, adding
+    this share of its conversations under way (``tuner.search.rate_search.CarryOn``); its
+    shortest warm-up is then that share of a turn gap (the carried ones' history is in
+    the server's cache already), or one request lifetime without sessions (the batch
+    turns over once to the new rate), and the steadiness test decides the rest."""
     lifetime = expected_lifetime_s(spec, schedule)
     if warmup_s is not None:
         warm_min = warm_max = warmup_s
     else:
         if spec.sessions is not None:
             median = statistics.median(r.max_tokens for r in schedule) if schedule else 0
-            warm_min = max(MIN_WARMUP_S, turn_gap_s(spec.sessions, median))
+            gap = turn_gap_s(spec.sessions, median)
+            warm_min = max(MIN_WARMUP_S, gap)
             longest = largest_turns(spec.sessions) * warm_min
             warm_max = max(warm_min + MIN_EXTRA_WARMUP_S, longest)
+            if carried_on is not None:
+                warm_min = max(MIN_WARMUP_S, carried_on * gap)
         else:
             warm_min = max(MIN_WARMUP_S, 2.0 * lifetime)
             warm_max = warm_min + max(MIN_EXTRA_WARMUP_S, warm_min)
+            if carried_on is not None:
+                warm_min = max(MIN_WARMUP_S, lifetime)
     span = spec.duration_s
     rate = sum(1 for r in schedule if 0.0 <= r.send_s < span) / span if span > 0 else 0.0
     needed = needed_requests(spec)
@@ -273,6 +292,7 @@ def plan_level(
         requests_per_s=rate,
         window_max_s=held_max_s,
         correlation_floor_s=correlation_floor_s if held_max_s is not None else None,
+        carried_on=carried_on,
     )
 
 
@@ -342,6 +362,7 @@ def steady_opening(
         needed_requests=plan.needed_requests,
         window_max_s=plan.window_max_s,
         correlation_floor_s=plan.correlation_floor_s,
+        carried_on=plan.carried_on,
     )
 
 
