@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--tune-arg", action="append", default=[],
-        help="passed on to the live trial's `tuner tune` (e.g. --tune-arg=--no-chain-levels)",
+        help="passed on to the live trial's `tuner tune` (e.g. --tune-arg=--chain-levels)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.run_dir is not None:

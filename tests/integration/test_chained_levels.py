@@ -11,6 +11,9 @@ Locust over real sockets.
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -188,3 +191,41 @@ def test_two_processes_take_their_shares_of_each_segment(live: LiveServer, tmp_p
         if r.request_id.startswith("S.") and was_sent(r.error):
             by_worker[r.worker] = by_worker.get(r.worker, 0) + 1
     assert sorted(by_worker) == ["w0", "w1"] and min(by_worker.values()) > 2, by_worker
+
+
+def test_tune_chains_its_levels_when_asked(tmp_path: Path) -> None:
+    """``tuner tune --chain-levels``: a trial's levels go on one load run (recorded in
+    tune.json and the study's settings); without the flag each level is a run of its own."""
+    workload = tmp_path / "talk.yaml"
+    workload.write_text(WORKLOAD)
+    base = [
+        sys.executable, "-m", "tuner.cli", "tune", "--backend", "sim", "--model", "llama-3.1-8b",
+        "--gpu", "L4", "--workload", str(workload), "--trials", "1", "--no-edge", "--no-confirm",
+        "--level-duration", "4", "--level-warmup", "2", "--max-levels", "2", "--rate", "3",
+        "--max-model-len", "4096",
+    ]  # fmt: skip
+    for flag, chained in (("--chain-levels", True), (None, False)):
+        run = tmp_path / ("chained" if chained else "fresh")
+        cmd = [*base, "--run-dir", str(run), *([flag] if flag else [])]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        # 1: no trial met the SLOs (a short level on a small GPU may build a backlog)
+        assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
+        assert json.loads((run / "tune.json").read_text())["config"]["chain_levels"] is chained
+        (trial,) = run.glob("trials/000")
+        assert bool(list(trial.glob("chain-*"))) is chained
+        levels = sorted(trial.glob("level-*"))
+        assert len(levels) == 2
+        carried = WindowOpening.model_validate_json((levels[1] / "window.json").read_text())
+        clean = first_level_clean(levels[0])
+        assert (carried.carried_on is not None) is (chained and clean)
+        if chained:  # one run for both levels, or a fresh one after a level that queued
+            assert len(list(trial.glob("chain-*"))) == (1 if clean else 2)
+
+
+def first_level_clean(level_dir: Path) -> bool:
+    """Whether a level ended clean (no backlog stop, no growing backlog): the next one then
+    carries on from it."""
+    if (level_dir / "backlog-stop.json").exists():
+        return False
+    backlog = json.loads((level_dir / "backlog.json").read_text())
+    return bool(backlog.get("verdict") != "growing")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.search.rate_search import CarryOn, plan_level_schedule
+from tuner.search.rate_search import CarryOn, plan_level_schedule, planned_requests
 from workloads.schedule import carries_on
 from workloads.spec import load_workload
 
@@ -63,3 +63,18 @@ def test_without_sessions_the_warm_up_is_one_request_lifetime() -> None:
     )
     assert carried.warmup_min_s == pytest.approx(max(3.0, fresh.warmup_min_s / 2))
     assert joined and all(r.request_id.startswith("L1.") for r in joined)
+
+
+def test_the_early_stop_is_sized_for_the_carried_conversations_too() -> None:
+    """A carried level's own schedule holds few of the conversations it serves (most carry
+    on from the level before); the SLO stop rule is sized for all of them."""
+    spec = load_workload("chat")
+    _, plan, fresh = plan_level_schedule(spec, RATE, window_s=30.0)
+    carry = CarryOn(from_rate_per_s=RATE, id_prefix="L1.")
+    _, carried_plan, joined = plan_level_schedule(spec, RATE, window_s=30.0, carry_on=carry)
+    until_s = carried_plan.warmup_max_s + carried_plan.window_s
+    own = sum(1 for r in joined if r.send_s < until_s)
+    assert own < 0.8 * planned_requests(plan, fresh)  # its leads all carry on: none added
+    assert planned_requests(carried_plan, joined) == pytest.approx(
+        planned_requests(plan, fresh), rel=0.15
+    )

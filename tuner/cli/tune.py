@@ -60,9 +60,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--level-warmup", dest="level_warmup_s", type=float,
                    help="warm-up per rate, seconds (default: until the server is steady)")  # fmt: skip
     p.add_argument("--max-levels", type=int, help="measured rates per trial (default 4)")
-    p.add_argument("--no-chain-levels", dest="chain_levels", action="store_false", default=None,
-                   help="start each measured rate from an empty server instead of carrying "
-                        "the load and the conversations under way on from the rate before")  # fmt: skip
+    p.add_argument("--chain-levels", dest="chain_levels", action="store_true", default=None,
+                   help="carry the load and the conversations under way on from one measured "
+                        "rate to the next instead of starting each from an empty server "
+                        "(cheaper; optimistic near a bistable capacity, see the README)")  # fmt: skip
     p.add_argument("--study", help="study name (default from model, GPU and workload)")
     p.add_argument("--run-dir", type=Path, help="default runs/<study>")
     p.add_argument(

@@ -74,8 +74,10 @@ class TuneConfig(BaseModel):
     level_max_duration_s: float | None = Field(default=None, gt=0)
     max_levels: int = Field(default=4, ge=1)
     # A trial's levels follow one another on one load run, the conversations under way
-    # carrying on from each to the next (workloads.chain); False: each from an empty server.
-    chain_levels: bool = True
+    # carrying on from each to the next (workloads.chain); False: each from an empty server
+    # (the default: near capacity a chained level sees the healthy state of a bistable
+    # server, which tips minutes later; see the README).
+    chain_levels: bool = False
     # Where it goes
     study: str | None = None
     run_dir: Path | None = None

@@ -284,9 +284,14 @@ def correlation_floor(levels: list[Level], rate_per_s: float | None) -> float | 
 
 def planned_requests(plan: LevelPlan, schedule: list[ScheduledRequest]) -> int:
     """The requests a level sends by the end of its longest warm-up and shortest window
-    (its schedule runs on to the longest window, ``tuner.serving.window``)."""
+    (its schedule runs on to the longest window, ``tuner.serving.window``); a level
+    carried on from the one before also serves the conversations carried into it, which
+    its own schedule does not hold: then its planned request rate over that time."""
     until_s = plan.warmup_max_s + plan.window_s
-    return sum(1 for r in schedule if r.send_s < until_s)
+    own = sum(1 for r in schedule if r.send_s < until_s)
+    if plan.carried_on is None:
+        return own
+    return max(own, math.ceil(plan.requests_per_s * until_s))
 
 
 def drain_s(spec: WorkloadSpec) -> float:

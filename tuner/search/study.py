@@ -367,7 +367,7 @@ class StudySettings(BaseModel):
     level_warmup_s: float | None = None
     level_max_duration_s: float | None = None
     max_levels: int
-    chain_levels: bool = True
+    chain_levels: bool = False
 
     @classmethod
     def of(cls, ctx: TuneContext) -> StudySettings:
@@ -446,7 +446,7 @@ _LABELS = {
     "tensor_parallel_size": "--tensor-parallel-size", "level_duration_s": "--level-duration",
     "level_warmup_s": "--level-warmup", "max_levels": "--max-levels",
     "level_max_duration_s": "--level-max-duration",
-    "chain_levels": "levels chained (--no-chain-levels: False)",
+    "chain_levels": "--chain-levels",
     "workload.name": "--workload",
     "workload.slo.ttft": "--slo-ttft-ms", "workload.slo.itl": "--slo-itl-ms",
 }  # fmt: skip
