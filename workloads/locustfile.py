@@ -505,6 +505,7 @@ class Dispatcher:
         # A chained run (TUNER_SEGMENTS): the next segment and snapshot to look for, the
         # sessions that did not carry on into a segment, and what is in flight (by id).
         self.next_segment = 1
+        self.segments_taken_on = 0  # the open-loop queue was rebuilt this many times
         self.next_snapshot = 1
         self.next_poll_s = 0.0
         self.withdrawn_sessions: set[str] = set()
@@ -592,7 +593,10 @@ class Dispatcher:
                 continue
             # Encoded while waiting for the send time, so its cost is not send lag.
             body = request_body(request, settings.model)
+            taken_on = self.segments_taken_on
             self._sleep_until(scheduled_s)
+            if self.segments_taken_on != taken_on:
+                continue  # a segment rebuilt the queue meanwhile (and may have withdrawn it)
             self.next_index += 1
             self._dispatch(request, scheduled_s, body, None)
         self.all_done.wait()  # every chain of turns recorded or dropped
@@ -673,6 +677,7 @@ class Dispatcher:
         self.open_loop = self.open_loop[: self.next_index] + sorted(
             kept + open_loop, key=lambda r: r.send_s
         )
+        self.segments_taken_on += 1
         log.info(
             "%s: segment %d from offset %.3f s: %d requests, %d arrivals withdrawn, "
             "%d of %d sessions under way carry on",
