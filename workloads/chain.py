@@ -20,8 +20,9 @@ conversations under way. Chained, the rates follow one another on the same run:
 
 The run goes on in a thread of this process (``workloads.runner.run_load``, which
 waits on the Locust subprocess), so the caller keeps measuring while it does. Files
-in ``out_dir``: those of ``run_load`` (segment 0 is ``schedule.jsonl``), and
-``segments/`` with the segments and snapshots (``workloads.schedule``).
+in ``out_dir``: those of ``run_load`` (its records, ``locust.log``; segment 0 is the
+schedule file ``start`` names), and ``segments/`` with the segments' headers and the
+snapshots (``workloads.schedule``).
 """
 
 from __future__ import annotations

@@ -43,8 +43,9 @@ Configuration (environment variables, read when a test starts, never at import):
 ``TUNER_SEGMENTS``
     A folder: the schedule grows while the run goes on (a chained run,
     ``workloads.chain``). Every ``SEGMENT_POLL_S`` the dispatcher looks there for the
-    next ``segment-<k>.jsonl`` (``workloads.schedule.SegmentHeader``, then requests
-    whose offsets count from ``TUNER_START_AT`` too): from the segment's offset the
+    next ``segment-<k>.jsonl`` (``workloads.schedule.SegmentHeader``: its offset from
+    ``TUNER_START_AT`` and the schedule file it brings, read a few lines at a time
+    between sends, its offsets counted from the segment's): from the segment's offset the
     earlier segments' new arrivals are withdrawn, the sessions under way carry on (as
     many as it keeps), and its own requests join. It also answers each
     ``snapshot-<n>`` there with ``snapshot-<n>.w<i>``: a record of every request in

@@ -67,7 +67,14 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from workloads.load_errors import LoadConfigError, LoadGeneratorError
-from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_records, write_schedule
+from workloads.schedule import (
+    Api,
+    RequestRecord,
+    ScheduledRequest,
+    read_records,
+    write_records,
+    write_schedule,
+)
 
 log = logging.getLogger(__name__)
 
@@ -907,9 +914,7 @@ def _merge(worker_base: Path, workers: int, merged_path: Path) -> list[RequestRe
         if path.exists():
             records.extend(read_records(path))
     records.sort(key=lambda record: (record.scheduled_s, record.request_id))
-    with merged_path.open("w", encoding="utf-8") as out:
-        for record in records:
-            out.write(record.to_json() + "\n")
+    write_records(merged_path, records)
     return records
 
 

@@ -124,8 +124,7 @@ def sample_streams(requests: Iterable[ScheduledRequest], fraction: float) -> lis
         raise ValueError(f"stream fraction {fraction} is out of range; accepted: 0 < f <= 1")
     if fraction >= 1.0:
         return list(requests)
-    limit = int(fraction * (1 << 32))
-    return [replace(r, stream=zlib.crc32(r.request_id.encode()) < limit) for r in requests]
+    return [replace(r, stream=in_hashed_share(r.request_id, fraction)) for r in requests]
 
 
 def share_of(
@@ -187,7 +186,13 @@ def carries_on(session_id: str | None, keep: float, salt: str) -> bool:
     a hash of the salt and the session id, so every load-generator process agrees."""
     if keep >= 1.0 or session_id is None:
         return True
-    return zlib.crc32(f"{salt}/{session_id}".encode()) < int(keep * (1 << 32))
+    return in_hashed_share(f"{salt}/{session_id}", keep)
+
+
+def in_hashed_share(key: str, fraction: float) -> bool:
+    """Whether ``key`` falls in a share ``fraction`` of all keys: its crc32 against the
+    fraction of the 32-bit range, the same in every process and every run."""
+    return zlib.crc32(key.encode()) < int(fraction * (1 << 32))
 
 
 def segment_path(segments_dir: Path, index: int) -> Path:
@@ -221,6 +226,13 @@ def snapshot_path(segments_dir: Path, index: int, worker_index: int) -> Path:
 def read_schedule(path: Path) -> list[ScheduledRequest]:
     with path.open(encoding="utf-8") as fh:
         return [ScheduledRequest.from_json(line) for line in fh if line.strip()]
+
+
+def write_records(path: Path, records: Iterable[RequestRecord]) -> None:
+    """Records as JSON lines, in the order given."""
+    with path.open("w", encoding="utf-8") as out:
+        for record in records:
+            out.write(record.to_json() + "\n")
 
 
 def read_records(path: Path) -> Iterator[RequestRecord]:

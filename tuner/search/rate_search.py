@@ -387,10 +387,21 @@ def plan_level_schedule(
     return level_spec, plan, schedule
 
 
+def ends_clean(m: Measurement) -> bool:
+    """Whether a level leaves its server in the steady state of its rate, so the next
+    level can carry on from it: not stopped early (a queue, the SLO clearly broken), no
+    backlog built, the engine alive. Otherwise the next level starts a fresh run on a
+    server its load generator's stop has drained."""
+    growing = m.backlog is not None and m.backlog.growing
+    return not (m.stopped_early or m.stopped_by_backlog or growing) and (
+        m.outcome is TrialOutcome.READY
+    )
+
+
 def level_met(m: Measurement) -> bool:
-    """The SLOs held over the whole window, the engine lived, and no backlog built up."""
-    backlog = m.stopped_by_backlog or (m.backlog is not None and m.backlog.growing)
-    return m.slo.met and not m.stopped_early and not backlog and m.outcome is TrialOutcome.READY
+    """The SLOs held over the whole window, and the level ended clean (``ends_clean``: the
+    engine lived and no backlog built up)."""
+    return m.slo.met and ends_clean(m)
 
 
 def bracket(levels: list[Level]) -> tuple[Level | None, Level | None]:
@@ -463,17 +474,6 @@ class LevelServer(Protocol):
         level: LevelPlan | None = None,
         chain: LevelChain | None = None,
     ) -> Measurement: ...
-
-
-def ends_clean(m: Measurement) -> bool:
-    """Whether a level leaves its server in the steady state of its rate, so the next
-    level can carry on from it: not stopped early (a queue, the SLO clearly broken), no
-    backlog built, the engine alive. Otherwise the next level starts a fresh run on a
-    server its load generator's stop has drained."""
-    growing = m.backlog is not None and m.backlog.growing
-    return not (m.stopped_early or m.stopped_by_backlog or growing) and (
-        m.outcome is TrialOutcome.READY
-    )
 
 
 def search_rate(

@@ -86,6 +86,7 @@ from workloads.schedule import (
     read_records,
     read_schedule,
     sample_streams,
+    write_records,
     write_schedule,
 )
 from workloads.spec import SloMetric, WarmupSpec, WorkloadSpec
@@ -492,7 +493,7 @@ class LiveServer:
         stopped_at = time.time()
         snapshot = load.snapshot()
         records = chained_records(
-            load.out_dir, snapshot, since_unix_s=start, until_unix_s=stopped_at
+            window_rule.records_so_far(), snapshot, since_unix_s=start, until_unix_s=stopped_at
         )
         write_records(out_dir / "requests.jsonl", records)
         peak_kv = watcher.stop()
@@ -600,23 +601,16 @@ class LevelChain:
 
 
 def chained_records(
-    run_dir: Path, snapshot: Snapshot, *, since_unix_s: float, until_unix_s: float
+    written: list[RequestRecord], snapshot: Snapshot, *, since_unix_s: float, until_unix_s: float
 ) -> list[RequestRecord]:
-    """A chained run's records intended between two times: those written, and for those
-    still in flight the snapshot's, as far as they got (in intended-send order)."""
-    tail = RecordTail(run_dir, since_unix_s=since_unix_s)
-    tail.read()
-    done = {r.request_id: r for r in tail.records if r.scheduled_s < until_unix_s}
+    """A chained run's records intended between two times: those ``written`` (intended
+    from ``since_unix_s`` on), and for those still in flight the snapshot's, as far as
+    they got (in intended-send order)."""
+    done = {r.request_id: r for r in written if r.scheduled_s < until_unix_s}
     for record in snapshot.in_flight:
         if since_unix_s <= record.scheduled_s < until_unix_s:
             done.setdefault(record.request_id, record)
     return sorted(done.values(), key=lambda r: (r.scheduled_s, r.request_id))
-
-
-def write_records(path: Path, records: list[RequestRecord]) -> None:
-    with path.open("w", encoding="utf-8") as out:
-        for record in records:
-            out.write(record.to_json() + "\n")
 
 
 def loosest_ttft_ms(workload: WorkloadSpec) -> float | None:
@@ -895,6 +889,13 @@ class _BoundWindowRule:
         )
         self._shares = percentile_shares(rule.workload, load)
         return self._shares
+
+    def records_so_far(self) -> list[RequestRecord]:
+        """Every record of the run written so far that this level's window could hold
+        (intended from its offset 0 on, the warm-up's left out), read on from the last
+        reading."""
+        self._tail.read()
+        return self._tail.records
 
     def final(self, samples: list[MetricsSample], stopped_unix_s: float) -> WindowOpening:
         """The window as the run left it: closed, or (stopped before it closed) as long as
