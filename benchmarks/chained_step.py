@@ -26,7 +26,6 @@ from tuner.search.predict import (
     answer_times_of,
     simulate_schedule,
     steady_run,
-    workload_slo,
 )
 from tuner.search.rate_search import level_workload
 from tuner.vllm.gpus import get_gpu
@@ -34,6 +33,7 @@ from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
+from workloads.metrics import Slo
 from workloads.schedule import ScheduledRequest
 from workloads.spec import load_workload
 
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         schedule = sorted(low + renamed(extra, "B", args.settle), key=lambda r: r.send_s)
         _, result = simulate_schedule(
-            setup, schedule, workload_slo(spec), stop_at_s=end_s,
+            setup, schedule, Slo.of_workload(spec), stop_at_s=end_s,
             measure_from_s=args.settle, measure_to_s=end_s, sample_every_s=1.0,
         )  # fmt: skip
         assert result is not None

@@ -85,13 +85,14 @@ from tuner.search.space import vllm_defaults as space_defaults
 from tuner.sim.blocks import BlockPool, EvictionPolicy
 from tuner.sim.build import build_engine
 from tuner.sim.engine import EngineDead, SimEngine, StepResult
-from tuner.sim.simulate import Slo, run
+from tuner.sim.simulate import run
 from tuner.sim.tokenizer import encode, encode_chat
 from tuner.vllm.gpus import GpuSpec, get_gpu
 from tuner.vllm.memory import ServingParams, plan
 from tuner.vllm.models import ModelSpec, resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
+from workloads.metrics import Slo
 from workloads.spec import SloMetric, WorkloadSpec, load_workload
 from workloads.traces import TraceRecord
 
@@ -320,12 +321,7 @@ def _load(case: Case, window_s: float, rung: int) -> _Load:
         encode_chat(r.messages, vocab) if r.messages is not None else encode(r.prompt or "", vocab)
         for r in schedule
     ]
-    limits = {o.metric: o.limit_ms for o in spec.slo.objectives()}
-    slo = Slo(
-        ttft_s=limits.get(SloMetric.TTFT, math.inf) / 1000.0,
-        tpot_s=min(limits.get(SloMetric.TPOT, math.inf), limits.get(SloMetric.ITL, math.inf))
-        / 1000.0,
-    )
+    slo = Slo.of_workload(spec)
     return _Load(spec, records, ids, slo)
 
 
@@ -335,7 +331,7 @@ class _SloBroken(EngineDead):
 
 class _SloWatch:
     """Ends a run as soon as its SLO verdict is settled: for a p-th percentile over n
-    requests (``Percentiles.of``: at least ``ordered[int(p (n-1))]``), once n - int(p (n-1))
+    requests (``Percentiles.from_values``: at least ``ordered[int(p (n-1))]``), once n - int(p (n-1))
     requests are known to exceed the limit, the percentile does whatever the rest do. A
     request waiting for its first token past the TTFT (or E2E) limit is known late. The
     verdict is the full run's (``run`` counts the stop as a dead engine, which fails the

@@ -14,16 +14,19 @@ import time
 from pathlib import Path
 
 from tuner.sim.build import build_engine
-from tuner.sim.simulate import Slo, run, synthetic_arrivals
+from tuner.sim.simulate import run, synthetic_arrivals
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
+from workloads.metrics import Slo
 from workloads.traces import TraceRecord, read_trace
 
 AZURE = (
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-inference-2023-code.csv"
 )
+
+DEFAULT_SLO = Slo(ttft_ms=2000.0, tpot_ms=100.0)  # the simulator's own defaults (2 s, 100 ms)
 
 
 def measure(label: str, records: list[TraceRecord]) -> None:
@@ -34,7 +37,11 @@ def measure(label: str, records: list[TraceRecord]) -> None:
     assert engine is not None, startup.failure
     t0 = time.perf_counter()
     result = run(
-        engine, records, slo=Slo(), vocab=model.vocab_size, max_model_len=startup.max_model_len
+        engine,
+        records,
+        slo=DEFAULT_SLO,
+        vocab=model.vocab_size,
+        max_model_len=startup.max_model_len,
     )
     wall = time.perf_counter() - t0
     tokens = engine.generation_tokens_total

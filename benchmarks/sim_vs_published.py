@@ -16,15 +16,18 @@ from __future__ import annotations
 import random
 
 from tuner.sim.build import build_engine
-from tuner.sim.simulate import Slo, run
+from tuner.sim.simulate import run
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import Quantization, resolve_model
 from tuner.vllm.versions import VllmVersion
+from workloads.metrics import Slo
 from workloads.traces import TraceRecord
 
 PUBLISHED = {"H100-80GB": 5777.0, "L40S-48GB": 1642.0}
 PROMPT_MEAN, OUTPUT_MEAN, REQUESTS = 778, 73, 3000
+
+DEFAULT_SLO = Slo(ttft_ms=2000.0, tpot_ms=100.0)  # the simulator's own defaults (2 s, 100 ms)
 
 
 def offline_records(seed: int = 0) -> list[TraceRecord]:
@@ -48,7 +51,7 @@ def main() -> None:
         )
         assert engine is not None, startup.failure
         result = run(
-            engine, offline_records(), slo=Slo(), vocab=model.vocab_size, max_model_len=2668
+            engine, offline_records(), slo=DEFAULT_SLO, vocab=model.vocab_size, max_model_len=2668
         )
         simulated = result.output_token_throughput
         print(

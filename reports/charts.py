@@ -20,7 +20,14 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from reports.run_data import NOT_RECORDED, Latencies, LevelEvidence, RunData, Timeline, TrialRow
+from reports.run_data import (
+    NOT_RECORDED,
+    LatencySamples,
+    LevelEvidence,
+    RunData,
+    Timeline,
+    TrialRow,
+)
 from tuner.errors import TunerError
 from tuner.search.edge import EdgeProbe
 from tuner.search.evaluate import Evaluation, Verdict
@@ -845,7 +852,7 @@ def _ecdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
     return [data[i] for i in idx], [(i + 1) / n for i in idx]
 
 
-def latency_cdfs(data: RunData, runs: Sequence[tuple[str, str, Latencies]]) -> Chart:
+def latency_cdfs(data: RunData, runs: Sequence[tuple[str, str, LatencySamples]]) -> Chart:
     if not runs:
         return Chart("latency-cdf", None, "neither the winner nor the default has request records")
     panels = (

@@ -43,7 +43,7 @@ from reports.charts import (
 )
 from reports.run_data import (
     NOT_RECORDED,
-    Latencies,
+    LatencySamples,
     LevelEvidence,
     RunData,
     TrialRow,
@@ -63,16 +63,17 @@ from tuner.search.rate_search import Goodput, GoodputUnit
 from tuner.search.recommend import (
     HARNESS_VERSION,
     Capacity,
-    Latency,
     Measured,
     Recommendation,
     Variant,
+    measured_of,
 )
 from tuner.search.study import TrialRole
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
 from tuner.serving.gpu_sampler import AUTO_SOURCE
 from tuner.serving.server import TrialOutcome
-from workloads.metrics import BucketLatency
+from tuner.serving.window import trace_part
+from workloads.metrics import BucketLatency, Percentiles
 from workloads.spec import WorkloadSpec
 
 REPORT_NAME = REPORT_HTML
@@ -226,29 +227,8 @@ def _figures(g: Goodput) -> str:
     return ", ".join([*requests, f"{g.output_tokens_per_s:,.0f} output tok/s"])
 
 
-def _latency(lat: Latency | None, pct: str) -> float | None:
+def _latency(lat: Percentiles | None, pct: str) -> float | None:
     return None if lat is None else getattr(lat, pct)
-
-
-def _measured_of_eval(ev: Evaluation) -> Measured | None:
-    level = ev.best
-    load = level.load if level else None
-
-    def lat(name: str) -> Latency | None:
-        if load is None:
-            return None
-        p = getattr(load, name)
-        return Latency(p50=p.p50, p90=p.p90, p99=p.p99)
-
-    return Measured(
-        verdict=ev.verdict, goodput=ev.goodput, goodput_runs=[ev.goodput],
-        goodput_bound=ev.goodput_bound, throughput=ev.throughput, ttft_ms=lat("ttft_ms"),
-        goodput_figures=ev.stated_goodput,
-        itl_ms=lat("itl_ms"), tpot_ms=lat("tpot_ms"), e2e_ms=lat("e2e_ms"),
-        peak_used_bytes=ev.gpu.peak_used_bytes if ev.gpu else None,
-        total_bytes=ev.gpu.total_bytes if ev.gpu else None,
-        kv_cache_tokens=ev.startup.kv_cache_tokens if ev.startup else None, dir=ev.dir,
-    )  # fmt: skip
 
 
 def _compare_rows(rec: Measured | None, default: Measured | None) -> list[CompareRow]:
@@ -501,12 +481,10 @@ def _recommended_side(data: RunData) -> _Side:
     if rec is not None:
         measured = rec.recommended.measured
         if measured is None and best_ev is not None:
-            measured = _measured_of_eval(best_ev)  # --no-confirm: the trial itself
+            measured = measured_of([best_ev])  # --no-confirm: the trial itself
         return _Side("Recommended", measured, dict(rec.recommended.flags))
     if best_row is not None and best_ev is not None:
-        return _Side(
-            f"Best trial ({best_row.number})", _measured_of_eval(best_ev), dict(best_ev.flags)
-        )
+        return _Side(f"Best trial ({best_row.number})", measured_of([best_ev]), dict(best_ev.flags))
     return _Side("Recommended", None, {})
 
 
@@ -518,7 +496,7 @@ def _default_side(data: RunData) -> _Side:
         return _Side("vLLM defaults", rec.default.measured, dict(rec.default.flags))
     if default_row is not None and default_row.evaluation is not None:
         ev = default_row.evaluation
-        return _Side("vLLM defaults", _measured_of_eval(ev), dict(ev.flags))
+        return _Side("vLLM defaults", measured_of([ev]), dict(ev.flags))
     return _Side("vLLM defaults", None, {})
 
 
@@ -805,7 +783,7 @@ def _memory(data: RunData) -> list[ChartView]:
 
 
 def _latency_section(data: RunData) -> dict[str, Any]:
-    runs: list[tuple[str, str, Latencies]] = []
+    runs: list[tuple[str, str, LatencySamples]] = []
     buckets: list[tuple[str, str, tuple[BucketLatency, ...]]] = []
     notes: list[str] = []
 
@@ -908,6 +886,7 @@ _WINDOW_CLOSES = {
     "held": "held on past its shortest",
     "longest": "closed at its longest, holding fewer correlation times than wanted",
     "fixed": "fixed by --level-duration",
+    "trace": "the replayed trace's pass, or its busiest stretch",
     "stopped": "cut when the level stopped early",
 }
 
@@ -953,6 +932,8 @@ def _window_part(level: LevelEvidence) -> EvidencePart:
             "carried on from the rate before without draining the server (its conversations "
             f"under way went on; {100 * w.carried_on:.0f} % of this rate's were added); " + text
         )
+    if w.trace_pass_s is not None:
+        text += f" ({trace_part(w.window_s, w.trace_pass_s)})"
     if w.requests is not None:
         text += f", {w.requests:,} requests"
         if w.needed_requests is not None:

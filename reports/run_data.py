@@ -467,7 +467,7 @@ def _importances(study: Any | None, study_note: str | None) -> Importances:
 
 
 @dataclass(frozen=True)
-class Latencies:
+class LatencySamples:
     """One measured level's latencies in milliseconds of the emulated GPU's time."""
 
     ttft_ms: list[float]
@@ -476,7 +476,7 @@ class Latencies:
     prompt_tokens: list[int]
 
 
-def level_latencies(level_dir: Path, time_scale: float) -> Latencies | None:
+def level_latencies(level_dir: Path, time_scale: float) -> LatencySamples | None:
     """TTFT, ITL and e2e of each measured request, as ``LoadResult`` defines them.
 
     On the simulator the wall times are divided by the run's time scale, exactly as
@@ -504,7 +504,7 @@ def level_latencies(level_dir: Path, time_scale: float) -> Latencies | None:
         times = r.token_times_s
         itl.extend((b - a) * k for a, b in itertools.pairwise(times))
         prompts.append(r.prompt_tokens)
-    return Latencies(ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e, prompt_tokens=prompts)
+    return LatencySamples(ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e, prompt_tokens=prompts)
 
 
 def read_metrics(path: Path) -> list[MetricsSample]:
@@ -635,6 +635,9 @@ class WindowRecord(BaseModel):
     slo_share: float | None = None
     band: float | None = None
     carried_on: float | None = None  # chained on from the level before: the share it added
+    trace_pass_s: float | None = (
+        None  # a trace replay's pass: the window is it, or its busiest stretch
+    )
 
 
 @dataclass(frozen=True)

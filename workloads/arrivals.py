@@ -9,9 +9,9 @@ seed gives the same times on every machine:
 * ``ramp_arrivals`` and ``diurnal_arrivals``: non-homogeneous Poisson processes
   (Lewis–Shedler thinning) whose rate moves linearly, or along a sinusoid from
   trough to peak and back, over the run;
-* ``trace_arrivals``: a trace's own arrival times, rescaled to a target mean rate
-  over the part that is replayed, then cut to the run (looping when the run
-  outlasts the trace); ``replay_trace`` gives the replayed rows themselves;
+* ``trace_arrivals``: a trace's own arrival times, rescaled so that the trace, looped,
+  averages a target rate, then cut to the run; ``replay_trace`` gives the replayed
+  rows themselves, ``trace_pass_s`` how long one pass lasts;
 * closed (offline): every request at once.
 
 ``plan_arrivals`` applies a spec: warm-up first, then the measured window.
@@ -143,7 +143,7 @@ def trace_arrivals(
     rate_per_s: float | None,
     duration_s: float | None,
     max_requests: int | None = None,
-    span_s: float | None = None,
+    start_share: float = 0.0,
 ) -> tuple[FloatArray, IntArray]:
     """A trace's replay: its arrival times and the index of each one's row.
 
@@ -151,14 +151,18 @@ def trace_arrivals(
     ``plan_arrivals``, ``tuner simulate`` directly): first scale, then cut.
 
     * Scale: without ``rate_per_s`` the trace keeps its recorded times. With it, every
-      time is multiplied by one factor chosen so that the part of the trace that is
-      replayed holds rate_per_s requests a second: round(rate_per_s × span) requests
-      in the first ``span_s`` seconds (default ``duration_s``), or, with no duration,
-      the first ``max_requests`` requests (default: all of them) in
-      max_requests / rate_per_s seconds. The trace's burstiness within it is kept.
-    * Cut: the arrivals before ``duration_s`` (the trace looping, one mean gap after
-      its last arrival, when the replay outlasts it), then at most the first
-      ``max_requests`` of them. With neither, one pass of the trace.
+      time is multiplied by one factor chosen so that the trace, looped, averages
+      rate_per_s requests a second: one pass of its n requests lasts n / rate_per_s
+      seconds (its span and one mean gap before it starts again). The rate is the
+      trace's own at every length of run, so a run shorter than a pass replays that
+      part of the trace at the trace's own pace, bursts and quiet stretches included
+      (a bursty trace's short run offers more or less than the rate), and a run of
+      whole passes offers exactly the rate.
+    * Start: ``start_share`` of a pass into the trace (0: at its first request); what
+      lies before it is replayed at the end of the pass.
+    * Cut: the arrivals before ``duration_s`` (the trace looping when the replay
+      outlasts it), then at most the first ``max_requests`` of them. With neither, one
+      pass of the trace.
     """
     if not records:
         raise WorkloadError("the trace has no requests")
@@ -169,28 +173,56 @@ def trace_arrivals(
     period = span + (span / (n - 1) if n > 1 and span > 0 else 1.0)
     count = max_requests if max_requests is not None else (n if duration_s is None else None)
     if rate_per_s is not None:
-        window = span_s if span_s is not None else duration_s
-        wanted = max(1, round(rate_per_s * window)) if window is not None else 0
-        if count is not None:
-            wanted = min(wanted, count) if window is not None else count
-        loops, index = divmod(wanted, n)
-        reach = float(base[index]) + loops * period  # where the first unwanted arrival lies
-        factor = (wanted / rate_per_s) / reach if reach > 0 else 1.0 / (rate_per_s * period / n)
+        factor = (n / rate_per_s) / period
         base *= factor
         period *= factor
+    shift = (start_share % 1.0) * period
     if duration_s is not None:
         loops = max(1, math.ceil(duration_s / period) + 1)
     else:
         assert count is not None
         loops = max(1, math.ceil(count / n))
-    times = np.concatenate([base + k * period for k in range(loops)])
+    loops += 1 if shift > 0 else 0
+    times = np.concatenate([base + k * period for k in range(loops)]) - shift
     rows = np.tile(np.arange(n, dtype=np.int64), loops)
+    if shift > 0:
+        keep = times >= 0.0
+        times, rows = times[keep], rows[keep]
     if duration_s is not None:
         keep = times < duration_s
         times, rows = times[keep], rows[keep]
     if count is not None:
         times, rows = times[:count], rows[:count]
     return times, rows
+
+
+def trace_pass_s(records: Sequence[TraceRecord], rate_per_s: float | None) -> float:
+    """How long one pass of a trace's replay lasts at ``rate_per_s`` (as recorded without)."""
+    if not records:
+        raise WorkloadError("the trace has no requests")
+    n = len(records)
+    if rate_per_s is not None:
+        return n / rate_per_s
+    span = records[-1].arrival_s - records[0].arrival_s
+    return span + (span / (n - 1) if n > 1 and span > 0 else 1.0)
+
+
+def busiest_start_share(
+    records: Sequence[TraceRecord],
+    *,
+    rate_per_s: float | None,
+    length_s: float,
+    lead_s: float = 0.0,
+) -> float:
+    """The ``start_share`` at which a replay's stretch ``[lead_s, lead_s + length_s)``
+    holds the most of the trace's requests: where a window shorter than a pass sees the
+    trace's busiest stretch (the bursts that decide whether its SLOs hold)."""
+    period = trace_pass_s(records, rate_per_s)
+    times, _ = trace_arrivals(records, rate_per_s=rate_per_s, duration_s=2.0 * period)
+    one_pass = times[times < period]
+    ends = np.searchsorted(times, one_pass + length_s, side="left")
+    best = int(np.argmax(ends - np.arange(len(one_pass))))
+    return float(((one_pass[best] - lead_s) % period) / period)
 
 
 def replay_trace(
@@ -273,10 +305,10 @@ def plan_arrivals(
             raise WorkloadError(f"trace {arrival.path!r} has no requests")
         records, target = trace, arrival.rate_per_s
 
-        span = warmup.duration_s + duration_s
+        start_share = arrival.start_share
 
         def stream(h: float) -> tuple[FloatArray, IntArray | None]:
-            return trace_arrivals(records, rate_per_s=target, duration_s=h, span_s=span)
+            return trace_arrivals(records, rate_per_s=target, duration_s=h, start_share=start_share)
 
     else:
         # Ramp and diurnal warm up as Poisson at their starting rate (the mean if that is 0).

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from workloads.load_errors import ABORTED, was_sent
 from workloads.schedule import RequestRecord, read_records
+from workloads.spec import SloMetric, WorkloadSpec
 
 DEFAULT_PROMPT_BUCKETS: tuple[int, ...] = (0, 512, 2048, 4096, 8192)
 
@@ -80,13 +81,37 @@ class Percentiles(BaseModel):
 
 
 class Slo(BaseModel):
-    """Latency objectives a request must all meet to count towards goodput (None: no limit)."""
+    """Latency objectives a request must all meet to count towards goodput (None: no limit).
+
+    The one per-request SLO of the project: a live run's records and the simulated
+    engine's requests are counted against it alike."""
 
     model_config = ConfigDict(frozen=True)
 
     ttft_ms: float | None = Field(default=None, gt=0)
     tpot_ms: float | None = Field(default=None, gt=0)
     e2e_ms: float | None = Field(default=None, gt=0)
+
+    @classmethod
+    def of_workload(cls, spec: WorkloadSpec) -> Slo:
+        """A workload's per-request limits: the tightest one given for each of TTFT, TPOT
+        and end-to-end latency (an ITL objective is a percentile over tokens, not a
+        per-request limit)."""
+        keys = {SloMetric.TTFT: "ttft_ms", SloMetric.TPOT: "tpot_ms", SloMetric.E2E: "e2e_ms"}
+        limits: dict[str, float] = {}
+        for objective in spec.slo.objectives():
+            key = keys.get(objective.metric)
+            if key is not None:
+                limits[key] = min(limits.get(key, objective.limit_ms), objective.limit_ms)
+        return cls(**limits)
+
+    def met_by(self, *, ttft_ms: float, tpot_ms: float, e2e_ms: float) -> bool:
+        """Whether one request's latencies meet every limit."""
+        return (
+            (self.ttft_ms is None or ttft_ms <= self.ttft_ms)
+            and (self.tpot_ms is None or tpot_ms <= self.tpot_ms)
+            and (self.e2e_ms is None or e2e_ms <= self.e2e_ms)
+        )
 
 
 class BucketLatency(BaseModel):

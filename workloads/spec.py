@@ -139,14 +139,17 @@ class TraceArrival(_Model):
     """Replay a trace's arrival times (Azure CSV, Mooncake or own JSONL), rescaled to a rate.
 
     With ``rate_per_s`` the gaps are stretched or compressed so the trace's mean rate
-    is that rate; without it the trace is replayed as recorded. The trace loops when
-    it ends before the run does. Mooncake ``hash_ids`` (and own ``prefix_id``) make
-    requests share identical prompt blocks.
+    is that rate (one pass of n requests lasts n / rate_per_s seconds, whatever the
+    run's length); without it the trace is replayed as recorded. The trace loops when
+    it ends before the run does. ``start_share``: where in a pass the replay begins (0:
+    at the trace's first request, 0.5: half a pass in). Mooncake ``hash_ids`` (and own
+    ``prefix_id``) make requests share identical prompt blocks.
     """
 
     kind: Literal["trace"]
     path: TraceRef
     rate_per_s: PositiveFloat | None = None
+    start_share: float = Field(default=0.0, ge=0.0, lt=1.0)
 
     @property
     def mean_rate_per_s(self) -> float | None:

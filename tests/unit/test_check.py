@@ -27,8 +27,9 @@ from tuner.search.check import (
     write_job_summary,
 )
 from tuner.search.evaluate import Verdict
-from tuner.search.recommend import Latency, Measured, Recommendation, Variant
+from tuner.search.recommend import Measured, Recommendation, Variant
 from tuner.search.space import TrialParams
+from workloads.metrics import Percentiles
 
 GIB = 2**30
 
@@ -262,16 +263,16 @@ def test_bad_baseline_files(tmp_path: Path, content: str | None, says: str) -> N
 
 
 def measured(goodputs: list[float], *, ttft_p99: float = 900.0, dir: str = "d") -> Measured:
-    lat = Latency(p50=1.0, p90=2.0, p99=ttft_p99)
+    lat = Percentiles(p50=1.0, p90=2.0, p99=ttft_p99)
     return Measured(
         verdict=Verdict.MET if all(g > 0 for g in goodputs) else Verdict.SLO_MISSED,
         goodput=sum(goodputs) / len(goodputs),
         goodput_runs=goodputs,
         throughput=300.0,
         ttft_ms=lat,
-        itl_ms=Latency(p50=1.0, p90=2.0, p99=150.0),
+        itl_ms=Percentiles(p50=1.0, p90=2.0, p99=150.0),
         tpot_ms=lat,
-        e2e_ms=Latency(p50=1.0, p90=2.0, p99=2000.0),
+        e2e_ms=Percentiles(p50=1.0, p90=2.0, p99=2000.0),
         peak_used_bytes=22 * GIB,
         total_bytes=24 * GIB,
         kv_cache_tokens=1000,

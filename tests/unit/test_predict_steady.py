@@ -10,17 +10,18 @@ import pytest
 from tuner.search.predict import Setup, predict, simulate_schedule, steady_run, sustained_max_rate
 from tuner.search.rate_search import level_workload
 from tuner.sim.build import build_engine
-from tuner.sim.simulate import SimulationResult, Slo, run
+from tuner.sim.simulate import SimulationResult, run
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
+from workloads.metrics import Slo
 from workloads.schedule import Api, ScheduledRequest
 from workloads.spec import SessionStart, WorkloadSpec, load_workload
 from workloads.traces import TraceRecord
 
 LLAMA = resolve_model("llama-3.1-8b")
-SLO = Slo(ttft_s=60.0, tpot_s=1.0)
+SLO = Slo(ttft_ms=60_000.0, tpot_ms=1000.0)
 
 
 def _setup(gpu: str = "H100-80GB", **params: Any) -> Setup:

@@ -12,12 +12,14 @@ import pytest
 
 from tuner.sim.build import build_engine
 from tuner.sim.engine import SimEngine, block_hashes
-from tuner.sim.simulate import FailureReason, Slo, block_token_ids, prompt_ids, run
+from tuner.sim.simulate import FailureReason, block_token_ids, prompt_ids, run
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.arrivals import plan_arrivals, replay_trace, trace_arrivals
+from workloads.lengths import read_trace_ref
+from workloads.metrics import Slo
 from workloads.spec import TraceArrival, WarmupSpec
 from workloads.traces import TraceRecord, load_trace, resolve_trace
 
@@ -79,9 +81,10 @@ class TestReplayRule:
     ) -> None:
         rows = replay_trace(azure, rate_per_s=4.0, duration_s=None, max_requests=300)
         assert len(rows) == 300
-        # 300 requests offered at 4/s: they take 75 s, whatever the rest of the trace does.
-        mean_gap = rows[-1].arrival_s / 299
-        assert rows[-1].arrival_s + mean_gap == pytest.approx(75.0, rel=0.05)
+        # The trace's pace at 4/s (a pass of its 1,000 requests in 250 s), cut after 300.
+        whole = replay_trace(azure, rate_per_s=4.0, duration_s=None)
+        assert [r.arrival_s for r in rows] == [r.arrival_s for r in whole[:300]]
+        assert whole[-1].arrival_s < 250.0 < whole[-1].arrival_s + 1.0
 
     def test_simulate_and_bench_replay_the_same_arrivals(
         self, azure: tuple[TraceRecord, ...]
@@ -120,7 +123,11 @@ class TestSimulateCommand:
     def test_duration_cuts_a_trace_replay(self) -> None:
         out = tuner(*BASE, "--trace", "builtin:azure-code", "--rate", "4", "--duration", "30")
         assert out.returncode == 0, out.stderr
-        assert "of 120\n" in out.stdout  # 4/s for 30 s, not the whole 1,000-request trace
+        cut = len(
+            trace_arrivals(read_trace_ref("builtin:azure-code"), rate_per_s=4.0, duration_s=30.0)[0]
+        )
+        assert 0 < cut < 1000
+        assert f"of {cut}\n" in out.stdout  # the trace's first 30 s at 4/s, not all of it
 
     def test_max_requests_then_rate_gives_the_rate(self) -> None:
         args = ("--trace", "builtin:azure-code", "--max-requests", "200", "--rate", "4", "--json")

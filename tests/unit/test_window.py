@@ -7,7 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from tuner.search.predict import REFERENCE_WINDOW_S, reference_window_s
 from tuner.search.rate_search import plan_level_schedule
+from tuner.serving.load import plan_schedule, split_warmup
 from tuner.serving.metrics import MetricsSample
 from tuner.serving.window import (
     FAR_CORRELATIONS,
@@ -61,6 +63,31 @@ def test_a_busy_level_is_held_to_three_lifetimes_and_a_slow_one_to_the_cap() -> 
     assert busy.window_s == pytest.approx(3 * (0.5 + 250 * 0.03), rel=0.15)  # median answer
     _, slow, _ = plan_level_schedule(spec, 0.05)
     assert slow.window_s == MAX_WINDOW_S
+
+
+def test_a_trace_replay_measures_one_pass_or_its_busiest_stretch() -> None:
+    """A replayed trace's steady state is the trace looped: a window holds one pass, and
+    where a pass is longer than the longest window, the pass's busiest stretch of it."""
+    spec = load_workload("code")  # 1,000 requests: a pass lasts 1000 / rate seconds
+    _, quick, schedule = plan_level_schedule(spec, 4.0)
+    assert quick.trace_pass_s == pytest.approx(250.0)
+    assert quick.window_s == quick.longest_window_s == pytest.approx(250.0)
+    opened = [r for r in schedule if quick.warmup_min_s <= r.send_s < quick.warmup_min_s + 250.0]
+    assert len(opened) == pytest.approx(1000, abs=2)
+    level, slow, schedule = plan_level_schedule(spec, 0.4)
+    assert slow.trace_pass_s == pytest.approx(2500.0)
+    assert slow.window_s == slow.longest_window_s == MAX_WINDOW_S
+    start = slow.warmup_min_s
+    held = sum(1 for r in schedule if start <= r.send_s < start + MAX_WINDOW_S)
+    assert held > 2 * 0.4 * MAX_WINDOW_S  # the trace's bursts, not a lull
+    # The same trace at the same rate from its first request puts its lull there.
+    plain = spec.with_rate(0.4)
+    assert level.arrival.start_share > 0.0  # type: ignore[union-attr]
+    _, unplaced = split_warmup(plan_schedule(level.model_copy(update={"arrival": plain.arrival})))
+    assert sum(1 for r in unplaced if start <= r.send_s < start + MAX_WINDOW_S) < held / 2
+    # The twin's long reference run places its window by the same rule.
+    assert reference_window_s(spec, 0.4) == REFERENCE_WINDOW_S == MAX_WINDOW_S
+    assert reference_window_s(spec, 4.0) == pytest.approx(250.0)
 
 
 def test_fixed_window_and_warmup_are_kept() -> None:

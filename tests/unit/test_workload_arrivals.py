@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from workloads.arrivals import (
+    busiest_start_share,
     diurnal_arrivals,
     diurnal_rate,
     gamma_arrivals,
@@ -13,6 +14,7 @@ from workloads.arrivals import (
     poisson_arrivals,
     ramp_arrivals,
     trace_arrivals,
+    trace_pass_s,
 )
 from workloads.lengths import read_trace_ref
 from workloads.spec import (
@@ -98,10 +100,18 @@ def azure() -> tuple[TraceRecord, ...]:
 
 
 def test_trace_replay_is_scaled_to_the_target_rate(azure: tuple[TraceRecord, ...]) -> None:
+    """The looped trace averages the rate: whole passes hold n / rate seconds each, at
+    every rate and whatever the run's length."""
+    n = len(azure)
     for rate in (1.0, 4.0, 25.0):
-        times, rows = trace_arrivals(azure, rate_per_s=rate, duration_s=120)
-        assert len(times) / 120 == pytest.approx(rate, rel=0.02)
-        assert list(rows[: min(len(rows), 1000)]) == list(range(min(len(rows), 1000)))
+        one = trace_pass_s(azure, rate)
+        assert one == pytest.approx(n / rate)
+        times, rows = trace_arrivals(azure, rate_per_s=rate, duration_s=3 * one)
+        assert len(times) == 3 * n
+        assert list(rows[:n]) == list(range(n))
+        # A short run replays the start of the trace at the same pace at every length.
+        short, _ = trace_arrivals(azure, rate_per_s=rate, duration_s=one / 4)
+        assert np.allclose(short, times[: len(short)])
     # The trace's own shape is kept: gaps are the recorded gaps times one factor.
     times, rows = trace_arrivals(azure, rate_per_s=4.0, duration_s=60)
     recorded = np.array([azure[i].arrival_s for i in rows])
@@ -111,9 +121,29 @@ def test_trace_replay_is_scaled_to_the_target_rate(azure: tuple[TraceRecord, ...
 
 def test_trace_replay_loops_when_the_run_outlasts_it(azure: tuple[TraceRecord, ...]) -> None:
     times, rows = trace_arrivals(azure, rate_per_s=50, duration_s=60)  # 3000 of 1000 rows
-    assert len(times) == pytest.approx(3000, rel=0.01)
+    assert len(times) == 3000
     assert np.all(np.diff(times) >= 0)
     assert rows[999] == 999 and rows[1000] == 0
+
+
+def test_a_replay_starts_where_it_is_told_and_finds_the_busiest_stretch(
+    azure: tuple[TraceRecord, ...],
+) -> None:
+    one = trace_pass_s(azure, 2.0)
+    whole, rows = trace_arrivals(azure, rate_per_s=2.0, duration_s=2 * one)
+    half, half_rows = trace_arrivals(azure, rate_per_s=2.0, duration_s=one, start_share=0.5)
+    # Half a pass in: the same gaps, the rows from there on, the start replayed after.
+    later = whole[(whole >= one / 2) & (whole < 1.5 * one)] - one / 2
+    assert np.allclose(half, later)
+    assert half_rows[0] == rows[np.searchsorted(whole, one / 2)]
+    # The busiest stretch of 60 s, 10 s into the run: no other start puts more requests there.
+    share = busiest_start_share(azure, rate_per_s=2.0, length_s=60.0, lead_s=10.0)
+    placed, _ = trace_arrivals(azure, rate_per_s=2.0, duration_s=one, start_share=share)
+    held = int(np.sum((placed >= 10.0) & (placed < 70.0)))
+    for other in np.linspace(0.0, 0.99, 67):
+        times, _ = trace_arrivals(azure, rate_per_s=2.0, duration_s=one, start_share=other)
+        assert np.sum((times >= 10.0) & (times < 70.0)) <= held
+    assert held > 3 * 60 * 2.0  # the trace's bursts: three times its mean rate there
 
 
 def test_trace_replay_as_recorded(azure: tuple[TraceRecord, ...]) -> None:
@@ -218,7 +248,8 @@ class TestPlan:
             trace=azure,
         )
         assert plan.trace_rows is not None and len(plan.trace_rows) == len(plan.send_s)
-        assert len(plan.send_s) == pytest.approx(4 * 65, abs=1)
+        times, rows = trace_arrivals(azure, rate_per_s=4, duration_s=65)
+        assert np.allclose(plan.send_s, times) and list(plan.trace_rows) == list(rows)
 
     def test_closed_sends_everything_at_once(self) -> None:
         plan = plan_arrivals(

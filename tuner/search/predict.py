@@ -9,7 +9,6 @@ prompts, multi-turn history) is what ``tuner sim-serve`` would see.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from tuner.search.bracket import search
@@ -24,13 +23,15 @@ from tuner.serving.backlog import (
 )
 from tuner.serving.window import needed_requests
 from tuner.sim.build import SimOptions, build_engine
-from tuner.sim.simulate import SimulationResult, Slo, run
+from tuner.sim.simulate import SimulationResult, run
 from tuner.sim.tokenizer import encode, encode_chat
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import MemoryPlan, ServingParams
 from tuner.vllm.models import ModelSpec
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
+from workloads.metrics import Slo
+from workloads.replay import window_in_pass_s
 from workloads.schedule import ScheduledRequest
 from workloads.spec import SloMetric, WorkloadSpec
 from workloads.stationary import AnswerTimes, expected_turns, lookback_s, nearest_in_rate
@@ -108,16 +109,6 @@ def simulate_schedule(
     return plan, result
 
 
-def workload_slo(spec: WorkloadSpec) -> Slo:
-    """The per-request objectives a simulated run counts goodput against."""
-    limits = {o.metric: o.limit_ms for o in spec.slo.objectives()}
-    return Slo(
-        ttft_s=limits.get(SloMetric.TTFT, math.inf) / 1000.0,
-        tpot_s=min(limits.get(SloMetric.TPOT, math.inf), limits.get(SloMetric.ITL, math.inf))
-        / 1000.0,
-    )
-
-
 def slo_met(spec: WorkloadSpec, result: SimulationResult) -> bool:
     """The workload's objectives against a simulated run (any failed request breaks it)."""
     if result.num_failed or result.engine_died:
@@ -130,7 +121,7 @@ def slo_met(spec: WorkloadSpec, result: SimulationResult) -> bool:
     }
     for objective in spec.slo.objectives():
         value = getattr(fields[objective.metric], f"p{objective.percentile}")
-        if value > objective.limit_ms:
+        if value is not None and value > objective.limit_ms:  # None: no samples
             return False
     return True
 
@@ -143,7 +134,7 @@ def predict(setup: Setup, spec: WorkloadSpec, rate_per_s: float | None = None) -
     origin = min((r.send_s for r in schedule), default=0.0)
     schedule = [_shift(r, origin) for r in schedule]
     limits = {o.metric: o.limit_ms for o in spec.slo.objectives()}
-    slo = workload_slo(spec)
+    slo = Slo.of_workload(spec)
     # Cut where a measured level is cut (tuner.search.rate_search.drain_s), not at the last answer.
     drain = max(4.0, 1.5 * limits.get(SloMetric.TTFT, 0.0) / 1000.0)
     plan, result = simulate_schedule(
@@ -209,7 +200,9 @@ def steady_run(
     """
     from tuner.search.rate_search import drain_s, level_workload
 
-    level = level_workload(spec, rate_per_s, warmup_s + window_s, answer_times)
+    level = level_workload(
+        spec, rate_per_s, warmup_s + window_s, answer_times, window=(warmup_s, window_s)
+    )
     closed = level.mean_rate_per_s is None
     schedule = build_schedule(level)
     if closed:
@@ -217,7 +210,7 @@ def steady_run(
         schedule = [_shift(r, origin) for r in schedule]
     start, end = (None, None) if closed else (warmup_s, warmup_s + window_s)
     plan, result = simulate_schedule(
-        setup, schedule, workload_slo(level),
+        setup, schedule, Slo.of_workload(level),
         stop_at_s=None if closed else warmup_s + window_s + drain_s(level),
         measure_from_s=start, measure_to_s=end, sample_every_s=SAMPLE_EVERY_S,
     )  # fmt: skip
@@ -233,7 +226,7 @@ def _trends(result: SimulationResult, start_s: float, end_s: float) -> tuple[Sig
     inside = [s for s in result.samples if start_s <= s.t_s <= end_s]
     mean_running = sum(s.running for s in inside) / len(inside) if inside else 0.0
     margin = max(WAITING_MIN_REQUESTS, WAITING_RUNNING_FRACTION * mean_running)
-    lifetime_s = max(0.0, (result.e2e_ms.p50 - result.ttft_ms.p50) / 1000.0)
+    lifetime_s = max(0.0, ((result.e2e_ms.p50 or 0.0) - (result.ttft_ms.p50 or 0.0)) / 1000.0)
     settled_s = max(start_s, lifetime_s)
     waiting = [(s.t_s - start_s, float(s.waiting)) for s in inside]
     kv = [(s.t_s - start_s, s.kv_usage) for s in inside if s.t_s >= settled_s]
@@ -322,7 +315,12 @@ def reference_warmup_s(spec: WorkloadSpec) -> float:
 
 def reference_window_s(spec: WorkloadSpec, rate_per_s: float) -> float:
     """``REFERENCE_WINDOW_S``, or longer where that holds fewer requests than the SLO's
-    tightest percentile needs (``tuner.serving.window.needed_requests``: 200 for a p99)."""
+    tightest percentile needs (``tuner.serving.window.needed_requests``: 200 for a p99);
+    for a trace replay, one pass of the trace, at most ``REFERENCE_WINDOW_S`` (then on its
+    busiest stretch, ``workloads.replay``), as a live level's window."""
+    in_pass = window_in_pass_s(spec.with_rate(rate_per_s), REFERENCE_WINDOW_S)
+    if in_pass is not None:
+        return in_pass
     requests_per_s = rate_per_s * expected_turns(spec)
     if requests_per_s <= 0.0:
         return REFERENCE_WINDOW_S

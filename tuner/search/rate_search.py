@@ -56,6 +56,7 @@ from tuner.serving.server import LaunchSpec, TrialOutcome
 from tuner.serving.window import LevelPlan, plan_level
 from workloads.chain import LoadChain
 from workloads.prompts import prompt_builder_for
+from workloads.replay import on_busiest_stretch, pass_s
 from workloads.schedule import ScheduledRequest, carries_on
 from workloads.spec import SessionStart, SloMetric, WarmupSpec, WorkloadSpec
 from workloads.stationary import AnswerTimes, nearest_in_rate
@@ -214,12 +215,18 @@ def level_workload(
     rate_per_s: float | None,
     duration_s: float,
     answer_times: AnswerTimes | None = None,
+    *,
+    window: tuple[float, float] | None = None,
 ) -> WorkloadSpec:
     """The workload at one level: its shape at ``rate_per_s``, a window of ``duration_s``, no
     warm-up; with sessions, opening on the conversations already under way at that rate
     (``sessions.start: stationary``, unless the spec sets ``start`` itself), their turns
-    planned at ``answer_times`` when given (``workloads.stationary.AnswerTimes``)."""
+    planned at ``answer_times`` when given (``workloads.stationary.AnswerTimes``).
+    ``window``: (opens at, lasts) seconds; a trace replay is started so that it falls on
+    the trace's busiest stretch (``workloads.replay.on_busiest_stretch``)."""
     level = spec if rate_per_s is None else spec.with_rate(rate_per_s)
+    if window is not None:
+        level = on_busiest_stretch(level, *window)
     update: dict[str, object] = {"duration_s": duration_s, "warmup": WarmupSpec()}
     sessions = level.sessions
     if sessions is not None:
@@ -366,8 +373,10 @@ def plan_level_schedule(
     ``bridge_s``: the schedule goes on that long past the plan (a chained run's
     ``BRIDGE_S``: no measured window uses it)."""
 
-    def build(duration_s: float) -> tuple[WorkloadSpec, list[ScheduledRequest]]:
-        level_spec = level_workload(spec, rate_per_s, duration_s, answer_times)
+    def build(
+        duration_s: float, window: tuple[float, float] | None = None
+    ) -> tuple[WorkloadSpec, list[ScheduledRequest]]:
+        level_spec = level_workload(spec, rate_per_s, duration_s, answer_times, window=window)
         _, schedule = split_warmup(
             plan_schedule(level_spec, max_model_len=max_model_len, model_dir=model_dir)
         )
@@ -380,8 +389,9 @@ def plan_level_schedule(
         level_spec, schedule, window_s=window_s, warmup_s=warmup_s, window_max_s=window_max_s,
         correlation_floor_s=correlation_floor_s, carried_on=new_share,
     )  # fmt: skip
-    if abs(plan.total_s + bridge_s - provisional_s) > 1e-9:
-        level_spec, schedule = build(plan.total_s + bridge_s)
+    placed = (plan.warmup_min_s, plan.window_s) if pass_s(level_spec) is not None else None
+    if placed is not None or abs(plan.total_s + bridge_s - provisional_s) > 1e-9:
+        level_spec, schedule = build(plan.total_s + bridge_s, placed)
     if carry_on is not None and rate_per_s:
         schedule = carry_on.applied(schedule, rate_per_s)
     return level_spec, plan, schedule

@@ -20,7 +20,7 @@ import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -34,16 +34,9 @@ from tuner.search.space import Knob, TrialParams, clamp
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
+from workloads.metrics import Percentiles
 
 HARNESS_VERSION = "0.1.0"
-
-
-class Latency(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    p50: float | None
-    p90: float | None
-    p99: float | None
 
 
 class Measured(BaseModel):
@@ -61,10 +54,10 @@ class Measured(BaseModel):
     throughput: float  # output tokens/s there
     # goodput stated whole (mean over repeats): the workload's unit, req/s, output tok/s
     goodput_figures: Goodput | None = None
-    ttft_ms: Latency | None  # at rate_per_s; at the last rate measured when none met the SLOs
-    itl_ms: Latency | None
-    tpot_ms: Latency | None
-    e2e_ms: Latency | None
+    ttft_ms: Percentiles | None  # at rate_per_s; at the last rate measured when none met the SLOs
+    itl_ms: Percentiles | None
+    tpot_ms: Percentiles | None
+    e2e_ms: Percentiles | None
     peak_used_bytes: int | None
     total_bytes: int | None
     kv_cache_tokens: int | None
@@ -238,11 +231,8 @@ def measured_of(runs: list[Evaluation]) -> Measured:
     decided = last.best or (last.levels[-1] if last.levels else None)
     best = decided.load if decided else None
 
-    def lat(name: str) -> Latency | None:
-        if best is None:
-            return None
-        p = getattr(best, name)
-        return Latency(p50=p.p50, p90=p.p90, p99=p.p99)
+    def lat(name: str) -> Percentiles | None:
+        return None if best is None else cast(Percentiles, getattr(best, name))
 
     goodputs = [r.goodput for r in runs]
     return Measured(

@@ -795,7 +795,7 @@ class TrialLoop:
             return config.time_scale or 1.0, fraction or 1.0
         # What the busiest level offers: its schedule's requests and tokens per second.
         busiest_s = config.level_duration_s or MIN_WINDOW_S
-        spec = level_workload(ctx.workload, rate * 1.3, busiest_s)
+        spec = level_workload(ctx.workload, rate * 1.3, busiest_s, window=(0.0, busiest_s))
         schedule = [r for r in plan_schedule(spec) if not r.warmup]
         requests_per_s = len(schedule) / busiest_s
         tokens_per_s = sum(r.max_tokens for r in schedule) / busiest_s

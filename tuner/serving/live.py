@@ -933,6 +933,7 @@ class _BoundWindowRule:
             steady_at_open=False, test=plan.test(), window_s=plan.window_s,
             needed_requests=plan.needed_requests, window_max_s=plan.window_max_s,
             correlation_floor_s=plan.correlation_floor_s, carried_on=plan.carried_on,
+            trace_pass_s=plan.trace_pass_s,
         )  # fmt: skip
 
     def __call__(self) -> bool:

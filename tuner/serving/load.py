@@ -36,7 +36,7 @@ from workloads.runner import (
     validate_generators,
 )
 from workloads.schedule import RequestRecord, ScheduledRequest
-from workloads.spec import SloMetric, WorkloadError, WorkloadSpec, load_workload
+from workloads.spec import WorkloadError, WorkloadSpec, load_workload
 from workloads.traces import TraceError
 
 # The flags of `tuner bench`, `trial` and `tune` that set the load generators, as their
@@ -119,18 +119,6 @@ def resolve_workload(
     except (WorkloadError, TraceError) as exc:
         raise WorkloadLoadError(str(exc)) from exc
     return spec
-
-
-def request_slo(spec: WorkloadSpec) -> Slo:
-    """Per-request limits for goodput: the tightest limit given for each metric."""
-    limits: dict[str, float] = {}
-    for objective in spec.slo.objectives():
-        key = {SloMetric.TTFT: "ttft_ms", SloMetric.TPOT: "tpot_ms", SloMetric.E2E: "e2e_ms"}.get(
-            objective.metric
-        )
-        if key is not None:
-            limits[key] = min(limits.get(key, objective.limit_ms), objective.limit_ms)
-    return Slo(**limits)
 
 
 def percentile_shares(spec: WorkloadSpec, result: LoadResult) -> list[float]:
@@ -248,7 +236,7 @@ def run_schedule(
     as they got (``LoadResult.from_records``).
     """
     schedule = scaled_schedule(schedule, time_scale)
-    slo = request_slo(spec)
+    slo = Slo.of_workload(spec)
     # A session's later turn waits for the answer it extends; one that would then go out
     # after the window (the builder plans none at or after its end, duration_s from the
     # schedule's start) is not sent.
@@ -310,7 +298,7 @@ def summarise_records(
 ) -> tuple[LoadResult, SloVerdict]:
     """Some records of a run (e.g. one level's measured window, ``window_s`` emulated
     seconds) against the workload's SLOs, in the emulated GPU's time (see run_schedule)."""
-    slo = request_slo(spec)
+    slo = Slo.of_workload(spec)
     k = time_scale
     wall_slo = Slo(
         ttft_ms=None if slo.ttft_ms is None else slo.ttft_ms * k,

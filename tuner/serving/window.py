@@ -22,6 +22,10 @@ from offset 0, ``workloads.stationary``): a warm-up, then the window.
   of a request a second a p99 is estimated from fewer requests than it needs, and
   ``window.json`` says how many). ``--level-duration``
   fixes it instead (and ``--level-warmup`` the warm-up).
+- a trace replay's window is one pass of the trace (``workloads.replay``: its steady
+  state is the trace, looped), at most the longest window, then on the pass's busiest
+  stretch of that length; it is never held longer (more of the quiet part of a pass
+  would dilute the stretch that decides).
 - that is the window's shortest length; it goes on (`window_closes`) until it holds
   ``WINDOW_CORRELATIONS`` (20) correlation times of the running batch and of KV usage
   (``tuner.serving.correlation``: 10 independent stretches of the server's state; 5
@@ -86,6 +90,7 @@ from tuner.serving.backlog import (
 )
 from tuner.serving.correlation import correlation_time_s
 from tuner.serving.metrics import MetricsSample
+from workloads.replay import pass_s, window_in_pass_s
 from workloads.schedule import ScheduledRequest
 from workloads.spec import WorkloadSpec
 from workloads.stationary import largest_turns, turn_gap_s
@@ -120,6 +125,7 @@ class WindowClose(StrEnum):
     HELD = "held"  # held on until it did, and its verdict was clear of the SLO's limits
     LONGEST = "longest"  # the longest window was spent first: fewer than wanted
     FIXED = "fixed"  # --level-duration
+    TRACE = "trace"  # a trace replay's pass, or its busiest stretch (workloads.replay)
     STOPPED = "stopped"  # the level stopped early (a backlog, the SLO already broken)
 
 
@@ -141,6 +147,9 @@ class LevelPlan(BaseModel):
     # Carried on from the level before on a chained run, adding this share of its
     # conversations under way (None: opened on an empty server).
     carried_on: float | None = None
+    # A trace replay's pass (``workloads.replay``): the window is one pass, or its
+    # busiest stretch where a pass is longer (None: not a trace replay).
+    trace_pass_s: float | None = None
 
     @property
     def longest_window_s(self) -> float:
@@ -184,6 +193,7 @@ class WindowOpening(BaseModel):
     # Carried on from the level before on a chained run, adding this share of the
     # conversations under way (None: opened on an empty server).
     carried_on: float | None = None
+    trace_pass_s: float | None = None  # a trace replay's pass (LevelPlan.trace_pass_s)
 
     def summary(self) -> str:
         state = "steady" if self.steady_at_open else "NOT steady (longest warm-up spent)"
@@ -197,6 +207,8 @@ class WindowOpening(BaseModel):
                 held += f"{self.correlations_wanted:.0f} wanted)"
         if self.slo_share is not None and self.closed is not WindowClose.FIXED:
             held += f", worst percentile {100 * self.slo_share:.0f} % of its limit"
+        if self.trace_pass_s is not None:
+            held += f", {trace_part(self.window_s, self.trace_pass_s)}"
         return (
             f"window opened {self.opened_at_s:.1f} s in, {state}; {self.window_s:.0f} s"
             f"{held}, {self.requests} requests (needed {self.needed_requests})"
@@ -221,6 +233,13 @@ class WindowOpening(BaseModel):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
         tmp.replace(path)
+
+
+def trace_part(window_s: float, pass_s: float) -> str:
+    """What of a trace replay's pass a window holds, in words."""
+    if window_s >= pass_s - 1e-6:
+        return f"one whole pass of the trace ({pass_s:.0f} s)"
+    return f"the busiest {window_s:.0f} s of the trace's {pass_s:.0f}-s pass"
 
 
 def needed_requests(spec: WorkloadSpec) -> int:
@@ -284,6 +303,10 @@ def plan_level(
         window_s = min(max(MIN_WINDOW_S, LIFETIMES * lifetime, enough_s), cap, MAX_WINDOW_S)
         by_requests = MAX_WINDOW_REQUESTS / rate if rate > 0 else cap
         held_max_s = max(window_s, min(cap, by_requests))
+        in_pass = window_in_pass_s(spec, min(cap, MAX_WINDOW_S))
+        if in_pass is not None:  # a trace replay: one pass, or its busiest stretch
+            window_s = held_max_s = max(MIN_WINDOW_S, in_pass)
+    one_pass = pass_s(spec)
     return LevelPlan(
         warmup_min_s=warm_min,
         warmup_max_s=warm_max,
@@ -293,6 +316,7 @@ def plan_level(
         window_max_s=held_max_s,
         correlation_floor_s=correlation_floor_s if held_max_s is not None else None,
         carried_on=carried_on,
+        trace_pass_s=one_pass,
     )
 
 
@@ -363,6 +387,7 @@ def steady_opening(
         window_max_s=plan.window_max_s,
         correlation_floor_s=plan.correlation_floor_s,
         carried_on=plan.carried_on,
+        trace_pass_s=plan.trace_pass_s,
     )
 
 
@@ -421,6 +446,8 @@ def window_closes(
     worst = max(shares) if shares else None
     if plan.window_max_s is None:
         return opening.closed_at(plan.window_s, WindowClose.FIXED, tau, worst, None)
+    if plan.trace_pass_s is not None:  # the stretch is the measurement: never held longer
+        return opening.closed_at(plan.window_s, WindowClose.TRACE, tau, worst, None)
     band = verdict_band(plan, elapsed_s)
     wanted = correlations_wanted(shares)
     enough = tau is not None and elapsed_s >= wanted * tau

@@ -22,40 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.openai_format import EMPTY_PROMPT_MESSAGE, context_length_message
+from workloads.metrics import Percentiles, Slo
 from workloads.traces import TraceRecord, prefix_free_digits
-
-
-class Percentiles(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    p50: float
-    p90: float
-    p99: float
-    mean: float = 0.0
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Percentiles:
-        if not values:
-            return cls(p50=0.0, p90=0.0, p99=0.0)
-        ordered = sorted(values)
-
-        def at(q: float) -> float:
-            # Linear interpolation between closest ranks (numpy's default).
-            pos = q * (len(ordered) - 1)
-            lo = int(pos)
-            hi = min(lo + 1, len(ordered) - 1)
-            return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-        mean = sum(ordered) / len(ordered)
-        return cls(p50=at(0.50), p90=at(0.90), p99=at(0.99), mean=mean)
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Per-request latency objectives; a request that meets all of them counts for goodput."""
-
-    ttft_s: float = 2.0
-    tpot_s: float = 0.1
 
 
 class FailureReason(StrEnum):
@@ -461,7 +429,7 @@ def _summarise(
         itl.extend(b - a for a, b in itertools.pairwise(times))
         per_token = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
         tpot.append(per_token)
-        if first <= slo.ttft_s and per_token <= slo.tpot_s:
+        if slo.met_by(ttft_ms=first * 1000.0, tpot_ms=per_token * 1000.0, e2e_ms=e2e[-1] * 1000.0):
             good += 1
     for request in partial:
         assert request.first_token_s is not None
@@ -491,10 +459,10 @@ def _summarise(
         request_throughput=len(finished) / duration,
         output_token_throughput=output_tokens / duration,
         goodput=good / duration,
-        ttft_ms=Percentiles.of([v * ms for v in ttft]),
-        itl_ms=Percentiles.of([v * ms for v in itl]),
-        tpot_ms=Percentiles.of([v * ms for v in tpot]),
-        e2e_ms=Percentiles.of([v * ms for v in e2e]),
+        ttft_ms=Percentiles.from_values([v * ms for v in ttft]),
+        itl_ms=Percentiles.from_values([v * ms for v in itl]),
+        tpot_ms=Percentiles.from_values([v * ms for v in tpot]),
+        e2e_ms=Percentiles.from_values([v * ms for v in e2e]),
         num_preemptions=engine.num_preemptions,
         peak_kv_cache_usage=peak_usage,
         prefix_cache_hit_rate=engine.prefix_hits_tokens / queries if queries else 0.0,

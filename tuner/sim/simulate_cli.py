@@ -91,12 +91,13 @@ def _check_values(args: argparse.Namespace) -> None:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from tuner.sim.blocks import EvictionPolicy
     from tuner.sim.build import SimOptions, build_engine
-    from tuner.sim.simulate import Slo, run, synthetic_arrivals
+    from tuner.sim.simulate import run, synthetic_arrivals
     from tuner.sim.simulate_text import format_result
     from tuner.vllm.gpus import get_gpu
     from tuner.vllm.models import resolve_model
     from tuner.vllm.versions import VllmVersion
     from workloads.arrivals import replay_trace
+    from workloads.metrics import Slo
     from workloads.traces import TraceError, load_trace, resolve_trace
 
     _check_values(args)
@@ -130,7 +131,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     chosen = policies if args.compare_eviction else [args.prefix_cache_eviction]
-    slo = Slo(ttft_s=args.slo_ttft_ms / 1000, tpot_s=args.slo_tpot_ms / 1000)
+    slo = Slo(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
     results = {}
     for policy in chosen:
         options = SimOptions(

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from tuner.sim.simulate import FailedRequests, Percentiles, SimulationResult
+from tuner.sim.simulate import FailedRequests, SimulationResult
+from workloads.metrics import Percentiles
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:9.1f}" if value is not None else f"{'-':>9}"
 
 
 def _row(name: str, p: Percentiles) -> str:
-    return f"  {name:<6} p50 {p.p50:9.1f}   p90 {p.p90:9.1f}   p99 {p.p99:9.1f}  ms"
+    return f"  {name:<6} p50 {_ms(p.p50)}   p90 {_ms(p.p90)}   p99 {_ms(p.p99)}  ms"
 
 
 def _failed(f: FailedRequests) -> str:
