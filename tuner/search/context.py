@@ -27,8 +27,9 @@ from tuner.search.config import TuneConfig
 from tuner.search.space import Knob, Range, SearchSpace, build_space, check_for_target, parse_range
 from tuner.serving.load import resolve_workload
 from tuner.serving.processes import writable_dir
-from tuner.serving.server import Backend, probe_vllm_flags, sim_flags
+from tuner.serving.server import Backend, probe_vllm_flags
 from tuner.vllm.failures import StartupFailureKind
+from tuner.vllm.flags import accepted_options
 from tuner.vllm.gpus import GpuSpec, get_gpu
 from tuner.vllm.memory import Calibration, ServingParams
 from tuner.vllm.models import ModelSpec, resolve_model
@@ -146,7 +147,7 @@ def resolve(config: TuneConfig) -> TuneContext:
         version = (
             VllmVersion.parse(config.vllm_version) if config.vllm_version else VllmVersion.current()
         )
-        accepted: frozenset[str] | None = sim_flags(version)
+        accepted: frozenset[str] | None = accepted_options(version)
         note = f"the emulated vLLM {version}"
     else:
         name = config.gpu or nvml_name

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.vllm.failures import StartupFailureKind
+from tuner.vllm.flags import FLAGS_BY_NAME
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import KV_CACHE_DTYPES, ServingParams, default_limits, plan
 from tuner.vllm.models import ModelSpec
@@ -41,14 +42,11 @@ class Knob(StrEnum):
 
     @property
     def flag(self) -> str:
-        return f"--{self.value}"
+        return FLAGS_BY_NAME[self.value].option
 
     @property
     def field(self) -> str:
-        return {
-            Knob.SWAP_SPACE: "swap_space_gib",
-            Knob.ENABLE_PREFIX_CACHING: "enable_prefix_caching",
-        }.get(self, self.value.replace("-", "_"))
+        return FLAGS_BY_NAME[self.value].dest
 
     @classmethod
     def parse(cls, text: str) -> Knob:
@@ -162,17 +160,7 @@ class TrialParams(BaseModel):
         return out
 
     def short(self) -> str:
-        names = {
-            "gpu-memory-utilization": "util",
-            "max-num-seqs": "seqs",
-            "block-size": "bs",
-            "swap-space": "swap",
-            "kv-cache-dtype": "kv",
-            "max-num-batched-tokens": "mnbt",
-            "enable-prefix-caching": "prefix",
-            "cpu-offload-gb": "offload",
-        }
-        return " ".join(f"{names[k]} {_fmt(v)}" for k, v in self.flags().items())
+        return " ".join(f"{FLAGS_BY_NAME[k].short or k} {_fmt(v)}" for k, v in self.flags().items())
 
 
 class SearchSpace(BaseModel):

@@ -34,10 +34,11 @@ from tuner.serving.gpu_sampler import GpuSource, wait_until_released
 from tuner.serving.processes import ChildRegistry
 from tuner.vllm.classify import classify_failure, engine_death, log_excerpt
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
+from tuner.vllm.flags import FLAGS_BY_OPTION, accepted_options, command_line, serving_values
 from tuner.vllm.log import StartupReport, parse_startup_log
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.platform import CPU_KV_CACHE_ENV, DEFAULT_CPU_KV_CACHE_BYTES, is_cpu_build
-from tuner.vllm.versions import KV_CACHE_MEMORY_BYTES_FLAG, VllmVersion
+from tuner.vllm.versions import VllmVersion
 
 log = logging.getLogger(__name__)
 
@@ -164,58 +165,13 @@ def probe_vllm_flags(vllm_cmd: tuple[str, ...]) -> frozenset[str]:
     )
 
 
-def sim_flags(version: VllmVersion) -> frozenset[str]:
-    """The flags the emulated release accepts, for the simulated backend."""
-    flags = {
-        "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
-        "--kv-cache-dtype", "--max-model-len", "--tensor-parallel-size", "--enforce-eager",
-        "--cpu-offload-gb", "--enable-prefix-caching", "--no-enable-prefix-caching",
-        "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--served-model-name",
-        "--host", "--port",
-    }  # fmt: skip
-    if version.has_swap_space:
-        flags.add("--swap-space")
-    if version.at_least(KV_CACHE_MEMORY_BYTES_FLAG):
-        flags.add("--kv-cache-memory-bytes")
-    return frozenset(flags)
-
-
 def _flag_args(spec: LaunchSpec) -> list[tuple[str, str | None]]:
     """(flag, value) pairs for the settings that differ from vLLM's defaults."""
-    p = spec.params
-    pairs: list[tuple[str, str | None]] = []
-    numeric = {
-        "--gpu-memory-utilization": p.gpu_memory_utilization,
-        "--max-num-seqs": p.max_num_seqs,
-        "--max-num-batched-tokens": p.max_num_batched_tokens,
-        "--block-size": p.block_size,
-        "--max-model-len": p.max_model_len,
-        "--kv-cache-memory-bytes": p.kv_cache_memory_bytes,
-        "--swap-space": spec.swap_space_gib,
-    }
-    pairs += [(flag, str(value)) for flag, value in numeric.items() if value is not None]
-    if p.kv_cache_dtype != "auto":
-        pairs.append(("--kv-cache-dtype", p.kv_cache_dtype))
-    if p.tensor_parallel_size != 1:
-        pairs.append(("--tensor-parallel-size", str(p.tensor_parallel_size)))
-    if p.cpu_offload_gb:
-        pairs.append(("--cpu-offload-gb", str(p.cpu_offload_gb)))
-    if p.enforce_eager:
-        pairs.append(("--enforce-eager", None))
-    if not p.enable_chunked_prefill:
-        pairs.append(("--no-enable-chunked-prefill", None))
-    if spec.enable_prefix_caching is not None:
-        pairs.append(
-            (
-                "--enable-prefix-caching"
-                if spec.enable_prefix_caching
-                else "--no-enable-prefix-caching",
-                None,
-            )
-        )
-    if spec.served_model_name:
-        pairs.append(("--served-model-name", spec.served_model_name))
-    return pairs
+    values = serving_values(spec.params)
+    values["swap-space"] = spec.swap_space_gib
+    values["enable-prefix-caching"] = spec.enable_prefix_caching
+    values["served-model-name"] = spec.served_model_name or None
+    return command_line(values)
 
 
 def adapt_flags(
@@ -227,11 +183,8 @@ def adapt_flags(
         if flag in accepted:
             kept.append((flag, value))
             continue
-        reason = f"{flag} is not a flag of {version_note}"
-        if flag == "--swap-space":
-            reason = (
-                "--swap-space does not exist in vLLM 0.18 and later (the V1 engine never swaps)"
-            )
+        known = FLAGS_BY_OPTION.get(flag)
+        reason = (known.gone if known else None) or f"{flag} is not a flag of {version_note}"
         dropped.append(DroppedFlag(flag=flag, reason=reason))
     return kept, dropped
 
@@ -294,7 +247,7 @@ class ServerProcess:
             version = (
                 VllmVersion.parse(spec.vllm_version) if spec.vllm_version else VllmVersion.current()
             )
-            accepted = sim_flags(version)
+            accepted = accepted_options(version)
             note = f"the emulated vLLM {version}"
             head = [sys.executable, "-m", "tuner.cli", "sim-serve", "--model", spec.model]
             if spec.gpu:

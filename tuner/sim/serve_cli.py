@@ -47,10 +47,11 @@ from tuner.sim.serve_log import (
 )
 from tuner.vllm import messages as msg
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
+from tuner.vllm.flags import FLAGS, FlagForm
 from tuner.vllm.gpus import GpuSpec, get_gpu
 from tuner.vllm.memory import KV_CACHE_DTYPES, MemoryPlan, ServingParams
 from tuner.vllm.models import ModelSpec, resolve_model
-from tuner.vllm.versions import KV_CACHE_MEMORY_BYTES_FLAG, VllmVersion
+from tuner.vllm.versions import VllmVersion
 
 log = logging.getLogger(__name__)
 
@@ -193,14 +194,10 @@ def parse_bytes(text: str) -> int:
 
 
 def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
-    if args.swap_space is not None and not version.has_swap_space:
-        raise _VllmArgumentError(
-            f"vllm: error: unrecognized arguments: --swap-space {args.swap_space}"
-        )
-    if args.kv_cache_memory_bytes is not None and not version.at_least(KV_CACHE_MEMORY_BYTES_FLAG):
-        raise _VllmArgumentError(
-            f"vllm: error: unrecognized arguments: --kv-cache-memory-bytes {args.kv_cache_memory_bytes}"
-        )
+    for flag in FLAGS:  # what this release's parser does not know
+        given = getattr(args, flag.name.replace("-", "_"), None)
+        if flag.form is FlagForm.VALUE and given is not None and not flag.accepted_by(version):
+            raise _VllmArgumentError(f"vllm: error: unrecognized arguments: {flag.option} {given}")
     choices = version.block_size_choices
     if args.block_size is not None and choices is not None and args.block_size not in choices:
         failure = msg.invalid_choice("--block-size", args.block_size, choices)
