@@ -1,20 +1,23 @@
-"""The simulator's ``/metrics``: vLLM's Prometheus names, labels and buckets, written by hand.
+"""The simulator's ``/metrics``: vLLM's Prometheus names, labels and buckets.
 
-The exposition follows what ``prometheus_client`` prints for vLLM's V1 metric
-loggers (``vllm/v1/metrics/loggers.py``): counters carry ``_total`` and
-``_created`` samples, histograms ``_bucket``/``_count``/``_sum``/``_created``,
-every series is labelled ``model_name`` and ``engine="0"``. Latencies are in the
-server's own (wall-clock) seconds and are observed when a request finishes.
+Exposed with ``prometheus_client``, as vLLM's V1 metric loggers expose theirs
+(``vllm/v1/metrics/loggers.py``): counters carry ``_total`` and ``_created`` samples,
+histograms ``_bucket``/``_count``/``_sum``/``_created``, every series is labelled
+``model_name`` and ``engine="0"``. Each server has its own registry. Latencies are in
+the server's own (wall-clock) seconds and are observed when a request finishes; the
+engine's gauges and counters are read from its snapshot when ``/metrics`` is asked.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from bisect import bisect_left
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from tuner.sim.engine import FinishReason
 
@@ -32,41 +35,6 @@ REQUEST_LATENCY_BUCKETS_S = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
     40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
-
-
-def format_value(value: float) -> str:
-    """A sample value as prometheus_client writes it (Go's float formatting)."""
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if math.isnan(value):
-        return "NaN"
-    return repr(float(value))
-
-
-@dataclass
-class Histogram:
-    """Cumulative-bucket histogram over fixed upper bounds."""
-
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.count += 1
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        running = 0
-        out: list[tuple[float, int]] = []
-        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
-            running += n
-            out.append((bound, running))
-        return out
 
 
 @dataclass(frozen=True)
@@ -117,17 +85,76 @@ _HISTOGRAMS = (
 )
 
 
+_GAUGES = (
+    ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),
+    ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "num_waiting"),
+    ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "kv_cache_usage"),
+)
+_COUNTERS = (
+    ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "num_preemptions"),
+    ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
+    ("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens"),
+    (
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        "prefix_cache_queries",
+    ),
+    (
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        "prefix_cache_hits",
+    ),
+)
+_LABELS = ("model_name", "engine")
+
+
+class _EngineCollector(Collector):
+    """The engine's gauges and cumulative counters, read from its snapshot at scrape time."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self.metrics.snapshot
+        if snapshot is None:
+            return
+        labels = [self.metrics.model_name, "0"]
+        for name, help_text, attr in _GAUGES:
+            gauge = GaugeMetricFamily(name, help_text, labels=_LABELS)
+            gauge.add_metric(labels, float(getattr(snapshot, attr)))
+            yield gauge
+        for name, help_text, attr in _COUNTERS:
+            counter = CounterMetricFamily(name, help_text, labels=_LABELS)
+            counter.add_metric(
+                labels, float(getattr(snapshot, attr)), created=self.metrics.created_s
+            )
+            yield counter
+
+
 class ServerMetrics:
     """Request-level metrics the server records; engine counters are read at render time."""
 
     def __init__(self, model_name: str, *, created_s: float | None = None) -> None:
         self.model_name = model_name
         self.created_s = time.time() if created_s is None else created_s
-        self.histograms = {name: Histogram(bounds) for name, _, bounds in _HISTOGRAMS}
-        self.request_success = dict.fromkeys(FinishReason, 0)
+        self.snapshot: EngineSnapshot | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_EngineCollector(self))
+        self.request_success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.",
+            [*_LABELS, "finished_reason"], registry=self.registry,
+        )  # fmt: skip
+        for reason in FinishReason:
+            self.request_success.labels(model_name, "0", reason.value)
+        self.histograms = {
+            name: Histogram(
+                name, help_text, _LABELS, buckets=bounds, registry=self.registry
+            ).labels(model_name, "0")
+            for name, help_text, bounds in _HISTOGRAMS
+        }
 
     def observe_finished(self, request: FinishedRequest) -> None:
-        self.request_success[request.finish_reason] += 1
+        self.request_success.labels(self.model_name, "0", request.finish_reason.value).inc()
         times = request.token_times_s
         self.histograms["vllm:e2e_request_latency_seconds"].observe(
             request.finish_s - request.arrival_s
@@ -143,84 +170,8 @@ class ServerMetrics:
                 (times[-1] - times[0]) / (len(times) - 1)
             )
 
-    # -- exposition -------------------------------------------------------------------------
-
-    def _labels(self, **extra: str) -> str:
-        pairs = {"model_name": self.model_name, "engine": "0", **extra}
-        body = ",".join(f'{k}="{_escape(v)}"' for k, v in pairs.items())
-        return "{" + body + "}"
-
     def render(self, snapshot: EngineSnapshot) -> str:
-        lines: list[str] = []
-        labels = self._labels()
-        gauges = (
-            (
-                "vllm:num_requests_running",
-                "Number of requests in model execution batches.",
-                snapshot.num_running,
-            ),
-            (
-                "vllm:num_requests_waiting",
-                "Number of requests waiting to be processed.",
-                snapshot.num_waiting,
-            ),
-            (
-                "vllm:kv_cache_usage_perc",
-                "KV-cache usage. 1 means 100 percent usage.",
-                snapshot.kv_cache_usage,
-            ),
-        )
-        for name, help_text, value in gauges:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-            lines.append(f"{name}{labels} {format_value(value)}")
-        counters = (
-            (
-                "vllm:num_preemptions",
-                "Cumulative number of preemption from the engine.",
-                snapshot.num_preemptions,
-            ),
-            ("vllm:prompt_tokens", "Number of prefill tokens processed.", snapshot.prompt_tokens),
-            (
-                "vllm:generation_tokens",
-                "Number of generation tokens processed.",
-                snapshot.generation_tokens,
-            ),
-            (
-                "vllm:prefix_cache_queries",
-                "Prefix cache queries, in terms of number of queried tokens.",
-                snapshot.prefix_cache_queries,
-            ),
-            (
-                "vllm:prefix_cache_hits",
-                "Prefix cache hits, in terms of number of cached tokens.",
-                snapshot.prefix_cache_hits,
-            ),
-        )
-        created = format_value(self.created_s)
-        for name, help_text, count in counters:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
-            lines.append(f"{name}_total{labels} {format_value(count)}")
-            lines.append(f"{name}_created{labels} {created}")
-        name = "vllm:request_success"
-        lines += [
-            f"# HELP {name} Count of successfully processed requests.",
-            f"# TYPE {name} counter",
-        ]
-        for reason, count in self.request_success.items():
-            reason_labels = self._labels(finished_reason=reason.value)
-            lines.append(f"{name}_total{reason_labels} {format_value(count)}")
-            lines.append(f"{name}_created{reason_labels} {created}")
-        for name, help_text, _ in _HISTOGRAMS:
-            histogram = self.histograms[name]
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-            for bound, cumulative in histogram.cumulative():
-                le = self._labels(le=format_value(bound))
-                lines.append(f"{name}_bucket{le} {format_value(cumulative)}")
-            lines.append(f"{name}_count{labels} {format_value(histogram.count)}")
-            lines.append(f"{name}_sum{labels} {format_value(histogram.total)}")
-            lines.append(f"{name}_created{labels} {created}")
-        return "\n".join(lines) + "\n"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+        """The exposition, with the engine's state as of ``snapshot``."""
+        self.snapshot = snapshot
+        text: bytes = generate_latest(self.registry)
+        return text.decode("utf-8")
