@@ -31,8 +31,8 @@ from unittest import mock
 
 import pytest
 
+from reports.gate import Metric, RowVerdict
 from tuner.cli.main import main
-from tuner.search.check import Metric, RowVerdict
 from tuner.search.config import TuneConfig
 from tuner.search.context import StudySetup, resolve
 from tuner.search.evaluate import Evaluation, Verdict

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli.main import main
-from tuner.errors import ConfigError
-from tuner.search.check import (
+from reports.gate import (
     Baseline,
     Figure,
     Metric,
@@ -26,6 +24,8 @@ from tuner.search.check import (
     write_baseline,
     write_job_summary,
 )
+from tuner.cli.main import main
+from tuner.errors import ConfigError
 from tuner.search.evaluate import Verdict
 from tuner.search.recommend import Measured, Recommendation, Variant
 from tuner.search.space import TrialParams

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tuner.search.check import DEFAULT_TOLERANCE_PCT, SUMMARY_ENV
+from reports.gate import DEFAULT_TOLERANCE_PCT, SUMMARY_ENV
 
 EXIT_PASSED = 0
 EXIT_REGRESSION = 1
@@ -48,8 +48,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from tuner.errors import ConfigError
-    from tuner.search.check import (
+    from reports.gate import (
         Metric,
         check,
         format_markdown,
@@ -60,6 +59,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         validate_tolerance,
         write_baseline,
     )
+    from tuner.errors import ConfigError
 
     validate_tolerance(args.tolerance)
     run = load_run(args.run_dir)
@@ -106,7 +106,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _job_summary(markdown: str) -> None:
-    from tuner.search.check import write_job_summary
+    from reports.gate import write_job_summary
 
     try:
         write_job_summary(markdown)
