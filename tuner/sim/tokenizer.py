@@ -13,9 +13,31 @@ import zlib
 from collections.abc import Iterable, Mapping
 
 
+class _WordIds(dict[str, int]):
+    """Each word's id in one vocabulary, computed once (a workload's prompts reuse a few
+    thousand words millions of times)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def __missing__(self, word: str) -> int:
+        token = zlib.crc32(word.encode()) % self.vocab_size
+        if len(self) < _MAX_WORDS:
+            self[word] = token
+        return token
+
+
+_MAX_WORDS = 1 << 20
+_VOCABS: dict[int, _WordIds] = {}
+
+
 def encode(text: str, vocab_size: int) -> list[int]:
     """Token ids of a text: one per whitespace-separated word."""
-    return [zlib.crc32(word.encode()) % vocab_size for word in text.split()]
+    ids = _VOCABS.get(vocab_size)
+    if ids is None:
+        ids = _VOCABS.setdefault(vocab_size, _WordIds(vocab_size))
+    return list(map(ids.__getitem__, text.split()))
 
 
 def role_token(role: str, vocab_size: int) -> int:
