@@ -312,3 +312,18 @@ def test_a_level_carried_on_from_the_one_before_says_so(tmp_path: Path) -> None:
     text = _window_part(level).text
     assert text.startswith("carried on from the rate before without draining the server")
     assert "25 % of this rate's were added" in text
+
+
+def test_a_trace_replays_window_says_what_of_a_pass_it_held(tmp_path: Path) -> None:
+    """A trace replay's window.json records the trace's pass; the report says whether the
+    window held all of it or its busiest stretch (and says nothing of a pass otherwise)."""
+    level_dir = tmp_path / "trials" / "000" / "level-0"
+    _write_level_files(level_dir, start_unix_s=1_700_000_000.0)
+    (level,) = level_evidence(level_dir.parent, _evaluation(level_dir))
+    assert "pass" not in _window_part(level).text
+    for pass_s, said in ((2500.0, "the busiest"), (WINDOW["window_s"], "one whole pass")):
+        (level_dir / "window.json").write_text(
+            json.dumps({**WINDOW, "trace_pass_s": pass_s}), encoding="utf-8"
+        )
+        (level,) = level_evidence(level_dir.parent, _evaluation(level_dir))
+        assert said in _window_part(level).text
