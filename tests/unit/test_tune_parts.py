@@ -33,6 +33,7 @@ from tuner.serving.live import Measurement, StopRule
 from tuner.serving.load import SloVerdict
 from tuner.serving.metrics import ServerCounters
 from tuner.serving.server import TrialOutcome
+from tuner.serving.window import WindowOpening
 from tuner.vllm.memory import Calibration
 from workloads.metrics import LoadResult, Percentiles
 from workloads.schedule import RequestRecord, ScheduledRequest
@@ -461,6 +462,28 @@ def test_a_chat_search_states_goodput_in_conversations_per_s(tmp_path: Path) -> 
     # No level held: zero in the workload's unit.
     none = RateSearch(levels=(broke,), best=None, broken_rate_per_s=4.0, died=False)
     assert none.goodput_of(chat) == Goodput(unit=GoodputUnit.CONVERSATIONS_PER_S)
+
+
+def test_a_trace_replays_goodput_is_its_mean_rate_not_its_busiest_stretchs(tmp_path: Path) -> None:
+    """A trace replay measured on its busiest 600 s (offering 1.25 req/s there) at a mean
+    rate of 0.38 req/s: its goodput is 0.38 req/s, and output tokens/s over the pass."""
+    code = load_workload("code")
+    m = _measurement(tmp_path / "level-0", 1.25, met=True, ttft_p99_ms=600.0)
+    opening = WindowOpening(
+        warmup_min_s=3.0, warmup_max_s=13.0, opened_at_s=3.0, steady_at_open=True, test="t",
+        window_s=600.0, needed_requests=200, trace_pass_s=2632.0,
+    )  # fmt: skip
+    held = Level(index=0, rate_per_s=0.38, met=True,
+                 measurement=m.model_copy(update={"window": opening}))  # fmt: skip
+    search = RateSearch(levels=(held,), best=held, broken_rate_per_s=None, died=False)
+    goodput = search.goodput_of(code)
+    assert goodput.arrival_rate_per_s == pytest.approx(0.38) == search.goodput
+    assert goodput.output_tokens_per_s == pytest.approx(100 * 1.25 * 0.38 / 1.25)
+    # A window that held a whole pass offered the mean rate: what it offered is the goodput.
+    whole = opening.model_copy(update={"trace_pass_s": 600.0})
+    held = held.model_copy(update={"measurement": m.model_copy(update={"window": whole})})
+    search = RateSearch(levels=(held,), best=held, broken_rate_per_s=None, died=False)
+    assert search.goodput == pytest.approx(1.25)
 
 
 class _AnswersInMs(_KnownCapacity):

@@ -168,15 +168,33 @@ class RateSearch(BaseModel):
 
     @property
     def goodput(self) -> float:
-        """Requests/s the best level offered (0 when no level met the SLOs)."""
+        """Requests/s the best level offered (0 when no level met the SLOs); for a trace
+        replay measured on its busiest stretch, the trace's mean rate at that level (the
+        stretch offered more: the rate is what a pass of the trace averages)."""
         if self.best is None:
             return 0.0
         load = self.best.measurement.load
-        return load.offered_rate or load.request_throughput
+        offered = load.offered_rate or load.request_throughput
+        return offered * self._stretch_share()
 
     @property
     def throughput(self) -> float:
-        return 0.0 if self.best is None else self.best.measurement.load.output_token_throughput
+        """Output tokens/s at the best level, over a pass for a trace replay's stretch."""
+        if self.best is None:
+            return 0.0
+        return self.best.measurement.load.output_token_throughput * self._stretch_share()
+
+    def _stretch_share(self) -> float:
+        """The trace's mean rate over what its window offered: 1 unless the best level's
+        window held only a trace replay's busiest stretch (``workloads.replay``)."""
+        assert self.best is not None
+        window = self.best.measurement.window
+        offered = self.best.measurement.load.offered_rate
+        if window is None or window.trace_pass_s is None or not offered:
+            return 1.0
+        if window.window_s >= window.trace_pass_s - 1e-6:
+            return 1.0
+        return self.best.rate_per_s / offered
 
     def goodput_of(self, spec: WorkloadSpec) -> Goodput:
         """The goodput in ``spec``'s unit: for sessions the best level's arrival rate (the
