@@ -23,8 +23,9 @@ from tuner.serving.backlog import (
 )
 from tuner.serving.window import needed_requests
 from tuner.sim.build import SimOptions, build_engine
-from tuner.sim.simulate import SimulationResult, run
-from tuner.sim.tokenizer import encode, encode_chat
+from tuner.sim.simulate import SimulationResult, gc_paused, run
+from tuner.sim.timing import TimingFactors
+from tuner.sim.tokenizer import ChatEncoder, encode
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import MemoryPlan, ServingParams
 from tuner.vllm.models import ModelSpec
@@ -47,6 +48,7 @@ class Setup:
     version: VllmVersion
     params: ServingParams
     options: SimOptions = field(default_factory=SimOptions)
+    timing: TimingFactors = field(default_factory=TimingFactors)  # the twin's step costs
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Prediction:
         return any(t.verdict is BacklogVerdict.GROWING for t in self.trends)
 
 
+@gc_paused()  # millions of token ids, no reference cycles (see gc_paused)
 def simulate_schedule(
     setup: Setup,
     schedule: list[ScheduledRequest],
@@ -74,6 +77,7 @@ def simulate_schedule(
     measure_from_s: float | None = None,
     measure_to_s: float | None = None,
     sample_every_s: float | None = None,
+    step_by_step: bool = False,
 ) -> tuple[MemoryPlan, SimulationResult | None]:
     """The schedule on the simulated server's virtual clock.
 
@@ -81,9 +85,12 @@ def simulate_schedule(
     ``think_time_s`` after the answer it follows, as the load generator sends it, not at
     its planned ``send_s`` (a turn whose predecessor is not in ``schedule``: at
     ``send_s``). False: every request at ``send_s``, as ``predict`` has always run.
-    The rest go to ``tuner.sim.simulate.run``.
+    The rest go to ``tuner.sim.simulate.run`` (``step_by_step``: the engine's step one at
+    a time, every token written as it is made; the same run, slower).
     """
-    plan, engine = build_engine(setup.model, setup.gpu, setup.params, setup.version, setup.options)
+    plan, engine = build_engine(
+        setup.model, setup.gpu, setup.params, setup.version, setup.options, setup.timing
+    )
     if engine is None:
         return plan, None
     vocab = setup.model.vocab_size
@@ -91,8 +98,9 @@ def simulate_schedule(
         TraceRecord(arrival_s=r.send_s, prompt_tokens=r.prompt_tokens, output_tokens=r.max_tokens)
         for r in schedule
     ]
+    chats = ChatEncoder(vocab)  # later turns resend their history: each message once
     ids = [
-        encode_chat(r.messages, vocab) if r.messages is not None else encode(r.prompt or "", vocab)
+        chats.encode_chat(r.messages) if r.messages is not None else encode(r.prompt or "", vocab)
         for r in schedule
     ]
     follows: list[int | None] | None = None
@@ -105,6 +113,7 @@ def simulate_schedule(
         engine, records, slo=slo, vocab=vocab, max_model_len=plan.max_model_len,
         prompt_token_ids=ids, stop_at_s=stop_at_s, follows=follows, think_s=think,
         measure_from_s=measure_from_s, measure_to_s=measure_to_s, sample_every_s=sample_every_s,
+        step_by_step=step_by_step,
     )  # fmt: skip
     return plan, result
 
@@ -180,6 +189,7 @@ def steady_run(
     warmup_s: float,
     window_s: float,
     answer_times: AnswerTimes | None = None,
+    step_by_step: bool = False,
 ) -> Prediction:
     """The workload at ``rate_per_s`` in its steady state, judged over a window.
 
@@ -190,6 +200,7 @@ def steady_run(
     cuts what is still in flight a drain after the window (``tuner.search.rate_search.drain_s``).
     A closed workload (``rate_per_s`` None with closed arrivals) runs its batch whole.
     ``answer_times``: what the session population is planned with (``level_workload``).
+    ``step_by_step``: see ``simulate_schedule`` (the same run, slower).
 
     ``met``: the SLOs hold over the window (``slo_met``) and no backlog builds, by
     ``tuner.serving.backlog.trend`` on the engine's state every ``SAMPLE_EVERY_S`` through the
@@ -213,6 +224,7 @@ def steady_run(
         setup, schedule, Slo.of_workload(level),
         stop_at_s=None if closed else warmup_s + window_s + drain_s(level),
         measure_from_s=start, measure_to_s=end, sample_every_s=SAMPLE_EVERY_S,
+        step_by_step=step_by_step,
     )  # fmt: skip
     rate = rate_per_s if rate_per_s is not None else (level.mean_rate_per_s or 0.0)
     if result is None:

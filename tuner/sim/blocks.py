@@ -98,35 +98,80 @@ class BlockPool:
         block.last_used_s = now_s
         self._by_hash[block_hash] = block_id
 
+    def cache_blocks(
+        self, block_ids: list[int], block_hashes: list[int], start: int, end: int, now_s: float
+    ) -> None:
+        """``cache_block`` for positions ``start .. end - 1`` of a request's blocks, in order
+        (a prefill caches a prompt's worth at once)."""
+        by_hash = self._by_hash
+        blocks = self._blocks
+        for depth in range(start, end):
+            block_hash = block_hashes[depth]
+            if block_hash in by_hash:
+                continue
+            block_id = block_ids[depth]
+            block = blocks[block_id]
+            block.hash = block_hash
+            block.depth = depth
+            block.first_cached_s = now_s
+            block.last_used_s = now_s
+            by_hash[block_hash] = block_id
+
     # -- allocation -------------------------------------------------------------------------
 
     def allocate(self, n: int, now_s: float) -> list[int] | None:
-        """n fresh blocks, evicting cached free blocks if needed; None if there are not enough."""
-        if n > self.num_free:
+        """n fresh blocks, evicting cached free blocks if needed; None if there are not enough.
+
+        Plain free blocks go first (the most recently freed first), then cached ones in
+        the policy's eviction order."""
+        plain = self._free_plain
+        if n > len(plain) + len(self._free_cached):
             return None
-        out: list[int] = []
-        for _ in range(n):
-            block_id = self._free_plain.pop() if self._free_plain else self._evict()
-            block = self._blocks[block_id]
+        from_plain = min(n, len(plain))
+        out = plain[len(plain) - from_plain :]
+        out.reverse()  # as popped one by one from the end
+        del plain[len(plain) - from_plain :]
+        if from_plain < n:
+            out += self._evict_many(n - from_plain)
+        blocks = self._blocks
+        for block_id in out:
+            block = blocks[block_id]
             block.ref_count = 1
             block.hits = 0
             block.last_used_s = now_s
-            out.append(block_id)
         return out
+
+    def allocate_one(self, now_s: float) -> int | None:
+        """``allocate(1, now_s)``'s block (a decode's next block), or None."""
+        if self._free_plain:
+            block_id = self._free_plain.pop()
+        elif self._free_cached:
+            block_id = self._evict()
+        else:
+            return None
+        block = self._blocks[block_id]
+        block.ref_count = 1
+        block.hits = 0
+        block.last_used_s = now_s
+        return block_id
 
     def free(self, block_ids: list[int], now_s: float) -> None:
         """Release a request's blocks; the tail is released first, so it is evicted first."""
+        blocks = self._blocks
+        plain = self._free_plain
+        cached = self._free_cached
+        lru = self.policy is EvictionPolicy.LRU
         for block_id in reversed(block_ids):
-            block = self._blocks[block_id]
+            block = blocks[block_id]
             block.ref_count -= 1
             if block.ref_count > 0:
                 continue
             block.last_used_s = now_s
             if block.hash is None:
-                self._free_plain.append(block_id)
+                plain.append(block_id)
             else:
-                self._free_cached[block_id] = None
-                if self.policy is not EvictionPolicy.LRU:
+                cached[block_id] = None
+                if not lru:
                     heapq.heappush(
                         self._heap, (*self._priority(block), next(self._counter), block_id)
                     )
@@ -143,6 +188,23 @@ class BlockPool:
         if block.depth < 4:
             return 1.0, block.last_used_s
         return 2.0 + block.hits, block.last_used_s
+
+    def _evict_many(self, n: int) -> list[int]:
+        """n cached free blocks, evicted in order (their hashes forgotten)."""
+        if self.policy is not EvictionPolicy.LRU:
+            return [self._evict() for _ in range(n)]
+        popitem = self._free_cached.popitem
+        blocks = self._blocks
+        by_hash = self._by_hash
+        out: list[int] = []
+        for _ in range(n):
+            block_id = popitem(last=False)[0]
+            block = blocks[block_id]
+            if block.hash is not None and by_hash.get(block.hash) == block_id:
+                del by_hash[block.hash]
+            block.hash = None
+            out.append(block_id)
+        return out
 
     def _evict(self) -> int:
         if self.policy is not EvictionPolicy.LRU:

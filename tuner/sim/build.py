@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from tuner.sim.blocks import EvictionPolicy
 from tuner.sim.engine import EngineConfig, SimEngine
-from tuner.sim.timing import StepTimer
+from tuner.sim.timing import StepTimer, TimingFactors
 from tuner.vllm.gpus import GiB, GpuSpec
 from tuner.vllm.memory import MemoryPlan, ServingParams, plan, runtime_headroom_bytes
 from tuner.vllm.models import ModelSpec
@@ -33,8 +33,10 @@ def build_engine(
     params: ServingParams,
     version: VllmVersion,
     options: SimOptions | None = None,
+    factors: TimingFactors | None = None,
 ) -> tuple[MemoryPlan, SimEngine | None]:
-    """The startup plan, and the engine when the plan says vLLM would start."""
+    """The startup plan, and the engine when the plan says vLLM would start; its steps
+    timed with ``factors`` (default: the paper's, ``TimingFactors()``)."""
     options = options or SimOptions()
     startup = plan(model, gpu, params, version)
     if not startup.fits:
@@ -64,5 +66,6 @@ def build_engine(
         startup,
         enforce_eager=params.enforce_eager,
         cpu_offload_bytes=int(params.cpu_offload_gb * 1e9),
+        factors=factors,
     )
     return startup, SimEngine(config, timer)

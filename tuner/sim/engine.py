@@ -126,6 +126,17 @@ class EngineDead(Exception):
     """The engine hit an unrecoverable error (a CUDA out-of-memory under load)."""
 
 
+# A request's output token k is (token_seed + k * TOKEN_STRIDE) % (vocab_size - 1): made up
+# from its id alone, so a preempted request recomputes the same tokens and finds its own
+# cached blocks (SimEngine._next_token; tuner.sim.deferred makes a request's in bulk).
+TOKEN_STRIDE = 7919
+
+
+def token_seed(request_id: str) -> int:
+    """The seed of a request's made-up output tokens."""
+    return zlib.crc32(request_id.encode())
+
+
 def _chain_hash(parent: int, chunk: list[int]) -> int:
     """A full block's key: its parent block's hash chained with its token ids (0: no parent)."""
     return hash((parent, tuple(chunk)))
@@ -135,8 +146,9 @@ def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
     """Chained hashes of the full blocks of a token sequence, as vLLM's prefix cache keys them."""
     hashes: list[int] = []
     parent = 0
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = _chain_hash(parent, token_ids[start : start + block_size])
+    # zip over one iterator, block_size times: the full blocks as tuples, the tail left out.
+    for chunk in zip(*[iter(token_ids)] * block_size, strict=False):
+        parent = hash((parent, chunk))  # _chain_hash, without the copy to a tuple
         hashes.append(parent)
     return hashes
 
@@ -213,12 +225,40 @@ class SimEngine:
         if self.dead:
             raise EngineDead(self.dead)
         preempted_before = self.num_preemptions
-        budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[SimRequest, int]] = []
+        budget, extra_s, preempted = self._schedule_running(
+            0, self.config.max_num_batched_tokens, now_s, scheduled
+        )
+        if not preempted:
+            budget, swap_in_s = self._admit_waiting(budget, now_s, scheduled)
+            extra_s += swap_in_s
+
+        work = self._work(scheduled)
+        self._check_runtime_memory(sum(1 for request, _ in scheduled if request.logprobs))
+        duration = self.timer.step_s(work) + extra_s if scheduled else extra_s
+        end_s = now_s + duration
+        events = self._advance(scheduled, end_s)
+        return StepResult(
+            duration_s=duration,
+            events=events,
+            num_scheduled_tokens=work.num_tokens,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_preemptions=self.num_preemptions - preempted_before,
+            kv_usage=self.pool.usage,
+        )
+
+    def _schedule_running(
+        self, start: int, budget: int, now_s: float, scheduled: list[tuple[SimRequest, int]]
+    ) -> tuple[int, float, bool]:
+        """Schedule ``running[start:]`` in order within ``budget`` (a decode token each, or
+        their next prefill chunk), preempting the newest when blocks run out.
+
+        Appends to ``scheduled``; returns the budget left, the swap-out time of the
+        preempted and whether any request was preempted."""
         extra_s = 0.0
         preempted = False
-
-        i = 0
+        i = start
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             n = min(request.num_tokens - request.num_computed_tokens, budget)
@@ -235,37 +275,30 @@ class SimEngine:
             scheduled.append((request, n))
             budget -= n
             i += 1
+        return budget, extra_s, preempted
 
-        if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-                request = self.waiting[0]
-                admitted = self._admit(request, budget, now_s)
-                if admitted is None:
-                    break
-                n, swap_in_s = admitted
-                extra_s += swap_in_s
-                self.waiting.popleft()
-                request.status = RequestStatus.RUNNING
-                if request.first_scheduled_s is None:
-                    request.first_scheduled_s = now_s
-                self.running.append(request)
-                scheduled.append((request, n))
-                budget -= n
-
-        work = self._work(scheduled)
-        self._check_runtime_memory(scheduled)
-        duration = self.timer.step_s(work) + extra_s if scheduled else extra_s
-        end_s = now_s + duration
-        events = self._advance(scheduled, end_s)
-        return StepResult(
-            duration_s=duration,
-            events=events,
-            num_scheduled_tokens=work.num_tokens,
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            num_preemptions=self.num_preemptions - preempted_before,
-            kv_usage=self.pool.usage,
-        )
+    def _admit_waiting(
+        self, budget: int, now_s: float, scheduled: list[tuple[SimRequest, int]]
+    ) -> tuple[int, float]:
+        """Admit waiting requests in order while the budget, ``max_num_seqs`` and the KV
+        cache allow; appends them to ``scheduled``, returns the budget left and the
+        swap-in time."""
+        extra_s = 0.0
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            admitted = self._admit(request, budget, now_s)
+            if admitted is None:
+                break
+            n, swap_in_s = admitted
+            extra_s += swap_in_s
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            if request.first_scheduled_s is None:
+                request.first_scheduled_s = now_s
+            self.running.append(request)
+            scheduled.append((request, n))
+            budget -= n
+        return budget, extra_s
 
     # -- internals --------------------------------------------------------------------------
 
@@ -334,9 +367,11 @@ class SimEngine:
         if not self.config.enable_prefix_caching:
             return
         full = min(num_tokens // self.config.block_size, len(request.block_hashes))
-        for j in range(request.num_cached_blocks, full):
-            self.pool.cache_block(request.block_ids[j], request.block_hashes[j], j, now_s)
-        request.num_cached_blocks = max(request.num_cached_blocks, full)
+        if full > request.num_cached_blocks:
+            self.pool.cache_blocks(
+                request.block_ids, request.block_hashes, request.num_cached_blocks, full, now_s
+            )
+            request.num_cached_blocks = full
 
     def _preempt(self, request: SimRequest, now_s: float) -> float:
         """Preempt: swap out if the host pool has room, else free and recompute later."""
@@ -376,9 +411,9 @@ class SimEngine:
             attention_pairs=pairs,
         )
 
-    def _check_runtime_memory(self, scheduled: list[tuple[SimRequest, int]]) -> None:
-        """Logprobs materialise fp32 rows of the vocabulary that the profile run never saw."""
-        rows = sum(1 for request, _ in scheduled if request.logprobs)
+    def _check_runtime_memory(self, rows: int) -> None:
+        """Logprobs materialise fp32 rows of the vocabulary that the profile run never saw
+        (``rows``: the scheduled requests that asked for logprobs)."""
         transient = rows * self.config.vocab_size * 4 * 2
         if transient > self.config.runtime_headroom_bytes:
             self.dead = (
@@ -408,19 +443,26 @@ class SimEngine:
             request.last_token_s = end_s
             reason = self._finish_reason(request)
             if reason is not None:
-                self.running.remove(request)
-                self.pool.free(request.block_ids, end_s)
-                request.block_ids = []
-                request.status = RequestStatus.FINISHED
-                request.finish_reason = reason
-                request.finish_s = end_s
-                self.requests.pop(request.request_id, None)
+                self._finish(request, reason, end_s)
             events.append(TokenEvent(request=request, token_id=token, finished=reason is not None))
         return events
 
+    def _finish(self, request: SimRequest, reason: FinishReason, end_s: float) -> None:
+        """The request is done at end_s: out of the batch, its blocks back to the pool."""
+        self.running.remove(request)
+        self.pool.free(request.block_ids, end_s)
+        request.block_ids = []
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_s = end_s
+        self.requests.pop(request.request_id, None)
+
     def _next_token(self, request: SimRequest) -> int:
-        seed = zlib.crc32(request.request_id.encode()) + len(request.output_token_ids) * 7919
-        return seed % max(self.config.vocab_size - 1, 1)
+        """The request's next output token (see TOKEN_STRIDE; token_seed inline: it runs
+        once a token)."""
+        seed = zlib.crc32(request.request_id.encode())
+        index = len(request.output_token_ids)
+        return (seed + index * TOKEN_STRIDE) % max(self.config.vocab_size - 1, 1)
 
     def _finish_reason(self, request: SimRequest) -> FinishReason | None:
         produced = len(request.output_token_ids)

