@@ -14,6 +14,7 @@ read what an older one wrote. ``RunLayout`` names each path once::
     <run>/edge/edge.json                the out-of-memory edge search
     <run>/confirm/<variant>[-<k>]/      the confirmation runs of the recommended variants
     <run>/recommendation/               recommendation.json and the deployable configs
+    <run>/twin.json                     the twin's timing factors, fitted to the measured levels
 
 Pure: no I/O beyond ``Path`` arithmetic; imports nothing of the tuner.
 """
@@ -37,6 +38,7 @@ RECOMMENDATION_DIR = "recommendation"
 RECOMMENDATION_JSON = "recommendation.json"
 WINDOW_JSON = "window.json"  # in a level's directory: when its window opened
 BACKLOG_JSON = "backlog.json"  # in a level's directory: the backlog guard's verdict
+TWIN_JSON = "twin.json"  # the twin's timing factors and every fit that led to them
 
 
 def level_name(index: int) -> str:
@@ -74,6 +76,10 @@ class RunLayout:
     @property
     def report_html(self) -> Path:
         return self.root / REPORT_HTML
+
+    @property
+    def twin_json(self) -> Path:
+        return self.root / TWIN_JSON
 
     @property
     def trials_dir(self) -> Path:

@@ -64,6 +64,15 @@ def add_parser(sub: Any) -> None:
                    help="carry the load and the conversations under way on from one measured "
                         "rate to the next instead of starting each from an empty server "
                         "(cheaper; optimistic near a bistable capacity, see the README)")  # fmt: skip
+    p.add_argument("--no-twin-fit", dest="twin_fit", action="store_false", default=None,
+                   help="keep the twin's step costs as they are instead of fitting them to "
+                        "each trial's measured levels")  # fmt: skip
+    p.add_argument("--twin-from", dest="twin_from", type=Path, metavar="RUN_DIR",
+                   help="start the twin from the step costs an earlier run fitted (its twin.json)")  # fmt: skip
+    p.add_argument("--sim-step-costs", dest="sim_step_costs", metavar="FACTORS",
+                   help="sim backend: the simulated server's own step costs, e.g. "
+                        "mfu=0.4,mbu=0.55,step_overhead_ms=4.5 (an engine the twin has not "
+                        "measured: it learns them from the trials)")  # fmt: skip
     p.add_argument("--study", help="study name (default from model, GPU and workload)")
     p.add_argument("--run-dir", type=Path, help="default runs/<study>")
     p.add_argument(
@@ -118,7 +127,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "kv_cache_memory_bytes",
         "tensor_parallel_size", "workload", "rate", "slo_ttft_ms", "slo_itl_ms", "objective",
         "trials", "budget_min", "seed", "screen", "level_duration_s", "level_warmup_s",
-        "level_max_duration_s", "max_levels", "chain_levels", "study",
+        "level_max_duration_s", "max_levels", "chain_levels", "twin_fit", "twin_from", "sim_step_costs", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
         "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "processes",
         "load_workers", "load_master_bind",

@@ -31,6 +31,7 @@ from tuner.deploy import parse_cache_volume
 from tuner.errors import ConfigError
 from tuner.search.sampling import Objective
 from tuner.serving.load import LoadGenerators
+from tuner.sim.timing import TimingFactors
 
 # A study's name names its run directory (runs/<study>) and its rows in a shared storage.
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -78,6 +79,10 @@ class TuneConfig(BaseModel):
     # (the default: near capacity a chained level sees the healthy state of a bistable
     # server, which tips minutes later; see the README).
     chain_levels: bool = False
+    # The twin's step costs fitted to each trial's levels (tuner.search.twin_fit), from the
+    # paper's factors or those a run recorded (twin_from: its run directory).
+    twin_fit: bool = True
+    twin_from: Path | None = None
     # Where it goes
     study: str | None = None
     run_dir: Path | None = None
@@ -109,8 +114,18 @@ class TuneConfig(BaseModel):
     stream_fraction: float | None = Field(default=None, gt=0, le=1)
     min_stream_fraction: float = Field(default=0.25, gt=0, le=1)
     sim_startup_delay_s: float = Field(default=1.0, ge=0)
+    # sim: the simulated server's own step costs (sim-serve --step-costs), unknown to the
+    # twin, which learns them from the trials; None: the twin's paper factors.
+    sim_step_costs: str | None = None
 
-    @field_validator("model_dir", "run_dir")
+    @field_validator("sim_step_costs")
+    @classmethod
+    def _step_costs(cls, value: str | None) -> str | None:
+        if value is not None:
+            TimingFactors.parse(value)  # a ValueError: one line naming it
+        return value
+
+    @field_validator("model_dir", "run_dir", "twin_from")
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
         # Child processes run in other directories: paths are absolute from here on.

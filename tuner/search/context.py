@@ -19,7 +19,7 @@ import math
 import os
 import shlex
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tuner.errors import ConfigError
@@ -28,6 +28,7 @@ from tuner.search.space import Knob, Range, SearchSpace, build_space, check_for_
 from tuner.serving.load import resolve_workload
 from tuner.serving.processes import writable_dir
 from tuner.serving.server import Backend, probe_vllm_flags
+from tuner.sim.timing import TimingFactors
 from tuner.vllm.failures import StartupFailureKind
 from tuner.vllm.flags import accepted_options
 from tuner.vllm.gpus import GpuSpec, get_gpu
@@ -81,9 +82,14 @@ class StudySetup:
     time_scale: float = 1.0  # the simulator's clock slowed this many times (1.0: vLLM)
     stream_fraction: float = 1.0  # share of requests streamed (token timings); see sample_streams
     calibration: Calibration | None = None  # the memory model's, from the first real startup
+    # The twin's step costs: the paper's, a --twin-from run's, then fitted after each trial.
+    timing: TimingFactors = field(default_factory=TimingFactors)
 
     def calibrated(self, calibration: Calibration) -> StudySetup:
         return replace(self, calibration=calibration)
+
+    def learned(self, timing: TimingFactors) -> StudySetup:
+        return replace(self, timing=timing)
 
 
 def detect_gpu_name() -> str | None:

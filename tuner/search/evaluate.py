@@ -144,6 +144,7 @@ def launch_spec(ctx: TuneContext, setup: StudySetup, params: TrialParams) -> Lau
         cache_dir=ctx.run_dir / "vllm-cache",
         sim_startup_delay_s=ctx.config.sim_startup_delay_s,
         sim_time_scale=setup.time_scale,
+        sim_step_costs=ctx.config.sim_step_costs,
         host=ctx.config.load_generators().server_host,
     )
 

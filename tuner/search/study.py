@@ -53,6 +53,7 @@ from tuner.search.predict import Setup, SustainedRate, sustained_rate
 from tuner.search.rate_search import GoodputBound, GoodputUnit, level_workload, plan_level_schedule
 from tuner.search.sampling import Objective, make_sampler
 from tuner.search.space import Range, TrialParams, vllm_defaults
+from tuner.search.twin_fit import TrialFit, TwinRecord, fit, read_level, read_twin
 from tuner.serving.load import plan_schedule
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend
@@ -776,8 +777,20 @@ class TrialLoop:
             time_scale=float(attrs["time_scale"]),
             stream_fraction=float(attrs.get("stream_fraction", 1.0)),
             calibration=calibration,
+            timing=self._twin_record().factors,
         )
         return self.setup
+
+    def _twin_record(self) -> TwinRecord:
+        """The twin's record so far: this run's (a resumed run goes on from its last fit),
+        else the one ``--twin-from`` names, else the paper's factors."""
+        own = RunLayout(self.ctx.run_dir).twin_json
+        if own.is_file():
+            return read_twin(self.ctx.run_dir)
+        if self.ctx.config.twin_from is not None:
+            started = read_twin(self.ctx.config.twin_from)
+            return TwinRecord(factors=started.factors)
+        return TwinRecord()
 
     def _choose_measurement(self) -> tuple[float, float]:
         """The simulator's time scale and the share of requests streamed, so the load
@@ -913,6 +926,7 @@ class TrialLoop:
             predicted_answer_times=predicted.answer_times if predicted else None,
         )  # fmt: skip
         self._calibrate(evaluation)
+        self._learn(trial.number, params, evaluation, predicted)
         record(trial, evaluation, role=role)
         self.progress(self._line(trial.number, evaluation))
         return objective_values(ctx.config.objective, evaluation)
@@ -947,7 +961,10 @@ class TrialLoop:
         key = params.model_dump_json()
         if key not in self._predicted:
             assert ctx.gpu is not None
-            setup = Setup(ctx.model, ctx.gpu, ctx.version, params.serving(ctx.base))
+            setup = Setup(
+                ctx.model, ctx.gpu, ctx.version, params.serving(ctx.base),
+                timing=self.setup.timing,
+            )  # fmt: skip
             rate = start or ctx.workload.mean_rate_per_s
             _, plan, _ = plan_level_schedule(
                 ctx.workload, rate, window_s=ctx.config.level_duration_s,
@@ -958,6 +975,48 @@ class TrialLoop:
                 start_rate_per_s=start, precision=0.05, max_runs=10,
             )  # fmt: skip
         return self._predicted[key]
+
+    def _learn(
+        self, number: int, params: TrialParams, ev: Evaluation, predicted: SustainedRate | None
+    ) -> None:
+        """Fit the twin's step costs to the levels this trial measured
+        (``tuner.search.twin_fit``); its predictions from then on use them, and
+        ``twin.json`` records the fit with the twin's error before and after."""
+        ctx = self.ctx
+        if not ctx.config.twin_fit or ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+            return
+        trial_dir = RunLayout(ctx.run_dir).trial_dir(number)
+        # The levels that held: a backlog's percentiles are its queue's, which the
+        # smallest error in a step's cost changes by seconds (all levels where none held).
+        held = {Path(lv.dir).name for lv in ev.levels if lv.met}
+        paths = sorted(trial_dir.glob("level-*"))
+        paths = [p for p in paths if p.name in held] or paths
+        levels = [
+            level
+            for path in paths
+            if (level := read_level(path, time_scale=self.setup.time_scale)) is not None
+        ]
+        if not levels:
+            return
+        setup = Setup(
+            ctx.model, ctx.gpu, ctx.version, params.serving(ctx.base), timing=self.setup.timing
+        )
+        result = fit(setup, levels)
+        self.setup = self.setup.learned(result.after)
+        self._predicted.clear()  # every prediction so far was made with the old factors
+        measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
+        after = self._sustained(params, measured or None).rate_per_s
+        one = TrialFit(
+            trial=number, levels=[lv.name for lv in levels], before=result.before,
+            after=result.after, error_before=result.error_before.median_share,
+            error_after=result.error_after.median_share, evaluations=result.evaluations,
+            measured_rate_per_s=measured, predicted_rate_per_s=predicted.rate_per_s if predicted else None,
+            predicted_after_per_s=after,
+        )  # fmt: skip
+        self._twin_record().with_fit(one).write(RunLayout(ctx.run_dir).twin_json)
+        line = _twin_line(one)
+        log.info(line.strip())
+        self.progress(line)
 
     def best_rate(self) -> float | None:
         rates = [
@@ -1008,6 +1067,27 @@ class TrialLoop:
             f"trial {number:>3}  {ev.params.short():<52} {ev.verdict.value:<14} {what:<44} "
             f"{best_text}  {left / 60:4.1f} min left"
         )
+
+
+def _twin_line(one: TrialFit) -> str:
+    """The terminal's line on a fit: how far off the twin was on the trial's levels, and
+    its goodput prediction for the trial's settings, before and after."""
+
+    def pct(share: float | None) -> str:
+        return "-" if share is None else f"{100 * share:+.0f}%"
+
+    def off(share: float | None) -> str:
+        return "-" if share is None else f"{100 * share:.0f}%"
+
+    text = (
+        f"  twin: {off(one.error_before)} off trial {one.trial}'s measured percentiles, "
+        f"{off(one.error_after)} after fitting ({one.after.describe()})"
+    )
+    if one.measured_rate_per_s:
+        before = TrialFit.share_off(one.predicted_rate_per_s, one.measured_rate_per_s)
+        after = TrialFit.share_off(one.predicted_after_per_s, one.measured_rate_per_s)
+        text += f"; its goodput prediction {pct(before)} -> {pct(after)}"
+    return text
 
 
 def _unit_of(value: object) -> GoodputUnit:

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.errors import TunerError
+from tuner.errors import ConfigError, TunerError
 from tuner.rundir import RunLayout
 from tuner.search.config import TuneConfig
 from tuner.search.context import StudySetup, TuneContext, resolve
@@ -62,6 +62,7 @@ from tuner.search.study import (
     storage_url,
     wait_finalized,
 )
+from tuner.search.twin_fit import TrialFit, read_twin
 from tuner.serving.processes import ChildRegistry
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,9 @@ class TuneSummary(BaseModel):
     best_goodput_unit: GoodputUnit | None = None
     best_goodput_figures: Goodput | None = None
     finalized_here: bool
+    # The twin's step costs fitted after each trial (twin.json): its error on each
+    # trial's levels before and after the fit, and its goodput prediction.
+    twin_fits: list[TrialFit] = []
     recommendation: str | None
     report: str | None
     wall_s: float
@@ -267,6 +271,7 @@ def _run(
         best_goodput_unit=best_figures.unit if best_figures is not None else None,
         best_goodput_figures=best_figures,
         finalized_here=finalized,
+        twin_fits=_twin_fits(ctx),
         recommendation=str(RunLayout(ctx.run_dir).recommendation_dir) if rec is not None else None,
         report=str(report) if report else None,
         wall_s=time.monotonic() - began,
@@ -275,6 +280,17 @@ def _run(
     if finalized:
         mark_finalized(study, ctx.run_dir)
     return summary
+
+
+def _twin_fits(ctx: TuneContext) -> list[TrialFit]:
+    """This run's fits of the twin, as twin.json records them (none without one)."""
+    if not RunLayout(ctx.run_dir).twin_json.is_file():
+        return []
+    try:
+        return read_twin(ctx.run_dir).fits
+    except ConfigError:
+        log.warning("unreadable %s", RunLayout(ctx.run_dir).twin_json, exc_info=True)
+        return []
 
 
 def _bound_of(trial: FrozenTrial | None) -> GoodputBound | None:

@@ -99,6 +99,7 @@ class LaunchSpec:
     startup_timeout_s: float | None = None
     sim_startup_delay_s: float = 1.0
     sim_time_scale: float = 1.0
+    sim_step_costs: str | None = None  # sim-serve --step-costs: an engine the twin has not seen
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -258,6 +259,8 @@ class ServerProcess:
                 "--startup-delay", str(spec.sim_startup_delay_s),
                 "--time-scale", str(spec.sim_time_scale),
             ]  # fmt: skip
+            if spec.sim_step_costs:
+                tail += ["--step-costs", spec.sim_step_costs]
         else:
             accepted = probe_vllm_flags(spec.vllm_cmd) if adapt else frozenset()
             note = f"the vLLM behind {shlex.join(spec.vllm_cmd)!r}"

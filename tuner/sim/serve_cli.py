@@ -45,6 +45,7 @@ from tuner.sim.serve_log import (
     log_server_stop,
     log_startup_failure,
 )
+from tuner.sim.timing import TimingFactors
 from tuner.vllm import messages as msg
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
 from tuner.vllm.flags import FLAGS, FlagForm
@@ -132,6 +133,12 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
         help="seconds of weight loading and compilation before serving (default 1.0)",
     )
     sim.add_argument(
+        "--step-costs",
+        metavar="FACTORS",
+        help="the virtual GPU's own step costs, e.g. mfu=0.4,mbu=0.55,step_overhead_ms=4.5 "
+        "(default: the twin's paper factors): an engine the twin has not measured",
+    )
+    sim.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -164,6 +171,7 @@ class _Launch:
     non_default_args: dict[str, object]
     startup_delay_s: float
     time_scale: float
+    step_costs: TimingFactors | None
     access_log: bool
     api_keys: tuple[str, ...]  # required on /v1 paths; empty: no authentication
 
@@ -214,6 +222,10 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
                 f"vllm serve: error: argument --swap-space: invalid float value: {args.swap_space!r}"
             ) from None
     check.positive_number("--time-scale", args.time_scale)
+    try:
+        step_costs = TimingFactors.parse(args.step_costs) if args.step_costs else None
+    except ValueError as exc:
+        raise ConfigError(f"--step-costs: {exc}") from None
     check.non_negative_number("--startup-delay", args.startup_delay)
     check.non_negative_number("--swap-space", swap_space_gib)
     check.non_negative_number("--cpu-offload-gb", args.cpu_offload_gb)
@@ -271,6 +283,7 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
         non_default_args=non_default,
         startup_delay_s=args.startup_delay,
         time_scale=args.time_scale,
+        step_costs=step_costs,
         access_log=not args.disable_uvicorn_access_log,
         # As vLLM: --api-key takes precedence over VLLM_API_KEY; empty keys do not count.
         api_keys=tuple(k for k in (args.api_key or [os.environ.get(API_KEY_ENV)]) if k),
@@ -323,7 +336,7 @@ async def _start_engine(
     """Print vLLM's startup lines up to "init engine"; the engine, or None after a failure."""
     who = launch.identity
     plan, engine = build_engine(
-        launch.model, launch.gpu, launch.params, launch.version, launch.options
+        launch.model, launch.gpu, launch.params, launch.version, launch.options, launch.step_costs
     )
     failure = plan.failure
     stage = _failure_stage(failure) if failure is not None else None

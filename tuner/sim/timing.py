@@ -21,6 +21,7 @@ carries factors fitted to it instead (``tuner.search.twin_fit``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,6 +50,34 @@ class TimingFactors(BaseModel):
     step_overhead_s: float = Field(default=STEP_OVERHEAD_S, ge=0)
     per_seq_overhead_s: float = Field(default=PER_SEQ_OVERHEAD_S, ge=0)
     source: str = "defaults"  # "defaults", or where they were fitted
+
+    @classmethod
+    def parse(cls, text: str) -> TimingFactors:
+        """``mfu=0.4,mbu=0.55,step_overhead_ms=4.5`` (any of them; the rest the paper's),
+        as ``tuner sim-serve --step-costs`` takes them."""
+        keys = {"mfu": "mfu", "mbu": "mbu", "step_overhead_ms": "step_overhead_s"}
+        values: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, _, raw = part.partition("=")
+            key = keys.get(name.strip())
+            try:
+                value = float(raw)
+            except ValueError:
+                value = math.nan
+            if key is None or not math.isfinite(value) or value < 0:
+                raise ValueError(
+                    f"step cost {part!r} is not accepted; accepted: "
+                    "mfu=(0,1], mbu=(0,1], step_overhead_ms>=0, comma-separated"
+                )
+            values[key] = value / 1000.0 if name.strip() == "step_overhead_ms" else value
+        try:
+            return cls(**values, source=f"given: {text}")
+        except ValueError as exc:
+            raise ValueError(f"step costs {text!r} are not accepted: {exc}") from None
+
+    def spelled(self) -> str:
+        """What ``parse`` reads back."""
+        return f"mfu={self.mfu:g},mbu={self.mbu:g},step_overhead_ms={1000 * self.step_overhead_s:g}"
 
     def describe(self) -> str:
         return (

@@ -1,0 +1,86 @@
+"""The twin learns an engine it has not seen (issue 17): levels measured on an engine
+whose step costs differ from the twin's paper factors are replayed on the twin, and
+the fitted factors bring its percentiles close to the measured ones."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from tuner.search.predict import Setup, simulate_schedule
+from tuner.search.rate_search import plan_level_schedule
+from tuner.search.twin_fit import MeasuredLevel, fit, twin_error
+from tuner.sim.timing import TimingFactors
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
+from workloads.metrics import Slo
+from workloads.spec import load_workload
+
+# An engine slower than the paper says: two thirds of the bandwidth, three times the overhead.
+HIDDEN = TimingFactors(mbu=0.55, mfu=0.40, step_overhead_s=0.0045, source="hidden")
+
+
+def _setup(timing: TimingFactors) -> Setup:
+    return Setup(
+        resolve_model("llama-3.1-8b"), get_gpu("H100-80GB"), VllmVersion.current(),
+        ServingParams(max_model_len=16384), timing=timing,
+    )  # fmt: skip
+
+
+def _measured(rate: float, name: str) -> MeasuredLevel:
+    """A level of rag at ``rate`` as the hidden engine serves it (what a live level
+    measures on that engine: the same schedule, the window's percentiles)."""
+    _, plan, schedule = plan_level_schedule(
+        load_workload("rag"), rate, window_s=40.0, warmup_s=10.0
+    )
+    start, end = plan.warmup_min_s, plan.warmup_min_s + plan.window_s
+    _, result = simulate_schedule(
+        _setup(HIDDEN),
+        schedule,
+        Slo(),
+        stop_at_s=end + 60.0,
+        measure_from_s=start,
+        measure_to_s=end,
+    )
+    assert result is not None
+    return MeasuredLevel(
+        name=name, schedule=schedule, opened_at_s=start, window_s=plan.window_s,
+        measured={"ttft_ms": result.ttft_ms, "tpot_ms": result.tpot_ms},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def levels() -> list[MeasuredLevel]:
+    return [_measured(1.0, "level-0"), _measured(3.0, "level-1")]
+
+
+def test_the_paper_factors_are_far_from_an_engine_they_do_not_describe(
+    levels: list[MeasuredLevel],
+) -> None:
+    paper = twin_error(_setup(TimingFactors()), levels).median_share
+    own = twin_error(_setup(HIDDEN), levels).median_share
+    assert paper is not None and paper > 0.2
+    assert own is not None and own < 0.01  # the same engine replays the same schedule
+
+
+def test_a_fit_finds_the_engines_step_costs(levels: list[MeasuredLevel]) -> None:
+    began = time.monotonic()
+    result = fit(_setup(TimingFactors()), levels)
+    took = time.monotonic() - began
+    before, after = result.error_before.median_share, result.error_after.median_share
+    assert before is not None and after is not None
+    assert after < 0.1 < before, (before, after, result.after)
+    assert result.after.source == "fitted"
+    # The decode-bound figures move the bandwidth share toward the engine's.
+    assert abs(result.after.mbu - HIDDEN.mbu) < abs(TimingFactors().mbu - HIDDEN.mbu)
+    assert result.evaluations <= 40 and took < 120.0
+
+
+def test_a_fit_that_finds_nothing_better_keeps_the_factors(levels: list[MeasuredLevel]) -> None:
+    result = fit(_setup(HIDDEN), levels, max_evaluations=6)
+    assert result.after == HIDDEN
+    assert dataclasses.replace(_setup(HIDDEN)).timing == HIDDEN

@@ -1,0 +1,305 @@
+"""The twin learns the engine: its timing factors fitted to what the levels measured.
+
+The simulated engine's step time is a roofline with a few factors
+(``tuner.sim.timing.TimingFactors``: the share of peak FLOP/s a step achieves, the
+share of HBM bandwidth, the fixed overhead per step and per scheduled request). A
+real engine (a GPU the presets describe only on paper, vLLM's CPU build, a release
+with new kernels) has its own. After a trial, each level it measured is replayed on
+the twin exactly as it was sent (``schedule.jsonl`` from offset 0, later turns their
+think time after the answer they extend) and the twin's percentiles over the same
+window are compared with the measured ones: TTFT and TPOT at p50 and p90, as the
+log of their ratio (a twin twice too slow is as wrong as one twice too fast). The
+factors that make that error smallest (Nelder-Mead in log space, from the current
+ones) are the twin's from then on.
+
+The fit uses medians and p90s, not p99s: a p99 over a window of a few hundred
+requests is two or three requests, and the twin's job in the search is to rank
+settings and to place rates, which the body of the distribution decides.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.errors import ConfigError
+from tuner.rundir import WINDOW_JSON, RunLayout
+from tuner.search.predict import Setup, simulate_schedule
+from tuner.serving.window import WindowOpening
+from tuner.sim.timing import TimingFactors
+from workloads.metrics import LoadResult, Percentiles, Slo
+from workloads.schedule import ScheduledRequest, read_records, read_schedule
+
+FIT_QUANTILES = ("p50", "p90")
+FIT_METRICS = ("ttft_ms", "tpot_ms")
+MAX_EVALUATIONS = 30  # twin replays of every level: a fit costs about this many
+MAX_LEVELS = 3  # the most recent levels a fit replays (the cost grows with them)
+DRAIN_S = 30.0  # a replay runs on this long after the window, for the answers in flight
+# The factors stay where a real engine can be: a third of the paper's rates to all of
+# them, an overhead from none to 100 ms.
+BOUNDS = {
+    "mfu": (0.05, 1.0),
+    "mbu": (0.05, 1.0),
+    "step_overhead_s": (1e-5, 0.1),
+}
+
+
+@dataclass(frozen=True)
+class MeasuredLevel:
+    """One measured level, as the twin replays it."""
+
+    name: str  # trials/<n>/level-<i>
+    schedule: list[ScheduledRequest]
+    opened_at_s: float  # the window, from the schedule's offset 0
+    window_s: float
+    measured: dict[str, Percentiles]  # ttft_ms and tpot_ms over the window (emulated ms)
+
+    @property
+    def end_s(self) -> float:
+        return self.opened_at_s + self.window_s
+
+    @property
+    def sent(self) -> list[ScheduledRequest]:
+        """What the level sent: its schedule up to the window's close (the rest of a
+        schedule planned to the longest window was never sent)."""
+        return [r for r in self.schedule if r.send_s < self.end_s]
+
+
+class LevelError(BaseModel):
+    """The twin's percentiles against the measured ones on one level."""
+
+    model_config = ConfigDict(frozen=True)
+
+    level: str
+    measured: dict[str, float]  # "ttft_ms.p50": value
+    predicted: dict[str, float]
+
+    @property
+    def log_errors(self) -> list[float]:
+        return [
+            math.log(self.predicted[k] / self.measured[k])
+            for k in self.measured
+            if self.measured[k] > 0 and self.predicted.get(k, 0.0) > 0
+        ]
+
+
+class TwinError(BaseModel):
+    """How far the twin is from what was measured: per level, and as one figure (the
+    median absolute error of its percentiles, as a share: 0.1 is 10 % off)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    levels: list[LevelError]
+
+    @property
+    def median_share(self) -> float | None:
+        errors = [abs(math.expm1(e)) for lv in self.levels for e in lv.log_errors]
+        return statistics.median(errors) if errors else None
+
+    @property
+    def loss(self) -> float:
+        errors = [e for lv in self.levels for e in lv.log_errors]
+        # A level the twin could not run at all (its server would not start) is far off.
+        missing = sum(1 for lv in self.levels if not lv.predicted)
+        return (sum(e * e for e in errors) / len(errors) if errors else 0.0) + 10.0 * missing
+
+
+class TwinFit(BaseModel):
+    """One fit: the factors before and after, and the twin's error with each."""
+
+    model_config = ConfigDict(frozen=True)
+
+    before: TimingFactors
+    after: TimingFactors
+    error_before: TwinError
+    error_after: TwinError
+    evaluations: int
+
+
+def read_level(level_dir: Path, *, time_scale: float = 1.0) -> MeasuredLevel | None:
+    """A level's schedule, window and measured percentiles (emulated time), or None where
+    any of them is missing or unreadable (a level that stopped before its window opened)."""
+    paths = [level_dir / n for n in ("schedule.jsonl", WINDOW_JSON, "requests.jsonl")]
+    if not all(p.is_file() for p in paths):
+        return None
+    try:
+        window = WindowOpening.model_validate_json(paths[1].read_text(encoding="utf-8"))
+        schedule = read_schedule(paths[0])
+        records = list(read_records(paths[2]))
+    except (OSError, ValueError):  # a half-written or foreign file: not a sample
+        return None
+    planned = {r.request_id: r for r in schedule}
+    # Offset 0 in Unix time: an open-loop request was due exactly at it plus its send_s.
+    zero = next(
+        (
+            rec.scheduled_s - planned[rec.request_id].send_s * time_scale
+            for rec in records
+            if rec.request_id in planned and planned[rec.request_id].follows is None
+        ),
+        None,
+    )
+    if zero is None:
+        return None
+    start, end = window.opened_at_s, window.opened_at_s + window.window_s
+    inside = [
+        rec for rec in records
+        if not rec.warmup and start <= (rec.scheduled_s - zero) / time_scale < end
+    ]  # fmt: skip
+    load = LoadResult.from_records(inside, slo=None)
+    if time_scale != 1.0:
+        load = load.in_virtual_time(time_scale)
+    if not load.ttft_ms.count:
+        return None
+    return MeasuredLevel(
+        name=f"{level_dir.parent.name}/{level_dir.name}",
+        schedule=schedule,
+        opened_at_s=start,
+        window_s=window.window_s,
+        measured={"ttft_ms": load.ttft_ms, "tpot_ms": load.tpot_ms},
+    )
+
+
+def twin_error(setup: Setup, levels: Sequence[MeasuredLevel]) -> TwinError:
+    """The twin (``setup``, its timing factors included) replaying each level."""
+    out: list[LevelError] = []
+    for level in levels:
+        measured = _figures(level.measured)
+        _, result = simulate_schedule(
+            setup, level.sent, Slo(), stop_at_s=level.end_s + DRAIN_S,
+            measure_from_s=level.opened_at_s, measure_to_s=level.end_s,
+        )  # fmt: skip
+        predicted = (
+            {}
+            if result is None
+            else _figures({"ttft_ms": result.ttft_ms, "tpot_ms": result.tpot_ms})
+        )
+        out.append(LevelError(level=level.name, measured=measured, predicted=predicted))
+    return TwinError(levels=out)
+
+
+def _figures(percentiles: dict[str, Percentiles]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for metric in FIT_METRICS:
+        p = percentiles.get(metric)
+        for q in FIT_QUANTILES:
+            value = getattr(p, q) if p is not None else None
+            if value is not None and value > 0:
+                out[f"{metric}.{q}"] = float(value)
+    return out
+
+
+def fit(
+    setup: Setup, levels: Sequence[MeasuredLevel], *, max_evaluations: int = MAX_EVALUATIONS
+) -> TwinFit:
+    """The timing factors that bring the twin closest to ``levels`` (the most recent
+    ``MAX_LEVELS``), starting from ``setup``'s."""
+    from scipy.optimize import minimize  # a second of import: only when a fit runs
+
+    levels = list(levels)[-MAX_LEVELS:]
+    start = setup.timing
+    names = tuple(BOUNDS)
+    cache: dict[tuple[float, ...], TwinError] = {}
+
+    def factors_at(x: Sequence[float]) -> TimingFactors:
+        values = {
+            n: min(max(math.exp(v), BOUNDS[n][0]), BOUNDS[n][1])
+            for n, v in zip(names, x, strict=True)
+        }
+        return start.model_copy(update={**values, "source": "fitted"})
+
+    def error_at(x: Sequence[float]) -> TwinError:
+        key = tuple(round(v, 6) for v in x)
+        if key not in cache:
+            cache[key] = twin_error(replace(setup, timing=factors_at(x)), levels)
+        return cache[key]
+
+    x0 = [math.log(getattr(start, n)) for n in names]
+    before = error_at(x0)
+    result = minimize(
+        lambda x: error_at(x).loss, x0, method="Nelder-Mead",
+        options={"maxfev": max_evaluations, "xatol": 0.01, "fatol": 1e-4, "initial_simplex": _simplex(x0)},
+    )  # fmt: skip
+    best_x = list(result.x)
+    after = error_at(best_x)
+    if after.loss >= before.loss:  # nothing better found: keep what there was
+        return TwinFit(
+            before=start, after=start, error_before=before, error_after=before,
+            evaluations=len(cache),
+        )  # fmt: skip
+    return TwinFit(
+        before=start, after=factors_at(best_x), error_before=before, error_after=after,
+        evaluations=len(cache),
+    )  # fmt: skip
+
+
+def _simplex(x0: Sequence[float]) -> list[list[float]]:
+    """A first simplex wide enough to find factors off by a third or more (log steps of
+    0.4: x1.5)."""
+    points = [list(x0)]
+    for i in range(len(x0)):
+        p = list(x0)
+        p[i] += 0.4
+        points.append(p)
+    return points
+
+
+class TrialFit(BaseModel):
+    """One trial's fit as ``twin.json`` records it: the twin's error on the trial's levels
+    before and after, and its goodput prediction for the trial's settings against what
+    was measured."""
+
+    model_config = ConfigDict(frozen=True)
+
+    trial: int
+    levels: list[str]
+    before: TimingFactors
+    after: TimingFactors
+    error_before: float | None  # median share off the measured percentiles
+    error_after: float | None
+    evaluations: int
+    measured_rate_per_s: float | None = None  # the trial's goodput, the workload's unit
+    predicted_rate_per_s: float | None = None  # the twin's for its settings, before the trial
+    predicted_after_per_s: float | None = None  # ... with the factors fitted after it
+
+    @staticmethod
+    def share_off(predicted: float | None, measured: float | None) -> float | None:
+        if not predicted or not measured:
+            return None
+        return predicted / measured - 1.0
+
+
+class TwinRecord(BaseModel):
+    """``twin.json``: the twin's timing factors now and every fit that led there."""
+
+    model_config = ConfigDict(frozen=True)
+
+    factors: TimingFactors = TimingFactors()
+    fits: list[TrialFit] = []
+
+    def with_fit(self, one: TrialFit) -> TwinRecord:
+        return TwinRecord(factors=one.after, fits=[*self.fits, one])
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+
+def read_twin(run_dir: Path) -> TwinRecord:
+    """A run's ``twin.json`` (``--twin-from``), as a ConfigError naming what is wrong."""
+    path = RunLayout(run_dir).twin_json
+    if not path.is_file():
+        raise ConfigError(
+            f"--twin-from {str(run_dir)!r} has no {path.name}; accepted: the run directory "
+            "of a tune that measured at least one level"
+        )
+    try:
+        return TwinRecord.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0]
+        raise ConfigError(f"--twin-from {str(path)!r} is not a twin record: {first}") from exc
