@@ -13,6 +13,7 @@ import pytest
 from tuner.sim.build import build_engine
 from tuner.sim.engine import SimEngine, block_hashes
 from tuner.sim.simulate import FailureReason, block_token_ids, prompt_ids, run
+from tuner.sim.timing import TimingFactors
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
@@ -184,3 +185,17 @@ class TestSimulateCommand:
 def test_an_unreadable_trace_names_it(tmp_path: Path) -> None:
     out = tuner(*BASE, "--trace", str(tmp_path / "none.csv"))
     assert out.returncode == 2 and "none.csv" in out.stderr
+
+
+def test_simulate_starts_from_the_step_costs_a_tune_fitted(tmp_path: Path) -> None:
+    """``--twin-from RUN_DIR``: the factors in its twin.json time the steps (half the
+    bandwidth: decode steps about twice as long); a run without one is one line, exit 2."""
+    args = (*BASE, "--rate", "2", "--duration", "20", "--prompt-tokens", "50",
+            "--output-tokens", "40", "--json")  # fmt: skip
+    slow = TimingFactors(mbu=0.4, source="fitted")
+    (tmp_path / "twin.json").write_text(json.dumps({"factors": slow.model_dump(), "fits": []}))
+    paper = json.loads(tuner(*args).stdout)["itl_ms"]["p50"]
+    fitted = json.loads(tuner(*args, "--twin-from", str(tmp_path)).stdout)["itl_ms"]["p50"]
+    assert fitted > 1.6 * paper
+    bad = tuner(*args, "--twin-from", str(tmp_path / "none"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "twin.json" in bad.stderr

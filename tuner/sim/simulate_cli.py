@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError, TraceReadError
+from tuner.rundir import RunLayout
 from tuner.sim import flag_values as check
+from tuner.sim.timing import TimingFactors
 from tuner.vllm.flags import add_memory_flags, params_from_args
 
 POISSON_DURATION_S = 60.0
@@ -33,6 +36,13 @@ def add_parser(sub: Any) -> None:
         help="simulator-only what-if: lru (vLLM's), lfu, fifo, tiered",
     )
     p.add_argument("--compare-eviction", action="store_true", help="run once per eviction policy")
+    p.add_argument(
+        "--twin-from",
+        type=Path,
+        metavar="RUN_DIR",
+        help="the step costs a tune fitted to what it measured (its twin.json) instead of the "
+        "paper's",
+    )
     source = p.add_argument_group("workload")
     source.add_argument(
         "--trace",
@@ -41,7 +51,7 @@ def add_parser(sub: Any) -> None:
     source.add_argument(
         "--rate",
         type=float,
-        help="requests/s: Poisson, or the trace scaled to it over the part replayed",
+        help="requests/s: Poisson, or the trace scaled so that, looped, it averages this",
     )
     source.add_argument(
         "--duration",
@@ -101,6 +111,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from workloads.traces import TraceError, load_trace, resolve_trace
 
     _check_values(args)
+    factors = twin_factors(args.twin_from) if args.twin_from is not None else None
     params = params_from_args(args)
     policies = [p.value for p in EvictionPolicy]
     if args.prefix_cache_eviction not in policies:
@@ -140,7 +151,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             eviction_policy=EvictionPolicy(policy),
             seed=args.seed,
         )
-        startup, engine = build_engine(model, gpu, params, version, options)
+        startup, engine = build_engine(model, gpu, params, version, options, factors)
         if engine is None:
             assert startup.failure is not None
             raise ConfigError(
@@ -163,3 +174,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             title = f"{model.name} on {gpu.name} (simulated, vLLM {version}, eviction {policy})"
             print(format_result(title, result))
     return 0
+
+
+def twin_factors(run_dir: Path) -> TimingFactors:
+    """The step costs a tune fitted (``factors`` in its twin.json), as a ConfigError."""
+    path = RunLayout(run_dir).twin_json
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return TimingFactors.model_validate(record["factors"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"--twin-from {str(run_dir)!r}: no readable {path.name} ({type(exc).__name__}); "
+            "accepted: the run directory of a tune that fitted its twin"
+        ) from exc
