@@ -169,8 +169,7 @@ def trace_arrivals(
     base = np.array([r.arrival_s for r in records], dtype=np.float64)
     base -= base[0]
     n = len(base)
-    span = float(base[-1])
-    period = span + (span / (n - 1) if n > 1 and span > 0 else 1.0)
+    period = trace_pass_s(records, None)
     count = max_requests if max_requests is not None else (n if duration_s is None else None)
     if rate_per_s is not None:
         factor = (n / rate_per_s) / period
