@@ -54,6 +54,7 @@ from reports.run_data import (
     rebase,
     timeline,
 )
+from reports.twin import twin_section
 from tuner.errors import ReportError
 from tuner.rundir import REPORT_HTML, RunLayout
 from tuner.search.config import TuneConfig
@@ -1208,6 +1209,17 @@ def _describe(values: dict[str, Any]) -> str:
     return (f"{kind}: " if kind else "") + (", ".join(parts) or "none")
 
 
+def _twin(data: RunData) -> dict[str, Any]:
+    section = twin_section(data)
+    return {
+        "absent": section.absent,
+        "chart": _figure(section.chart) if section.chart is not None else None,
+        "screened": section.screened,
+        "points": section.points,
+        "fits": section.fits,
+    }
+
+
 def _context(data: RunData) -> dict[str, Any]:
     tune = data.tune
     winner = data.best_trial
@@ -1256,6 +1268,7 @@ def _context(data: RunData) -> dict[str, Any]:
         "latency": _latency_section(data),
         "trials": trials,
         "steady": _steady_state(data),
+        "twin": _twin(data),
         "steady_p": f"{STEADY_P:g}",
         "other_settings": any(
             k not in ("gpu-memory-utilization", "max-num-seqs", "block-size", "kv-cache-dtype")

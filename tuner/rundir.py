@@ -39,6 +39,7 @@ RECOMMENDATION_JSON = "recommendation.json"
 WINDOW_JSON = "window.json"  # in a level's directory: when its window opened
 BACKLOG_JSON = "backlog.json"  # in a level's directory: the backlog guard's verdict
 TWIN_JSON = "twin.json"  # the twin's timing factors and every fit that led to them
+LANDSCAPE_JSON = "landscape.json"  # the twin's goodput for every setting of the space
 
 
 def level_name(index: int) -> str:
@@ -80,6 +81,10 @@ class RunLayout:
     @property
     def twin_json(self) -> Path:
         return self.root / TWIN_JSON
+
+    @property
+    def landscape_json(self) -> Path:
+        return self.root / LANDSCAPE_JSON
 
     @property
     def trials_dir(self) -> Path:

@@ -67,6 +67,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-twin-fit", dest="twin_fit", action="store_false", default=None,
                    help="keep the twin's step costs as they are instead of fitting them to "
                         "each trial's measured levels")  # fmt: skip
+    p.add_argument("--no-twin-search", dest="twin_search", action="store_false", default=None,
+                   help="launch what the sampler draws, without the twin's landscape of the "
+                        "whole space first")  # fmt: skip
+    p.add_argument("--dry-run", dest="dry_run", action="store_true", default=None,
+                   help="show the space, the twin's best settings with their predicted "
+                        "goodput, the trials it would launch and their estimated time; "
+                        "launch nothing")  # fmt: skip
     p.add_argument("--twin-from", dest="twin_from", type=Path, metavar="RUN_DIR",
                    help="start the twin from the step costs an earlier run fitted (its twin.json)")  # fmt: skip
     p.add_argument("--sim-step-costs", dest="sim_step_costs", metavar="FACTORS",
@@ -127,7 +134,8 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "kv_cache_memory_bytes",
         "tensor_parallel_size", "workload", "rate", "slo_ttft_ms", "slo_itl_ms", "objective",
         "trials", "budget_min", "seed", "screen", "level_duration_s", "level_warmup_s",
-        "level_max_duration_s", "max_levels", "chain_levels", "twin_fit", "twin_from", "sim_step_costs", "study",
+        "level_max_duration_s", "max_levels", "chain_levels", "twin_fit", "twin_from", "twin_search", "dry_run",
+        "sim_step_costs", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
         "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "processes",
         "load_workers", "load_master_bind",
@@ -154,6 +162,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, flush=True)
 
+    if config.dry_run:
+        from tuner.search.dry_run import dry_run
+
+        plan = dry_run(config, progress)
+        if args.json:
+            print(plan.model_dump_json(indent=2))
+        return 0
     summary = run_tune(config, progress, write_report_noting)
     if args.json:
         print(summary.model_dump_json(indent=2))

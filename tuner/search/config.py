@@ -83,6 +83,10 @@ class TuneConfig(BaseModel):
     # paper's factors or those a run recorded (twin_from: its run directory).
     twin_fit: bool = True
     twin_from: Path | None = None
+    # The twin's landscape (tuner.search.landscape): every setting of the space predicted
+    # before the first launch; the trials after vLLM's defaults go to its best settings.
+    twin_search: bool = True
+    dry_run: bool = False  # the space, the twin's best and the plan; nothing launched
     # Where it goes
     study: str | None = None
     run_dir: Path | None = None

@@ -24,7 +24,7 @@ import socket
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -53,7 +53,16 @@ from tuner.search.predict import Setup, SustainedRate, sustained_rate
 from tuner.search.rate_search import GoodputBound, GoodputUnit, level_workload, plan_level_schedule
 from tuner.search.sampling import Objective, make_sampler
 from tuner.search.space import Range, TrialParams, vllm_defaults
-from tuner.search.twin_fit import TrialFit, TwinRecord, fit, read_level, read_twin
+from tuner.search.twin_fit import (
+    MAX_LEVELS,
+    MeasuredLevel,
+    TrialFit,
+    TwinRecord,
+    fit,
+    read_level,
+    read_twin,
+)
+from tuner.search.twin_search import TwinSearch
 from tuner.serving.load import plan_schedule
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend
@@ -76,6 +85,7 @@ class TrialRole(StrEnum):
 
     DEFAULT = "vllm-default"  # vLLM's own defaults, enqueued before any other trial
     SEARCH = "search"  # drawn by the sampler
+    TWIN = "twin-pick"  # the twin's most promising untried setting (tuner.search.twin_search)
 
 
 Progress = Callable[[str], None]
@@ -727,6 +737,7 @@ class TrialLoop:
         self.trial_estimate_s = 0.0
         self._predicted: dict[str, SustainedRate] = {}
         self._current_trial: int | None = None
+        self.twin = TwinSearch(ctx, progress)
 
     # -- set-up shared by every worker --------------------------------------------------------
 
@@ -842,6 +853,13 @@ class TrialLoop:
         return optuna_store.trials_in(self.study, TrialState.RUNNING)
 
     def run(self) -> None:
+        """``_run_trials``; the twin's screen, where one is still under way, is stopped."""
+        try:
+            self._run_trials()
+        finally:
+            self.twin.stop()
+
+    def _run_trials(self) -> None:
         """Run trials until the study has ``trials`` complete ones and none running.
 
         Between its trials a worker runs none, so the RUNNING trials are other
@@ -884,6 +902,7 @@ class TrialLoop:
                 return
             began = time.monotonic()
             try:
+                self._twin_turn()
                 self.study.optimize(self._objective, n_trials=1, catch=())
             except KeyboardInterrupt:  # SIGINT or SIGTERM: Optuna has failed the trial
                 self._retry_cut_off()
@@ -892,6 +911,43 @@ class TrialLoop:
             self.trial_estimate_s = (
                 max(self.trial_estimate_s * 0.5, took) if self.trial_estimate_s else took
             )
+
+    def _twin_turn(self) -> None:
+        """The twin's part before a trial: its screen started beside the first one (vLLM's
+        defaults, enqueued), and after that its best untried setting enqueued while it
+        predicts one above the best measured (``tuner.search.twin_search``)."""
+        ctx = self.ctx
+        if not ctx.config.twin_search or self.twin.done:
+            return
+        if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+            self.twin.done = True
+            return
+        fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
+        defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu)
+        self.twin.start(self.setup.timing, self.predicted_max_rate(defaults, fallback) or fallback)
+        if optuna_store.trials_in(self.study, TrialState.WAITING):
+            return  # enqueued first: vLLM's defaults, or a retry
+        trials = optuna_store.trials_in(self.study)
+        tried = [
+            ctx.space.from_optuna(t.params or t.system_attrs.get("fixed_params") or {})
+            for t in trials
+        ]
+        best = best_trial(self.study)
+        best_params = ctx.space.from_optuna(best.params) if best is not None else None
+        pick = self.twin.pick(tried, best_params, self.predicted_max_rate)
+        if pick is None:
+            return
+        self.study.enqueue_trial(
+            ctx.space.to_optuna(pick.params),
+            user_attrs={
+                "role": TrialRole.TWIN.value,
+                "twin_rate_per_s": pick.predicted_rate_per_s,
+                "landscape_rate_per_s": pick.landscape_rate_per_s,
+            },
+        )
+        self.progress(
+            f"twin: next {pick.params.short()} (predicted {pick.predicted_rate_per_s:.2f}/s)"
+        )
 
     def _retry_cut_off(self) -> None:
         """The trial an interruption cut off runs again, with the same settings, on
@@ -985,17 +1041,7 @@ class TrialLoop:
         ctx = self.ctx
         if not ctx.config.twin_fit or ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
             return
-        trial_dir = RunLayout(ctx.run_dir).trial_dir(number)
-        # The levels that held: a backlog's percentiles are its queue's, which the
-        # smallest error in a step's cost changes by seconds (all levels where none held).
-        held = {Path(lv.dir).name for lv in ev.levels if lv.met}
-        paths = sorted(trial_dir.glob("level-*"))
-        paths = [p for p in paths if p.name in held] or paths
-        levels = [
-            level
-            for path in paths
-            if (level := read_level(path, time_scale=self.setup.time_scale)) is not None
-        ]
+        levels = self._fit_levels(number, params, ev)
         if not levels:
             return
         setup = Setup(
@@ -1017,6 +1063,36 @@ class TrialLoop:
         line = _twin_line(one)
         log.info(line.strip())
         self.progress(line)
+
+    def _held_levels(self, number: int, params: TrialParams, ev: Evaluation) -> list[MeasuredLevel]:
+        """A trial's levels that held, as the twin replays them (all of them where none
+        held: a backlog's percentiles are its queue's, which the smallest error in a
+        step's cost changes by seconds)."""
+        trial_dir = RunLayout(self.ctx.run_dir).trial_dir(number)
+        held = {Path(lv.dir).name for lv in ev.levels if lv.met}
+        paths = sorted(trial_dir.glob("level-*"))
+        paths = [p for p in paths if p.name in held] or paths
+        serving = params.serving(self.ctx.base)
+        return [
+            replace(level, params=serving)
+            for path in paths
+            if (level := read_level(path, time_scale=self.setup.time_scale)) is not None
+        ]
+
+    def _fit_levels(self, number: int, params: TrialParams, ev: Evaluation) -> list[MeasuredLevel]:
+        """What a fit after trial ``number`` replays: the busiest held level of each of the
+        latest earlier trials, and this trial's latest held levels, ``MAX_LEVELS`` in all."""
+        earlier: list[MeasuredLevel] = []
+        for t in reversed(self.complete_trials()):
+            if len(earlier) >= MAX_LEVELS - 1:
+                break
+            if t.number == number or (done := load_evaluation(t)) is None:
+                continue
+            theirs = self._held_levels(t.number, self.ctx.space.from_optuna(t.params), done)
+            if theirs:
+                earlier.append(theirs[-1])
+        own = self._held_levels(number, params, ev)
+        return [*reversed(earlier), *own[-(MAX_LEVELS - len(earlier)) :]] if own else []
 
     def best_rate(self) -> float | None:
         rates = [

@@ -144,7 +144,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _reserve_s(ctx: TuneContext, setup: StudySetup) -> float:
+def reserve_s(ctx: TuneContext, setup: StudySetup) -> float:
     """Wall time kept back for the edge search and the confirmation runs: what they take
     in the usual case (the calibrated model puts the edge within three launches, a
     confirmation measures two or three rates)."""
@@ -234,7 +234,7 @@ def _run(
             RunLayout(ctx.run_dir).tune_json,
             json.dumps({**describe(ctx), "time_scale": setup.time_scale}, indent=2, default=str),
         )
-        loop.deadline_s = deadline - _reserve_s(ctx, setup)
+        loop.deadline_s = deadline - reserve_s(ctx, setup)
         loop.run()
         setup = loop.setup  # calibrated by the first real startup, if this worker saw one
         best = best_trial(study)

@@ -10,7 +10,9 @@ think time after the answer they extend) and the twin's percentiles over the sam
 window are compared with the measured ones: TTFT and TPOT at p50 and p90, as the
 log of their ratio (a twin twice too slow is as wrong as one twice too fast). The
 factors that make that error smallest (Nelder-Mead in log space, from the current
-ones) are the twin's from then on.
+ones) are the twin's from then on. A fit pools the levels of several trials (the
+busiest level that held in each of the latest ones beside this trial's): the factors
+of one setting's levels alone fit that setting and mispredict the others.
 
 The fit uses medians and p90s, not p99s: a p99 over a window of a few hundred
 requests is two or three requests, and the twin's job in the search is to rank
@@ -32,6 +34,7 @@ from tuner.rundir import WINDOW_JSON, RunLayout
 from tuner.search.predict import Setup, simulate_schedule
 from tuner.serving.window import WindowOpening
 from tuner.sim.timing import TimingFactors
+from tuner.vllm.memory import ServingParams
 from workloads.metrics import LoadResult, Percentiles, Slo
 from workloads.schedule import ScheduledRequest, read_records, read_schedule
 
@@ -58,6 +61,9 @@ class MeasuredLevel:
     opened_at_s: float  # the window, from the schedule's offset 0
     window_s: float
     measured: dict[str, Percentiles]  # ttft_ms and tpot_ms over the window (emulated ms)
+    # The settings the level's server ran with (None: the setup's that replays it); a fit
+    # pools the levels of several trials, each replayed with its own.
+    params: ServingParams | None = None
 
     @property
     def end_s(self) -> float:
@@ -169,8 +175,9 @@ def twin_error(setup: Setup, levels: Sequence[MeasuredLevel]) -> TwinError:
     out: list[LevelError] = []
     for level in levels:
         measured = _figures(level.measured)
+        own = setup if level.params is None else replace(setup, params=level.params)
         _, result = simulate_schedule(
-            setup, level.sent, Slo(), stop_at_s=level.end_s + DRAIN_S,
+            own, level.sent, Slo(), stop_at_s=level.end_s + DRAIN_S,
             measure_from_s=level.opened_at_s, measure_to_s=level.end_s,
         )  # fmt: skip
         predicted = (

@@ -1,0 +1,147 @@
+"""The twin-guided search: the twin's landscape decides what the tune launches next.
+
+Before the first launch the twin screens the whole space (``tuner.search.landscape``),
+in worker processes at the lowest CPU priority while vLLM's defaults are measured.
+After that, before each trial: the most promising untried settings of the landscape
+(one per group of settings that differ only in utilization, ``landscape.candidates``)
+are predicted again at a level's length with the twin's step costs as fitted so far,
+and the best of them is launched when the twin puts it above the best setting
+measured (both predicted: a twin that is off by a constant share ranks the same).
+When no untried setting beats it, the sampler draws the rest, with every measured
+trial of the twin's choosing in its history.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tuner.rundir import RunLayout
+from tuner.search.context import TuneContext
+from tuner.search.landscape import (
+    Landscape,
+    ScreenJob,
+    ScreenRun,
+    candidates,
+    read_landscape,
+)
+from tuner.search.rate_search import plan_level_schedule
+from tuner.search.space import TrialParams
+from tuner.sim.timing import TimingFactors
+
+log = logging.getLogger(__name__)
+
+SCREEN_WARMUP_S = 20.0  # the screen's runs: this warm-up (at most a level's) ...
+SCREEN_WINDOW_S = 30.0  # ... and this window (at most a level's), virtual seconds
+SCREEN_LADDER_STEP = 1.1  # the screen's rungs: 10 % apart (the re-ranking is finer)
+SCREEN_JOBS = 2  # worker processes
+RERANK = 3  # untried settings predicted again before each trial
+
+
+def screen_job(
+    ctx: TuneContext, factors: TimingFactors, base_rate_per_s: float
+) -> ScreenJob | None:
+    """The screen of ``ctx``'s space (None: no GPU profile or no arrival rate to search)."""
+    if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+        return None
+    _, plan, _ = plan_level_schedule(
+        ctx.workload, base_rate_per_s, window_s=ctx.config.level_duration_s,
+        warmup_s=ctx.config.level_warmup_s,
+    )  # fmt: skip
+    return ScreenJob(
+        model=ctx.model, gpu=ctx.gpu, version=ctx.version, base=ctx.base, workload=ctx.workload,
+        factors=factors, warmup_s=min(plan.warmup_max_s, SCREEN_WARMUP_S),
+        window_s=min(plan.window_s, SCREEN_WINDOW_S), base_rate_per_s=base_rate_per_s,
+        ladder_step=SCREEN_LADDER_STEP,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TwinPick:
+    params: TrialParams
+    predicted_rate_per_s: float  # at a level's length, the twin's factors now
+    landscape_rate_per_s: float  # the screen's
+
+
+class TwinSearch:
+    """The landscape of one tune and the picks it makes (see the module's docstring)."""
+
+    def __init__(self, ctx: TuneContext, progress: Callable[[str], None]) -> None:
+        self.ctx = ctx
+        self.progress = progress
+        self.path = RunLayout(ctx.run_dir).landscape_json
+        self.landscape: Landscape | None = read_landscape(self.path)  # a resumed run's
+        self._running: ScreenRun | None = None
+        self.done = False  # the twin has nothing better to offer: the sampler's turn
+
+    def start(self, factors: TimingFactors, base_rate_per_s: float) -> None:
+        """Start the screen (once; not when the run directory has its landscape)."""
+        if self.landscape is not None or self._running is not None:
+            return
+        job = screen_job(self.ctx, factors, base_rate_per_s)
+        if job is None:
+            self.done = True
+            return
+        self._running = ScreenRun(job, self.ctx.space, jobs=SCREEN_JOBS)
+        self.progress(
+            f"twin: screening all {len(self.ctx.space.grid())} settings of the space beside "
+            "the first trial"
+        )
+
+    def wait(self) -> Landscape | None:
+        """The landscape, waiting for the screen to finish."""
+        if self._running is None:
+            return self.landscape
+        if not self._running.ready():
+            self.progress("twin: waiting for the screen to finish")
+        landscape = self._running.result()
+        self._running = None
+        landscape.write(self.path)
+        self.landscape = landscape
+        best = landscape.ranked()[0] if landscape.points else None
+        line = (
+            f"twin: {len(landscape.points)} settings screened in {landscape.wall_s:.0f} s "
+            f"({landscape.computed} computed, the rest between computed utilizations)"
+            + (f"; best predicted {best.params.short()} at {best.rate_per_s:.2f}/s" if best else "")
+        )
+        log.info(line)
+        self.progress(line)
+        return landscape
+
+    def stop(self) -> None:
+        if self._running is not None:
+            self._running.stop()
+            self._running = None
+
+    def pick(
+        self,
+        tried: Sequence[TrialParams],
+        best_measured: TrialParams | None,
+        predict: Callable[[TrialParams, float | None], float],
+    ) -> TwinPick | None:
+        """The next setting to launch, or None (and ``done``) when the twin predicts none
+        untried above the best measured one. ``predict``: the twin's sustained rate at a
+        level's length with its factors now (from a start rate)."""
+        if self.done:
+            return None
+        landscape = self.wait()
+        if landscape is None:
+            self.done = True
+            return None
+        picks = candidates(landscape, tried, count=RERANK)
+        scored = [(predict(p.params, p.rate_per_s), p) for p in picks]
+        scored = [(rate, p) for rate, p in scored if rate > 0]
+        if not scored:
+            self.done = True
+            return None
+        rate, point = max(scored, key=lambda s: s[0])
+        bar = predict(best_measured, None) if best_measured is not None else 0.0
+        if rate <= bar:
+            self.done = True
+            self.progress(
+                f"twin: no untried setting predicted above the best measured "
+                f"({bar:.2f}/s); the sampler draws the rest"
+            )
+            return None
+        return TwinPick(point.params, rate, point.rate_per_s)
