@@ -33,8 +33,12 @@ SMALL_TUNE_ARGS = (
 )  # fmt: skip
 
 
-def tune(run_dir: Path, *extra: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
-    """`tuner tune` as a user runs it, in its own process; output captured."""
+def tune(
+    run_dir: Path, *extra: str, timeout_s: float = 600, twin_search: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`tuner tune` as a user runs it, in its own process; output captured. The twin's
+    screen of the space is off unless ``twin_search`` (tests/integration/test_twin_search.py
+    covers it; the rest would each pay for a screen they do not look at)."""
     return subprocess.run(
         [
             sys.executable,
@@ -42,6 +46,7 @@ def tune(run_dir: Path, *extra: str, timeout_s: float = 600) -> subprocess.Compl
             "tuner.cli",
             "tune",
             *SMALL_TUNE_ARGS,
+            *(() if twin_search else ("--no-twin-search",)),
             "--run-dir",
             str(run_dir),
             *extra,

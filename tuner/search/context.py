@@ -219,6 +219,7 @@ def resolve(config: TuneConfig) -> TuneContext:
         run_dir=writable_dir(
             config.run_path(gpu.name if gpu else None),
             what="--run-dir" if config.run_dir is not None else "run directory",
+            keep=not config.dry_run,  # a dry run writes nothing
         ),
         model_dir=None if model_dir is None else model_dir.absolute(),
         gpu_source=_gpu_source(config.gpu_source, backend, nvml_name),

@@ -46,14 +46,19 @@ REGISTRY_FILE = "children.json"
 FORCED_EXIT_AFTER_S = 45.0  # from SIGINT or SIGTERM to a forced exit if unwinding hangs
 
 
-def writable_dir(path: Path, *, what: str = "run directory") -> Path:
-    """``path`` made absolute, created and checked writable; RunDirError (one line) if not."""
+def writable_dir(path: Path, *, what: str = "run directory", keep: bool = True) -> Path:
+    """``path`` made absolute, created and checked writable; RunDirError (one line) if not.
+    ``keep=False``: only checked (what it created for the check is removed again)."""
     path = path.absolute()
     probe = path / f".tuner-write-check.{os.getpid()}"
+    created = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
         probe.unlink()
+        if not keep:
+            for p in created:  # deepest first
+                p.rmdir()
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         existing = next((p for p in (path, *path.parents) if p.exists()), path)

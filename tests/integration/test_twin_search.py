@@ -1,0 +1,128 @@
+"""The twin-guided search (issue 17): the twin screens the whole space before the first
+launch, the trial after vLLM's defaults goes to its best setting, the report shows the
+landscape with the measured trials and the twin's error at each; ``--dry-run`` says
+all that without launching; an interrupted screen leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.tune_run import SMALL_TUNE_ARGS, tune
+from tuner.search.landscape import Landscape, ScreenMethod, candidates
+from tuner.search.space import TrialParams
+
+pytestmark = pytest.mark.integration
+
+# 2 block sizes x 2 KV dtypes x 4 max-num-seqs x 6 utilizations: 96 settings.
+SPACE = ("--space", "gpu-memory-utilization=0.8..0.95/0.03")
+
+
+def test_the_twin_screens_the_space_and_picks_the_next_trial(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = tune(run_dir, *SPACE, "--trials", "3", "--no-edge", "--no-confirm", twin_search=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    landscape = Landscape.model_validate_json((run_dir / "landscape.json").read_text())
+    assert len(landscape.points) == 96
+    assert all(
+        p.rate_per_s > 0 for p in landscape.points if p.method is not ScreenMethod.NOT_STARTING
+    )
+    assert "96 settings screened" in done.stdout
+    assert "settings screened" in (run_dir / "tune.log").read_text()
+
+    evaluations = [
+        json.loads(p.read_text()) for p in sorted((run_dir / "trials").glob("*/evaluation.json"))
+    ]
+    defaults = TrialParams.model_validate(evaluations[0]["params"])
+    second = TrialParams.model_validate(evaluations[1]["params"])
+    # Trial 1 is one of the twin's most promising settings, not the sampler's draw.
+    top = candidates(landscape, [defaults], count=3)
+    assert second in [p.params for p in top], (second, [p.params for p in top])
+    assert "twin: next " + second.short() in done.stdout
+
+    html = (run_dir / "report.html").read_text()
+    assert 'id="twin-points"' in html and "twin&#39;s pick" in html
+    assert html.count('<tr><td class="num">', html.index('id="twin-points"')) >= 2
+
+
+def test_dry_run_plans_without_launching(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = tune(run_dir, *SPACE, "--dry-run", twin_search=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "nothing is launched" in out
+    assert "96 settings screened" in out
+    assert "the twin's best" in out and "the trials it would launch (3)" in out
+    assert "vLLM's defaults" in out and "the twin's pick" in out
+    assert "estimated: ~" in out and "no GPU (simulated engine)" in out
+    assert not run_dir.exists()
+    bad = tune(run_dir, "--dry-run", "--space", "max-num-seqs=0..4")
+    assert bad.returncode == 2 and "max-num-seqs" in bad.stderr
+    assert not run_dir.exists()
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry.name))
+    return out
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (one whose parent is gone waits for the reaper, not running)."""
+    try:
+        return (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _describe(pid: int) -> str:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return str(pid)
+    return f"{pid}: {command}"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_an_interrupted_screen_leaves_no_process(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = tmp_path / "stdout.txt"
+    with out.open("w") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.cli", "tune", *SMALL_TUNE_ARGS, "--run-dir", str(run_dir),
+             "--space", "gpu-memory-utilization=0.8..0.97/0.01", "--trials", "2"],
+            stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+            cwd=tmp_path,
+        )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while "twin: screening" not in out.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+        time.sleep(0.2)
+    time.sleep(2.0)  # the workers spawned and computing
+    children = _children_of(proc.pid)
+    assert len(children) >= 2, "no screen workers to interrupt"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130, out.read_text()
+    deadline = time.monotonic() + 10
+    while (alive := [pid for pid in children if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    described = [_describe(pid) for pid in alive]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"left running: {described}"
+    assert "Traceback" not in out.read_text()
