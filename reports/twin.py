@@ -147,7 +147,8 @@ def _fit_row(f: TrialFit) -> FitRow:
         levels=", ".join(f.levels),
         before=_pct(f.error_before),
         after=_pct(f.error_after),
-        factors=f.after.describe(),
+        factors=f.after.describe()
+        + ("" if f.adopted else ": not adopted, its goodput prediction was further off"),
         goodput=f"{_share(f.predicted_rate_per_s, f.measured_rate_per_s)} -> "
         f"{_share(f.predicted_after_per_s, f.measured_rate_per_s)}",
     )

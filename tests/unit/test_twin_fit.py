@@ -84,3 +84,15 @@ def test_a_fit_that_finds_nothing_better_keeps_the_factors(levels: list[Measured
     result = fit(_setup(HIDDEN), levels, max_evaluations=6)
     assert result.after == HIDDEN
     assert dataclasses.replace(_setup(HIDDEN)).timing == HIDDEN
+
+
+def test_a_fit_that_puts_the_measured_goodput_further_off_is_not_taken() -> None:
+    from tuner.search.twin_fit import goodput_worse
+
+    assert goodput_worse(6.14, 5.3, 6.02, lower_bound=False)  # +2 % -> -12 %
+    assert not goodput_worse(6.14, 6.3, 6.02, lower_bound=False)  # +2 % -> +5 %: within 5 %
+    assert not goodput_worse(9.0, 6.1, 6.02, lower_bound=False)  # +50 % -> +1 %
+    # A measured lower bound: a prediction above it is not an error.
+    assert not goodput_worse(6.0, 8.0, 6.02, lower_bound=True)
+    assert goodput_worse(6.0, 5.0, 6.02, lower_bound=True)
+    assert not goodput_worse(None, 5.0, 6.02, lower_bound=False)

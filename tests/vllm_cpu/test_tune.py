@@ -1,4 +1,5 @@
-"""A short `tuner tune --backend vllm` against vLLM's CPU build: three real launches, a report.
+"""A short `tuner tune --backend vllm` against vLLM's CPU build: three real launches, a report,
+and the twin learning the CPU build's step costs from them.
 
 Three trials over max-num-seqs (6 to 8, so whatever the sampler draws can preempt) and
 block-size with a KV cache of a few blocks; no OOM edge (no GPU) and no confirmation
@@ -85,3 +86,17 @@ def test_short_tune_on_the_cpu_build(tmp_path: Path, tiny_model: TinyModel) -> N
     assert (run_dir / "recommendation" / "vllm-args.txt").exists()
     report = (run_dir / "report.html").read_text()
     assert "tiny-llama" in report and "<script" in report
+
+    # The twin treats the CPU build as a device it has no rates for and learns its step
+    # costs from the trials: its error on what was measured falls as they are measured.
+    fits = json.loads((run_dir / "twin.json").read_text())["fits"]
+    assert [f["trial"] for f in fits] == [0, 1, 2], fits
+    first = fits[0]
+    assert first["before"]["source"] == "defaults"
+    assert first["error_after"] < first["error_before"]
+    assert min(f["error_before"] for f in fits[1:]) < first["error_before"] / 2, fits
+    assert [f["trial"] for f in summary["twin_fits"]] == [0, 1, 2]
+    assert "off trial 0's measured percentiles" in (run_dir / "tune.log").read_text()
+    assert 'id="twin-fits"' in report
+    landscape = json.loads((run_dir / "landscape.json").read_text())
+    assert landscape["points"] and all(p["rate_per_s"] >= 0 for p in landscape["points"])

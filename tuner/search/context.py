@@ -31,9 +31,10 @@ from tuner.serving.server import Backend, probe_vllm_flags
 from tuner.sim.timing import TimingFactors
 from tuner.vllm.failures import StartupFailureKind
 from tuner.vllm.flags import accepted_options
-from tuner.vllm.gpus import GpuSpec, get_gpu
+from tuner.vllm.gpus import GpuSpec, cpu_device, get_gpu
 from tuner.vllm.memory import Calibration, ServingParams
 from tuner.vllm.models import ModelSpec, resolve_model
+from tuner.vllm.platform import DEFAULT_CPU_KV_CACHE_BYTES
 from tuner.vllm.versions import VllmVersion
 from workloads.spec import PercentileLimits, WorkloadSpec
 
@@ -59,6 +60,20 @@ class TuneContext:
     model_dir: Path | None = None  # whose tokenizer sizes the prompts
     gpu_source: str = "auto"  # nvml, sim or none, resolved from the backend and NVML
     notes: tuple[str, ...] = ()
+    # What the twin simulates the server on: the GPU profile, or on vLLM's CPU build a
+    # profile of the host it learns from the trials (``tuner.vllm.gpus.cpu_device``); and
+    # the settings every setting of the space is simulated from (on the CPU build, the
+    # KV cache the launcher gives it). None: no twin.
+    twin_device: GpuSpec | None = None
+    twin_base: ServingParams | None = None
+
+    @property
+    def twin(self) -> tuple[GpuSpec, ServingParams] | None:
+        """The twin's device and base settings where it can predict this workload (an
+        arrival rate to search), else None."""
+        if self.twin_device is None or self.workload.mean_rate_per_s is None:
+            return None
+        return self.twin_device, self.twin_base or self.base
 
     @property
     def study_name(self) -> str:
@@ -223,7 +238,18 @@ def resolve(config: TuneConfig) -> TuneContext:
         ),
         model_dir=None if model_dir is None else model_dir.absolute(),
         gpu_source=_gpu_source(config.gpu_source, backend, nvml_name),
+        twin_device=gpu or cpu_device(_host_bytes()),
+        twin_base=base if gpu is not None else base.model_copy(
+            update={"kv_cache_memory_bytes": base.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES}
+        ),
     )  # fmt: skip
+
+
+def _host_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
 
 
 def _check_context_length(max_model_len: int | None, model: ModelSpec) -> None:

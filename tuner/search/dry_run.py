@@ -95,17 +95,18 @@ def _landscape(
     if not ctx.config.twin_search:
         progress("the twin's screen is off (--no-twin-search): the sampler draws every trial")
         return None
-    if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+    if ctx.twin is None:
         progress(
-            "the twin cannot screen this space (no GPU profile, or a closed workload without "
-            "an arrival rate): the sampler draws every trial after vLLM's defaults"
+            "the twin cannot screen this space (a closed workload: no arrival rate to "
+            "search): the sampler draws every trial after vLLM's defaults"
         )
         return None
+    device, twin_base = ctx.twin
     rate = ctx.config.rate or ctx.workload.mean_rate_per_s
     _, plan, _ = plan_level_schedule(
         ctx.workload, rate, window_s=ctx.config.level_duration_s, warmup_s=ctx.config.level_warmup_s
     )
-    setup = Setup(ctx.model, ctx.gpu, ctx.version, defaults.serving(ctx.base), timing=factors)
+    setup = Setup(ctx.model, device, ctx.version, defaults.serving(twin_base), timing=factors)
     base = sustained_rate(
         setup,
         ctx.workload,
@@ -113,7 +114,7 @@ def _landscape(
         window_s=plan.window_s,
         start_rate_per_s=rate,
     ).rate_per_s
-    job = screen_job(ctx, factors, base or rate)
+    job = screen_job(ctx, factors, base or rate or 1.0)
     assert job is not None
     progress(f"twin: screening all {len(ctx.space.grid())} settings of the space ...")
     return screen(job, ctx.space, jobs=SCREEN_JOBS)

@@ -54,11 +54,13 @@ from tuner.search.rate_search import GoodputBound, GoodputUnit, level_workload, 
 from tuner.search.sampling import Objective, make_sampler
 from tuner.search.space import Range, TrialParams, vllm_defaults
 from tuner.search.twin_fit import (
+    FITTED,
     MAX_LEVELS,
     MeasuredLevel,
     TrialFit,
     TwinRecord,
     fit,
+    goodput_worse,
     read_level,
     read_twin,
 )
@@ -919,12 +921,14 @@ class TrialLoop:
         ctx = self.ctx
         if not ctx.config.twin_search or self.twin.done:
             return
-        if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+        if ctx.twin is None:
             self.twin.done = True
             return
         fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
-        defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu)
-        self.twin.start(self.setup.timing, self.predicted_max_rate(defaults, fallback) or fallback)
+        defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu_or_default)
+        self.twin.start(
+            self.setup.timing, self.predicted_max_rate(defaults, fallback) or fallback or 1.0
+        )
         if optuna_store.trials_in(self.study, TrialState.WAITING):
             return  # enqueued first: vLLM's defaults, or a retry
         trials = optuna_store.trials_in(self.study)
@@ -934,7 +938,7 @@ class TrialLoop:
         ]
         best = best_trial(self.study)
         best_params = ctx.space.from_optuna(best.params) if best is not None else None
-        pick = self.twin.pick(tried, best_params, self.predicted_max_rate)
+        pick = self.twin.pick(tried, best_params, self.setup.timing)
         if pick is None:
             return
         self.study.enqueue_trial(
@@ -993,19 +997,37 @@ class TrialLoop:
         else the best goodput so far, else the workload's own rate."""
         ctx = self.ctx
         fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
-        if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+        if not self._twin_places():
             return fallback
         predicted = self.predicted_max_rate(params, fallback)
         return predicted * 0.9 if predicted > 0 else fallback
 
     def prediction(self, params: TrialParams) -> SustainedRate | None:
         """The twin's sustained rate for these settings and its answer times there, where
-        it can place one (a GPU profile, an open-loop workload)."""
+        it can place one (``_twin_places``)."""
         ctx = self.ctx
-        if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+        if not self._twin_places():
             return None
         fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
         return self._sustained(params, fallback)
+
+    def _twin_places(self) -> bool:
+        """Whether the twin places the first rates and plans the sessions: on a GPU
+        profile from the start; on a device it has no published rates for (vLLM's CPU
+        build) once it has learned its step costs from a trial (or ``--twin-from``)."""
+        ctx = self.ctx
+        if ctx.twin is None:
+            return False
+        return ctx.gpu is not None or self.setup.timing.source == FITTED
+
+    def twin_setup(self, params: TrialParams) -> Setup:
+        """The twin's server for ``params`` with its step costs now."""
+        twin = self.ctx.twin
+        assert twin is not None
+        device, base = twin
+        return Setup(
+            self.ctx.model, device, self.ctx.version, params.serving(base), timing=self.setup.timing
+        )
 
     def predicted_max_rate(self, params: TrialParams, start: float | None) -> float:
         """The simulator's highest arrival rate it sustains in the steady state, a level's
@@ -1016,11 +1038,7 @@ class TrialLoop:
         ctx = self.ctx
         key = params.model_dump_json()
         if key not in self._predicted:
-            assert ctx.gpu is not None
-            setup = Setup(
-                ctx.model, ctx.gpu, ctx.version, params.serving(ctx.base),
-                timing=self.setup.timing,
-            )  # fmt: skip
+            setup = self.twin_setup(params)
             rate = start or ctx.workload.mean_rate_per_s
             _, plan, _ = plan_level_schedule(
                 ctx.workload, rate, window_s=ctx.config.level_duration_s,
@@ -1039,25 +1057,33 @@ class TrialLoop:
         (``tuner.search.twin_fit``); its predictions from then on use them, and
         ``twin.json`` records the fit with the twin's error before and after."""
         ctx = self.ctx
-        if not ctx.config.twin_fit or ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+        if not ctx.config.twin_fit or ctx.twin is None:
             return
         levels = self._fit_levels(number, params, ev)
         if not levels:
             return
-        setup = Setup(
-            ctx.model, ctx.gpu, ctx.version, params.serving(ctx.base), timing=self.setup.timing
-        )
-        result = fit(setup, levels)
+        result = fit(self.twin_setup(params), levels)
+        kept = self.setup
         self.setup = self.setup.learned(result.after)
         self._predicted.clear()  # every prediction so far was made with the old factors
         measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
         after = self._sustained(params, measured or None).rate_per_s
+        before = predicted.rate_per_s if predicted else None
+        # Measurements decide: factors that fit the percentiles but put the goodput the
+        # trial measured further off are not taken (the levels measured something the
+        # step costs do not explain, e.g. a load generator that fell behind).
+        adopted = not goodput_worse(
+            before, after, measured, lower_bound=ev.goodput_bound is GoodputBound.LOWER_BOUND
+        )
+        if not adopted:
+            self.setup = kept
+            self._predicted.clear()
         one = TrialFit(
             trial=number, levels=[lv.name for lv in levels], before=result.before,
             after=result.after, error_before=result.error_before.median_share,
             error_after=result.error_after.median_share, evaluations=result.evaluations,
-            measured_rate_per_s=measured, predicted_rate_per_s=predicted.rate_per_s if predicted else None,
-            predicted_after_per_s=after,
+            measured_rate_per_s=measured, predicted_rate_per_s=before,
+            predicted_after_per_s=after, adopted=adopted,
         )  # fmt: skip
         self._twin_record().with_fit(one).write(RunLayout(ctx.run_dir).twin_json)
         line = _twin_line(one)
@@ -1072,7 +1098,8 @@ class TrialLoop:
         held = {Path(lv.dir).name for lv in ev.levels if lv.met}
         paths = sorted(trial_dir.glob("level-*"))
         paths = [p for p in paths if p.name in held] or paths
-        serving = params.serving(self.ctx.base)
+        twin = self.ctx.twin
+        serving = params.serving(twin[1] if twin is not None else self.ctx.base)
         return [
             replace(level, params=serving)
             for path in paths
@@ -1163,6 +1190,8 @@ def _twin_line(one: TrialFit) -> str:
         before = TrialFit.share_off(one.predicted_rate_per_s, one.measured_rate_per_s)
         after = TrialFit.share_off(one.predicted_after_per_s, one.measured_rate_per_s)
         text += f"; its goodput prediction {pct(before)} -> {pct(after)}"
+    if not one.adopted:
+        text += ": not adopted, the twin keeps its factors"
     return text
 
 

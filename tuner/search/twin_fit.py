@@ -40,6 +40,7 @@ from workloads.schedule import ScheduledRequest, read_records, read_schedule
 
 FIT_QUANTILES = ("p50", "p90")
 FIT_METRICS = ("ttft_ms", "tpot_ms")
+FITTED = "fitted"  # TimingFactors.source of factors a fit found
 MAX_EVALUATIONS = 30  # twin replays of every level: a fit costs about this many
 MAX_LEVELS = 3  # the most recent levels a fit replays (the cost grows with them)
 DRAIN_S = 30.0  # a replay runs on this long after the window, for the answers in flight
@@ -217,7 +218,7 @@ def fit(
             n: min(max(math.exp(v), BOUNDS[n][0]), BOUNDS[n][1])
             for n, v in zip(names, x, strict=True)
         }
-        return start.model_copy(update={**values, "source": "fitted"})
+        return start.model_copy(update={**values, "source": FITTED})
 
     def error_at(x: Sequence[float]) -> TwinError:
         key = tuple(round(v, 6) for v in x)
@@ -255,6 +256,24 @@ def _simplex(x0: Sequence[float]) -> list[list[float]]:
     return points
 
 
+GOODPUT_TOLERANCE = 0.05  # the precision a trial's goodput is measured to
+
+
+def goodput_worse(
+    before: float | None, after: float | None, measured: float | None, *, lower_bound: bool
+) -> bool:
+    """Whether the goodput predicted after a fit is further from the measured one than
+    the prediction before it, by more than the measurement's precision. A measured lower
+    bound ("at least"): a prediction above it is no error."""
+    if not before or not after or not measured:
+        return False
+    error_before = before / measured - 1.0
+    error_after = after / measured - 1.0
+    if lower_bound:
+        error_before, error_after = min(error_before, 0.0), min(error_after, 0.0)
+    return abs(error_after) > abs(error_before) + GOODPUT_TOLERANCE
+
+
 class TrialFit(BaseModel):
     """One trial's fit as ``twin.json`` records it: the twin's error on the trial's levels
     before and after, and its goodput prediction for the trial's settings against what
@@ -272,6 +291,9 @@ class TrialFit(BaseModel):
     measured_rate_per_s: float | None = None  # the trial's goodput, the workload's unit
     predicted_rate_per_s: float | None = None  # the twin's for its settings, before the trial
     predicted_after_per_s: float | None = None  # ... with the factors fitted after it
+    # False: the fitted factors put the trial's measured goodput further off than the
+    # ones before (``goodput_worse``): the twin kept those.
+    adopted: bool = True
 
     @staticmethod
     def share_off(predicted: float | None, measured: float | None) -> float | None:
@@ -289,7 +311,9 @@ class TwinRecord(BaseModel):
     fits: list[TrialFit] = []
 
     def with_fit(self, one: TrialFit) -> TwinRecord:
-        return TwinRecord(factors=one.after, fits=[*self.fits, one])
+        return TwinRecord(
+            factors=one.after if one.adopted else self.factors, fits=[*self.fits, one]
+        )
 
     def write(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".tmp")

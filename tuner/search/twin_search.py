@@ -4,9 +4,9 @@ Before the first launch the twin screens the whole space (``tuner.search.landsca
 in worker processes at the lowest CPU priority while vLLM's defaults are measured.
 After that, before each trial: the most promising untried settings of the landscape
 (one per group of settings that differ only in utilization, ``landscape.candidates``)
-are predicted again at a level's length with the twin's step costs as fitted so far,
-and the best of them is launched when the twin puts it above the best setting
-measured (both predicted: a twin that is off by a constant share ranks the same).
+are screened again with the twin's step costs as fitted so far, and the best of them
+is launched when the twin puts it above the best setting measured, screened the same
+way (both predicted: a twin that is off by a constant share ranks the same).
 When no untried setting beats it, the sampler draws the rest, with every measured
 trial of the twin's choosing in its history.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuner.rundir import RunLayout
 from tuner.search.context import TuneContext
@@ -25,6 +25,7 @@ from tuner.search.landscape import (
     ScreenRun,
     candidates,
     read_landscape,
+    screen_setting,
 )
 from tuner.search.rate_search import plan_level_schedule
 from tuner.search.space import TrialParams
@@ -42,15 +43,16 @@ RERANK = 3  # untried settings predicted again before each trial
 def screen_job(
     ctx: TuneContext, factors: TimingFactors, base_rate_per_s: float
 ) -> ScreenJob | None:
-    """The screen of ``ctx``'s space (None: no GPU profile or no arrival rate to search)."""
-    if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+    """The screen of ``ctx``'s space (None: no twin, or no arrival rate to search)."""
+    if ctx.twin is None:
         return None
+    device, base = ctx.twin
     _, plan, _ = plan_level_schedule(
         ctx.workload, base_rate_per_s, window_s=ctx.config.level_duration_s,
         warmup_s=ctx.config.level_warmup_s,
     )  # fmt: skip
     return ScreenJob(
-        model=ctx.model, gpu=ctx.gpu, version=ctx.version, base=ctx.base, workload=ctx.workload,
+        model=ctx.model, gpu=device, version=ctx.version, base=base, workload=ctx.workload,
         factors=factors, warmup_s=min(plan.warmup_max_s, SCREEN_WARMUP_S),
         window_s=min(plan.window_s, SCREEN_WINDOW_S), base_rate_per_s=base_rate_per_s,
         ladder_step=SCREEN_LADDER_STEP,
@@ -60,7 +62,7 @@ def screen_job(
 @dataclass(frozen=True)
 class TwinPick:
     params: TrialParams
-    predicted_rate_per_s: float  # at a level's length, the twin's factors now
+    predicted_rate_per_s: float  # screened again with the twin's factors now
     landscape_rate_per_s: float  # the screen's
 
 
@@ -109,6 +111,15 @@ class TwinSearch:
         self.progress(line)
         return landscape
 
+    def _job(self, landscape: Landscape, factors: TimingFactors) -> ScreenJob:
+        """The landscape's screen with ``factors``."""
+        job = screen_job(self.ctx, factors, landscape.base_rate_per_s)
+        assert job is not None  # a landscape was screened for this context
+        return replace(
+            job, warmup_s=landscape.warmup_s, window_s=landscape.window_s,
+            ladder_step=landscape.ladder_step,
+        )  # fmt: skip
+
     def stop(self) -> None:
         if self._running is not None:
             self._running.stop()
@@ -118,25 +129,31 @@ class TwinSearch:
         self,
         tried: Sequence[TrialParams],
         best_measured: TrialParams | None,
-        predict: Callable[[TrialParams, float | None], float],
+        factors: TimingFactors,
     ) -> TwinPick | None:
-        """The next setting to launch, or None (and ``done``) when the twin predicts none
-        untried above the best measured one. ``predict``: the twin's sustained rate at a
-        level's length with its factors now (from a start rate)."""
+        """The next setting to launch, or None (and ``done``) when the twin, with
+        ``factors`` (its step costs now), predicts none untried above the best measured."""
         if self.done:
             return None
         landscape = self.wait()
         if landscape is None:
             self.done = True
             return None
+        job = self._job(landscape, factors)
+
+        def predict(params: TrialParams) -> float:
+            point = landscape.point(params)
+            hint = job.rung_of(point.rate_per_s) if point is not None and point.rate_per_s else 0
+            return screen_setting(job, params, hint).rate_per_s
+
         picks = candidates(landscape, tried, count=RERANK)
-        scored = [(predict(p.params, p.rate_per_s), p) for p in picks]
+        scored = [(predict(p.params), p) for p in picks]
         scored = [(rate, p) for rate, p in scored if rate > 0]
         if not scored:
             self.done = True
             return None
         rate, point = max(scored, key=lambda s: s[0])
-        bar = predict(best_measured, None) if best_measured is not None else 0.0
+        bar = predict(best_measured) if best_measured is not None else 0.0
         if rate <= bar:
             self.done = True
             self.progress(

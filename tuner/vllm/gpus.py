@@ -236,6 +236,29 @@ _PRESETS: tuple[GpuSpec, ...] = (
 )
 
 
+CPU_DEVICE_NAME = "CPU"
+
+
+def cpu_device(host_bytes: int) -> GpuSpec:
+    """The twin's profile of vLLM's CPU build on this host: a device it has no published
+    rates for. Its paper figures are a generic two-core x86 server's (a few hundred
+    GFLOP/s in bf16, tens of GB/s of memory bandwidth); the twin learns this engine's
+    own step costs from the trials it measures (``tuner.search.twin_fit``)."""
+    return GpuSpec(
+        name=CPU_DEVICE_NAME,
+        nvml_total_bytes=host_bytes,
+        cuda_total_bytes=host_bytes,
+        hbm_bandwidth_bytes_per_s=20e9,
+        bf16_dense_flops=200e9,
+        fp8_dense_flops=None,
+        compute_capability=(0, 0),
+        kv_cache_dtypes=_NO_FP8_KV,
+        pcie_bandwidth_bytes_per_s=20e9,
+        tdp_watts=65,
+        source="paper figures of a generic host CPU; its costs are learned from the trials",
+    )
+
+
 def _key(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
