@@ -33,13 +33,16 @@ but not fitted (launch latency and the L2 cache dominate them).
 Assumptions, stated because they differ from a served vLLM:
 
 * the KV cache is a dense tensor, not vLLM's paged blocks, and attention is PyTorch's
-  SDPA, not vLLM's attention backend; decode folds the query heads that share a KV head
-  into the query length, so K and V are read once per KV head, as a GQA kernel does;
+  SDPA (its fused kernels only: a point none of them takes is skipped, not timed on the
+  math kernel), not vLLM's attention backend; decode folds the query heads that share a
+  KV head into the query length, so K and V are read once per KV head, as a GQA kernel
+  does; causal prefill uses SDPA's ``enable_gqa``, or K and V expanded beforehand;
 * one layer stands for all of them (the embedding, the LM head, norms, rotary embedding
   and residual adds are not timed; the twin's side leaves the embedding and LM head out
   too); gemma-2's sliding-window layers are timed as full attention, as the twin counts
   them; MoE and MLA presets are not timed (their layers need expert routing and MLA
-  kernels);
+  kernels), and a preset whose layers another one already has (mistral-7b-v0.3's are
+  llama-3.1-8b's) is timed once;
 * no CUDA graphs and no per-step overhead: the scheduler, sampler, input preparation
   and graph replay that the twin's ``step_overhead_ms`` stands for are not measured
   here, so this script cannot fit it.
@@ -53,12 +56,13 @@ code on the CPU with a tiny model and tiny sizes (CPU timings: the ratios and fi
 factors it prints are meaningless; it is a smoke test).
 
 Run: ``python benchmarks/gpu_step_costs.py [--out FILE]`` (from the repository root;
-``--help`` for the sizes, the model selection and the time budget).
+``--help`` for the GPU preset, the model selection and the time budget).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -479,9 +483,11 @@ class Point:
         return Work(self.flops, self.bytes)
 
     def label(self) -> str:
-        if self.phase == "decode":
-            return f"{self.kind:<9} decode  B={self.batch:<4} ctx={self.context:<6}"
-        return f"{self.kind:<9} prefill T={self.tokens:<5}           "
+        if self.phase == "prefill":
+            return f"{self.kind:<9} prefill T={self.tokens}"
+        if self.kind == "linear":
+            return f"{self.kind:<9} decode  B={self.batch}"
+        return f"{self.kind:<9} decode  B={self.batch:<4} ctx={self.context}"
 
 
 @dataclass
@@ -495,9 +501,9 @@ class Fit:
     def step_costs(self) -> str:
         parts = []
         if self.mfu_points:
-            parts.append(f"mfu={self.mfu:.3f}")
+            parts.append(f"mfu={self.mfu:.3g}")
         if self.mbu_points:
-            parts.append(f"mbu={self.mbu:.3f}")
+            parts.append(f"mbu={self.mbu:.3g}")
         return ",".join(parts)
 
 
@@ -541,7 +547,9 @@ def fit_factors(
         mfu, mbu = min(mfu, 1.0), min(mbu, 1.0)
     n_compute = sum(split)
     n_memory = len(split) - n_compute
-    if not usable:
+    if not any(p.measured_s for p in points):
+        notes.append("no point was measured")
+    elif not usable:
         notes.append("no measured point is long enough to fit (all are launch-latency bound)")
     if not n_compute:
         notes.append(f"MFU not fitted (no compute-bound point): the twin's {twin.mfu:g} stays")
@@ -587,13 +595,27 @@ class Bench:
             (oom, MemoryError) if isinstance(oom, type) else (MemoryError,)
         )
         self.gqa_mode: str | None = None  # how causal prefill handles grouped KV heads
+        # SDPA's fused kernels only: a silent fallback to the math kernel would time
+        # a kernel no server runs (a point none of them takes is skipped, saying why).
+        self.sdpa_kernels = "any SDPA kernel (this PyTorch cannot restrict them)"
+        self._sdpa_context: Callable[[], Any] = contextlib.nullcontext
+        try:
+            attention = importlib.import_module("torch.nn.attention")
+            names = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+            backends = [
+                getattr(attention.SDPBackend, n) for n in names if hasattr(attention.SDPBackend, n)
+            ]
+            self._sdpa_context = lambda: attention.sdpa_kernel(backends)
+            self.sdpa_kernels = "fused SDPA kernels only (flash, memory-efficient, cuDNN; no math)"
+        except (ImportError, AttributeError):
+            pass
 
     def sync(self) -> None:
         if self.cuda:
             self.torch.cuda.synchronize()
 
     def randn(self, *size: int) -> Any:
-        return self.torch.randn(*size, device=self.device, dtype=self.dtype) * 0.02
+        return self.torch.randn(*size, device=self.device, dtype=self.dtype).mul_(0.02)
 
     def time_s(self, fn: Callable[[], Any]) -> float:
         """Median seconds of one call: warm-up, then repeats of back-to-back calls."""
@@ -711,7 +733,8 @@ class Bench:
             query = self.randn(batch, shape.kv_heads, group, d)
             key = self.randn(batch, shape.kv_heads, context, d)
             value = self.randn(batch, shape.kv_heads, context, d)
-            return self.time_s(lambda: self.f.scaled_dot_product_attention(query, key, value))
+            with self._sdpa_context():
+                return self.time_s(lambda: self.f.scaled_dot_product_attention(query, key, value))
 
         needed = 2 * batch * context * shape.kv_dim * 2 * 1.05
         return self.guarded(needed, run)
@@ -727,20 +750,23 @@ class Bench:
             query = self.randn(1, shape.heads, tokens, d)
             key = self.randn(1, shape.kv_heads, tokens, d)
             value = self.randn(1, shape.kv_heads, tokens, d)
-            if group == 1:
+            with self._sdpa_context():
+                if group == 1:
+                    return self.time_s(lambda: sdpa(query, key, value, is_causal=True))
+                if self.gqa_mode != "expanded K/V":
+                    try:
+                        sdpa(query, key, value, is_causal=True, enable_gqa=True)
+                        self.gqa_mode = "enable_gqa"
+                        return self.time_s(
+                            lambda: sdpa(query, key, value, is_causal=True, enable_gqa=True)
+                        )
+                    except (TypeError, RuntimeError) as exc:
+                        if isinstance(exc, self.oom):
+                            raise
+                        self.gqa_mode = "expanded K/V"
+                key = key.repeat_interleave(group, dim=1)
+                value = value.repeat_interleave(group, dim=1)
                 return self.time_s(lambda: sdpa(query, key, value, is_causal=True))
-            if self.gqa_mode != "expanded K/V":
-                try:
-                    sdpa(query, key, value, is_causal=True, enable_gqa=True)
-                    self.gqa_mode = "enable_gqa"
-                    return self.time_s(
-                        lambda: sdpa(query, key, value, is_causal=True, enable_gqa=True)
-                    )
-                except (TypeError, RuntimeError):
-                    self.gqa_mode = "expanded K/V"
-            key = key.repeat_interleave(group, dim=1)
-            value = value.repeat_interleave(group, dim=1)
-            return self.time_s(lambda: sdpa(query, key, value, is_causal=True))
 
         needed = tokens * (2 * shape.q_dim + 2 * shape.heads * d) * 2 * 1.2
         return self.guarded(needed, run)
@@ -765,7 +791,10 @@ def choose_models(
             continue
         why = None
         if shape.kind != "dense":
-            why = f"{shape.kind.upper()} layers (expert routing or MLA kernels) are not timed here"
+            why = {
+                "moe": "MoE layers: expert routing is not timed here",
+                "mla": "MLA layers: latent attention is not timed here",
+            }.get(shape.kind, f"{shape.kind} layers are not timed here")
         elif shape.weights_bytes > GPU_MEMORY_UTILIZATION * gpu_bytes:
             why = (
                 f"its bf16 weights ({shape.weights_bytes / _GiB:.1f} GiB) do not fit in "
@@ -871,16 +900,16 @@ def print_rows(rows: Sequence[dict[str, Any]], points: Sequence[Point], out: Out
     for p, row in zip(points, rows, strict=True):
         assumed_ms = 1000 * row["assumed_s"]
         if p.measured_s is None:
-            out(f"  {p.label():<38} {'-':>12} {assumed_ms:>10.3f} {'-':>6}  {p.skipped}")
+            out(f"  {p.label():<38} {'-':>12} {assumed_ms:>10.4g} {'-':>6}  {p.skipped}")
             continue
         implied = (
-            f"MFU {row['implied_mfu']:.2f}"
+            f"MFU {row['implied_mfu']:.3g}"
             if row["bound"] == "compute"
-            else f"MBU {row['implied_mbu']:.2f}"
+            else f"MBU {row['implied_mbu']:.3g}"
         )
         out(
-            f"  {p.label():<38} {1000 * p.measured_s:>12.3f} {assumed_ms:>10.3f} "
-            f"{row['ratio']:>6.2f}  {row['bound']:<10} {implied}"
+            f"  {p.label():<38} {1000 * p.measured_s:>12.4g} {assumed_ms:>10.4g} "
+            f"{row['ratio']:>6.3g}  {row['bound']:<10} {implied}"
         )
 
 
@@ -1033,7 +1062,7 @@ def time_models(
         out(
             f"{shape.name}: {shape.layers} layers, hidden {shape.hidden}, intermediate "
             f"{shape.intermediate}, {shape.heads} heads / {shape.kv_heads} KV heads x "
-            f"{shape.head_dim}; {shape.layer_params / 1e6:.0f} M linear parameters a layer "
+            f"{shape.head_dim}; {shape.layer_params / 1e6:.4g} M linear parameters a layer "
             f"(timed in {time.monotonic() - model_started:.1f} s; ratio = measured / twin at "
             "its defaults)"
         )
@@ -1043,8 +1072,8 @@ def time_models(
             [p for p in points if p.kind == "step"], gpu, twin, sizes.min_fit_layer_s
         )
         out(
-            f"  fitted to {shape.name}'s steps alone: MFU {fit.mfu:.3f} "
-            f"({fit.mfu_points} points), MBU {fit.mbu:.3f} ({fit.mbu_points} points)"
+            f"  fitted to {shape.name}'s steps alone: MFU {fit.mfu:.3g} "
+            f"({fit.mfu_points} points), MBU {fit.mbu:.3g} ({fit.mbu_points} points)"
         )
         per_model.append(
             {
@@ -1056,6 +1085,7 @@ def time_models(
                 "fit": asdict(fit),
             }
         )
+    out(f"attention ran with {bench.sdpa_kernels}")
     if bench.gqa_mode is not None:
         out(f"causal prefill with grouped KV heads ran with SDPA's {bench.gqa_mode}")
     return all_points, per_model
@@ -1071,14 +1101,14 @@ def summarize(
     out()
     out(f"fitted over every timed model's steps (points over {1e6 * min_layer_s:g} µs a layer):")
     out(f"  {'':<22} {'fitted':>8} {'twin':>8} {'points':>7}")
-    out(f"  {'MFU (compute-bound)':<22} {fit.mfu:>8.3f} {twin.mfu:>8.2f} {fit.mfu_points:>7}")
-    out(f"  {'MBU (memory-bound)':<22} {fit.mbu:>8.3f} {twin.mbu:>8.2f} {fit.mbu_points:>7}")
+    out(f"  {'MFU (compute-bound)':<22} {fit.mfu:>8.3g} {twin.mfu:>8.2f} {fit.mfu_points:>7}")
+    out(f"  {'MBU (memory-bound)':<22} {fit.mbu:>8.3g} {twin.mbu:>8.2f} {fit.mbu_points:>7}")
     for note in fit.notes:
         out(f"  note: {note}")
     out("  each kind of point on its own (geometric mean, split by the fitted factors):")
     for name, values in components.items():
-        mfu = "-" if values["mfu"] is None else f"{values['mfu']:.3f} ({values['mfu_points']})"
-        mbu = "-" if values["mbu"] is None else f"{values['mbu']:.3f} ({values['mbu_points']})"
+        mfu = "-" if values["mfu"] is None else f"{values['mfu']:.3g} ({values['mfu_points']})"
+        mbu = "-" if values["mbu"] is None else f"{values['mbu']:.3g} ({values['mbu_points']})"
         out(f"    {name:<18} MFU {mfu:<12} MBU {mbu}")
     out("  steps against the twin:")
     out(f"    at its defaults:       {ratio_spread(steps, gpu, twin.mfu, twin.mbu)}")
@@ -1091,13 +1121,16 @@ def summarize(
                 twin.parse_step_costs(step_costs)
                 accepted = True
             except ValueError as exc:
-                out(f"  note: tuner's TimingFactors.parse refuses it: {exc}")
+                first = str(exc).strip().splitlines()[0]
+                out(f"  note: tuner's TimingFactors.parse refuses it: {first}")
         out(f"--step-costs {step_costs}")
         out(
             f"  (for `tuner sim-serve --gpu {gpu.name} --step-costs {step_costs}`"
             + ("; TimingFactors.parse accepts it" if accepted else "")
             + ")"
         )
+    else:
+        out("no --step-costs string: nothing was fitted")
     out(
         "  per-step overhead is not measurable this way (kernel times only: no scheduler, "
         "sampler, input preparation or CUDA-graph replay); keep the twin's "
@@ -1140,7 +1173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "DRY RUN on the CPU with a tiny model: CPU timings against a GPU's figures, so every "
             "ratio and fitted factor below is meaningless (a smoke test of the code path)"
         )
-        torch.set_num_threads(min(2, torch.get_num_threads()))
+        torch.set_num_threads(1)
         gpu_bytes = float(gpu.cuda_total_bytes)
         how = f"the dry run's stand-in; {how}"
     else:
@@ -1201,6 +1234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "budget_s": args.budget_s,
             "gpu_memory_utilization": GPU_MEMORY_UTILIZATION,
             "prefill_gqa": bench.gqa_mode,
+            "sdpa_kernels": bench.sdpa_kernels,
             "attention": "torch.nn.functional.scaled_dot_product_attention, dense KV tensors",
         },
         "models": per_model,
