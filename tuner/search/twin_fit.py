@@ -41,7 +41,7 @@ from workloads.schedule import ScheduledRequest, read_records, read_schedule
 FIT_QUANTILES = ("p50", "p90")
 FIT_METRICS = ("ttft_ms", "tpot_ms")
 FITTED = "fitted"  # TimingFactors.source of factors a fit found
-MAX_EVALUATIONS = 30  # twin replays of every level: a fit costs about this many
+MAX_EVALUATIONS = 40  # twin replays of every level: a fit costs about this many
 MAX_LEVELS = 3  # the most recent levels a fit replays (the cost grows with them)
 DRAIN_S = 30.0  # a replay runs on this long after the window, for the answers in flight
 # The factors stay where a real engine can be: a third of the paper's rates to all of
@@ -50,7 +50,10 @@ BOUNDS = {
     "mfu": (0.05, 1.0),
     "mbu": (0.05, 1.0),
     "step_overhead_s": (1e-5, 0.1),
+    "request_overhead_s": (1e-4, 1.0),
 }
+# Where a fit starts a factor the paper leaves at 0 (log space has no 0).
+LOG_FLOOR = {"request_overhead_s": 1e-3}
 
 
 @dataclass(frozen=True)
@@ -226,8 +229,18 @@ def fit(
             cache[key] = twin_error(replace(setup, timing=factors_at(x)), levels)
         return cache[key]
 
-    x0 = [math.log(getattr(start, n)) for n in names]
-    before = error_at(x0)
+    before = twin_error(setup, levels)
+    first = {n: getattr(start, n) for n in names}
+    # The request overhead starts from the median gap between the measured and the
+    # twin's TTFT p50 (what no step cost explains), where the twin is the faster.
+    gaps = [
+        lv.measured["ttft_ms.p50"] - lv.predicted["ttft_ms.p50"]
+        for lv in before.levels
+        if "ttft_ms.p50" in lv.measured and "ttft_ms.p50" in lv.predicted
+    ]
+    if gaps and first["request_overhead_s"] < LOG_FLOOR["request_overhead_s"]:
+        first["request_overhead_s"] = max(statistics.median(gaps) / 1000.0, 0.0)
+    x0 = [math.log(max(first[n], LOG_FLOOR.get(n, BOUNDS[n][0]))) for n in names]
     result = minimize(
         lambda x: error_at(x).loss, x0, method="Nelder-Mead",
         options={"maxfev": max_evaluations, "xatol": 0.01, "fatol": 1e-4, "initial_simplex": _simplex(x0)},
@@ -237,11 +250,11 @@ def fit(
     if after.loss >= before.loss:  # nothing better found: keep what there was
         return TwinFit(
             before=start, after=start, error_before=before, error_after=before,
-            evaluations=len(cache),
+            evaluations=len(cache) + 1,
         )  # fmt: skip
     return TwinFit(
         before=start, after=factors_at(best_x), error_before=before, error_after=after,
-        evaluations=len(cache),
+        evaluations=len(cache) + 1,
     )  # fmt: skip
 
 

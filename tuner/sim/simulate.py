@@ -196,10 +196,11 @@ class _Arrivals:
         """Whether anything still arrives before ``stop_s`` (open-loop records: any left)."""
         return self.pos < len(self.open) or (bool(self.released) and self.released[0][0] < stop_s)
 
-    def pop(self, now_s: float) -> int | None:
-        """The next record to arrive by ``now_s`` (its arrival noted), or None."""
+    def pop(self, now_s: float, delay_s: float = 0.0) -> int | None:
+        """The next record to arrive by ``now_s`` (its arrival noted), or None; with
+        ``delay_s``, the next to have arrived that long before ``now_s``."""
         nxt = self._next()
-        if nxt is None or nxt[0] > now_s:
+        if nxt is None or nxt[0] + delay_s > now_s:
             return None
         if self.pos < len(self.open) and nxt[1] == self.open[self.pos]:
             self.pos += 1
@@ -276,6 +277,9 @@ def run(
     token written as it is made, as ``tuner sim-serve`` runs it) many times faster.
     """
     stepper = None if step_by_step else DeferredStepper(engine)
+    # A request reaches the scheduler this long after it arrived (the API server's
+    # own work: parsing, tokenizing, handing it to the engine); its TTFT counts it.
+    admit_s = engine.timer.factors.request_overhead_s
     now = 0.0
     steps = 0
     peak_usage = 0.0
@@ -290,7 +294,7 @@ def run(
     while arrivals.pending() or engine.has_work:
         if stop_at_s is not None and now >= stop_at_s and not arrivals.due_before(stop_at_s):
             break
-        while (j := arrivals.pop(now)) is not None:
+        while (j := arrivals.pop(now, admit_s)) is not None:
             record = records[j]
             if record.prompt_tokens == 0:
                 failures.add(FailureReason.EMPTY_PROMPT, EMPTY_PROMPT_MESSAGE, 400, (j,))
@@ -318,7 +322,7 @@ def run(
         if not engine.has_work:
             upcoming = arrivals.next_s()
             if upcoming is not None:
-                now = upcoming
+                now = max(now, upcoming + admit_s)
             continue
         try:
             result = StepOutcome.of(engine.step(now)) if stepper is None else stepper.step(now)

@@ -49,6 +49,10 @@ class TimingFactors(BaseModel):
     mbu: float = Field(default=MBU, gt=0, le=1)  # of HBM bandwidth
     step_overhead_s: float = Field(default=STEP_OVERHEAD_S, ge=0)
     per_seq_overhead_s: float = Field(default=PER_SEQ_OVERHEAD_S, ge=0)
+    # From a request's arrival to the scheduler seeing it (the API server's parsing,
+    # tokenizing and hand-off), in every TTFT: none on paper; a fit learns it (vLLM's
+    # CPU build on two cores: tens of ms). ``tuner sim-serve`` does not apply it.
+    request_overhead_s: float = Field(default=0.0, ge=0)
     source: str = "defaults"  # "defaults", or where they were fitted
 
     @classmethod
@@ -80,9 +84,14 @@ class TimingFactors(BaseModel):
         return f"mfu={self.mfu:g},mbu={self.mbu:g},step_overhead_ms={1000 * self.step_overhead_s:g}"
 
     def describe(self) -> str:
+        request = (
+            f", {1000 * self.request_overhead_s:.1f} ms a request"
+            if self.request_overhead_s >= 0.0005
+            else ""
+        )
         return (
             f"MFU {self.mfu:.2f}, MBU {self.mbu:.2f}, "
-            f"{1000 * self.step_overhead_s:.2f} ms a step ({self.source})"
+            f"{1000 * self.step_overhead_s:.2f} ms a step{request} ({self.source})"
         )
 
 
