@@ -5,6 +5,8 @@
         tune.log               the harness's own log
         study.db               the Optuna study (unless --storage names another)
         calibration.json       the memory model's calibration from the first real startup
+        landscape.json         the twin's goodput for every setting of the space (its screen)
+        twin.json              the twin's step costs and every fit of them after a trial
         trials/<n>/            one directory per trial (evaluation.json, server.log, gpu.csv, level-*/)
         edge/                  the OOM-edge probes (probe.json each) and edge.json
         confirm/<variant>/     the confirmation runs
