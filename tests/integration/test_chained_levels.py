@@ -202,7 +202,7 @@ def test_tune_chains_its_levels_when_asked(tmp_path: Path) -> None:
         sys.executable, "-m", "tuner.cli", "tune", "--backend", "sim", "--model", "llama-3.1-8b",
         "--gpu", "L4", "--workload", str(workload), "--trials", "1", "--no-edge", "--no-confirm",
         "--level-duration", "4", "--level-warmup", "2", "--max-levels", "2", "--rate", "3",
-        "--max-model-len", "4096",
+        "--max-model-len", "4096", "--no-twin-search",
     ]  # fmt: skip
     for flag, chained in (("--chain-levels", True), (None, False)):
         run = tmp_path / ("chained" if chained else "fresh")

@@ -72,7 +72,7 @@ def test_trials_edge_probes_and_confirmations_wait_for_the_release(
 ) -> None:
     run_dir = tmp_path / "run"
     args = build_parser().parse_args(
-        ["tune", *SMALL_TUNE_ARGS, "--trials", "1", "--max-edge-launches", "1",
+        ["tune", *SMALL_TUNE_ARGS, "--trials", "1", "--max-edge-launches", "1", "--no-twin-search",
          "--vllm-cmd", "no-such-vllm serve", "--gpu-source", "nvml", "--run-dir", str(run_dir)]
     )  # fmt: skip
     config = load_config(None, overrides_of(args))

@@ -924,6 +924,9 @@ class TrialLoop:
         if ctx.twin is None:
             self.twin.done = True
             return
+        if self.twin.landscape is None and ctx.config.trials - len(self.complete_trials()) < 2:
+            self.twin.done = True  # no trial after this one for the twin to choose
+            return
         fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
         defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu_or_default)
         self.twin.start(
