@@ -37,7 +37,7 @@ SCREEN_WARMUP_S = 20.0  # the screen's runs: this warm-up (at most a level's) ..
 SCREEN_WINDOW_S = 30.0  # ... and this window (at most a level's), virtual seconds
 SCREEN_LADDER_STEP = 1.1  # the screen's rungs: 10 % apart (the re-ranking is finer)
 SCREEN_JOBS = 2  # worker processes
-RERANK = 3  # untried settings predicted again before each trial
+RERANK = 6  # untried settings (one per group) screened again before each trial
 
 
 def screen_job(
