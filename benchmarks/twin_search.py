@@ -364,7 +364,9 @@ def run_case(
     rows["random order"] = order_runs
     rows["auto_tune.sh (default lists)"] = [first_reaching(autotune(ctx, space, table), threshold)]
 
-    print(f"\n== {name}: hidden step costs {hidden.describe()} ==")
+    print(
+        f"\n== {name}: hidden step costs {hidden.model_copy(update={'source': 'hidden'}).describe()} =="
+    )
     print(f"grid {size} settings; best {best:.2f} conversations/s at "
           f"{TrialParams.model_validate_json(max(table, key=table.__getitem__)).short()}; "
           f"within 2 %: {sum(v >= threshold for v in values)} settings")  # fmt: skip
