@@ -130,6 +130,9 @@ def test_an_overloaded_level_inside_its_slo_is_caught_by_the_backlog_guard(
     assert saved["verdict"] == "growing" and saved["waiting"]["verdict"] == "growing"
 
 
+# The stop rule reads the live queue's trend within the window: run alone, after the
+# parallel part of make test, where two workers starting at once cannot stall the server.
+@pytest.mark.timing
 def test_a_clearly_overloaded_level_stops_early_and_counts_as_a_miss(
     live: LiveServer, spec: WorkloadSpec, tmp_path: Path
 ) -> None:

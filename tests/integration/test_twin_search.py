@@ -18,6 +18,7 @@ import pytest
 from tests.integration.tune_run import SMALL_TUNE_ARGS, tune
 from tuner.search.landscape import Landscape, ScreenMethod, candidates
 from tuner.search.space import TrialParams
+from tuner.search.twin_search import RERANK
 
 pytestmark = pytest.mark.integration
 
@@ -42,13 +43,20 @@ def test_the_twin_screens_the_space_and_picks_the_next_trial(tmp_path: Path) -> 
     ]
     defaults = TrialParams.model_validate(evaluations[0]["params"])
     second = TrialParams.model_validate(evaluations[1]["params"])
-    # Trial 1 is one of the twin's most promising settings, not the sampler's draw.
-    top = candidates(landscape, [defaults], count=3)
-    assert second in [p.params for p in top], (second, [p.params for p in top])
-    assert "twin: next " + second.short() in done.stdout
-
+    # Trial 1 is the twin's: one of its most promising settings, or, where it predicts
+    # none above vLLM's defaults as measured (this tiny workload saturates every
+    # setting with the most sequences), the sampler's draw, and it says so.
+    if "twin: next " in done.stdout:
+        top = candidates(landscape, [defaults], count=RERANK)
+        assert second in [p.params for p in top], (second, [p.params for p in top])
+        assert "twin: next " + second.short() in done.stdout
+    else:
+        assert "no untried setting predicted above the best measured" in done.stdout, done.stdout
     html = (run_dir / "report.html").read_text()
-    assert 'id="twin-points"' in html and "twin&#39;s pick" in html
+    table = html[html.index('id="twin-points"') :]
+    assert "vLLM defaults" in table and ("twin&#39;s pick" in table) == (
+        "twin: next " in done.stdout
+    )
     assert html.count('<tr><td class="num">', html.index('id="twin-points"')) >= 2
 
 
