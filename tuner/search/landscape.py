@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.search.predict import Setup, answer_times_of, steady_run
-from tuner.search.space import Choice, Knob, SearchSpace, TrialParams
+from tuner.search.space import Knob, SearchSpace, TrialParams
 from tuner.sim.timing import TimingFactors
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import ServingParams, plan
@@ -245,7 +245,8 @@ def ladder_search(met: Callable[[int], bool], hint: int, *, max_runs: int = MAX_
     return low
 
 
-def _group_key(params: TrialParams) -> str:
+def group_of(params: TrialParams) -> str:
+    """The settings ``params`` shares everything but its utilization with."""
     return params.model_copy(update={"gpu_memory_utilization": None}).model_dump_json()
 
 
@@ -297,7 +298,7 @@ def groups_of(space: SearchSpace) -> list[list[TrialParams]]:
         return [[p] for p in grid]
     groups: dict[str, list[TrialParams]] = defaultdict(list)
     for p in grid:
-        groups[_group_key(p)].append(p)
+        groups[group_of(p)].append(p)
     return [sorted(g, key=lambda p: p.gpu_memory_utilization or 0.0) for g in groups.values()]
 
 
@@ -338,14 +339,27 @@ def _lowest_priority() -> None:
         os.nice(19)
 
 
+def _landscape(
+    job: ScreenJob, space: SearchSpace, points: list[ScreenedPoint], began: float
+) -> Landscape:
+    """The screened points in the grid's order, as ``landscape.json`` holds them."""
+    order = {p.model_dump_json(): i for i, p in enumerate(space.grid())}
+    points = sorted(points, key=lambda p: order.get(p.params.model_dump_json(), 0))
+    return Landscape(
+        factors=job.factors, warmup_s=job.warmup_s, window_s=job.window_s,
+        base_rate_per_s=job.base_rate_per_s, ladder_step=job.ladder_step,
+        wall_s=time.monotonic() - began, points=points,
+    )  # fmt: skip
+
+
 class ScreenRun:
     """A screen under way in worker processes (spawned, lowest CPU priority), so the
     first trial is measured meanwhile; ``stop`` ends them (no process outlives the tune)."""
 
     def __init__(self, job: ScreenJob, space: SearchSpace, *, jobs: int = 1) -> None:
         self.job = job
+        self.space = space
         self.began = time.monotonic()
-        self._order = {p.model_dump_json(): i for i, p in enumerate(space.grid())}
         runs = _runs_of(groups_of(space))
         jobs = max(1, min(jobs, len(runs)))
         chunks = [[g for run in runs[i::jobs] for g in run] for i in range(jobs)]
@@ -362,19 +376,12 @@ class ScreenRun:
         try:
             chunks = self._async.get(timeout_s)
         except multiprocessing.TimeoutError:
-            raise
+            raise  # still under way: the caller may wait again
         except BaseException:
             self.stop()
             raise
         self._pool.join()
-        points = [p for chunk in chunks for p in chunk]
-        points.sort(key=lambda p: self._order.get(p.params.model_dump_json(), 0))
-        return Landscape(
-            factors=self.job.factors, warmup_s=self.job.warmup_s, window_s=self.job.window_s,
-            base_rate_per_s=self.job.base_rate_per_s, ladder_step=self.job.ladder_step,
-            wall_s=time.monotonic() - self.began,
-            points=points,
-        )  # fmt: skip
+        return _landscape(self.job, self.space, [p for c in chunks for p in c], self.began)
 
     def stop(self) -> None:
         self._pool.terminate()
@@ -387,24 +394,12 @@ def screen(job: ScreenJob, space: SearchSpace, *, jobs: int = 1) -> Landscape:
     batches cost more to run)."""
     if jobs <= 1:
         began = time.monotonic()
-        points = screen_groups(job, groups_of(space))
-        order = {p.model_dump_json(): i for i, p in enumerate(space.grid())}
-        points.sort(key=lambda p: order.get(p.params.model_dump_json(), 0))
-        return Landscape(
-            factors=job.factors, warmup_s=job.warmup_s, window_s=job.window_s,
-            base_rate_per_s=job.base_rate_per_s, ladder_step=job.ladder_step,
-            wall_s=time.monotonic() - began, points=points,
-        )  # fmt: skip
+        return _landscape(job, space, screen_groups(job, groups_of(space)), began)
     run = ScreenRun(job, space, jobs=jobs)
     try:
         return run.result()
     finally:
         run.stop()
-
-
-def group_of(params: TrialParams) -> str:
-    """The settings ``params`` shares everything but its utilization with."""
-    return _group_key(params)
 
 
 def candidates(
@@ -432,7 +427,3 @@ def candidates(
         taken.add(key)
         out.append(point)
     return out
-
-
-def choice_text(value: Choice | None) -> str:
-    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
