@@ -20,6 +20,7 @@ from tuner.search.landscape import Landscape, candidates, screen
 from tuner.search.predict import Setup, sustained_rate
 from tuner.search.rate_search import drain_s, plan_level_schedule
 from tuner.search.space import TrialParams, vllm_defaults
+from tuner.search.tune import reserve_s
 from tuner.search.twin_fit import read_twin
 from tuner.search.twin_search import SCREEN_JOBS, screen_job
 from tuner.serving.server import Backend
@@ -77,8 +78,6 @@ def dry_run(config: TuneConfig, progress: Callable[[str], None]) -> DryRun:
             PlannedTrial(params=defaults, why="drawn by the sampler", predicted_rate_per_s=None)
         )
     trial_s = _trial_s(ctx)
-    from tuner.search.tune import reserve_s  # the tune's own estimate of its last part
-
     wall_s = min(config.trials * trial_s + reserve_s(ctx, StudySetup()), config.budget_min * 60.0)
     gpus = ctx.config.tensor_parallel_size
     gpu_hours = 0.0 if ctx.backend is Backend.SIM else wall_s * gpus / 3600.0
