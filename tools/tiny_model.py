@@ -19,14 +19,13 @@ import argparse
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 HIDDEN_SIZE = 256
-NUM_HEADS = 4  # head_dim 64: the smallest head size every CPU attention path takes
-NUM_KV_HEADS = 2
+HEAD_DIM = 64  # the smallest head size every CPU attention path takes
 NUM_LAYERS = 2
-INTERMEDIATE_SIZE = 512
 MAX_POSITIONS = 4096
 VOCAB_SIZE = 1024  # the BPE trainer's ceiling; a few sentences teach it fewer tokens
 DTYPE = "bfloat16"  # what vLLM would run a float32 checkpoint in anyway
@@ -71,38 +70,58 @@ def train_tokenizer(vocab_size: int) -> Any:
     return tokenizer
 
 
-def llama_weights(vocab_size: int, seed: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Shape:
+    """The model's size: ``hidden_size`` a multiple of 128 (heads of 64, half as many KV
+    heads), the MLP twice as wide."""
+
+    hidden_size: int = HIDDEN_SIZE
+    num_layers: int = NUM_LAYERS
+
+    @property
+    def num_heads(self) -> int:
+        return self.hidden_size // HEAD_DIM
+
+    @property
+    def num_kv_heads(self) -> int:
+        return max(1, self.num_heads // 2)
+
+    @property
+    def intermediate_size(self) -> int:
+        return 2 * self.hidden_size
+
+
+def llama_weights(vocab_size: int, seed: int, shape: Shape) -> dict[str, Any]:
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    head_dim = HIDDEN_SIZE // NUM_HEADS
+    hidden, head_dim, inner = shape.hidden_size, HEAD_DIM, shape.intermediate_size
+    heads, kv_heads = shape.num_heads, shape.num_kv_heads
 
     def normal(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=generator) * 0.02).contiguous()
 
-    tensors: dict[str, torch.Tensor] = {
-        "model.embed_tokens.weight": normal(vocab_size, HIDDEN_SIZE)
-    }
-    for i in range(NUM_LAYERS):
+    tensors: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(vocab_size, hidden)}
+    for i in range(shape.num_layers):
         p = f"model.layers.{i}."
         tensors |= {
-            p + "self_attn.q_proj.weight": normal(NUM_HEADS * head_dim, HIDDEN_SIZE),
-            p + "self_attn.k_proj.weight": normal(NUM_KV_HEADS * head_dim, HIDDEN_SIZE),
-            p + "self_attn.v_proj.weight": normal(NUM_KV_HEADS * head_dim, HIDDEN_SIZE),
-            p + "self_attn.o_proj.weight": normal(HIDDEN_SIZE, NUM_HEADS * head_dim),
-            p + "mlp.gate_proj.weight": normal(INTERMEDIATE_SIZE, HIDDEN_SIZE),
-            p + "mlp.up_proj.weight": normal(INTERMEDIATE_SIZE, HIDDEN_SIZE),
-            p + "mlp.down_proj.weight": normal(HIDDEN_SIZE, INTERMEDIATE_SIZE),
-            p + "input_layernorm.weight": torch.ones(HIDDEN_SIZE),
-            p + "post_attention_layernorm.weight": torch.ones(HIDDEN_SIZE),
+            p + "self_attn.q_proj.weight": normal(heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": normal(kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": normal(kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": normal(hidden, heads * head_dim),
+            p + "mlp.gate_proj.weight": normal(inner, hidden),
+            p + "mlp.up_proj.weight": normal(inner, hidden),
+            p + "mlp.down_proj.weight": normal(hidden, inner),
+            p + "input_layernorm.weight": torch.ones(hidden),
+            p + "post_attention_layernorm.weight": torch.ones(hidden),
         }
-    tensors["model.norm.weight"] = torch.ones(HIDDEN_SIZE)
-    tensors["lm_head.weight"] = normal(vocab_size, HIDDEN_SIZE)
+    tensors["model.norm.weight"] = torch.ones(hidden)
+    tensors["lm_head.weight"] = normal(vocab_size, hidden)
     dtype = getattr(torch, DTYPE)
     return {name: t.to(dtype) for name, t in tensors.items()}
 
 
-def write_model(out: Path, seed: int) -> None:
+def write_model(out: Path, seed: int, shape: Shape) -> None:
     from safetensors.torch import save_file
 
     tokenizer = train_tokenizer(VOCAB_SIZE)
@@ -110,17 +129,17 @@ def write_model(out: Path, seed: int) -> None:
     bos_id, eos_id = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
     out.mkdir(parents=True)
     tokenizer.save(str(out / "tokenizer.json"))
-    weights = llama_weights(vocab_size, seed)
+    weights = llama_weights(vocab_size, seed, shape)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": HIDDEN_SIZE,
-        "intermediate_size": INTERMEDIATE_SIZE,
-        "num_hidden_layers": NUM_LAYERS,
-        "num_attention_heads": NUM_HEADS,
-        "num_key_value_heads": NUM_KV_HEADS,
-        "head_dim": HIDDEN_SIZE // NUM_HEADS,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": HEAD_DIM,
         "hidden_act": "silu",
         "max_position_embeddings": MAX_POSITIONS,
         "rms_norm_eps": 1e-5,
@@ -160,19 +179,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="model directory to create, e.g. .cache/tiny-llama")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="replace an existing directory")
+    parser.add_argument("--hidden-size", type=int, default=HIDDEN_SIZE, help="a multiple of 128")
+    parser.add_argument("--layers", type=int, default=NUM_LAYERS)
     args = parser.parse_args(argv)
+    if args.hidden_size <= 0 or args.hidden_size % (2 * HEAD_DIM) or args.layers <= 0:
+        parser.error(
+            f"--hidden-size {args.hidden_size} --layers {args.layers}: accepted: a positive "
+            f"multiple of {2 * HEAD_DIM} and a positive layer count"
+        )
+    shape = Shape(args.hidden_size, args.layers)
     out: Path = args.out
     if (out / "config.json").is_file() and not args.force:
         print(f"{out}: already there (--force to regenerate)")
         return 0
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    write_model(tmp, args.seed)
+    write_model(tmp, args.seed, shape)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     size = sum(f.stat().st_size for f in out.iterdir())
     print(
-        f"{out}: tiny Llama ({NUM_LAYERS} layers, head_dim {HIDDEN_SIZE // NUM_HEADS}), {size / 1e6:.1f} MB"
+        f"{out}: Llama of random weights ({shape.num_layers} layers, hidden size "
+        f"{shape.hidden_size}, head_dim {HEAD_DIM}), {size / 1e6:.1f} MB"
     )
     return 0
 
