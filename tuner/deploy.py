@@ -27,6 +27,7 @@ import math
 import re
 import shlex
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -44,7 +45,9 @@ from pydantic import (
     model_validator,
 )
 
+from tuner.drain import DrainTiming, drain_script, drain_timing
 from tuner.errors import ConfigError
+from tuner.warmup import WarmupPlan, WarmupRequest, warmup_script
 
 __all__ = [
     "CACHE_MOUNT_PATH",
@@ -53,13 +56,16 @@ __all__ = [
     "FlagValue",
     "HostPathCache",
     "PvcCache",
+    "Rollout",
     "SecretKeyRef",
     "dns_label",
     "kubernetes_manifests",
+    "kubernetes_switch",
     "parse_cache_volume",
     "tuning_job_manifests",
     "vllm_args",
     "vllm_config_yaml",
+    "warmup_job_manifests",
 ]
 
 CACHE_MOUNT_PATH = "/root/.cache/vllm"  # vLLM's default VLLM_CACHE_DIR in the official image
@@ -68,6 +74,10 @@ LABEL_PREFIX = "vllm-capacity-tuner"
 HASH_KEY = f"{LABEL_PREFIX}/config-hash"
 MANAGED_BY = "vllm-capacity-tuner"
 WARM_MARKER = "/tmp/vllm-warmed-up"
+SCRIPTS_MOUNT_PATH = "/opt/vllm-capacity-tuner"  # the warm-up and drain programs (a ConfigMap)
+WARMUP_FILE = "warmup.py"
+DRAIN_FILE = "drain.py"
+WARMUP_JOB_IMAGE = "python:3.12-slim"  # the warm-up needs only Python's standard library
 STORAGE_SECRET_KEY = "url"
 
 # Flags set through their own field (or never written down at all, like the API key).
@@ -153,17 +163,33 @@ class SecretKeyRef(_Frozen):
 
 
 class PvcCache(_Frozen):
-    """A PersistentVolumeClaim rendered beside the workload (CLI: ``pvc[:SIZE[:CLASS]]``).
+    """A PersistentVolumeClaim for the compile cache (CLI: ``pvc[:SIZE[:CLASS[:rwx]]]``).
 
-    ``access_mode`` None chooses: ReadWriteOnce when one pod uses the claim, ReadWriteMany
-    when several pods (replicas, tuning workers) share it, which needs a storage class
-    that offers it (NFS, EFS, Filestore, CephFS...).
+    Serving: without ``:rwx`` every replica gets a claim of its own (ReadWriteOnce), so
+    a new pod never waits for an old one's volume; with ``:rwx`` all replicas share one
+    ReadWriteMany claim of CLASS, which must offer that mode (NFS, EFS, Filestore,
+    CephFS...). Tuning jobs (``access_mode`` None) share one claim: ReadWriteOnce for
+    one pod, ReadWriteMany for several.
     """
 
     kind: Literal["pvc"] = "pvc"
     size: str = "20Gi"
     storage_class: str | None = None
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] | None = None
+
+    @model_validator(mode="after")
+    def _shared_needs_a_class(self) -> PvcCache:
+        if self.access_mode == "ReadWriteMany" and self.storage_class is None:
+            raise ValueError(
+                "a ReadWriteMany cache needs its storage class named; accepted: "
+                "pvc:SIZE:CLASS:rwx with a class that offers ReadWriteMany"
+            )
+        return self
+
+    @property
+    def shared(self) -> bool:
+        """One claim for every serving replica (ReadWriteMany), not one per replica."""
+        return self.access_mode == "ReadWriteMany"
 
     @field_validator("size")
     @classmethod
@@ -189,7 +215,7 @@ class PvcCache(_Frozen):
     def cli(self) -> str:
         """The ``--cache-volume`` string that parses back to this volume."""
         parts = ["pvc", self.size] + ([self.storage_class] if self.storage_class else [])
-        return ":".join(parts)
+        return ":".join(parts + (["rwx"] if self.shared else []))
 
     def access_mode_for(self, pods: int) -> str:
         if self.access_mode is not None:
@@ -223,7 +249,10 @@ class HostPathCache(_Frozen):
 
 CacheVolume = Annotated[PvcCache | HostPathCache, Field(discriminator="kind")]
 
-_CACHE_FORMS = "pvc, pvc:SIZE (e.g. pvc:50Gi), pvc:SIZE:STORAGECLASS, hostpath:/absolute/path"
+_CACHE_FORMS = (
+    "pvc, pvc:SIZE (e.g. pvc:50Gi), pvc:SIZE:STORAGECLASS, pvc:SIZE:STORAGECLASS:rwx "
+    "(one ReadWriteMany claim shared by the replicas), hostpath:/absolute/path"
+)
 
 
 def parse_cache_volume(text: str) -> PvcCache | HostPathCache:
@@ -234,8 +263,17 @@ def parse_cache_volume(text: str) -> PvcCache | HostPathCache:
         if kind == "pvc" and not sep:
             return PvcCache()
         if kind == "pvc":
-            size, _, storage_class = rest.partition(":")
-            return PvcCache(size=size, storage_class=storage_class or None)
+            size, _, rest = rest.partition(":")
+            storage_class, _, mode = rest.partition(":")
+            if mode not in ("", "rwx"):
+                raise ConfigError(
+                    f"cache volume {text!r}: access {mode!r} is not accepted; accepted: rwx "
+                    f"or nothing; forms: {_CACHE_FORMS}"
+                )
+            return PvcCache(
+                size=size, storage_class=storage_class or None,
+                access_mode="ReadWriteMany" if mode else None,
+            )  # fmt: skip
         if kind == "hostpath" and rest:
             return HostPathCache(path=rest)
     except ValidationError as exc:
@@ -277,6 +315,26 @@ FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 FlagValue = StrictBool | StrictInt | FiniteFloat | StrictStr
 
 
+class Rollout(StrEnum):
+    """How a new recommendation replaces the one serving (``--rollout``)."""
+
+    # One Deployment: a new pod is added, warmed up and Ready before an old one drains
+    # (maxSurge 1, maxUnavailable 0); old and new serve side by side meanwhile.
+    ROLLING = "rolling"
+    # One StatefulSet per config hash beside the old one; the Service is switched to it
+    # (kubernetes-switch.yaml) once all its replicas are Ready, then the old one drains.
+    BLUE_GREEN = "blue-green"
+
+    @classmethod
+    def parse(cls, text: str) -> Rollout:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            raise ConfigError(
+                f"--rollout {text!r} is not accepted; accepted: " + ", ".join(r.value for r in cls)
+            ) from None
+
+
 class DeploymentConfig(_Frozen):
     """What to deploy: one vLLM server per replica, rendered by the functions below.
 
@@ -303,10 +361,14 @@ class DeploymentConfig(_Frozen):
     labels: dict[str, str] = Field(default_factory=dict)
     api_key_secret: SecretKeyRef | None = None  # VLLM_API_KEY from this Secret key
     hf_token_secret: SecretKeyRef | None = None  # HF_TOKEN from this Secret key (gated models)
-    warmup_requests: NonNegativeInt = 4  # completions sent before the pod turns Ready
+    rollout: Rollout = Rollout.ROLLING
+    # What the startup probe sends before the pod turns Ready (None: a few short
+    # requests of every size class, for a deployment without a measured workload).
+    warmup: WarmupPlan | None = None
+    warmup_timeout_s: PositiveInt = 600  # the warm-up's own bound, inside the startup's
     startup_timeout_s: PositiveInt = 1800  # model download + load + compile + warm-up
-    drain_s: NonNegativeInt = 20  # preStop sleep: endpoints drop the pod before SIGTERM
-    shutdown_s: PositiveInt = 60  # after SIGTERM, for requests in flight to finish
+    # preStop: wait for the endpoints to drop the pod, then for the requests in flight.
+    drain: DrainTiming = Field(default_factory=lambda: drain_timing(None))
     shm_size: str = "2Gi"  # /dev/shm for NCCL when a replica has more than one GPU
 
     @model_validator(mode="before")
@@ -519,7 +581,7 @@ def vllm_config_yaml(cfg: DeploymentConfig) -> str:
     )
 
 
-# --- 3. Kubernetes: the serving Deployment --------------------------------------------
+# --- 3. Kubernetes: the serving workload ----------------------------------------------
 
 
 def _k8s_literal(text: str) -> str:
@@ -527,67 +589,69 @@ def _k8s_literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
-def _warmup_script(*, port: int, model: str, requests: int, marker: str = WARM_MARKER) -> str:
-    """Python run by the startup probe: healthy, then warmed up once, before Ready.
+# Without a measured workload: short, medium and long prompts, once each, one at a time.
+_GENERIC_WARMUP = (
+    WarmupRequest(prompt_tokens=16, output_tokens=16, prefix=None),
+    WarmupRequest(prompt_tokens=256, output_tokens=64, prefix=None),
+    WarmupRequest(prompt_tokens=1024, output_tokens=128, prefix=None),
+    WarmupRequest(prompt_tokens=64, output_tokens=256, prefix=None),
+)
 
-    Exit 1 while /health fails; once it answers, send ``requests`` short completions to
-    the local server (with VLLM_API_KEY when the container has one), then leave a
-    marker so later probes only check health. Literals are Python ``repr``s, so any
-    model name is safe inside the source.
-    """
-    return "\n".join(
-        [
-            "import json, os, sys, urllib.request",
-            f"base = {f'http://127.0.0.1:{port}'!r}",
-            f"marker = {marker!r}",
-            "try:",
-            "    urllib.request.urlopen(base + '/health', timeout=5).close()",
-            "except Exception:",
-            "    sys.exit(1)",
-            "if os.path.exists(marker):",
-            "    sys.exit(0)",
-            "headers = {'Content-Type': 'application/json'}",
-            "if os.environ.get('VLLM_API_KEY'):",
-            "    headers['Authorization'] = 'Bearer ' + os.environ['VLLM_API_KEY']",
-            f"for i in range({requests}):",
-            f"    body = {{'model': {model!r}, 'prompt': 'Warm-up ' * (1 + 16 * i),",
-            "            'max_tokens': 8 + 8 * i, 'temperature': 0}",
-            "    request = urllib.request.Request(base + '/v1/completions',",
-            "                                     data=json.dumps(body).encode(), headers=headers)",
-            "    urllib.request.urlopen(request, timeout=60).close()",
-            "open(marker, 'w').close()",
-        ]
-    )
+
+def warmup_plan_of(cfg: DeploymentConfig) -> WarmupPlan:
+    """The warm-up the pods run: the configured plan, else a generic one."""
+    if cfg.warmup is not None:
+        return cfg.warmup
+    return WarmupPlan(
+        served_model=cfg.served_model_name or cfg.model, api="completions", prefixes=[],
+        requests=list(_GENERIC_WARMUP), max_requests=len(_GENERIC_WARMUP),
+        kv_cache_fill=None, concurrency=1,
+    )  # fmt: skip
 
 
 def _selector(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": name}
 
 
+def _version_selector(cfg: DeploymentConfig) -> dict[str, str]:
+    """The pods of this config only (blue-green: one side)."""
+    return {**_selector(cfg.name), HASH_KEY: cfg.config_hash}
+
+
+def _versioned_name(cfg: DeploymentConfig) -> str:
+    """``name-<hash8>``: this version's objects. At most 52 characters, so a StatefulSet's
+    controller-revision-hash label (the name, a dash and 10 characters) stays a label."""
+    suffix = re.sub(r"[^a-z0-9]", "", cfg.config_hash.lower())[:8] or "0"
+    return f"{dns_label(cfg.name, max_len=43)}-{suffix}"
+
+
+def _scripts_name(cfg: DeploymentConfig) -> str:
+    """The ConfigMap of the warm-up and drain programs (per version: old pods keep theirs)."""
+    return f"{_versioned_name(cfg)}-scripts"
+
+
 def _secret_env(var: str, ref: SecretKeyRef) -> dict[str, Any]:
     return {"name": var, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
-def _cache_volume(volume: PvcCache | HostPathCache, claim_name: str) -> dict[str, Any]:
-    if isinstance(volume, PvcCache):
-        return {"name": "vllm-cache", "persistentVolumeClaim": {"claimName": claim_name}}
-    return {"name": "vllm-cache", "hostPath": {"path": volume.path, "type": "DirectoryOrCreate"}}
-
-
-def _claim(volume: PvcCache, *, name: str, pods: int, labels: dict[str, str]) -> dict[str, Any]:
-    """The PersistentVolumeClaim of a PVC cache, its access mode chosen for ``pods``."""
+def _claim_spec(volume: PvcCache, access_mode: str) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "accessModes": [volume.access_mode_for(pods)],
+        "accessModes": [access_mode],
         "volumeMode": "Filesystem",
         "resources": {"requests": {"storage": volume.size}},
     }
     if volume.storage_class is not None:
         spec["storageClassName"] = volume.storage_class
+    return spec
+
+
+def _claim(volume: PvcCache, *, name: str, pods: int, labels: dict[str, str]) -> dict[str, Any]:
+    """The PersistentVolumeClaim of a PVC cache, its access mode chosen for ``pods``."""
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": name, "labels": labels},
-        "spec": spec,
+        "spec": _claim_spec(volume, volume.access_mode_for(pods)),
     }
 
 
@@ -596,28 +660,104 @@ _STARTUP_PERIOD_S = 10
 
 
 def kubernetes_manifests(cfg: DeploymentConfig) -> str:
-    """A Deployment, its Service and (for a PVC cache) the PersistentVolumeClaim, as YAML.
+    """The serving objects of ``cfg.rollout``, as multi-document YAML.
 
-    Startup: the startup probe runs the warm-up script (health, then a few completions)
-    and allows ``startup_timeout_s`` for download, load and compile; only then do the
-    readiness (GET /health) and liveness probes start, so no traffic reaches a cold pod.
-    Shutdown: preStop sleeps ``drain_s`` so the endpoint is gone before SIGTERM, and the
-    grace period leaves ``shutdown_s`` more for requests in flight.
+    Both modes: a ConfigMap with the warm-up and drain programs; pods whose startup
+    probe runs the warm-up (the workload's lengths and prefixes) before readiness
+    (GET /health) starts, so no traffic reaches a cold server; a preStop that waits
+    for the endpoints to drop the pod and then for ``vllm:num_requests_running`` and
+    ``vllm:num_requests_waiting`` to reach zero, within a grace period sized from the
+    measured p99 end-to-end latency. Every object carries the config hash (label and
+    annotation).
+
+    rolling: a Deployment (maxSurge 1, maxUnavailable 0) and its Service; the compile
+    cache is one claim per pod (a generic ephemeral volume), a shared ReadWriteMany
+    claim (``pvc:SIZE:CLASS:rwx``) or a hostPath.
+    blue-green: this version's StatefulSet (a claim per replica from its template) and
+    headless Service, both named ``name-<hash8>``; ``kubernetes_switch`` is the Service
+    that moves the traffic to it.
     """
-    claim_name = _serving_claim_name(cfg)
-    docs: list[dict[str, Any]] = [_deployment(cfg), _service(cfg)]
-    if isinstance(cfg.cache_volume, PvcCache):
-        labels = _serving_labels(cfg)
-        docs.insert(0, _claim(cfg.cache_volume, name=claim_name, pods=cfg.replicas, labels=labels))
-    header = (
-        f"# vLLM {cfg.vllm_version} serving {cfg.model!r}, config hash {cfg.config_hash}; "
-        "rendered by vllm-capacity-tuner\n"
+    docs: list[dict[str, Any]] = [_scripts_config_map(cfg)]
+    volume = cfg.cache_volume
+    if isinstance(volume, PvcCache) and volume.shared:
+        # Shared by every version: its hash label says which version applied it last.
+        claim = _claim(volume, name=_serving_claim_name(cfg), pods=2, labels=_hashed_labels(cfg))
+        claim["metadata"]["annotations"] = _serving_annotations(cfg)
+        docs.append(claim)
+    if cfg.rollout is Rollout.ROLLING:
+        docs += [_deployment(cfg), _service(cfg, name=cfg.name, selector=_selector(cfg.name))]
+    else:
+        versioned = _versioned_name(cfg)
+        docs += [
+            _service(cfg, name=versioned, selector=_version_selector(cfg), headless=True),
+            _stateful_set(cfg),
+        ]
+    return _header(cfg) + _dump_all(docs)
+
+
+def kubernetes_switch(cfg: DeploymentConfig) -> str | None:
+    """blue-green: the Service that sends the traffic to this version's pods (apply it once
+    they are all Ready); None for a rolling update, whose Service never changes."""
+    if cfg.rollout is not Rollout.BLUE_GREEN:
+        return None
+    return _header(cfg) + _dump_all([_service(cfg, name=cfg.name, selector=_version_selector(cfg))])
+
+
+def warmup_job_manifests(cfg: DeploymentConfig) -> str:
+    """A Job that runs the same warm-up from outside the pods, through the Service (the
+    rolling Service, or blue-green's side not yet switched to). Needs the ConfigMap of
+    ``kubernetes_manifests``."""
+    target = cfg.name if cfg.rollout is Rollout.ROLLING else _versioned_name(cfg)
+    env: list[dict[str, Any]] = []
+    if cfg.api_key_secret is not None:
+        env.append(_secret_env("VLLM_API_KEY", cfg.api_key_secret))
+    container: dict[str, Any] = {
+        "name": "warmup",
+        "image": WARMUP_JOB_IMAGE,
+        "command": [
+            "python3", f"{SCRIPTS_MOUNT_PATH}/{WARMUP_FILE}", "--url",
+            f"http://{target}:{cfg.port}", "--timeout-s", str(cfg.warmup_timeout_s),
+        ],
+        "volumeMounts": [{"name": "scripts", "mountPath": SCRIPTS_MOUNT_PATH, "readOnly": True}],
+    }  # fmt: skip
+    if env:
+        container["env"] = env
+    labels = {**_hashed_labels(cfg), "app.kubernetes.io/component": "warmup"}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": f"{_versioned_name(cfg)}-warmup",
+            "labels": labels,
+            "annotations": _serving_annotations(cfg),
+        },
+        "spec": {
+            "backoffLimit": 2,
+            "activeDeadlineSeconds": cfg.startup_timeout_s + cfg.warmup_timeout_s,
+            "ttlSecondsAfterFinished": 3600,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "OnFailure",
+                    "enableServiceLinks": False,
+                    "containers": [container],
+                    "volumes": [_scripts_volume(cfg)],
+                },
+            },
+        },
+    }
+    return _header(cfg) + _dump_all([job])
+
+
+def _header(cfg: DeploymentConfig) -> str:
+    return (
+        f"# vLLM {cfg.vllm_version} serving {cfg.model!r}, config hash {cfg.config_hash}, "
+        f"rollout {cfg.rollout.value}; rendered by vllm-capacity-tuner\n"
     )
-    return header + _dump_all(docs)
 
 
 def _serving_claim_name(cfg: DeploymentConfig) -> str:
-    """The name of the serving cache's PersistentVolumeClaim."""
+    """The name of the shared cache claim (ReadWriteMany; every version mounts it)."""
     return f"{cfg.name}-vllm-cache"
 
 
@@ -642,6 +782,26 @@ def _serving_annotations(cfg: DeploymentConfig) -> dict[str, str]:
     return {HASH_KEY: cfg.config_hash, f"{LABEL_PREFIX}/model": cfg.model}
 
 
+def _scripts_config_map(cfg: DeploymentConfig) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": _scripts_name(cfg),
+            "labels": _hashed_labels(cfg),
+            "annotations": _serving_annotations(cfg),
+        },
+        "data": {
+            WARMUP_FILE: warmup_script(warmup_plan_of(cfg)),
+            DRAIN_FILE: drain_script(),
+        },
+    }
+
+
+def _scripts_volume(cfg: DeploymentConfig) -> dict[str, Any]:
+    return {"name": "scripts", "configMap": {"name": _scripts_name(cfg), "defaultMode": 0o555}}
+
+
 def _serving_env(cfg: DeploymentConfig) -> list[dict[str, Any]]:
     """The vLLM container's environment: the cache directory, and the Secrets' keys."""
     env: list[dict[str, Any]] = [{"name": "VLLM_CACHE_DIR", "value": CACHE_MOUNT_PATH}]
@@ -653,16 +813,48 @@ def _serving_env(cfg: DeploymentConfig) -> list[dict[str, Any]]:
 
 
 def _serving_mounts(cfg: DeploymentConfig) -> list[dict[str, Any]]:
-    """The vLLM container's volume mounts: the cache, and /dev/shm with several GPUs."""
-    mounts: list[dict[str, Any]] = [{"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH}]
+    """The vLLM container's mounts: the cache, the scripts, and /dev/shm with several GPUs."""
+    mounts: list[dict[str, Any]] = [
+        {"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH},
+        {"name": "scripts", "mountPath": SCRIPTS_MOUNT_PATH, "readOnly": True},
+    ]
     if cfg.gpus_per_replica > 1:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     return mounts
 
 
+def _cache_volume(cfg: DeploymentConfig) -> dict[str, Any] | None:
+    """The pod's cache volume (None: a StatefulSet's claim template provides it)."""
+    volume = cfg.cache_volume
+    if isinstance(volume, HostPathCache):
+        return {
+            "name": "vllm-cache",
+            "hostPath": {"path": volume.path, "type": "DirectoryOrCreate"},
+        }
+    if volume.shared:
+        return {
+            "name": "vllm-cache",
+            "persistentVolumeClaim": {"claimName": _serving_claim_name(cfg)},
+        }
+    if cfg.rollout is Rollout.BLUE_GREEN:
+        return None
+    # A claim per pod, made with it and deleted with it (a container restart keeps it).
+    return {
+        "name": "vllm-cache",
+        "ephemeral": {
+            "volumeClaimTemplate": {
+                "metadata": {"labels": _hashed_labels(cfg)},
+                "spec": _claim_spec(volume, "ReadWriteOnce"),
+            }
+        },
+    }
+
+
 def _serving_volumes(cfg: DeploymentConfig) -> list[dict[str, Any]]:
-    """The pod's volumes: the cache, and an in-memory /dev/shm for NCCL with several GPUs."""
-    volumes: list[dict[str, Any]] = [_cache_volume(cfg.cache_volume, _serving_claim_name(cfg))]
+    """The pod's volumes: the cache, the scripts, an in-memory /dev/shm with several GPUs."""
+    cache = _cache_volume(cfg)
+    volumes: list[dict[str, Any]] = [cache] if cache is not None else []
+    volumes.append(_scripts_volume(cfg))
     if cfg.gpus_per_replica > 1:
         volumes.append(
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm_size}}
@@ -684,16 +876,36 @@ def _serving_resources(cfg: DeploymentConfig) -> dict[str, Any]:
     return resources
 
 
+def _local_url(cfg: DeploymentConfig) -> str:
+    return f"http://127.0.0.1:{cfg.port}"
+
+
 def _startup_probe(cfg: DeploymentConfig) -> dict[str, Any]:
-    """The probe that runs the warm-up script, allowing ``startup_timeout_s`` in all."""
-    probe_served = cfg.served_model_name or cfg.model
-    warmup = _warmup_script(port=cfg.port, model=probe_served, requests=cfg.warmup_requests)
+    """The probe that runs the warm-up once the server is healthy (``startup_timeout_s``
+    in all); its marker file makes later probes a health check only."""
     return {
-        "exec": {"command": ["python3", "-c", warmup]},
+        "exec": {
+            "command": [
+                "python3", f"{SCRIPTS_MOUNT_PATH}/{WARMUP_FILE}", "--url", _local_url(cfg),
+                "--probe", WARM_MARKER, "--timeout-s", str(cfg.warmup_timeout_s),
+            ]
+        },
         "periodSeconds": _STARTUP_PERIOD_S,
-        "timeoutSeconds": 60 + 15 * cfg.warmup_requests,
+        "timeoutSeconds": cfg.warmup_timeout_s + 30,
         "failureThreshold": math.ceil(cfg.startup_timeout_s / _STARTUP_PERIOD_S),
-    }
+    }  # fmt: skip
+
+
+def _pre_stop(cfg: DeploymentConfig) -> dict[str, Any]:
+    """The drain: wait for the endpoints to drop the pod, then for the requests in flight."""
+    return {
+        "exec": {
+            "command": [
+                "python3", f"{SCRIPTS_MOUNT_PATH}/{DRAIN_FILE}", "--url", _local_url(cfg),
+                *cfg.drain.script_args(),
+            ]
+        }
+    }  # fmt: skip
 
 
 def _health_probe(*, period_s: int, timeout_s: int, failures: int) -> dict[str, Any]:
@@ -720,65 +932,104 @@ def _serving_container(cfg: DeploymentConfig) -> dict[str, Any]:
         "startupProbe": _startup_probe(cfg),
         "readinessProbe": _health_probe(period_s=5, timeout_s=5, failures=3),
         "livenessProbe": _health_probe(period_s=15, timeout_s=10, failures=4),
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(cfg.drain_s)]}}},
+        "lifecycle": {"preStop": _pre_stop(cfg)},
     }
 
 
-def _rollout_strategy(cfg: DeploymentConfig) -> dict[str, Any]:
-    """Recreate when the cache claim mounts on one pod only, else a surge-one rolling update."""
-    single_pod_claim = isinstance(cfg.cache_volume, PvcCache) and cfg.cache_volume.access_mode_for(
-        cfg.replicas
-    ) in ("ReadWriteOnce", "ReadWriteOncePod")
-    return (
-        {"type": "Recreate"}  # a new pod could not mount the old one's claim elsewhere
-        if single_pod_claim
-        else {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
-    )
-
-
-def _deployment(cfg: DeploymentConfig) -> dict[str, Any]:
-    """The Deployment of ``replicas`` vLLM pods."""
-    labels = _hashed_labels(cfg)
-    annotations = _serving_annotations(cfg)
+def _pod_template(cfg: DeploymentConfig) -> dict[str, Any]:
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": cfg.name, "labels": labels, "annotations": annotations},
+        "metadata": {"labels": _hashed_labels(cfg), "annotations": _serving_annotations(cfg)},
         "spec": {
-            "replicas": cfg.replicas,
-            "selector": {"matchLabels": _selector(cfg.name)},
-            "strategy": _rollout_strategy(cfg),
-            "template": {
-                "metadata": {"labels": labels, "annotations": annotations},
-                "spec": {
-                    # No FOO_PORT variables from Services: a Service named vllm would set
-                    # VLLM_PORT, which vLLM reads as its own setting.
-                    "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": cfg.drain_s + cfg.shutdown_s,
-                    "tolerations": [_GPU_TOLERATION],
-                    "containers": [_serving_container(cfg)],
-                    "volumes": _serving_volumes(cfg),
-                },
-            },
+            # No FOO_PORT variables from Services: a Service named vllm would set
+            # VLLM_PORT, which vLLM reads as its own setting.
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": cfg.drain.grace_period_s,
+            "tolerations": [_GPU_TOLERATION],
+            "containers": [_serving_container(cfg)],
+            "volumes": _serving_volumes(cfg),
         },
     }
 
 
-def _service(cfg: DeploymentConfig) -> dict[str, Any]:
-    """The ClusterIP Service in front of the Deployment's pods."""
+def _deployment(cfg: DeploymentConfig) -> dict[str, Any]:
+    """rolling: the Deployment of ``replicas`` vLLM pods, none taken down before its
+    replacement is Ready."""
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {
             "name": cfg.name,
             "labels": _hashed_labels(cfg),
             "annotations": _serving_annotations(cfg),
         },
         "spec": {
-            "type": "ClusterIP",
-            "selector": _selector(cfg.name),
-            "ports": [{"name": "http", "port": cfg.port, "targetPort": "http", "protocol": "TCP"}],
+            "replicas": cfg.replicas,
+            "selector": {"matchLabels": _selector(cfg.name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            # A new pod loads, compiles and warms up before it counts as progress.
+            "progressDeadlineSeconds": cfg.startup_timeout_s + 600,
+            "template": _pod_template(cfg),
         },
+    }
+
+
+def _stateful_set(cfg: DeploymentConfig) -> dict[str, Any]:
+    """blue-green: this version's pods, a cache claim each (kept across restarts)."""
+    versioned = _versioned_name(cfg)
+    spec: dict[str, Any] = {
+        "replicas": cfg.replicas,
+        "serviceName": versioned,
+        "podManagementPolicy": "Parallel",  # all replicas start at once
+        "selector": {"matchLabels": _version_selector(cfg)},
+        "template": _pod_template(cfg),
+    }
+    volume = cfg.cache_volume
+    if isinstance(volume, PvcCache) and not volume.shared:
+        spec["volumeClaimTemplates"] = [
+            {
+                "metadata": {"name": "vllm-cache", "labels": _hashed_labels(cfg)},
+                "spec": _claim_spec(volume, "ReadWriteOnce"),
+            }
+        ]
+        spec["persistentVolumeClaimRetentionPolicy"] = {
+            "whenDeleted": "Delete",  # the old side's claims go with it
+            "whenScaled": "Retain",
+        }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": versioned,
+            "labels": _hashed_labels(cfg),
+            "annotations": _serving_annotations(cfg),
+        },
+        "spec": spec,
+    }
+
+
+def _service(
+    cfg: DeploymentConfig, *, name: str, selector: dict[str, str], headless: bool = False
+) -> dict[str, Any]:
+    """A Service in front of ``selector``'s pods (headless: a StatefulSet's own)."""
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": selector,
+        "ports": [{"name": "http", "port": cfg.port, "targetPort": "http", "protocol": "TCP"}],
+    }
+    if headless:
+        spec["clusterIP"] = "None"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "labels": _hashed_labels(cfg),
+            "annotations": _serving_annotations(cfg),
+        },
+        "spec": spec,
     }
 
 
@@ -894,7 +1145,7 @@ def _tuning_job(
             workers=workers,
             labels=labels,
             container=container,
-            volume=_cache_volume(volume, claim_name),
+            volume=_shared_cache_volume(volume, claim_name),
         )
     )
     header = (
@@ -902,6 +1153,13 @@ def _tuning_job(
         "rendered by vllm-capacity-tuner\n"
     )
     return header + _dump_all(docs)
+
+
+def _shared_cache_volume(volume: PvcCache | HostPathCache, claim_name: str) -> dict[str, Any]:
+    """The tuning workers' one cache: the claim they share, or a hostPath."""
+    if isinstance(volume, PvcCache):
+        return {"name": "vllm-cache", "persistentVolumeClaim": {"claimName": claim_name}}
+    return {"name": "vllm-cache", "hostPath": {"path": volume.path, "type": "DirectoryOrCreate"}}
 
 
 def _check_job_inputs(

@@ -172,14 +172,23 @@ def test_recommendation_steps_back_from_the_edge_and_writes_configs(tuned_run: P
     assert float(config["gpu-memory-utilization"]) == pytest.approx(util)
     docs = [d for d in yaml.safe_load_all((out / "kubernetes.yaml").read_text()) if d]
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "Service", "PersistentVolumeClaim"} <= kinds
+    assert {"ConfigMap", "Deployment", "Service"} <= kinds
+    docs += [d for d in yaml.safe_load_all((out / "warmup-job.yaml").read_text()) if d]
     for doc in docs:
         validate(doc, latest_version(), strict=True)
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert str(util) in " ".join(str(a) for a in container["args"])
+    # The pods warm up with the tuned workload's requests (the standalone warmup.py is
+    # the ConfigMap's program) and drain within a bound sized from its measured p99.
+    scripts = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    assert scripts["warmup.py"] == (out / "warmup.py").read_text()
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert rec.recommended.measured is not None and rec.recommended.measured.e2e_ms is not None
+    assert grace > (rec.recommended.measured.e2e_ms.p99 or 0) / 1000
     for name in ("conservative", "aggressive"):
         assert (out / name / "kubernetes.yaml").exists()
+        assert (out / name / "warmup.py").exists()
 
 
 def _processes_mentioning(text: str) -> list[int]:

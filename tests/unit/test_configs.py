@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
-import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import yaml
@@ -23,19 +17,25 @@ from kubernetes_validate.utils import latest_version
 
 from tuner.deploy import (
     CACHE_MOUNT_PATH,
+    SCRIPTS_MOUNT_PATH,
     DeploymentConfig,
     HostPathCache,
     PvcCache,
+    Rollout,
     SecretKeyRef,
-    _warmup_script,
     dns_label,
     kubernetes_manifests,
+    kubernetes_switch,
     parse_cache_volume,
     tuning_job_manifests,
     vllm_args,
     vllm_config_yaml,
+    warmup_job_manifests,
+    warmup_plan_of,
 )
+from tuner.drain import drain_script, drain_timing
 from tuner.errors import ConfigError
+from tuner.warmup import warmup_script
 
 # The oldest Kubernetes the manifests promise (backoffLimitPerIndex is beta there) and the
 # newest whose schema the installed kubernetes-validate ships.
@@ -224,11 +224,24 @@ def test_hostile_model_name_survives_yaml() -> None:
             "api_key_secret": SecretKeyRef(name="vllm-api", key="key"),
             "hf_token_secret": SecretKeyRef(name="hf", key="token"),
         },
+        {"cache_volume": "pvc:200Gi:nfs-client:rwx", "replicas": 4},
+        {"rollout": "blue-green", "replicas": 3, "tensor_parallel_size": 2},
+        {"rollout": "blue-green", "cache_volume": "pvc:50Gi:efs:rwx", "model": NASTY_MODEL},
+        {"rollout": "blue-green", "cache_volume": "hostpath:/mnt/c", "name": "a" * 50},
     ],
 )
 def test_every_manifest_validates_against_the_kubernetes_schema(overrides: dict[str, Any]) -> None:
-    docs = docs_of(kubernetes_manifests(make(**overrides)))
+    cfg = make(**overrides)
+    docs = docs_of(kubernetes_manifests(cfg))
+    docs += docs_of(warmup_job_manifests(cfg))
+    switch = kubernetes_switch(cfg)
+    assert (switch is None) == (cfg.rollout is Rollout.ROLLING)
+    if switch is not None:
+        docs += docs_of(switch)
     assert_valid_k8s(docs)
+    for doc in docs:  # a fleet can tell every object's version
+        assert doc["metadata"]["labels"][HASH_KEY] == cfg.config_hash, doc["kind"]
+        assert doc["metadata"]["annotations"][HASH_KEY] == cfg.config_hash, doc["kind"]
 
 
 def test_the_schema_check_is_not_vacuous() -> None:
@@ -243,7 +256,8 @@ def test_the_schema_check_is_not_vacuous() -> None:
 
 
 def test_deployment_serves_the_flags_on_the_gpus_with_probes_and_drain() -> None:
-    cfg = make(tensor_parallel_size=2, served_model_name="chat", drain_s=25, shutdown_s=90)
+    drain = drain_timing(4000.0)
+    cfg = make(tensor_parallel_size=2, served_model_name="chat", drain=drain)
     docs = docs_of(kubernetes_manifests(cfg))
     deployment = by_kind(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -259,24 +273,54 @@ def test_deployment_serves_the_flags_on_the_gpus_with_probes_and_drain() -> None
     assert container["ports"][0] == {"name": "http", "containerPort": 8000, "protocol": "TCP"}
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= cfg.startup_timeout_s
-    # The warm-up runs in the startup probe, so readiness (and traffic) only follows it.
-    script = startup["exec"]["command"][2]
-    assert startup["exec"]["command"][:2] == ["python3", "-c"]
-    assert script == _warmup_script(port=8000, model="chat", requests=cfg.warmup_requests)
-    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "25"]
-    assert pod["terminationGracePeriodSeconds"] == 25 + 90
+    assert startup["timeoutSeconds"] > cfg.warmup_timeout_s
+    # The warm-up runs in the startup probe, so readiness (and traffic) only follows it;
+    # the program is the ConfigMap's, rendered from the plan.
+    command = startup["exec"]["command"]
+    assert command[:2] == ["python3", f"{SCRIPTS_MOUNT_PATH}/warmup.py"]
+    assert "--probe" in command and command[command.index("--url") + 1] == "http://127.0.0.1:8000"
+    scripts = by_kind(docs, "ConfigMap")["data"]
+    assert scripts["warmup.py"] == warmup_script(warmup_plan_of(cfg))
+    assert warmup_plan_of(cfg).served_model == "chat"
+    assert scripts["drain.py"] == drain_script()
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[:2] == ["python3", f"{SCRIPTS_MOUNT_PATH}/drain.py"]
+    assert float(pre_stop[pre_stop.index("--bound-s") + 1]) == drain.bound_s
+    assert float(pre_stop[pre_stop.index("--settle-s") + 1]) == drain.settle_s
+    assert pod["terminationGracePeriodSeconds"] == drain.grace_period_s
+    assert drain.grace_period_s > drain_timing(None).settle_s + drain.bound_s  # room after
     assert pod["enableServiceLinks"] is False  # a Service named vllm would set VLLM_PORT
     env = {e["name"]: e for e in container["env"]}
     assert env["VLLM_CACHE_DIR"]["value"] == CACHE_MOUNT_PATH
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts[CACHE_MOUNT_PATH] == "vllm-cache"
+    assert (
+        volumes[mounts[SCRIPTS_MOUNT_PATH]]["configMap"]["name"]
+        == by_kind(docs, "ConfigMap")["metadata"]["name"]
+    )
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+
+
+def test_a_rolling_update_never_takes_a_replica_down() -> None:
+    for cache in ("pvc", "pvc:100Gi:nfs:rwx", "hostpath:/mnt/c"):
+        for replicas in (1, 3):
+            deployment = by_kind(
+                docs_of(kubernetes_manifests(make(cache_volume=cache, replicas=replicas))),
+                "Deployment",
+            )
+            strategy = deployment["spec"]["strategy"]
+            assert strategy == {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            }, (cache, replicas)
+            # A new pod's startup (load, compile, warm-up) is not "no progress".
+            assert deployment["spec"]["progressDeadlineSeconds"] > 1800
 
 
 def test_single_gpu_has_no_shm_volume_and_pipeline_parallel_counts_gpus() -> None:
     pod = by_kind(docs_of(kubernetes_manifests(make())), "Deployment")["spec"]["template"]["spec"]
-    assert [v["name"] for v in pod["volumes"]] == ["vllm-cache"]
+    assert [v["name"] for v in pod["volumes"]] == ["vllm-cache", "scripts"]
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     cfg = make(tensor_parallel_size=2, flags={"pipeline-parallel-size": 2})
     container = by_kind(docs_of(kubernetes_manifests(cfg)), "Deployment")["spec"]["template"][
@@ -301,26 +345,67 @@ def test_config_hash_is_an_annotation_and_a_label_and_service_selects_the_pods()
     assert service["spec"]["ports"][0]["targetPort"] == "http"
 
 
-def test_pvc_cache_renders_a_claim_that_the_pod_mounts() -> None:
-    docs = docs_of(kubernetes_manifests(make(cache_volume="pvc:100Gi:fast-ssd")))
+def test_each_replica_gets_its_own_cache_claim_unless_a_shared_class_is_named() -> None:
+    # pvc: a claim per pod, made with it, so a new pod never waits for an old one's volume.
+    docs = docs_of(kubernetes_manifests(make(cache_volume="pvc:100Gi:fast-ssd", replicas=3)))
+    assert "PersistentVolumeClaim" not in [d["kind"] for d in docs]
+    pod = by_kind(docs, "Deployment")["spec"]["template"]["spec"]
+    template = pod["volumes"][0]["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert template["accessModes"] == ["ReadWriteOnce"]
+    assert template["resources"]["requests"]["storage"] == "100Gi"
+    assert template["storageClassName"] == "fast-ssd"
+    # pvc:...:rwx: one ReadWriteMany claim of the named class, mounted by every pod.
+    docs = docs_of(kubernetes_manifests(make(cache_volume="pvc:100Gi:nfs:rwx", replicas=3)))
     claim = by_kind(docs, "PersistentVolumeClaim")
-    assert claim["spec"]["resources"]["requests"]["storage"] == "100Gi"
-    assert claim["spec"]["storageClassName"] == "fast-ssd"
-    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
-    deployment = by_kind(docs, "Deployment")
-    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["storageClassName"] == "nfs"
+    volumes = by_kind(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
     assert volumes[0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"  # one pod holds the claim
-    several = docs_of(kubernetes_manifests(make(replicas=3)))
-    assert by_kind(several, "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert by_kind(several, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
 
 
 def test_hostpath_cache_has_no_claim() -> None:
     docs = docs_of(kubernetes_manifests(make(cache_volume="hostpath:/mnt/cache")))
-    assert [d["kind"] for d in docs] == ["Deployment", "Service"]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service"]
     pod = by_kind(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["volumes"][0]["hostPath"] == {"path": "/mnt/cache", "type": "DirectoryOrCreate"}
+
+
+def test_blue_green_renders_one_side_per_config_hash_and_a_switch() -> None:
+    old = make(rollout="blue-green", replicas=2, config_hash="1111111111111111")
+    new = make(rollout="blue-green", replicas=2, config_hash="2222222222222222")
+    old_docs, new_docs = docs_of(kubernetes_manifests(old)), docs_of(kubernetes_manifests(new))
+    assert [d["kind"] for d in new_docs] == ["ConfigMap", "Service", "StatefulSet"]
+    # The two sides share no object: applying the new one leaves the old one serving.
+    names = {(d["kind"], d["metadata"]["name"]) for d in old_docs}
+    assert not names & {(d["kind"], d["metadata"]["name"]) for d in new_docs}
+    sts = by_kind(new_docs, "StatefulSet")
+    assert sts["metadata"]["name"] == f"{new.name}-22222222"
+    assert sts["spec"]["selector"]["matchLabels"][HASH_KEY] == new.config_hash
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    (claim,) = sts["spec"]["volumeClaimTemplates"]  # a cache claim per replica, kept
+    assert claim["metadata"]["name"] == "vllm-cache"
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    side = by_kind(new_docs, "Service")
+    assert (
+        side["spec"]["clusterIP"] == "None"
+        and sts["spec"]["serviceName"] == side["metadata"]["name"]
+    )
+    # The switch: the Service of the model's name, selecting the new side's pods only.
+    (switch,) = docs_of(kubernetes_switch(new) or "")
+    assert switch["metadata"]["name"] == new.name
+    assert switch["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    assert by_kind(docs_of(kubernetes_switch(old) or ""), "Service")["metadata"]["name"] == new.name
+    # The warm-up Job goes to the new side before the switch.
+    job = by_kind(docs_of(warmup_job_manifests(new)), "Job")
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--url") + 1] == f"http://{side['metadata']['name']}:8000"
+
+
+def test_long_names_stay_labels_in_every_version() -> None:
+    cfg = make(rollout="blue-green", name="a" * 50)
+    sts = by_kind(docs_of(kubernetes_manifests(cfg)), "StatefulSet")
+    # The controller adds controller-revision-hash=<name>-<10 chars>: a label value.
+    assert len(sts["metadata"]["name"]) + 11 <= 63
 
 
 def test_api_key_only_from_a_secret_reference() -> None:
@@ -348,63 +433,22 @@ def test_hostile_model_name_is_literal_in_the_container_args() -> None:
     assert DNS_1035.fullmatch(cfg.name)
 
 
-# --- the warm-up step -----------------------------------------------------------------
+# --- the warm-up Job -------------------------------------------------------------------
 
 
-class _StubVllm(BaseHTTPRequestHandler):
-    healthy: ClassVar[bool] = False
-    completions: ClassVar[list[tuple[dict[str, Any], str | None]]] = []
-
-    def do_GET(self) -> None:
-        self.send_response(200 if self.path == "/health" and type(self).healthy else 503)
-        self.end_headers()
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).completions.append((body, self.headers.get("Authorization")))
-        payload = b'{"choices": [{"text": "ok"}]}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def stub_vllm() -> Iterator[tuple[int, type[_StubVllm]]]:
-    handler = type("Stub", (_StubVllm,), {"healthy": False, "completions": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1], handler
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_warmup_probe_waits_for_health_then_sends_completions_once(
-    stub_vllm: tuple[int, type[_StubVllm]], tmp_path: Path
-) -> None:
-    port, stub = stub_vllm
-    marker = tmp_path / "warm"
-    script = _warmup_script(port=port, model=NASTY_MODEL, requests=3, marker=str(marker))
-    env = {"PATH": os.defpath, "VLLM_API_KEY": "sk-test", "no_proxy": "*", "NO_PROXY": "*"}
-
-    def probe() -> int:
-        run = subprocess.run([sys.executable, "-c", script], env=env, timeout=60)
-        return run.returncode
-
-    assert probe() == 1 and not stub.completions  # not healthy: not started, nothing sent
-    stub.healthy = True
-    assert probe() == 0
-    assert [body["model"] for body, _ in stub.completions] == [NASTY_MODEL] * 3
-    assert {auth for _, auth in stub.completions} == {"Bearer sk-test"}
-    assert marker.exists()
-    assert probe() == 0 and len(stub.completions) == 3  # warmed once, then health only
+def test_warmup_job_runs_the_same_program_through_the_service() -> None:
+    cfg = make(api_key_secret=SecretKeyRef(name="vllm-api", key="key"))
+    job = by_kind(docs_of(warmup_job_manifests(cfg)), "Job")
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"][:2] == ["python3", f"{SCRIPTS_MOUNT_PATH}/warmup.py"]
+    assert (
+        container["command"][container["command"].index("--url") + 1] == f"http://{cfg.name}:8000"
+    )
+    assert "--probe" not in container["command"]
+    config_map = by_kind(docs_of(kubernetes_manifests(cfg)), "ConfigMap")["metadata"]["name"]
+    assert pod["volumes"][0]["configMap"]["name"] == config_map
+    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "vllm-api", "key": "key"}
 
 
 # --- names and bad input --------------------------------------------------------------
@@ -444,6 +488,8 @@ def test_dns_label_never_ends_with_a_dash_after_cutting() -> None:
         "pvc:100",
         "pvc:lots",
         "pvc:10Gi:Bad_Class",
+        "pvc:10Gi::rwx",
+        "pvc:10Gi:nfs:rox",
         "hostpath",
         "hostpath:",
         "hostpath:relative/dir",
@@ -468,6 +514,7 @@ def test_bad_cache_volume_is_one_clear_config_error(text: str) -> None:
         ("pvc", PvcCache()),
         ("PVC:50Gi", PvcCache(size="50Gi")),
         ("pvc:1Ti:standard-rwx", PvcCache(size="1Ti", storage_class="standard-rwx")),
+        ("pvc:1Ti:nfs:rwx", PvcCache(size="1Ti", storage_class="nfs", access_mode="ReadWriteMany")),
         ("hostpath:/mnt/vllm cache", HostPathCache(path="/mnt/vllm cache")),
     ],
 )
@@ -496,6 +543,7 @@ def test_cache_volume_strings_parse_and_print_back(
         ({"model": "bad\nname"}, "control character"),
         ({"bogus": 1}, "bogus is not a field here"),
         ({"flags": {"gpu-memory-utilization": float("nan")}}, "nan"),
+        ({"rollout": "canary"}, "'canary'"),
     ],
 )
 def test_bad_deployment_values_are_one_line_config_errors(

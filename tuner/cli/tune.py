@@ -98,7 +98,17 @@ def add_parser(sub: Any) -> None:
         help="the peak the fleet must serve, in the workload's unit (conversations/s for a workload with sessions, else requests/s)",
     )
     p.add_argument("--capacity-headroom", type=float)
-    p.add_argument("--cache-volume", help="pvc[:SIZE[:CLASS]] (default) or hostpath:/path")
+    p.add_argument(
+        "--cache-volume",
+        help="the compile cache: pvc[:SIZE[:CLASS]] (a claim per replica, default), "
+        "pvc:SIZE:CLASS:rwx (one ReadWriteMany claim) or hostpath:/path",
+    )
+    p.add_argument(
+        "--rollout",
+        help="how the Kubernetes manifests replace a serving version: rolling (default: "
+        "new pods warm up before old ones drain) or blue-green (a StatefulSet per config, "
+        "the Service switched when it is Ready)",
+    )
     p.add_argument("--processes", type=int, help="Locust processes generating the load")
     add_remote_load_args(p, default_workers=None)
     p.add_argument("--gpu-source", help="nvml, sim, none or auto")
@@ -137,7 +147,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "level_max_duration_s", "max_levels", "chain_levels", "twin_fit", "twin_from", "twin_search", "dry_run",
         "sim_step_costs", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
-        "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "processes",
+        "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "rollout", "processes",
         "load_workers", "load_master_bind",
         "gpu_source", "time_scale", "stream_fraction",
     )  # fmt: skip

@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from tuner.deploy import parse_cache_volume
+from tuner.deploy import Rollout, parse_cache_volume
 from tuner.errors import ConfigError
 from tuner.search.sampling import Objective
 from tuner.serving.load import LoadGenerators
@@ -106,6 +106,7 @@ class TuneConfig(BaseModel):
     )  # the peak, in the workload's unit (conversations/s with sessions)
     capacity_headroom: float = Field(default=0.2, ge=0, lt=1)
     cache_volume: str = "pvc"
+    rollout: str = "rolling"  # how a new recommendation replaces the serving one
     # Measurement
     processes: int = Field(default=1, ge=0)  # Locust processes here (0: all on load hosts)
     load_workers: int = Field(default=0, ge=0)  # Locust workers on load hosts (tuner load-worker)
@@ -205,6 +206,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:
         parse_cache_volume(config.cache_volume)
     except ConfigError as exc:
         raise ConfigError(f"--cache-volume: {exc}") from None
+    Rollout.parse(config.rollout)
     return config
 
 

@@ -8,7 +8,12 @@ recommended one's sit directly in ``recommendation/``:
 
     vllm-args.txt        a ready `vllm serve` command line
     vllm-config.yaml     for `vllm serve --config`
-    kubernetes.yaml      Deployment, Service and the cache volume's claim
+    kubernetes.yaml      the serving objects of --rollout (rolling: a Deployment and its
+                         Service; blue-green: this version's StatefulSet and Service), the
+                         warm-up and drain programs (a ConfigMap), the shared cache claim
+    kubernetes-switch.yaml  blue-green: the Service, switched to this version
+    warmup.py            the warm-up the pods run, from the measured workload, standalone
+    warmup-job.yaml      the same warm-up as a Kubernetes Job, through the Service
     recommendation.json  settings, measurements, edge, headroom, capacity, version hash
 """
 
@@ -24,7 +29,17 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.deploy import DeploymentConfig, kubernetes_manifests, vllm_args, vllm_config_yaml
+from tuner.deploy import (
+    DeploymentConfig,
+    Rollout,
+    kubernetes_manifests,
+    kubernetes_switch,
+    vllm_args,
+    vllm_config_yaml,
+    warmup_job_manifests,
+    warmup_plan_of,
+)
+from tuner.drain import drain_timing
 from tuner.rundir import RECOMMENDATION_JSON, RunLayout
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.edge import EdgeResult
@@ -34,9 +49,11 @@ from tuner.search.space import Knob, TrialParams, clamp
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
+from tuner.warmup import DEFAULT_MAX_REQUESTS, WarmupPlan, warmup_plan, warmup_script
 from workloads.metrics import Percentiles
 
 HARNESS_VERSION = "0.1.0"
+WARMUP_MAX_REQUESTS_TO_FILL = 1000  # a warm-up to a KV-cache fill stops at the fill first
 
 
 class Measured(BaseModel):
@@ -180,7 +197,15 @@ def deploy_flags(ctx: TuneContext, params: TrialParams) -> dict[str, object]:
     return flags
 
 
-def deployment(ctx: TuneContext, params: TrialParams) -> DeploymentConfig:
+def deployment(
+    ctx: TuneContext,
+    params: TrialParams,
+    *,
+    p99_e2e_ms: float | None = None,
+    replicas: int = 1,
+) -> DeploymentConfig:
+    """What the recommendation deploys: its flags, the warm-up of the tuned workload, a
+    drain sized from the measured p99 end-to-end latency, ``replicas`` servers."""
     flags = deploy_flags(ctx, params)
     return DeploymentConfig.build(
         model=ctx.model.name,
@@ -188,9 +213,24 @@ def deployment(ctx: TuneContext, params: TrialParams) -> DeploymentConfig:
         config_hash=config_hash(ctx, flags),
         tensor_parallel_size=ctx.config.tensor_parallel_size,
         cache_volume=ctx.config.cache_volume,
+        rollout=Rollout.parse(ctx.config.rollout),
+        warmup=_warmup(ctx, params),
+        drain=drain_timing(p99_e2e_ms),
+        replicas=replicas,
         flags=flags,
         labels={"app.kubernetes.io/managed-by": "vllm-capacity-tuner"},
     )
+
+
+def _warmup(ctx: TuneContext, params: TrialParams) -> WarmupPlan:
+    """The tuned workload's warm-up, as many requests at once as the server batches (up to
+    64), until the workload's own warm-up KV-cache fill where it states one."""
+    fill = ctx.workload.warmup.kv_cache_fill
+    return warmup_plan(
+        ctx.workload, ctx.model.name,
+        max_requests=WARMUP_MAX_REQUESTS_TO_FILL if fill is not None else DEFAULT_MAX_REQUESTS,
+        kv_cache_fill=fill, concurrency=max(1, min(params.max_num_seqs or 8, 64)),
+    )  # fmt: skip
 
 
 def variant_params(
@@ -335,12 +375,25 @@ def capacity(ctx: TuneContext, goodput: Goodput) -> Capacity | None:
     )
 
 
-def write_configs(ctx: TuneContext, variant: Variant, out_dir: Path) -> None:
+def write_configs(
+    ctx: TuneContext, variant: Variant, out_dir: Path, *, best: Evaluation, replicas: int
+) -> None:
+    """Every deployable config of ``variant`` (see the module's docstring) in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = deployment(ctx, variant.params)
+    p99 = variant.measured.e2e_ms if variant.measured is not None else None
+    if p99 is None and best.best is not None:
+        p99 = best.best.load.e2e_ms  # not confirmed: the best trial's held level
+    cfg = deployment(
+        ctx, variant.params, p99_e2e_ms=p99.p99 if p99 is not None else None, replicas=replicas
+    )
     (out_dir / "vllm-args.txt").write_text(vllm_args(cfg), encoding="utf-8")
     (out_dir / "vllm-config.yaml").write_text(vllm_config_yaml(cfg), encoding="utf-8")
     (out_dir / "kubernetes.yaml").write_text(kubernetes_manifests(cfg), encoding="utf-8")
+    switch = kubernetes_switch(cfg)
+    if switch is not None:
+        (out_dir / "kubernetes-switch.yaml").write_text(switch, encoding="utf-8")
+    (out_dir / "warmup.py").write_text(warmup_script(warmup_plan_of(cfg)), encoding="utf-8")
+    (out_dir / "warmup-job.yaml").write_text(warmup_job_manifests(cfg), encoding="utf-8")
 
 
 def recommend(
@@ -428,8 +481,9 @@ def recommend(
         version_hash=flags_hash,
     )
     out = RunLayout(ctx.run_dir).recommendation_dir
-    write_configs(ctx, recommended, out)
+    replicas = rec.capacity.replicas if rec.capacity is not None else 1
+    write_configs(ctx, recommended, out, best=best, replicas=replicas)
     for variant in variants[1:]:
-        write_configs(ctx, variant, out / variant.name)
+        write_configs(ctx, variant, out / variant.name, best=best, replicas=replicas)
     (out / RECOMMENDATION_JSON).write_text(rec.model_dump_json(indent=2), encoding="utf-8")
     return rec

@@ -10,8 +10,10 @@
         trials/<n>/            one directory per trial (evaluation.json, server.log, gpu.csv, level-*/)
         edge/                  the OOM-edge probes (probe.json each) and edge.json
         confirm/<variant>/     the confirmation runs
-        recommendation/        vllm-args.txt, vllm-config.yaml, kubernetes.yaml, recommendation.json
-                               and conservative/, aggressive/ beside it
+        recommendation/        vllm-args.txt, vllm-config.yaml, kubernetes.yaml (and
+                               kubernetes-switch.yaml for blue-green), warmup.py,
+                               warmup-job.yaml, recommendation.json; and conservative/,
+                               aggressive/ beside it
         report.html            the capacity-review report
         summary.json           what the run came to, for scripts
 

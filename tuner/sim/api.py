@@ -1,7 +1,7 @@
 """The simulated engine's HTTP server: vLLM's OpenAI endpoints, ``/health``, ``/metrics``.
 
 One ``SimServer`` wraps one SimEngine. Its aiohttp application answers what
-``vllm serve`` answers (``/health``, ``/version``, ``/v1/models``,
+``vllm serve`` answers (``/health``, ``/tokenize``, ``/version``, ``/v1/models``,
 ``/v1/completions``, ``/v1/chat/completions``, ``/metrics``) plus ``/sim/gpu``,
 what NVML would report for the virtual device. The engine runs on the wall clock
 (``driver.EngineDriver``); every response carries ``x-sim-time-scale`` so a client
@@ -28,7 +28,7 @@ from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_request import BaseRequest
 from pydantic import BaseModel, ConfigDict
 
-from tuner.sim.driver import EngineDriver, EngineFailure, RequestStream, Token
+from tuner.sim.driver import TIMINGS_KEPT, EngineDriver, EngineFailure, RequestStream, Token
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from tuner.sim.metrics import ServerMetrics
@@ -52,6 +52,7 @@ from tuner.sim.serve_log import (
     log_engine_dead,
     log_stats,
 )
+from tuner.sim.tokenizer import encode, encode_chat
 from tuner.vllm.gpus import GpuSpec, MiB
 from tuner.vllm.memory import MemoryPlan
 
@@ -64,6 +65,7 @@ STATS_INTERVAL_S = 10.0  # vLLM's VLLM_LOG_STATS_INTERVAL
 
 ROUTES: tuple[tuple[str, str], ...] = (
     ("/health", "GET"),
+    ("/tokenize", "POST"),
     ("/version", "GET"),
     ("/v1/models", "GET"),
     ("/v1/completions", "POST"),
@@ -210,6 +212,8 @@ class SimServer:
         self.metrics = ServerMetrics(settings.served_model_names[0])
         self._driver: EngineDriver | None = None
         self._read_stamps: dict[object, float] = {}
+        # Request id -> prompt tokens of the last TIMINGS_KEPT requests (for /sim/requests).
+        self._prompt_tokens: dict[str, int] = {}
 
     @property
     def driver(self) -> EngineDriver:
@@ -235,6 +239,7 @@ class SimServer:
         app.cleanup_ctx.append(self._lifecycle)
         handlers: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
             "/health": self.health,
+            "/tokenize": self.tokenize,
             "/version": self.version,
             "/v1/models": self.models,
             "/v1/completions": partial(self.generate, Endpoint.COMPLETIONS),
@@ -311,6 +316,40 @@ class SimServer:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.driver.dead else 200)
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize``: a completions-style ``prompt`` or chat-style ``messages``,
+        counted as the generation endpoints count them (``add_special_tokens`` and
+        ``add_generation_prompt`` add nothing here: the simulator has no special tokens)."""
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return _json(ApiError(400, f"Invalid JSON body: {exc}").body(), status=400)
+        if not isinstance(body, dict):
+            return _json(ApiError(400, "The request body must be a JSON object.").body(), 400)
+        model = body.get("model")
+        if model is not None and model not in self.settings.served_model_names:
+            error = ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+            return _json(error.body(), status=404)
+        prompt, messages = body.get("prompt"), body.get("messages")
+        if isinstance(prompt, str):
+            ids = encode(prompt, self.settings.vocab_size)
+        elif isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+            try:
+                ids = encode_chat(messages, self.settings.vocab_size)
+            except ValueError as exc:  # a message's content is neither text nor parts
+                return _json(ApiError(400, str(exc)).body(), status=400)
+        else:
+            error = ApiError(400, "Field required: prompt (a string) or messages (a list)")
+            return _json(error.body(), status=400)
+        return _json(
+            {
+                "count": len(ids),
+                "max_model_len": self.settings.max_model_len,
+                "tokens": ids,
+                "token_strs": None,
+            }
+        )
+
     async def version(self, request: web.Request) -> web.Response:
         return _json({"version": str(self.vllm_log.version)})
 
@@ -354,10 +393,19 @@ class SimServer:
         """Ground truth for measuring clients: each finished request's server-side timings.
 
         Unix seconds (`ServerTiming`): when the server read the request, when it entered
-        the engine, when each token was made and when it was written to the socket. A
-        client's ``X-Request-Id`` header names the request.
+        the engine, when each token was made and when it was written to the socket, and
+        its prompt tokens as the server counted them. A client's ``X-Request-Id`` header
+        names the request.
         """
-        return _json({"requests": [timing.as_json() for timing in self.driver.timings]})
+        prompts = self._prompt_tokens
+        return _json(
+            {
+                "requests": [
+                    {**timing.as_json(), "prompt_tokens": prompts.get(timing.request_id)}
+                    for timing in self.driver.timings
+                ]
+            }
+        )
 
     async def sim_stall(self, request: web.Request) -> web.Response:
         """Freeze the virtual GPU for ``seconds`` (a server stall a load test must survive)."""
@@ -416,6 +464,9 @@ class SimServer:
         client_id = request.headers.get("X-Request-Id")
         if client_id:  # vLLM takes the client's request id from this header too
             gen = dataclasses.replace(gen, request_id=client_id)
+        self._prompt_tokens[gen.request_id] = gen.num_prompt_tokens
+        if len(self._prompt_tokens) > TIMINGS_KEPT:
+            del self._prompt_tokens[next(iter(self._prompt_tokens))]
         engine_request = SimRequest(
             request_id=gen.request_id,
             prompt_token_ids=gen.prompt_token_ids,
