@@ -28,7 +28,7 @@ from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_request import BaseRequest
 from pydantic import BaseModel, ConfigDict
 
-from tuner.sim.driver import TIMINGS_KEPT, EngineDriver, EngineFailure, RequestStream, Token
+from tuner.sim.driver import EngineDriver, EngineFailure, RequestStream, Token
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from tuner.sim.metrics import ServerMetrics
@@ -137,6 +137,17 @@ def _json(obj: Any, status: int = 200) -> web.Response:
     return web.json_response(obj, status=status, dumps=_compact)
 
 
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    """The request's body, a JSON object; ApiError 400 (vLLM's message) for anything else."""
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise ApiError(400, f"Invalid JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    return body
+
+
 def _engine_dead_response() -> web.Response:
     return _json(error_body(500, ENGINE_DEAD_TEXT, "InternalServerError"), status=500)
 
@@ -212,8 +223,6 @@ class SimServer:
         self.metrics = ServerMetrics(settings.served_model_names[0])
         self._driver: EngineDriver | None = None
         self._read_stamps: dict[object, float] = {}
-        # Request id -> prompt tokens of the last TIMINGS_KEPT requests (for /sim/requests).
-        self._prompt_tokens: dict[str, int] = {}
 
     @property
     def driver(self) -> EngineDriver:
@@ -321,26 +330,9 @@ class SimServer:
         counted as the generation endpoints count them (``add_special_tokens`` and
         ``add_generation_prompt`` add nothing here: the simulator has no special tokens)."""
         try:
-            body = await request.json()
-        except ValueError as exc:
-            return _json(ApiError(400, f"Invalid JSON body: {exc}").body(), status=400)
-        if not isinstance(body, dict):
-            return _json(ApiError(400, "The request body must be a JSON object.").body(), 400)
-        model = body.get("model")
-        if model is not None and model not in self.settings.served_model_names:
-            error = ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
-            return _json(error.body(), status=404)
-        prompt, messages = body.get("prompt"), body.get("messages")
-        if isinstance(prompt, str):
-            ids = encode(prompt, self.settings.vocab_size)
-        elif isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
-            try:
-                ids = encode_chat(messages, self.settings.vocab_size)
-            except ValueError as exc:  # a message's content is neither text nor parts
-                return _json(ApiError(400, str(exc)).body(), status=400)
-        else:
-            error = ApiError(400, "Field required: prompt (a string) or messages (a list)")
-            return _json(error.body(), status=400)
+            ids = self._tokenize(await _json_object(request))
+        except ApiError as exc:
+            return _json(exc.body(), status=exc.status)
         return _json(
             {
                 "count": len(ids),
@@ -349,6 +341,20 @@ class SimServer:
                 "token_strs": None,
             }
         )
+
+    def _tokenize(self, body: dict[str, Any]) -> list[int]:
+        model = body.get("model")
+        if model is not None and model not in self.settings.served_model_names:
+            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+        prompt, messages = body.get("prompt"), body.get("messages")
+        if isinstance(prompt, str):
+            return encode(prompt, self.settings.vocab_size)
+        if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+            try:
+                return encode_chat(messages, self.settings.vocab_size)
+            except ValueError as exc:  # a message's content is neither text nor parts
+                raise ApiError(400, str(exc)) from None
+        raise ApiError(400, "Field required: prompt (a string) or messages (a list)")
 
     async def version(self, request: web.Request) -> web.Response:
         return _json({"version": str(self.vllm_log.version)})
@@ -397,15 +403,7 @@ class SimServer:
         its prompt tokens as the server counted them. A client's ``X-Request-Id`` header
         names the request.
         """
-        prompts = self._prompt_tokens
-        return _json(
-            {
-                "requests": [
-                    {**timing.as_json(), "prompt_tokens": prompts.get(timing.request_id)}
-                    for timing in self.driver.timings
-                ]
-            }
-        )
+        return _json({"requests": [timing.as_json() for timing in self.driver.timings]})
 
     async def sim_stall(self, request: web.Request) -> web.Response:
         """Freeze the virtual GPU for ``seconds`` (a server stall a load test must survive)."""
@@ -446,15 +444,9 @@ class SimServer:
         # When the server read the request's last bytes (``protocol_factory``).
         received_s = min(self._read_stamps.get(request.protocol, now), now)
         try:
-            body = await request.json()
-        except ValueError as exc:
-            return _json(ApiError(400, f"Invalid JSON body: {exc}").body(), status=400)
-        if not isinstance(body, dict):
-            return _json(ApiError(400, "The request body must be a JSON object.").body(), 400)
-        try:
             gen = parse_generation(
                 endpoint,
-                body,
+                await _json_object(request),
                 served_model_names=self.settings.served_model_names,
                 max_model_len=self.settings.max_model_len,
                 vocab_size=self.settings.vocab_size,
@@ -464,9 +456,6 @@ class SimServer:
         client_id = request.headers.get("X-Request-Id")
         if client_id:  # vLLM takes the client's request id from this header too
             gen = dataclasses.replace(gen, request_id=client_id)
-        self._prompt_tokens[gen.request_id] = gen.num_prompt_tokens
-        if len(self._prompt_tokens) > TIMINGS_KEPT:
-            del self._prompt_tokens[next(iter(self._prompt_tokens))]
         engine_request = SimRequest(
             request_id=gen.request_id,
             prompt_token_ids=gen.prompt_token_ids,

@@ -58,7 +58,8 @@ class ServerTiming:
     what a client can see, and when). ``generated_s``: the virtual GPU handed each
     token over (where vLLM's histograms take their token times). A client's TTFT is
     comparable with ``token_times_s[0] - received_s``; ``token_times_s - generated_s``
-    is the server's own delivery delay.
+    is the server's own delivery delay. ``prompt_tokens``: the prompt as the server
+    counted it.
     """
 
     request_id: str
@@ -66,6 +67,7 @@ class ServerTiming:
     arrival_s: float
     token_times_s: tuple[float, ...]
     generated_s: tuple[float, ...]
+    prompt_tokens: int
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -74,6 +76,7 @@ class ServerTiming:
             "arrival_s": self.arrival_s,
             "token_times_s": list(self.token_times_s),
             "generated_s": list(self.generated_s),
+            "prompt_tokens": self.prompt_tokens,
         }
 
 
@@ -252,6 +255,7 @@ class EngineDriver:
                 arrival_s=stream.arrival_s + offset,
                 token_times_s=tuple(t + offset for t in stream.written_s),
                 generated_s=tuple(t + offset for t in stream.token_times_s),
+                prompt_tokens=stream.request.num_prompt_tokens,
             )
         )
 
