@@ -655,6 +655,13 @@ def _claim(volume: PvcCache, *, name: str, pods: int, labels: dict[str, str]) ->
     }
 
 
+def _shared_cache_volume(volume: PvcCache | HostPathCache, claim_name: str) -> dict[str, Any]:
+    """One cache for every pod: the claim they share, or a hostPath (a directory per node)."""
+    if isinstance(volume, PvcCache):
+        return {"name": "vllm-cache", "persistentVolumeClaim": {"claimName": claim_name}}
+    return {"name": "vllm-cache", "hostPath": {"path": volume.path, "type": "DirectoryOrCreate"}}
+
+
 _GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 _STARTUP_PERIOD_S = 10
 
@@ -681,7 +688,9 @@ def kubernetes_manifests(cfg: DeploymentConfig) -> str:
     volume = cfg.cache_volume
     if isinstance(volume, PvcCache) and volume.shared:
         # Shared by every version: its hash label says which version applied it last.
-        claim = _claim(volume, name=_serving_claim_name(cfg), pods=2, labels=_hashed_labels(cfg))
+        claim = _claim(
+            volume, name=_serving_claim_name(cfg), pods=cfg.replicas, labels=_hashed_labels(cfg)
+        )
         claim["metadata"]["annotations"] = _serving_annotations(cfg)
         docs.append(claim)
     if cfg.rollout is Rollout.ROLLING:
@@ -722,7 +731,13 @@ def warmup_job_manifests(cfg: DeploymentConfig) -> str:
     }  # fmt: skip
     if env:
         container["env"] = env
-    labels = {**_hashed_labels(cfg), "app.kubernetes.io/component": "warmup"}
+    # Not the serving pods' name label: the Services and the Deployment must not select
+    # the Job's pod.
+    labels = {
+        **_hashed_labels(cfg),
+        "app.kubernetes.io/name": "vllm-warmup",
+        "app.kubernetes.io/component": "warmup",
+    }
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -826,16 +841,8 @@ def _serving_mounts(cfg: DeploymentConfig) -> list[dict[str, Any]]:
 def _cache_volume(cfg: DeploymentConfig) -> dict[str, Any] | None:
     """The pod's cache volume (None: a StatefulSet's claim template provides it)."""
     volume = cfg.cache_volume
-    if isinstance(volume, HostPathCache):
-        return {
-            "name": "vllm-cache",
-            "hostPath": {"path": volume.path, "type": "DirectoryOrCreate"},
-        }
-    if volume.shared:
-        return {
-            "name": "vllm-cache",
-            "persistentVolumeClaim": {"claimName": _serving_claim_name(cfg)},
-        }
+    if isinstance(volume, HostPathCache) or volume.shared:
+        return _shared_cache_volume(volume, _serving_claim_name(cfg))
     if cfg.rollout is Rollout.BLUE_GREEN:
         return None
     # A claim per pod, made with it and deleted with it (a container restart keeps it).
@@ -1153,13 +1160,6 @@ def _tuning_job(
         "rendered by vllm-capacity-tuner\n"
     )
     return header + _dump_all(docs)
-
-
-def _shared_cache_volume(volume: PvcCache | HostPathCache, claim_name: str) -> dict[str, Any]:
-    """The tuning workers' one cache: the claim they share, or a hostPath."""
-    if isinstance(volume, PvcCache):
-        return {"name": "vllm-cache", "persistentVolumeClaim": {"claimName": claim_name}}
-    return {"name": "vllm-cache", "hostPath": {"path": volume.path, "type": "DirectoryOrCreate"}}
 
 
 def _check_job_inputs(

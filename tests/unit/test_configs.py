@@ -449,6 +449,12 @@ def test_warmup_job_runs_the_same_program_through_the_service() -> None:
     config_map = by_kind(docs_of(kubernetes_manifests(cfg)), "ConfigMap")["metadata"]["name"]
     assert pod["volumes"][0]["configMap"]["name"] == config_map
     assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "vllm-api", "key": "key"}
+    # Its pod is not one of the serving pods' (no Service or Deployment selects it).
+    service = by_kind(docs_of(kubernetes_manifests(cfg)), "Service")
+    assert (
+        not service["spec"]["selector"].items()
+        <= job["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 # --- names and bad input --------------------------------------------------------------
