@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tests.programs import top_level_imports
 from tuner.drain import (
     DEFAULT_BOUND_S,
     DEFAULT_POLL_S,
@@ -104,12 +105,7 @@ def test_timing_is_frozen_and_its_settle_is_within_its_bound() -> None:
 
 def test_program_imports_the_standard_library_only() -> None:
     tree = ast.parse(drain_script(), feature_version=(3, 8))  # the oldest python3 it meets
-    imported: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
+    imported = top_level_imports(tree)
     assert imported and imported <= set(sys.stdlib_module_names), imported
 
 

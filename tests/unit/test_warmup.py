@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.programs import top_level_imports
 from tuner.errors import ConfigError
 from tuner.warmup import QUANTILES, WarmupPlan, warmup_plan, warmup_script
 from workloads.build import build_schedule
@@ -173,12 +174,7 @@ def test_the_script_is_stdlib_only_and_carries_the_plan() -> None:
     plan = warmup_plan(spec_of(CHAT), odd, kv_cache_fill=0.5)
     source = warmup_script(plan)
     tree = ast.parse(source)
-    imported: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
+    imported = top_level_imports(tree)
     assert imported and imported <= sys.stdlib_module_names
     (literal,) = [
         node.value.args[0]
