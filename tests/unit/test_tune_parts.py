@@ -332,6 +332,42 @@ def test_no_breaking_rate_within_the_budget_is_a_lower_bound(tmp_path: Path) -> 
     )
 
 
+class _Collapsing(_KnownCapacity):
+    """Past its capacity the server collapses: 60 % of the requests fail (time out in the
+    queue), which alone would put the capacity at 40 % of the rate."""
+
+    def measure(self, workload: WorkloadSpec, schedule: list[ScheduledRequest], **kw: object) -> Measurement:  # fmt: skip
+        m = super().measure(workload, schedule, **kw)  # type: ignore[arg-type]
+        if m.slo.met:
+            return m
+        load = m.load.model_copy(update={"num_errors": 60, "num_completed": 40})
+        return m.model_copy(update={"load": load})
+
+
+@pytest.mark.parametrize("start_held", [False, True])
+def test_a_confirmation_that_breaks_where_its_trial_held_steps_down_gently(
+    tmp_path: Path, start_held: bool
+) -> None:
+    """Stop 28's walk-through: the recommendation's trial held 8.31, its confirmation's first
+    level collapsed there (60 % failed) and the search halved to 4.15, then climbed to only
+    5.88 in three levels, below vLLM's defaults. A rate the settings held before puts the
+    capacity near it: one step of ``growth`` down, then the bracket's middle."""
+    server = _Collapsing(capacity_per_s=7.5)
+    result = search_rate(
+        server, load_workload("chat"), start_rate_per_s=8.31, out_dir=tmp_path,
+        level_duration_s=2.0, warmup_s=1.0, max_levels=3, precision=0.05,
+        start_held=start_held,
+    )  # fmt: skip
+    assert [lv.met for lv in result.levels][:2] == [False, True]
+    if not start_held:  # the failure share asks for x2.5: halved, far below the capacity
+        assert server.rates[1] == pytest.approx(8.31 / 2)
+        assert result.goodput < 0.8 * 7.5
+        return
+    assert server.rates[1] == pytest.approx(8.31 / 1.15)
+    assert result.best is not None and result.broken_rate_per_s is not None
+    assert result.goodput >= 7.5 / 1.1 and result.broken_rate_per_s / result.goodput < 1.1
+
+
 def test_a_first_rate_that_breaks_is_halved_until_one_holds(tmp_path: Path) -> None:
     server = _KnownCapacity(capacity_per_s=3.0)
     result = _search(server, tmp_path, start=20.0, max_levels=8, precision=0.1)

@@ -204,8 +204,10 @@ def evaluate(
     max_levels: int | None = None,
     predicted_rate_per_s: float | None = None,
     predicted_answer_times: AnswerTimes | None = None,
+    start_held: bool = False,
 ) -> Evaluation:
-    """Launch the candidate and measure its goodput (screened first when configured)."""
+    """Launch the candidate and measure its goodput (screened first when configured).
+    ``start_held``: the settings held at ``start_rate_per_s`` before (``search_rate``)."""
     early = screened(ctx, setup, params, out_dir)
     if early is not None:
         return early
@@ -238,7 +240,7 @@ def evaluate(
                 max_levels=max_levels or config.max_levels, model_dir=ctx.model_dir,
                 predicted_rate_per_s=predicted_rate_per_s,
                 predicted_answer_times=predicted_answer_times,
-                chain=live.chain if config.chain_levels else None,
+                chain=live.chain if config.chain_levels else None, start_held=start_held,
             )  # fmt: skip
     evaluation = _evaluation(ctx, setup, params, out_dir, startup, search, live, kv_fill)
     evaluation.write()

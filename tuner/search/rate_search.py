@@ -520,6 +520,7 @@ def search_rate(
     warmup_s: float | None = None,
     predicted_answer_times: AnswerTimes | None = None,
     chain: Callable[[Path], LoadChain | None] | None = None,
+    start_held: bool = False,
 ) -> RateSearch:
     """Measure levels on a READY server until the goodput is bracketed to ``precision``
     or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
@@ -536,7 +537,11 @@ def search_rate(
     ``chain``: makes a chained run on the server (``LiveServer.chain``): each level after
     the first carries on from the one before on it (``CarryOn``), without draining the
     server to empty, unless that one ended unclean (``ends_clean``); then the next level
-    starts a fresh run. None: every level is a run of its own."""
+    starts a fresh run. None: every level is a run of its own. ``start_held``: these
+    settings held at ``start_rate_per_s`` or above before (a confirmation of a trial), so
+    a first level that breaks there steps down by ``growth`` only: the earlier hold puts
+    the capacity near, and a collapse's share of failed requests (``descent_step``)
+    would overstate how far below it lies. A second break steps by its own evidence."""
     levels: list[Level] = []
     closed = spec.mean_rate_per_s is None
     rate: float | None = None
@@ -581,6 +586,8 @@ def search_rate(
             # by how far it missed; else the bracket's middle, until it closes
             up = climb_step(spec, low.measurement, growth) if low is not None else 1.0
             down = descent_step(spec, high.measurement, growth) if high is not None else 1.0
+            if start_held and index == 0 and low is None:
+                down = growth  # the next break steps down by its own evidence
             rate = _rates(levels, precision).next_rate(up=up, down=down)
             if rate is None:
                 break
