@@ -208,7 +208,7 @@ class Load:
 class Case:
     key: str
     source: str
-    model: str
+    model: str | ModelSpec  # a preset name, or a spec built from a published config
     gpu: str
     version: str
     load: Load
@@ -476,7 +476,7 @@ def prompt_ids(records: list[TraceRecord], vocab: int, seed: int) -> list[list[i
 
 
 def model_of(case: Case) -> ModelSpec:
-    model = resolve_model(case.model)
+    model = case.model if isinstance(case.model, ModelSpec) else resolve_model(case.model)
     if case.quantization is not None:
         model = model.model_copy(update={"quantization": case.quantization})
     return model

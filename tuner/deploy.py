@@ -370,6 +370,9 @@ class DeploymentConfig(_Frozen):
     # preStop: wait for the endpoints to drop the pod, then for the requests in flight.
     drain: DrainTiming = Field(default_factory=lambda: drain_timing(None))
     shm_size: str = "2Gi"  # /dev/shm for NCCL when a replica has more than one GPU
+    # Pods go only to nodes with these labels (the GPU type a capacity plan chose:
+    # ``nvidia.com/gpu.product``, as NVIDIA's GPU feature discovery labels nodes).
+    node_selector: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -951,6 +954,7 @@ def _pod_template(cfg: DeploymentConfig) -> dict[str, Any]:
             # VLLM_PORT, which vLLM reads as its own setting.
             "enableServiceLinks": False,
             "terminationGracePeriodSeconds": cfg.drain.grace_period_s,
+            **({"nodeSelector": dict(cfg.node_selector)} if cfg.node_selector else {}),
             "tolerations": [_GPU_TOLERATION],
             "containers": [_serving_container(cfg)],
             "volumes": _serving_volumes(cfg),

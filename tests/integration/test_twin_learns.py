@@ -5,11 +5,14 @@ factors after each trial, and the twin's error on the measured levels falls."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.tune_run import tune
+from tests.integration.tune_run import TINY_WORKLOAD, tune
+from tuner.capacity.calibration import PAPER_ERROR
 
 pytestmark = pytest.mark.integration
 
@@ -51,3 +54,34 @@ def test_a_tune_fits_the_twin_to_an_engine_it_has_not_seen(tmp_path: Path) -> No
     assert bad.returncode == 2
     assert "--twin-from" in bad.stderr and "twin.json" in bad.stderr
     assert not (tmp_path / "bad" / "trials").exists()
+
+    # Issue 19: a capacity plan given this run narrows its own GPU type's range.
+    paper, calibrated = (
+        _capacity_options(tmp_path / name, *extra)
+        for name, extra in (("paper", ()), ("calibrated", ("--from", str(run_dir))))
+    )
+    assert paper["L4-24GB"]["provenance"] == "paper"
+    assert paper["L4-24GB"]["error"] == pytest.approx(PAPER_ERROR)
+    assert calibrated["L4-24GB"]["provenance"] == "calibrated"
+    assert calibrated["L4-24GB"]["source"] == str(run_dir)
+    # as wide as the fitted twin's goodput prediction for trial 1 was off its measurement
+    off = abs(fits[1]["predicted_rate_per_s"] / fits[1]["measured_rate_per_s"] - 1.0)
+    assert calibrated["L4-24GB"]["error"] == pytest.approx(max(0.05, off))
+    assert calibrated["L4-24GB"]["error"] < paper["L4-24GB"]["error"]
+    low, high = calibrated["L4-24GB"]["goodput_low"], calibrated["L4-24GB"]["goodput_high"]
+    assert high - low < paper["L4-24GB"]["goodput_high"] - paper["L4-24GB"]["goodput_low"]
+    # another GPU type gets the host costs it learned, at the paper's width
+    assert calibrated["A100-40GB"]["provenance"] == "transferred"
+    assert calibrated["A100-40GB"]["error"] == pytest.approx(PAPER_ERROR)
+
+
+def _capacity_options(out: Path, *extra: str) -> dict[str, dict[str, object]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "capacity", "--model", "llama-3.1-8b",
+         "--workload", str(TINY_WORKLOAD), "--peak", "20", "--gpus", "L4,A100-40GB",
+         "--tensor-parallel-size", "1", "--no-report", "--out", str(out), *extra],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    plan = json.loads((out / "capacity.json").read_text())
+    return {o["gpu"]: o for o in plan["options"]}

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tuner.cli import bench, check, k8s, load_worker, report, serve, tune
+from tuner.cli import bench, capacity, check, k8s, load_worker, report, serve, tune
 from tuner.errors import TunerError
 from tuner.serving.processes import Interrupted, interrupts_raised, raise_interrupted
 from tuner.sim import serve_cli, simulate_cli
@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.add_parser(sub)
     report.add_parser(sub)
     check.add_parser(sub)
+    capacity.add_parser(sub)
     return parser
 
 

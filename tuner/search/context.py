@@ -306,7 +306,6 @@ def _fit_context(
     """vLLM's default context (the model's maximum) when it fits the GPU; else the smallest
     power of two that holds the workload's longest request, as an engineer would set it."""
     from tuner.search.space import Knob
-    from tuner.serving.load import plan_schedule
     from tuner.vllm.memory import plan
 
     util_range = space.range_of(Knob.GPU_MEMORY_UTILIZATION)
@@ -317,15 +316,24 @@ def _fit_context(
         or best.failure.kind is not StartupFailureKind.MAX_MODEL_LEN_DOES_NOT_FIT
     ):
         return base, None
-    schedule = plan_schedule(workload)
-    need = max((r.prompt_tokens + r.max_tokens for r in schedule), default=1)
-    length = 1 << max(need + need // 2 - 1, 1).bit_length()  # half again for headroom
-    length = min(length, model.max_position_embeddings)
+    need, length = workload_context(model, workload)
     note = (
         f"--max-model-len {length}: the model's own {model.max_position_embeddings} tokens do not "
         f"fit the {gpu.name}'s KV cache, and the workload's longest request needs {need}"
     )
     return base.model_copy(update={"max_model_len": length}), note
+
+
+def workload_context(model: ModelSpec, workload: WorkloadSpec) -> tuple[int, int]:
+    """The workload's longest request (prompt and output tokens), and the context an
+    engineer would give it: the smallest power of two holding it and half again, at most
+    the model's own."""
+    from tuner.serving.load import plan_schedule
+
+    schedule = plan_schedule(workload)
+    need = max((r.prompt_tokens + r.max_tokens for r in schedule), default=1)
+    length = 1 << max(need + need // 2 - 1, 1).bit_length()  # half again for headroom
+    return need, min(length, model.max_position_embeddings)
 
 
 def _cpu_space(

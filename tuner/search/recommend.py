@@ -51,6 +51,7 @@ from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
 from tuner.warmup import DEFAULT_MAX_REQUESTS, WarmupPlan, warmup_plan, warmup_script
 from workloads.metrics import Percentiles
+from workloads.spec import WorkloadSpec
 
 HARNESS_VERSION = "0.1.0"
 WARMUP_MAX_REQUESTS_TO_FILL = 1000  # a warm-up to a KV-cache fill stops at the fill first
@@ -177,14 +178,32 @@ class Recommendation(BaseModel):
 def config_hash(ctx: TuneContext, flags: dict[str, object]) -> str:
     """A hash of everything the settings were chosen for, so a fleet can tell whether its
     running config is the recommended one (16 hex digits, a valid Kubernetes label)."""
+    return settings_hash(
+        flags, model=ctx.model.name, gpu=ctx.gpu_name, vllm_version=str(ctx.version),
+        workload=ctx.workload, max_model_len=ctx.base.max_model_len,
+        tensor_parallel_size=ctx.config.tensor_parallel_size,
+    )  # fmt: skip
+
+
+def settings_hash(
+    flags: dict[str, object],
+    *,
+    model: str,
+    gpu: str | None,
+    vllm_version: str,
+    workload: WorkloadSpec,
+    max_model_len: int | None,
+    tensor_parallel_size: int,
+) -> str:
+    """``config_hash`` of settings chosen outside a tune (a capacity plan's options)."""
     payload = {
         "flags": flags,
-        "model": ctx.model.name,
-        "gpu": ctx.gpu_name,
-        "vllm_version": str(ctx.version),
-        "workload": ctx.workload.model_dump(mode="json"),
-        "max_model_len": ctx.base.max_model_len,
-        "tensor_parallel_size": ctx.config.tensor_parallel_size,
+        "model": model,
+        "gpu": gpu,
+        "vllm_version": vllm_version,
+        "workload": workload.model_dump(mode="json"),
+        "max_model_len": max_model_len,
+        "tensor_parallel_size": tensor_parallel_size,
     }
     text = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

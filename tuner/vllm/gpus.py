@@ -259,6 +259,29 @@ def cpu_device(host_bytes: int) -> GpuSpec:
     )
 
 
+# The ``nvidia.com/gpu.product`` label NVIDIA's GPU feature discovery puts on a node: the
+# product name the driver reports, spaces as dashes (SXM parts; a PCIe part says PCIe).
+_NODE_PRODUCTS = {
+    "A100-40GB": "NVIDIA-A100-SXM4-40GB",
+    "A100-80GB": "NVIDIA-A100-SXM4-80GB",
+    "H100-80GB": "NVIDIA-H100-80GB-HBM3",
+    "H100-PCIe-80GB": "NVIDIA-H100-PCIe",
+    "H200-141GB": "NVIDIA-H200",
+    "L4-24GB": "NVIDIA-L4",
+    "L40S-48GB": "NVIDIA-L40S",
+    "RTX-6000-Ada-48GB": "NVIDIA-RTX-6000-Ada-Generation",
+    "RTX-3090-24GB": "NVIDIA-GeForce-RTX-3090",
+    "RTX-4090-24GB": "NVIDIA-GeForce-RTX-4090",
+    "RTX-A5000-24GB": "NVIDIA-RTX-A5000",
+    "B200-180GB": "NVIDIA-B200",
+}
+
+
+def node_product_label(gpu: GpuSpec) -> str | None:
+    """The ``nvidia.com/gpu.product`` node label of ``gpu`` (None: not known)."""
+    return _NODE_PRODUCTS.get(gpu.name)
+
+
 def _key(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 

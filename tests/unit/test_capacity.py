@@ -1,0 +1,187 @@
+"""The capacity plan (issue 19): the fleet's arithmetic, the bad input, the configs of the
+chosen option, and a plan screened on the twin."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_configs import assert_valid_k8s, by_kind, docs_of
+from tuner.capacity.calibration import PAPER_ERROR, Provenance
+from tuner.capacity.fleet import fleet_size, pareto_front, parse_prices, replicas_for
+from tuner.capacity.option import OptionSpace, OptionStatus
+from tuner.capacity.plan import make_plan, write_plan
+from tuner.errors import ConfigError
+from tuner.search.context import workload_context
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
+from workloads.spec import load_workload
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "tests" / "fixtures" / "workloads" / "tiny.yaml"
+
+
+def test_replicas_hold_the_peak_with_the_headroom() -> None:
+    # 100 / (10 x 0.8) = 12.5: 13 replicas; exactly 10 x 0.8 = 8 per replica: 100/8 -> 13
+    assert replicas_for(100.0, 10.0, 0.2) == 13
+    assert replicas_for(80.0, 10.0, 0.2) == 10  # 80 / 8 = 10 exactly, not 11
+    assert replicas_for(0.5, 10.0, 0.2) == 1
+    assert replicas_for(24.0, 3.0, 0.0) == 8
+    with pytest.raises(ValueError):
+        replicas_for(0.0, 10.0, 0.2)
+
+
+def test_fleet_cost_per_hour_and_per_million_output_tokens() -> None:
+    fleet = fleet_size(
+        peak=20.0, goodput_per_replica=5.0, headroom=0.2, tensor_parallel_size=2,
+        usd_per_gpu_hour=2.5, output_tokens_per_unit=300.0,
+    )  # fmt: skip
+    assert fleet.replicas == 5 and fleet.gpus == 10  # 20 / 4 = 5 replicas of 2 GPUs
+    assert fleet.usd_per_hour == pytest.approx(25.0)
+    # 20/s x 300 tokens x 3600 s = 21.6 M tokens an hour for $25
+    assert fleet.usd_per_million_output_tokens == pytest.approx(25.0 / 21.6)
+    unpriced = fleet_size(
+        peak=20.0, goodput_per_replica=5.0, headroom=0.2, tensor_parallel_size=2,
+        usd_per_gpu_hour=None, output_tokens_per_unit=300.0,
+    )  # fmt: skip
+    assert unpriced.usd_per_hour is None and unpriced.usd_per_million_output_tokens is None
+
+
+def test_prices_name_a_gpu_of_the_plan_and_cover_all_or_none() -> None:
+    canonical = {"h100-80gb": "H100-80GB", "h100": "H100-80GB", "l4-24gb": "L4-24GB", "l4": "L4-24GB"}  # fmt: skip
+    assert parse_prices(["H100=2.5", "l4=0.7"], canonical) == {"H100-80GB": 2.5, "L4-24GB": 0.7}
+    assert parse_prices([], canonical) == {}
+    for bad, says in (
+        (["A100-80GB=1.2", "H100=1", "L4=1"], "not in the plan"),
+        (["H100=cheap", "L4=1"], "GPU=USD_PER_HOUR"),
+        (["H100=-1", "L4=1"], "GPU=USD_PER_HOUR"),
+        (["H100=2.5"], "no --price for L4-24GB"),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            parse_prices(bad, canonical)
+
+
+def test_the_pareto_front_keeps_what_nothing_beats_on_both_axes() -> None:
+    points = [(100.0, 10.0), (80.0, 20.0), (70.0, 15.0), (50.0, 30.0), (100.0, 5.0)]
+    assert pareto_front(points) == [3, 1, 0]  # (70, 15) loses to (80, 20); (100, 5) to (100, 10)
+
+
+def _tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "capacity", *args],
+        capture_output=True, text=True, timeout=120, cwd=cwd,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--gpus", "H100-80GB,Z9000"], "unknown GPU 'Z9000'; known GPUs:"),
+        (["--tensor-parallel-size", "1,3"], "--tensor-parallel-size 3 does not divide"),
+        (["--tensor-parallel-size", "two"], "accepted: a comma list of integers"),
+        (
+            ["--gpus", "H100-80GB", "--price", "A100-80GB=1.5"],
+            "not in the plan; accepted: H100-80GB",
+        ),
+        (["--peak", "0"], "--peak 0 is not accepted; accepted: a rate > 0"),
+        (["--peak", "nan"], "--peak nan is not accepted"),
+        (["--headroom", "1"], "--headroom 1 is not accepted"),
+        (["--from", "nowhere"], "--from 'nowhere"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
+    base = ["--model", "llama-3.1-8b", "--peak", "10", "--out", str(tmp_path / "plan")]
+    done = _tuner(*base, *args, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr
+    assert not (tmp_path / "plan").exists()  # nothing screened, nothing written
+
+
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
+    model = resolve_model("llama-3.1-8b")
+    workload = load_workload(TINY)
+    space = OptionSpace(
+        model=model, version=VllmVersion.current(), workload=workload, max_model_len=None,
+        workload_context=workload_context(model, workload)[1], safety_margin=0.02,
+    )  # fmt: skip
+    plan = make_plan(
+        space=space, gpus=[get_gpu("L4"), get_gpu("A100-40GB")], tensor_parallel_sizes=[1, 2],
+        peak=40.0, headroom=0.2, prices={"L4-24GB": 0.8, "A100-40GB": 1.6}, runs=[],
+    )  # fmt: skip
+    out = tmp_path_factory.mktemp("capacity")
+    write_plan(plan, workload, out)
+    return plan, out
+
+
+def test_a_plan_ranks_the_options_by_the_cost_of_their_fleet(small_plan: tuple[object, Path]) -> None:  # fmt: skip
+    plan, out = small_plan
+    from tuner.capacity.plan import CapacityPlan
+
+    assert isinstance(plan, CapacityPlan)
+    serving = [o for o in plan.options if o.status is OptionStatus.SERVES]
+    assert len(serving) >= 3
+    costs = [o.fleet_low.usd_per_hour for o in serving if o.fleet_low]
+    assert costs == sorted(costs) and plan.chosen == serving[0]
+    for option in serving:
+        assert option.provenance is Provenance.PAPER and option.error == PAPER_ERROR
+        replica = option.replica
+        assert replica is not None and option.fleet_low is not None and option.fleet is not None
+        goodput = replica.goodput.arrival_rate_per_s
+        assert option.goodput_low == pytest.approx(goodput * (1 - PAPER_ERROR))
+        # the arithmetic, from the figures it states
+        assert option.fleet_low.replicas == math.ceil(40.0 / (option.goodput_low * 0.8) - 1e-9)
+        assert option.fleet_low.gpus == option.fleet_low.replicas * option.tensor_parallel_size
+        price = {"L4-24GB": 0.8, "A100-40GB": 1.6}[option.gpu]
+        assert option.fleet_low.usd_per_hour == pytest.approx(option.fleet_low.gpus * price)
+        assert option.fleet.replicas <= option.fleet_low.replicas
+    assert any(o.on_frontier for o in serving)
+    saved = json.loads((out / "capacity.json").read_text())
+    assert saved["chosen"]["gpu"] == plan.chosen.gpu  # type: ignore[union-attr]
+
+
+def test_the_chosen_and_runner_up_deploy_their_fleet(small_plan: tuple[object, Path]) -> None:
+    plan, out = small_plan
+    from tuner.capacity.plan import CapacityPlan
+
+    assert isinstance(plan, CapacityPlan)
+    for name, option in (("chosen", plan.chosen), ("runner-up", plan.runner_up)):
+        assert option is not None and option.fleet_low is not None
+        docs = docs_of((out / name / "kubernetes.yaml").read_text())
+        assert_valid_k8s(docs)
+        deployment = by_kind(docs, "Deployment")
+        assert deployment["spec"]["replicas"] == option.fleet_low.replicas
+        pod = deployment["spec"]["template"]["spec"]
+        product = {"L4-24GB": "NVIDIA-L4", "A100-40GB": "NVIDIA-A100-SXM4-40GB"}[option.gpu]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": product}
+        gpus = pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        assert int(gpus) == option.tensor_parallel_size
+        args = (out / name / "vllm-args.txt").read_text()
+        assert f"--gpu-memory-utilization {option.params.gpu_memory_utilization}" in args  # type: ignore[union-attr]
+        if option.tensor_parallel_size > 1:
+            assert f"--tensor-parallel-size {option.tensor_parallel_size}" in args
+
+
+def test_the_report_shows_every_option_the_frontier_and_the_source(
+    small_plan: tuple[object, Path],
+) -> None:
+    from reports.capacity import render_capacity_report
+    from tuner.capacity.plan import CapacityPlan
+
+    plan, _ = small_plan
+    assert isinstance(plan, CapacityPlan) and plan.chosen is not None
+    page = render_capacity_report(plan)
+    assert page.count('<tr class="chosen">') == 1
+    for option in plan.options:
+        assert option.label in page
+    front = [o for o in plan.options if o.on_frontier]
+    assert page.count('fill="#2e7d32"') == len(front)  # the frontier's points, drawn green
+    assert "predicted by the twin (paper, ±40%)" in page
+    assert "<script" not in page  # offline, nothing to fetch
