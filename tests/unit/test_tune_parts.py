@@ -41,6 +41,13 @@ from workloads.spec import WorkloadSpec, load_workload
 from workloads.stationary import TURN_MIX_FILE, AnswerTimes, TurnMix
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A context resolved without --run-dir makes runs/<study> where it runs: here, not in
+    the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_yaml_config_with_flags_on_top(tmp_path: Path) -> None:
     path = tmp_path / "tune.yaml"
     path.write_text(
