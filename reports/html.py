@@ -60,6 +60,7 @@ from tuner.rundir import REPORT_HTML, RunLayout
 from tuner.search.config import TuneConfig
 from tuner.search.edge import KnobEdge
 from tuner.search.evaluate import Evaluation, LevelSummary, Verdict
+from tuner.search.parallelism import Source, read_parallelism
 from tuner.search.rate_search import Goodput, GoodputUnit
 from tuner.search.recommend import (
     HARNESS_VERSION,
@@ -1220,6 +1221,38 @@ def _twin(data: RunData) -> dict[str, Any]:
     }
 
 
+def _parallelism(data: RunData) -> dict[str, Any] | None:
+    """Where the tune searched the tensor-parallel size: each size's best server."""
+    comparison = read_parallelism(data.run_dir)  # written before the report, the summary after
+    if comparison is None and data.summary is not None:
+        comparison = data.summary.parallelism
+    if comparison is None:
+        return None
+    best = comparison.best
+    rows = []
+    for s in comparison.sizes:
+        known = s.source is not Source.NONE
+        at_least = "≥" if s.goodput_is_lower_bound else ""
+        rows.append(
+            {
+                "size": s.tensor_parallel_size,
+                "server": at_least + _num(s.goodput_per_server) if known else "–",
+                "gpu": at_least + _num(s.goodput_per_gpu) if known else "–",
+                "servers": s.servers_on(comparison.gpu_count),
+                "host": at_least + _num(s.host_goodput(comparison.gpu_count)) if known else "–",
+                "source": (
+                    f"measured (trial {s.trial})"
+                    if s.source is Source.MEASURED
+                    else "predicted by the twin"
+                    if s.source is Source.PREDICTED
+                    else f"no goodput at the SLO ({s.trials_launched} trial(s))"
+                ),
+                "best": best is not None and s.tensor_parallel_size == best.tensor_parallel_size,
+            }
+        )
+    return {"gpu_count": comparison.gpu_count, "rows": rows}
+
+
 def _context(data: RunData) -> dict[str, Any]:
     tune = data.tune
     winner = data.best_trial
@@ -1269,6 +1302,7 @@ def _context(data: RunData) -> dict[str, Any]:
         "trials": trials,
         "steady": _steady_state(data),
         "twin": _twin(data),
+        "parallelism": _parallelism(data),
         "steady_p": f"{STEADY_P:g}",
         "other_settings": any(
             k not in ("gpu-memory-utilization", "max-num-seqs", "block-size", "kv-cache-dtype")

@@ -20,6 +20,8 @@ import pytest
 
 from tests.integration.simserver import SimServer, spawn_sim
 from tuner.sim.tokenizer import decode_token
+from tuner.vllm.classify import classify_failure
+from tuner.vllm.failures import StartupFailureKind
 from tuner.vllm.log import parse_startup_log
 from tuner.vllm.models import resolve_model
 
@@ -282,6 +284,22 @@ def test_startup_that_does_not_fit_fails_like_vllm(launch: Launch) -> None:
     assert "Application startup complete" not in log
 
 
+def test_more_tensor_parallel_ranks_than_the_host_has_gpus_fails_like_vllm(
+    launch: Launch,
+) -> None:
+    server = launch(*SMALL, "--tensor-parallel-size", "4", "--gpu-count", "2", healthy=False)
+    assert server.wait_exit() == 1
+    log = server.log()
+    assert "Tensor parallel size (4) cannot be larger than the number of available GPUs (2)." in log
+    assert "Application startup complete" not in log
+    failure = classify_failure(log)
+    assert failure is not None and failure.kind is StartupFailureKind.INVALID_CONFIGURATION
+
+    fits = launch(*SMALL, "--tensor-parallel-size", "2", "--gpu-count", "2")
+    assert httpx.get(f"{fits.url}/health", timeout=5).status_code == 200
+    assert "tensor_parallel_size=2" in fits.log()
+
+
 def test_swap_space_is_rejected_where_vllm_removed_it(launch: Launch) -> None:
     rejected = launch(*SMALL, "--swap-space", "4", healthy=False)
     assert rejected.wait_exit() == 2
@@ -380,6 +398,7 @@ def test_a_prompt_that_fills_the_context_gets_vllms_400_body(shared: SimServer) 
         (("--startup-delay", "inf"), "--startup-delay inf is not accepted"),
         (("--swap-space", "nan", "--vllm-version", "0.17"), "--swap-space nan is not accepted"),
         (("--cpu-offload-gb", "-2"), "--cpu-offload-gb -2.0 is not accepted"),
+        (("--gpu-count", "0"), "--gpu-count 0 is not accepted; accepted: 1 or more"),
     ],
 )
 def test_bad_simulator_values_are_one_line_before_serving(

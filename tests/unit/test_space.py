@@ -235,3 +235,11 @@ def test_grid_and_clamp_values_are_written_as_the_step_writes_them() -> None:
     r = parse_range(Knob.GPU_MEMORY_UTILIZATION, "0.80..0.97/0.01")
     assert all(repr(v) == f"{v:.2f}".rstrip("0").rstrip(".") for v in r.values())
     assert clamp(r, 0.8712) == 0.87
+
+
+def test_a_default_outside_a_list_of_numbers_takes_the_nearest() -> None:
+    # vLLM's default of 1024 sequences against --space max-num-seqs=128,512: the trial of
+    # vLLM's defaults ran 128, the farthest of the two
+    r = parse_range(Knob.MAX_NUM_SEQS, "128,512")
+    assert clamp(r, 1024) == 512 and clamp(r, 100) == 128 and clamp(r, 128) == 128
+    assert clamp(parse_range(Knob.KV_CACHE_DTYPE, "fp8,auto"), "fp8_e5m2") == "fp8"

@@ -137,10 +137,12 @@ def read_run(run_dir: Path) -> MeasuredRun:
     config: dict[str, Any] = found if isinstance(found, dict) else {}
     workload = tune.get("workload")
     fitted = twin is not None and any(f.adopted for f in twin.fits)
+    # A tune that searched the tensor-parallel size recommends one of its own
+    searched = rec.recommended.params.tensor_parallel_size if rec is not None else None
     return MeasuredRun(
         run_dir=run_dir, model=str(tune.get("model", "")), gpu=gpu,
         simulated=tune.get("backend") == "sim",
-        tensor_parallel_size=int(config.get("tensor_parallel_size") or 1),
+        tensor_parallel_size=searched or int(config.get("tensor_parallel_size") or 1),
         workload=workload if isinstance(workload, dict) else {},
         factors=twin.factors if twin is not None and fitted else None,
         fits=tuple(twin.fits) if twin is not None else (), recommendation=rec,

@@ -35,6 +35,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--kv-cache-memory-bytes", type=int, help="a fixed KV cache size (bytes)")
     p.add_argument("--tensor-parallel-size", type=int)
+    p.add_argument("--gpu-count", type=int,
+                   help="GPUs a server may take on this host (sim: the virtual host's, default "
+                        "the --tensor-parallel-size; vllm: default all visible), e.g. for "
+                        "--knobs ...,tensor-parallel-size")  # fmt: skip
     p.add_argument("--workload", help="built-in (chat, code, rag, batch, mixed-long-short) or YAML")
     p.add_argument("--rate", type=float, help="first arrival rate to measure (requests/s)")
     p.add_argument("--slo-ttft-ms", type=float, help="p99 TTFT limit (overrides the workload's)")
@@ -142,7 +146,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
     fields = (
         "model", "gpu", "backend", "vllm_cmd", "vllm_version", "model_dir", "max_model_len",
         "kv_cache_memory_bytes",
-        "tensor_parallel_size", "workload", "rate", "slo_ttft_ms", "slo_itl_ms", "objective",
+        "tensor_parallel_size", "gpu_count", "workload", "rate", "slo_ttft_ms", "slo_itl_ms", "objective",
         "trials", "budget_min", "seed", "screen", "level_duration_s", "level_warmup_s",
         "level_max_duration_s", "max_levels", "chain_levels", "twin_fit", "twin_from", "twin_search", "dry_run",
         "sim_step_costs", "study",

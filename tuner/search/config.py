@@ -51,6 +51,9 @@ class TuneConfig(BaseModel):
     max_model_len: int | None = Field(default=None, ge=1)
     kv_cache_memory_bytes: int | None = Field(default=None, ge=1)  # a fixed KV cache size
     tensor_parallel_size: int = Field(default=1, ge=1)
+    # The GPUs a server may take on this host: sim, the virtual host's (default: the
+    # tensor-parallel size); vllm, at most those visible (default: all of them).
+    gpu_count: int | None = Field(default=None, ge=1)
     # The traffic and its objectives
     workload: str = "chat"
     rate: float | None = Field(default=None, gt=0)  # first arrival rate measured

@@ -24,7 +24,15 @@ from pathlib import Path
 
 from tuner.errors import ConfigError
 from tuner.search.config import TuneConfig
-from tuner.search.space import Knob, Range, SearchSpace, build_space, check_for_target, parse_range
+from tuner.search.space import (
+    Knob,
+    Range,
+    SearchSpace,
+    TrialParams,
+    build_space,
+    check_for_target,
+    parse_range,
+)
 from tuner.serving.load import resolve_workload
 from tuner.serving.processes import writable_dir
 from tuner.serving.server import Backend, probe_vllm_flags
@@ -66,6 +74,9 @@ class TuneContext:
     # KV cache the launcher gives it). None: no twin.
     twin_device: GpuSpec | None = None
     twin_base: ServingParams | None = None
+    # The GPUs one server may take on this host: the simulated host's (--gpu-count, else
+    # the --tensor-parallel-size), or those NVML sees that CUDA_VISIBLE_DEVICES leaves.
+    gpu_count: int = 1
 
     @property
     def twin(self) -> tuple[GpuSpec, ServingParams] | None:
@@ -82,6 +93,10 @@ class TuneContext:
     @property
     def gpu_name(self) -> str | None:
         return self.gpu.name if self.gpu is not None else None
+
+    def gpus_of(self, params: TrialParams) -> int:
+        """GPUs one server of ``params`` takes: its tensor-parallel size, searched or set."""
+        return params.tensor_parallel_size or self.base.tensor_parallel_size
 
     @property
     def gpu_or_default(self) -> GpuSpec:
@@ -127,6 +142,54 @@ def detect_gpu_name() -> str | None:
             pynvml.nvmlShutdown()
         except Exception:
             log.debug("nvmlShutdown failed", exc_info=True)
+
+
+def detect_gpu_count() -> int:
+    """NVIDIA GPUs this process may use: those NVML sees, as many as CUDA_VISIBLE_DEVICES
+    names where it is set (vLLM counts the same way); 0 without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver: no GPU here
+        return 0
+    try:
+        count = int(pynvml.nvmlDeviceGetCount())
+    except Exception:
+        count = 0
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            log.debug("nvmlShutdown failed", exc_info=True)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([d for d in visible.split(",") if d.strip()]))
+    return count
+
+
+def host_gpu_count(config: TuneConfig, backend: Backend, gpu: GpuSpec | None) -> int:
+    """The GPUs one server may take: the simulated host has ``--gpu-count`` (default: the
+    ``--tensor-parallel-size``); a real one those it has, which ``--gpu-count`` may limit."""
+    fixed = config.tensor_parallel_size
+    if gpu is None:
+        count = 1  # vLLM's CPU build: one device
+    elif backend is Backend.SIM:
+        count = config.gpu_count or fixed
+    else:
+        found = detect_gpu_count()
+        if config.gpu_count is not None and found and config.gpu_count > found:
+            raise ConfigError(
+                f"--gpu-count {config.gpu_count} is more GPUs than the {found} this host "
+                f"makes visible (NVML, CUDA_VISIBLE_DEVICES); accepted: 1 to {found}"
+            )
+        count = config.gpu_count or max(found, 1)
+    if fixed > count:
+        raise ConfigError(
+            f"--tensor-parallel-size {fixed} is more GPUs than the {count} of this host "
+            f"(--gpu-count); accepted: 1 to {count}"
+        )
+    return count
 
 
 def resolve_backend(config: TuneConfig, gpu_name: str | None) -> Backend:
@@ -189,12 +252,17 @@ def resolve(config: TuneConfig) -> TuneContext:
         tensor_parallel_size=config.tensor_parallel_size,
         kv_cache_memory_bytes=config.kv_cache_memory_bytes,
     ).checked()
+    gpu_count = host_gpu_count(config, backend, gpu)
     notes: list[str] = []
     overrides: dict[Knob, Range] = {}
     for name, text in config.space.items():
         knob = Knob.parse(name)
         overrides[knob] = parse_range(knob, str(text))
-        check_for_target(overrides[knob], model=model, version=version, gpu=gpu is not None)
+        check_for_target(
+            overrides[knob], model=model, version=version, gpu=gpu is not None,
+            gpu_count=gpu_count,
+        )  # fmt: skip
+    wanted = tuple(Knob.parse(k) for k in config.knobs) if config.knobs is not None else ()
     _check_context_length(config.max_model_len, model)
     model_dir = config.model_dir or (Path(config.model) if Path(config.model).is_dir() else None)
     if model_dir is not None:
@@ -207,16 +275,21 @@ def resolve(config: TuneConfig) -> TuneContext:
     else:
         space = build_space(
             model=model, gpu=gpu, version=version, accepted_flags=accepted,
-            overrides=overrides, base=base, backend_note=note,
+            overrides=overrides, extra=wanted, base=base, backend_note=note,
+            gpu_count=gpu_count,
         )  # fmt: skip
         if config.knobs is not None:
-            wanted = {Knob.parse(k) for k in config.knobs}
             space = SearchSpace(
                 ranges=tuple(r for r in space.ranges if r.knob in wanted),
                 left_out=space.left_out,
             )
     if not space.ranges:
         raise ConfigError("the search space is empty; accepted: at least one knob to search")
+    if gpu_count > 1 and space.range_of(Knob.TENSOR_PARALLEL_SIZE) is None:
+        notes.append(
+            f"this host has {gpu_count} GPUs: --knobs ...,tensor-parallel-size (or --space "
+            "tensor-parallel-size=1,2,...) compares one server over k GPUs with k servers of one"
+        )
     if gpu is not None and config.max_model_len is None:
         base, fitted = _fit_context(model, gpu, version, base, workload, space)
         if fitted:
@@ -237,6 +310,7 @@ def resolve(config: TuneConfig) -> TuneContext:
             keep=not config.dry_run,  # a dry run writes nothing
         ),
         model_dir=None if model_dir is None else model_dir.absolute(),
+        gpu_count=gpu_count,
         gpu_source=_gpu_source(config.gpu_source, backend, nvml_name),
         twin_device=gpu or cpu_device(_host_bytes()),
         twin_base=base if gpu is not None else base.model_copy(
@@ -347,8 +421,14 @@ def _cpu_space(
         LeftOut(knob=knob, reason="no GPU: vLLM's CPU build has no device memory")
         for knob in gpu_only
     ]
+    if Knob.TENSOR_PARALLEL_SIZE in knobs:
+        left.append(
+            LeftOut(
+                knob=Knob.TENSOR_PARALLEL_SIZE, reason="no GPU: vLLM's CPU build here is one device"
+            )
+        )
     for knob in knobs:
-        if knob in gpu_only:
+        if knob in gpu_only or knob is Knob.TENSOR_PARALLEL_SIZE:
             continue
         if accepted is not None and knob.flag not in accepted:
             left.append(LeftOut(knob=knob, reason=f"the target vLLM does not accept {knob.flag}"))

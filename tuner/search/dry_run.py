@@ -19,7 +19,7 @@ from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.landscape import Landscape, candidates, screen
 from tuner.search.predict import Setup, sustained_rate
 from tuner.search.rate_search import drain_s, plan_level_schedule
-from tuner.search.space import TrialParams, vllm_defaults
+from tuner.search.space import Knob, TrialParams, per_gpu, vllm_defaults
 from tuner.search.tune import reserve_s
 from tuner.search.twin_fit import read_twin
 from tuner.search.twin_search import SCREEN_JOBS, screen_job
@@ -79,7 +79,7 @@ def dry_run(config: TuneConfig, progress: Callable[[str], None]) -> DryRun:
         )
     trial_s = _trial_s(ctx)
     wall_s = min(config.trials * trial_s + reserve_s(ctx, StudySetup()), config.budget_min * 60.0)
-    gpus = ctx.config.tensor_parallel_size
+    gpus = max(ctx.gpus_of(t.params) for t in trials)  # the host's GPUs the run takes
     gpu_hours = 0.0 if ctx.backend is Backend.SIM else wall_s * gpus / 3600.0
     plan = DryRun(
         landscape=landscape, trials=trials, trial_s=trial_s, wall_s=wall_s, gpu_hours=gpu_hours
@@ -139,12 +139,24 @@ def _say(plan: DryRun, ctx: TuneContext, progress: Callable[[str], None]) -> Non
             f"({landscape.computed} computed, the rest between computed utilizations); "
             f"step costs {landscape.factors.describe()}"
         )
-        progress(f"the twin's best {min(TOP, len(landscape.points))} settings (predicted goodput):")
+        ranked_by = ", ranked per GPU" if _per_gpu(ctx) else ""
+        progress(
+            f"the twin's best {min(TOP, len(landscape.points))} settings (predicted goodput"
+            f"{ranked_by}):"
+        )
         for p in landscape.ranked()[:TOP]:
-            progress(f"  {p.params.short():<52} {p.rate_per_s:8.2f}/s  ({p.method.value})")
+            progress(
+                f"  {p.params.short():<52} {p.rate_per_s:8.2f}/s{_gpu_share(ctx, p.rate_per_s, p.params)}"
+                f"  ({p.method.value})"
+            )
     progress(f"the trials it would launch ({len(plan.trials)}):")
     for i, t in enumerate(plan.trials):
-        predicted = f"predicted {t.predicted_rate_per_s:.2f}/s" if t.predicted_rate_per_s else ""
+        predicted = (
+            f"predicted {t.predicted_rate_per_s:.2f}/s"
+            + _gpu_share(ctx, t.predicted_rate_per_s, t.params)
+            if t.predicted_rate_per_s
+            else ""
+        )
         what = t.params.short() if t.why != "drawn by the sampler" else "(the sampler's draw)"
         progress(f"  {i:>3}  {what:<52} {t.why:<22} {predicted}")
     progress(
@@ -156,3 +168,12 @@ def _say(plan: DryRun, ctx: TuneContext, progress: Callable[[str], None]) -> Non
             else f"~{plan.gpu_hours:.2f} GPU-hours"
         )
     )
+
+
+def _per_gpu(ctx: TuneContext) -> bool:
+    return ctx.space.range_of(Knob.TENSOR_PARALLEL_SIZE) is not None
+
+
+def _gpu_share(ctx: TuneContext, rate_per_s: float, params: TrialParams) -> str:
+    """`` (7.27/s per GPU)`` where the tensor-parallel size is searched."""
+    return f" ({per_gpu(rate_per_s, params):.2f}/s per GPU)" if _per_gpu(ctx) else ""

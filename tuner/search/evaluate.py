@@ -145,6 +145,7 @@ def launch_spec(ctx: TuneContext, setup: StudySetup, params: TrialParams) -> Lau
         sim_startup_delay_s=ctx.config.sim_startup_delay_s,
         sim_time_scale=setup.time_scale,
         sim_step_costs=ctx.config.sim_step_costs,
+        sim_gpu_count=ctx.gpu_count if sim else None,
         host=ctx.config.load_generators().server_host,
     )
 

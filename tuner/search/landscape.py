@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.search.predict import Setup, answer_times_of, steady_run
-from tuner.search.space import Knob, SearchSpace, TrialParams
+from tuner.search.space import Knob, SearchSpace, TrialParams, per_gpu
 from tuner.sim.timing import TimingFactors
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import ServingParams, plan
@@ -103,13 +103,14 @@ class Landscape(BaseModel):
         return max((p.rate_per_s for p in self.points), default=0.0)
 
     def ranked(self) -> list[ScreenedPoint]:
-        """Highest goodput first; among equals, the setting that holds least memory
-        (lowest utilization), then the grid's order."""
+        """Highest goodput (per GPU where the tensor-parallel size is searched) first;
+        among equals, the setting that holds least memory (lowest utilization), then the
+        grid's order."""
         order = {p.params.model_dump_json(): i for i, p in enumerate(self.points)}
         return sorted(
             self.points,
             key=lambda p: (
-                -p.rate_per_s,
+                -per_gpu(p.rate_per_s, p.params),
                 p.params.gpu_memory_utilization or 0.0,
                 order[p.params.model_dump_json()],
             ),

@@ -131,6 +131,7 @@ class Capacity(BaseModel):
     headroom: float
     goodput_per_replica: float  # in ``unit``
     replicas: int
+    gpus_per_replica: int = 1  # the recommendation's tensor-parallel size
     replicas_is_upper_bound: bool = False
     unit: GoodputUnit = GoodputUnit.REQUESTS_PER_S
     goodput: Goodput | None = None  # one replica's goodput stated whole
@@ -145,8 +146,13 @@ class Capacity(BaseModel):
             if self.peak_requests_per_s is not None and self.unit is not GoodputUnit.REQUESTS_PER_S
             else ""
         )
+        gpus = (
+            f" of {self.gpus_per_replica} GPUs ({self.replicas * self.gpus_per_replica} GPUs)"
+            if self.gpus_per_replica > 1
+            else ""
+        )
         return (
-            f"{at_most}{self.replicas} replica(s) for a peak of {self.target_peak_rate:g} "
+            f"{at_most}{self.replicas} replica(s){gpus} for a peak of {self.target_peak_rate:g} "
             f"{self.unit.label}{requests}, {self.headroom:.0%} headroom"
         )
 
@@ -175,13 +181,16 @@ class Recommendation(BaseModel):
     version_hash: str
 
 
-def config_hash(ctx: TuneContext, flags: dict[str, object]) -> str:
+def config_hash(
+    ctx: TuneContext, flags: dict[str, object], tensor_parallel_size: int | None = None
+) -> str:
     """A hash of everything the settings were chosen for, so a fleet can tell whether its
-    running config is the recommended one (16 hex digits, a valid Kubernetes label)."""
+    running config is the recommended one (16 hex digits, a valid Kubernetes label);
+    ``tensor_parallel_size`` None: the run's own."""
     return settings_hash(
         flags, model=ctx.model.name, gpu=ctx.gpu_name, vllm_version=str(ctx.version),
         workload=ctx.workload, max_model_len=ctx.base.max_model_len,
-        tensor_parallel_size=ctx.config.tensor_parallel_size,
+        tensor_parallel_size=tensor_parallel_size or ctx.base.tensor_parallel_size,
     )  # fmt: skip
 
 
@@ -210,7 +219,9 @@ def settings_hash(
 
 
 def deploy_flags(ctx: TuneContext, params: TrialParams) -> dict[str, object]:
+    """The settings' vLLM flags (the tensor-parallel size is the deployment's own field)."""
     flags: dict[str, object] = dict(params.flags())
+    flags.pop(Knob.TENSOR_PARALLEL_SIZE.value, None)
     if ctx.base.max_model_len:
         flags["max-model-len"] = ctx.base.max_model_len
     return flags
@@ -229,8 +240,8 @@ def deployment(
     return DeploymentConfig.build(
         model=ctx.model.name,
         vllm_version=str(ctx.version),
-        config_hash=config_hash(ctx, flags),
-        tensor_parallel_size=ctx.config.tensor_parallel_size,
+        config_hash=config_hash(ctx, flags, ctx.gpus_of(params)),
+        tensor_parallel_size=ctx.gpus_of(params),
         cache_volume=ctx.config.cache_volume,
         rollout=Rollout.parse(ctx.config.rollout),
         warmup=_warmup(ctx, params),
@@ -377,10 +388,10 @@ def make_variant(
     )
 
 
-def capacity(ctx: TuneContext, goodput: Goodput) -> Capacity | None:
+def capacity(ctx: TuneContext, goodput: Goodput, *, gpus_per_replica: int = 1) -> Capacity | None:
     """Replicas for the configured peak (in the workload's unit, as ``goodput``'s arrival
     rate) at ``goodput`` per replica less the headroom (an upper bound on replicas when
-    goodput is a lower bound)."""
+    goodput is a lower bound), each of ``gpus_per_replica`` GPUs."""
     target = ctx.config.target_peak_rate
     per_replica = goodput.arrival_rate_per_s
     if target is None or per_replica <= 0:
@@ -391,6 +402,7 @@ def capacity(ctx: TuneContext, goodput: Goodput) -> Capacity | None:
         headroom=ctx.config.capacity_headroom,
         goodput_per_replica=per_replica,
         replicas=max(1, math.ceil(target / usable)),
+        gpus_per_replica=gpus_per_replica,
         replicas_is_upper_bound=goodput.bound.is_lower_bound,
         unit=goodput.unit,
         goodput=goodput,
@@ -486,7 +498,7 @@ def recommend(
         if recommended.measured and recommended.measured.goodput > 0
         else best.stated_goodput
     )
-    flags_hash = config_hash(ctx, recommended.flags)
+    flags_hash = config_hash(ctx, recommended.flags, ctx.gpus_of(recommended.params))
     rec = Recommendation(
         study=ctx.study_name,
         model=ctx.model.name,
@@ -506,7 +518,7 @@ def recommend(
         default=default_variant,
         edge=edge,
         calibration=setup.calibration,
-        capacity=capacity(ctx, goodput),
+        capacity=capacity(ctx, goodput, gpus_per_replica=ctx.gpus_of(recommended.params)),
         time_scale=setup.time_scale,
         harness_version=HARNESS_VERSION,
         version_hash=flags_hash,

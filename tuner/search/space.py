@@ -2,8 +2,11 @@
 
 Five knobs are searched by default: ``--gpu-memory-utilization``, ``--max-num-seqs``,
 ``--block-size``, ``--swap-space`` and ``--kv-cache-dtype``. ``--max-num-batched-tokens``,
-``--enable-prefix-caching`` and ``--cpu-offload-gb`` join when asked for (and
-``--cpu-offload-gb`` on its own when the model does not fit the GPU otherwise).
+``--enable-prefix-caching``, ``--cpu-offload-gb`` and ``--tensor-parallel-size`` join when
+asked for (``--cpu-offload-gb`` on its own when the model does not fit the GPU otherwise).
+``--tensor-parallel-size`` takes the sizes that divide the model's attention heads and fit
+the host's GPUs; where it is searched, settings are compared per GPU (``per_gpu``): one
+server over k GPUs against k servers of one.
 Ranges come from the GPU and the vLLM release; a knob the target vLLM lacks or
 the GPU cannot use is left out with the reason, which the run records.
 
@@ -39,6 +42,7 @@ class Knob(StrEnum):
     MAX_NUM_BATCHED_TOKENS = "max-num-batched-tokens"
     ENABLE_PREFIX_CACHING = "enable-prefix-caching"
     CPU_OFFLOAD_GB = "cpu-offload-gb"
+    TENSOR_PARALLEL_SIZE = "tensor-parallel-size"
 
     @property
     def flag(self) -> str:
@@ -66,7 +70,13 @@ DEFAULT_KNOBS = (
     Knob.SWAP_SPACE,
     Knob.KV_CACHE_DTYPE,
 )
-INTEGER_KNOBS = (Knob.MAX_NUM_SEQS, Knob.BLOCK_SIZE, Knob.MAX_NUM_BATCHED_TOKENS)
+INTEGER_KNOBS = (
+    Knob.MAX_NUM_SEQS,
+    Knob.BLOCK_SIZE,
+    Knob.MAX_NUM_BATCHED_TOKENS,
+    Knob.TENSOR_PARALLEL_SIZE,
+)
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)  # what an engineer sweeps on one node
 
 Choice = float | int | str | bool
 
@@ -133,6 +143,13 @@ class TrialParams(BaseModel):
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool | None = None
     cpu_offload_gb: float = 0.0
+    tensor_parallel_size: int | None = None
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one server of these settings takes where the size is searched (1 where it is
+        not: every setting then runs on the same GPUs)."""
+        return self.tensor_parallel_size or 1
 
     def serving(self, base: ServingParams) -> ServingParams:
         return base.model_copy(
@@ -144,6 +161,7 @@ class TrialParams(BaseModel):
                 "max_num_batched_tokens": self.max_num_batched_tokens
                 or base.max_num_batched_tokens,
                 "cpu_offload_gb": self.cpu_offload_gb or base.cpu_offload_gb,
+                "tensor_parallel_size": self.tensor_parallel_size or base.tensor_parallel_size,
             }
         )
 
@@ -225,6 +243,23 @@ class SearchSpace(BaseModel):
 _NAMES = {k.value for k in Knob}
 
 
+def per_gpu(rate: float, params: TrialParams) -> float:
+    """``rate`` (a goodput or throughput of one server of ``params``) per GPU it takes:
+    what settings are ranked by, so one server over k GPUs competes with k servers of one
+    (where the tensor-parallel size is not searched, this is ``rate`` itself)."""
+    return rate / params.gpus
+
+
+def tensor_parallel_sizes(model: ModelSpec, gpu_count: int) -> tuple[int, ...]:
+    """The sizes of ``TENSOR_PARALLEL_SIZES`` that divide the model's attention heads (vLLM
+    refuses the others) and fit ``gpu_count`` GPUs."""
+    return tuple(
+        tp
+        for tp in TENSOR_PARALLEL_SIZES
+        if tp <= gpu_count and model.num_attention_heads % tp == 0
+    )
+
+
 def parse_range(knob: Knob, text: str) -> Range:
     """``LOW..HIGH``, ``LOW..HIGH/STEP`` or ``A,B,C``; one ConfigError line when malformed."""
     spec = text.strip()
@@ -245,6 +280,9 @@ def parse_range(knob: Knob, text: str) -> Range:
         if step is not None and step <= 0:
             raise bad
         r = Range(knob=knob, low=low, high=high, step=step, log=knob in INTEGER_KNOBS and not step)
+        if knob is Knob.TENSOR_PARALLEL_SIZE:  # sizes, not a continuum: 1..4 is 1,2,4
+            _check_values(r)
+            r = Range(knob=knob, choices=tuple(dict.fromkeys(r.values())))
     else:
         items = [item.strip() for item in spec.split(",") if item.strip()]
         if not items:
@@ -310,10 +348,16 @@ def _check_values(r: Range) -> None:
             )
 
 
-def check_for_target(r: Range, *, model: ModelSpec, version: VllmVersion, gpu: bool) -> None:
+def check_for_target(
+    r: Range, *, model: ModelSpec, version: VllmVersion, gpu: bool, gpu_count: int = 1
+) -> None:
     """A range given with ``--space`` against what the target vLLM accepts for this model;
     one ConfigError line before anything is launched. ``gpu``: a CUDA device (vLLM's
-    attention backends there take block sizes in multiples of 16, MLA models aside)."""
+    attention backends there take block sizes in multiples of 16, MLA models aside);
+    ``gpu_count``: the GPUs a server may take on this host."""
+    if r.knob is Knob.TENSOR_PARALLEL_SIZE:
+        _check_tensor_parallel(r, model=model, gpu=gpu, gpu_count=gpu_count)
+        return
     if r.knob is not Knob.BLOCK_SIZE:
         return
     allowed = version.block_size_choices
@@ -339,7 +383,33 @@ def check_for_target(r: Range, *, model: ModelSpec, version: VllmVersion, gpu: b
             )
 
 
-def default_range(knob: Knob, gpu: GpuSpec, version: VllmVersion) -> Range:
+def _check_tensor_parallel(r: Range, *, model: ModelSpec, gpu: bool, gpu_count: int) -> None:
+    if not gpu:
+        raise ConfigError(
+            "--space tensor-parallel-size: vLLM's CPU build here has no GPUs to spread a "
+            "server over; accepted: a GPU host (or the simulated backend with --gpu-count)"
+        )
+    heads = model.num_attention_heads
+    for value in r.values():
+        size = int(value)
+        if heads % size:
+            divisors = [d for d in range(1, heads + 1) if heads % d == 0 and d <= 64]
+            raise ConfigError(
+                f"--space tensor-parallel-size value {size} does not divide {model.name}'s "
+                f"{heads} attention heads (vLLM: 'Total number of attention heads ({heads}) "
+                f"must be divisible by tensor parallel size ({size}).'); accepted: "
+                + ", ".join(map(str, divisors))
+            )
+        if size > gpu_count:
+            raise ConfigError(
+                f"--space tensor-parallel-size value {size} is more GPUs than the {gpu_count} "
+                f"this host has (--gpu-count); accepted: 1 to {gpu_count}"
+            )
+
+
+def default_range(
+    knob: Knob, gpu: GpuSpec, version: VllmVersion, sizes: tuple[int, ...] = (1,)
+) -> Range:
     """Sensible defaults for a GPU: what an engineer would sweep by hand."""
     default_seqs, _ = default_limits(gpu, version)
     match knob:
@@ -359,6 +429,8 @@ def default_range(knob: Knob, gpu: GpuSpec, version: VllmVersion) -> Range:
             return Range(knob=knob, choices=(True, False))
         case Knob.CPU_OFFLOAD_GB:
             return Range(knob=knob, choices=(0.0, 8.0, 16.0, 32.0))
+        case Knob.TENSOR_PARALLEL_SIZE:
+            return Range(knob=knob, choices=sizes)
     raise AssertionError(knob)
 
 
@@ -372,19 +444,31 @@ def build_space(
     extra: tuple[Knob, ...] = (),
     base: ServingParams | None = None,
     backend_note: str = "",
+    gpu_count: int = 1,
 ) -> SearchSpace:
-    """The space for this model, GPU and vLLM; ``accepted_flags`` None: every flag is accepted."""
+    """The space for this model, GPU and vLLM; ``accepted_flags`` None: every flag is
+    accepted; ``gpu_count``: the GPUs one server may take (``--tensor-parallel-size``)."""
     overrides = overrides or {}
     base = base or ServingParams()
     knobs = list(DEFAULT_KNOBS) + [k for k in (*extra, *overrides) if k not in DEFAULT_KNOBS]
     knobs = list(dict.fromkeys(knobs))
     left: list[LeftOut] = []
+    sizes = tensor_parallel_sizes(model, gpu_count)
+    if Knob.TENSOR_PARALLEL_SIZE in knobs and gpu_count > 1:  # fits over the most GPUs?
+        widest = overrides.get(Knob.TENSOR_PARALLEL_SIZE) or default_range(
+            Knob.TENSOR_PARALLEL_SIZE, gpu, version, sizes
+        )
+        base = base.model_copy(
+            update={"tensor_parallel_size": max(int(v) for v in widest.values())}
+        )
     if Knob.CPU_OFFLOAD_GB not in knobs and not _fits_without_offload(model, gpu, version, base):
         knobs.append(Knob.CPU_OFFLOAD_GB)
     ranges: list[Range] = []
     for knob in knobs:
-        r = overrides.get(knob) or default_range(knob, gpu, version)
+        r = overrides.get(knob) or default_range(knob, gpu, version, sizes)
         reason = _unusable(knob, r, gpu, version, accepted_flags, backend_note)
+        if reason is None and knob is Knob.TENSOR_PARALLEL_SIZE and gpu_count < 2:
+            reason = "this host has one GPU (--gpu-count): no server to spread over several"
         if reason is not None:
             left.append(LeftOut(knob=knob, reason=reason))
             continue
@@ -462,6 +546,8 @@ def vllm_defaults(space: SearchSpace, version: VllmVersion, gpu: GpuSpec) -> Tri
                 values[r.knob.field] = "auto" if r.contains("auto") else _first(r)
             case Knob.ENABLE_PREFIX_CACHING:
                 values[r.knob.field] = True
+            case Knob.TENSOR_PARALLEL_SIZE:
+                values[r.knob.field] = 1 if r.contains(1) else _first(r)
             case _:
                 values[r.knob.field] = _first(r)
         values[r.knob.field] = clamp(r, values[r.knob.field])
@@ -469,9 +555,15 @@ def vllm_defaults(space: SearchSpace, version: VllmVersion, gpu: GpuSpec) -> Tri
 
 
 def clamp(r: Range, value: Choice) -> Choice:
-    """The nearest value inside the range (a choice list: the value if listed, else the first)."""
+    """The nearest value inside the range (a choice list: the value if listed, else the
+    nearest number, else the first)."""
     if r.choices is not None:
-        return value if value in r.choices else r.choices[0]
+        if value in r.choices:
+            return value
+        numbers = [c for c in r.choices if isinstance(c, int | float) and not isinstance(c, bool)]
+        if isinstance(value, int | float) and not isinstance(value, bool) and numbers:
+            return min(numbers, key=lambda c: abs(float(c) - float(value)))
+        return r.choices[0]
     assert r.low is not None and r.high is not None
     assert isinstance(value, int | float)
     v = min(max(float(value), r.low), r.high)

@@ -52,7 +52,7 @@ from tuner.search.optuna_store import (
 from tuner.search.predict import Setup, SustainedRate, sustained_rate
 from tuner.search.rate_search import GoodputBound, GoodputUnit, level_workload, plan_level_schedule
 from tuner.search.sampling import Objective, make_sampler
-from tuner.search.space import Range, TrialParams, vllm_defaults
+from tuner.search.space import Range, TrialParams, per_gpu, vllm_defaults
 from tuner.search.twin_fit import (
     FITTED,
     MAX_LEVELS,
@@ -1226,12 +1226,17 @@ def wait_finalized(study: Study, *, deadline_s: float, progress: Progress) -> bo
 
 
 def objective_values(objective: Objective, ev: Evaluation) -> float | tuple[float, float]:
+    """The trial's value(s) for the sampler, per GPU where the tensor-parallel size is
+    searched (``per_gpu``)."""
     if objective is Objective.GOODPUT:  # in the workload's unit: the rate the search set
-        return ev.stated_goodput.arrival_rate_per_s if ev.verdict.feasible else 0.0
+        return (
+            per_gpu(ev.stated_goodput.arrival_rate_per_s, ev.params) if ev.verdict.feasible else 0.0
+        )
+    throughput = per_gpu(ev.throughput, ev.params) if ev.verdict.feasible else 0.0
     if objective is Objective.THROUGHPUT:
-        return ev.throughput if ev.verdict.feasible else 0.0
+        return throughput
     p99 = ev.p99_ttft_ms if ev.verdict.feasible and ev.p99_ttft_ms is not None else 1e9
-    return (ev.throughput if ev.verdict.feasible else 0.0, p99)
+    return (throughput, p99)
 
 
 def record(trial: Trial, ev: Evaluation, *, role: str) -> None:
@@ -1257,6 +1262,9 @@ def record(trial: Trial, ev: Evaluation, *, role: str) -> None:
         "goodput_unit": ev.stated_goodput.unit.value,
         "goodput_arrival_rate_per_s": ev.stated_goodput.arrival_rate_per_s,
         "rate_per_s": ev.rate_per_s,
+        # GPUs one server of the trial takes where the tensor-parallel size is searched
+        # (1 where not): best_trial ranks the goodput per GPU
+        "ranked_gpus": ev.params.gpus,
         "failure_kind": ev.failure.kind.value if ev.failure else None,
         "failure_message": ev.failure.message[:300] if ev.failure else None,
         "p99_ttft_ms": best.ttft_ms.p99 if best else None,
@@ -1275,8 +1283,8 @@ def record(trial: Trial, ev: Evaluation, *, role: str) -> None:
 
 
 def best_trial(study: Study) -> FrozenTrial | None:
-    """The feasible trial with the highest goodput in the workload's unit (ties: the
-    higher throughput)."""
+    """The feasible trial with the highest goodput in the workload's unit, per GPU where
+    the tensor-parallel size is searched (ties: the higher throughput)."""
     feasible = [
         t
         for t in optuna_store.trials_in(study, TrialState.COMPLETE)
@@ -1287,7 +1295,9 @@ def best_trial(study: Study) -> FrozenTrial | None:
 
     def key(t: FrozenTrial) -> tuple[float, float]:
         attrs = t.user_attrs
-        return (attrs.get("goodput_arrival_rate_per_s", attrs["goodput"]), attrs["throughput"])
+        gpus = attrs.get("ranked_gpus") or 1
+        goodput = attrs.get("goodput_arrival_rate_per_s", attrs["goodput"])
+        return (goodput / gpus, attrs["throughput"] / gpus)
 
     return max(feasible, key=key)
 

@@ -41,7 +41,9 @@ from tuner.rundir import RunLayout
 from tuner.search.config import TuneConfig
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.edge import EdgeResult, find_edge
+from tuner.search.landscape import Landscape, read_landscape
 from tuner.search.optuna_store import FrozenTrial, Study
+from tuner.search.parallelism import ParallelismComparison, compare
 from tuner.search.rate_search import (
     Goodput,
     GoodputBound,
@@ -116,6 +118,8 @@ class TuneSummary(BaseModel):
     # The twin's step costs fitted after each trial (twin.json): its error on each
     # trial's levels before and after the fit, and its goodput prediction.
     twin_fits: list[TrialFit] = []
+    # Where the tensor-parallel size was searched: each size's best server, per GPU
+    parallelism: ParallelismComparison | None = None
     recommendation: str | None
     report: str | None
     wall_s: float
@@ -243,6 +247,7 @@ def _run(
         setup = loop.setup  # calibrated by the first real startup, if this worker saw one
         best = best_trial(study)
         complete = loop.complete_trials()
+        parallelism = _parallelism(ctx, complete, loop.twin.landscape, progress)
         feasible = sum(1 for t in complete if t.user_attrs.get("verdict") == "met")
         rec: Recommendation | None = None
         finalized = False
@@ -276,6 +281,7 @@ def _run(
         best_goodput_figures=best_figures,
         finalized_here=finalized,
         twin_fits=_twin_fits(ctx),
+        parallelism=parallelism,
         recommendation=str(RunLayout(ctx.run_dir).recommendation_dir) if rec is not None else None,
         report=str(report) if report else None,
         wall_s=time.monotonic() - began,
@@ -284,6 +290,28 @@ def _run(
     if finalized:
         mark_finalized(study, ctx.run_dir)
     return summary
+
+
+def _parallelism(
+    ctx: TuneContext,
+    complete: list[FrozenTrial],
+    landscape: Landscape | None,
+    progress: Progress,
+) -> ParallelismComparison | None:
+    """Where the tensor-parallel size was searched: each size's best server at the SLO,
+    per GPU and on the host's GPUs, said and written to parallelism.json."""
+    if landscape is None:
+        landscape = read_landscape(RunLayout(ctx.run_dir).landscape_json)
+    comparison = compare(
+        ctx.space, ctx.gpu_count, complete, landscape, GoodputUnit.of(ctx.workload)
+    )
+    if comparison is None:
+        return None
+    comparison.write(ctx.run_dir)
+    progress("")
+    for line in comparison.lines():
+        progress(line)
+    return comparison
 
 
 def _twin_fits(ctx: TuneContext) -> list[TrialFit]:

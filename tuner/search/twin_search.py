@@ -28,7 +28,7 @@ from tuner.search.landscape import (
     screen_setting,
 )
 from tuner.search.rate_search import plan_level_schedule
-from tuner.search.space import TrialParams
+from tuner.search.space import TrialParams, per_gpu
 from tuner.sim.timing import TimingFactors
 
 log = logging.getLogger(__name__)
@@ -152,9 +152,9 @@ class TwinSearch:
         if not scored:
             self.done = True
             return None
-        rate, point = max(scored, key=lambda s: s[0])
+        rate, point = max(scored, key=lambda s: per_gpu(s[0], s[1].params))
         bar = predict(best_measured) if best_measured is not None else 0.0
-        if rate <= bar:
+        if best_measured is not None and per_gpu(rate, point.params) <= per_gpu(bar, best_measured):
             self.done = True
             self.progress(
                 f"twin: no untried setting predicted above the best measured "

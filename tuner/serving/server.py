@@ -100,6 +100,7 @@ class LaunchSpec:
     sim_startup_delay_s: float = 1.0
     sim_time_scale: float = 1.0
     sim_step_costs: str | None = None  # sim-serve --step-costs: an engine the twin has not seen
+    sim_gpu_count: int | None = None  # sim-serve --gpu-count: the virtual host's GPUs
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -261,6 +262,8 @@ class ServerProcess:
             ]  # fmt: skip
             if spec.sim_step_costs:
                 tail += ["--step-costs", spec.sim_step_costs]
+            if spec.sim_gpu_count is not None:
+                tail += ["--gpu-count", str(spec.sim_gpu_count)]
         else:
             accepted = probe_vllm_flags(spec.vllm_cmd) if adapt else frozenset()
             note = f"the vLLM behind {shlex.join(spec.vllm_cmd)!r}"

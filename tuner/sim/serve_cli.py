@@ -62,6 +62,7 @@ DEFAULT_PORT = 8000
 LOADING_SHARE = 0.6  # of --startup-delay spent loading weights; the rest profiling and graphs
 SHUTDOWN_GRACE_S = 0.5  # in-flight requests may finish this long after SIGTERM
 LISTEN_BACKLOG = 2048
+DEFAULT_GPU_COUNT = 8  # the virtual host: one node of eight GPUs
 
 # vLLM flags whose value is printed in "non-default args" when given, in parser order.
 _VLLM_FLAGS = (
@@ -139,6 +140,14 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "(default: the twin's paper factors): an engine the twin has not measured",
     )
     sim.add_argument(
+        "--gpu-count",
+        type=int,
+        default=DEFAULT_GPU_COUNT,
+        metavar="N",
+        help=f"GPUs of the virtual host (default {DEFAULT_GPU_COUNT}); a larger "
+        "--tensor-parallel-size fails as vLLM does",
+    )
+    sim.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -172,6 +181,7 @@ class _Launch:
     startup_delay_s: float
     time_scale: float
     step_costs: TimingFactors | None
+    gpu_count: int  # GPUs of the virtual host
     access_log: bool
     api_keys: tuple[str, ...]  # required on /v1 paths; empty: no authentication
 
@@ -229,6 +239,8 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
     check.non_negative_number("--startup-delay", args.startup_delay)
     check.non_negative_number("--swap-space", swap_space_gib)
     check.non_negative_number("--cpu-offload-gb", args.cpu_offload_gb)
+    if args.gpu_count < 1:
+        raise ConfigError(f"--gpu-count {args.gpu_count} is not accepted; accepted: 1 or more")
     if args.port is not None and not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port} is out of range; accepted: 0 to 65535")
 
@@ -284,6 +296,7 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
         startup_delay_s=args.startup_delay,
         time_scale=args.time_scale,
         step_costs=step_costs,
+        gpu_count=args.gpu_count,
         access_log=not args.disable_uvicorn_access_log,
         # As vLLM: --api-key takes precedence over VLLM_API_KEY; empty keys do not count.
         api_keys=tuple(k for k in (args.api_key or [os.environ.get(API_KEY_ENV)]) if k),
@@ -339,6 +352,8 @@ async def _start_engine(
         launch.model, launch.gpu, launch.params, launch.version, launch.options, launch.step_costs
     )
     failure = plan.failure
+    if launch.params.tensor_parallel_size > launch.gpu_count:  # vLLM's ParallelConfig check
+        failure = msg.more_ranks_than_gpus(launch.params.tensor_parallel_size, launch.gpu_count)
     stage = _failure_stage(failure) if failure is not None else None
     log_banner(vllm_log, who, launch.non_default_args)
     if failure is not None and stage is _Stage.CONFIG:

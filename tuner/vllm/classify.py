@@ -95,6 +95,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], StartupFailureKind, str], ...] = (
         re.compile(
             r"must be greater than or equal to max_num_seqs|is greater than the derived max_model_len"
             r"|must be divisible by tensor parallel size|is smaller than max_model_len"
+            r"|cannot be larger than the number of available GPUs"
         ),
         StartupFailureKind.INVALID_CONFIGURATION,
         "ValueError",

@@ -100,7 +100,7 @@ FLAGS: tuple[VllmFlag, ...] = (
         gone="--swap-space does not exist in vLLM 0.18 and later (the V1 engine never swaps)",
     ),
     VllmFlag("kv-cache-dtype", FlagForm.VALUE, str, unset="auto", short="kv", memory=True),
-    VllmFlag("tensor-parallel-size", FlagForm.VALUE, int, unset=1, memory=True),
+    VllmFlag("tensor-parallel-size", FlagForm.VALUE, int, unset=1, short="tp", memory=True),
     VllmFlag("cpu-offload-gb", FlagForm.VALUE, float, unset=0.0, short="offload", memory=True),
     VllmFlag("enforce-eager", FlagForm.SWITCH, memory=True),
     VllmFlag("enable-chunked-prefill", FlagForm.TOGGLE, unset=True, memory=True),

@@ -135,6 +135,13 @@ def heads_not_divisible(heads: int, tp: int) -> StartupFailure:
     )
 
 
+def more_ranks_than_gpus(tp: int, gpus: int) -> StartupFailure:
+    return config_error(
+        "ParallelConfig",
+        f"Tensor parallel size ({tp}) cannot be larger than the number of available GPUs ({gpus}).",
+    )
+
+
 def max_model_len_above_derived(max_model_len: int, derived: int) -> StartupFailure:
     return config_error(
         "ModelConfig",
