@@ -312,3 +312,54 @@ def test_the_recommendation_deploys_its_size_on_that_many_gpus(tmp_path: Path) -
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert container["args"].count("--tensor-parallel-size") == 1
+
+
+# --- the host's GPUs on a real one ---------------------------------------------------------
+
+
+class _FakeNvml:
+    """NVML's count on a host of ``count`` GPUs (no GPU here: the one thing faked)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return self.count
+
+
+@pytest.mark.parametrize(("visible", "expected"), [(None, 4), ("0,1", 2), ("", 0), ("2", 1)])
+def test_a_real_host_counts_the_gpus_cuda_visible_devices_leaves(
+    visible: str | None, expected: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from tuner.search.context import detect_gpu_count
+
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(4))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert detect_gpu_count() == expected
+
+
+def test_a_real_host_refuses_more_gpus_than_it_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tuner.search.context as context
+    from tuner.search.context import host_gpu_count
+    from tuner.serving.server import Backend
+
+    monkeypatch.setattr(context, "detect_gpu_count", lambda: 2)
+    config = load_config(None, {"backend": "vllm"})
+    assert host_gpu_count(config, Backend.VLLM, H100) == 2
+    limited = load_config(None, {"backend": "vllm", "gpu_count": 1})
+    assert host_gpu_count(limited, Backend.VLLM, H100) == 1
+    with pytest.raises(ConfigError) as err:
+        host_gpu_count(load_config(None, {"backend": "vllm", "gpu_count": 4}), Backend.VLLM, H100)
+    assert "--gpu-count 4 is more GPUs than the 2 this host makes visible" in str(err.value)
+    assert host_gpu_count(config, Backend.VLLM, None) == 1  # vLLM's CPU build: one device
