@@ -4,7 +4,8 @@ an 8B and a 70B model, on one core (issue 19's target: at most 60 s each).
 The process pins itself to one CPU (``os.sched_setaffinity``) and plans with the twin's
 paper step costs (no ``--from``), as ``tuner capacity --model M --peak P`` does with its
 default GPU types and sizes; each plan's wall time, twin runs and chosen option are
-printed. ``--workload`` and ``--peak`` as the command takes them.
+printed (its goodput per replica, in the workload's unit). ``--workload`` and ``--peak``
+as the command takes them.
 
     python benchmarks/capacity_plan_speed.py [--workload chat] [--peak 50]
 """
@@ -62,8 +63,10 @@ def main() -> int:
             f"{name:<16} {wall:6.1f} s ({verdict}, target {TARGET_S:.0f} s)  "
             f"{len(plan.options)} options, {serving} serve, {plan.twin_runs} twin runs; chosen "
             + (
-                f"{chosen.fleet_low.replicas} x {chosen.label}"
-                if chosen and chosen.fleet_low
+                f"{chosen.fleet_low.replicas} x {chosen.label} "
+                f"({chosen.params.kv_cache_dtype if chosen.params else '?'} KV cache, "
+                f"{chosen.replica.goodput.arrival_rate_per_s:.2f} per replica)"
+                if chosen and chosen.fleet_low and chosen.replica
                 else "none"
             )
         )

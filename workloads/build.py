@@ -30,6 +30,7 @@ turns from offset 0 on sent. The arrivals of the run itself are unchanged.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -57,6 +58,7 @@ _LEAD_ARRIVALS, _LEAD_TURNS, _LEAD_PROMPT_LEN, _LEAD_OUTPUT_LEN, _LEAD_PREFIX = 
 _LEAD_TEXT, _LEAD_ANSWER = 35, 36
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a pure function: one per session turn, for every run
 def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
 

@@ -104,6 +104,32 @@ class WordPromptBuilder:
         return _join(prefix, " ".join(_words(n_tokens, seed)))
 
 
+class RememberingWordPromptBuilder(WordPromptBuilder):
+    """The word rule, remembering each new text it made (by length and seed) and its count.
+
+    Many schedules of one workload (a rate search's runs: the same sessions at other
+    rates and answer times) make the same texts over and over; the text is a function of
+    its length and seed, so a remembered one is the one that would be made. Only texts
+    made on their own (no prefix) are kept, not every prompt grown from them: a capacity
+    plan's 162 runs of ``chat`` up to 40 conversations/s kept 14 000 texts, 22 MB."""
+
+    def __init__(self) -> None:
+        self._texts: dict[tuple[int, int], str] = {}
+        self._counts: dict[str, int] = {}
+
+    def count(self, text: str) -> int:
+        known = self._counts.get(text)  # a kept text keeps its hash: one lookup
+        return known if known is not None else len(text.split())
+
+    def extend(self, prefix: str, n_tokens: int, *, seed: int) -> str:
+        text = self._texts.get((n_tokens, seed))
+        if text is None:
+            text = super().extend("", n_tokens, seed=seed)
+            self._texts[(n_tokens, seed)] = text
+            self._counts[text] = n_tokens
+        return _join(prefix, text)
+
+
 class TokenizerPromptBuilder:
     """Exact token counts under a Hugging Face tokenizer (``tokenizer.json``)."""
 

@@ -185,3 +185,90 @@ def test_the_report_shows_every_option_the_frontier_and_the_source(
     assert page.count('fill="#2e7d32"') == len(front)  # the frontier's points, drawn green
     assert "predicted by the twin (paper, ±40%)" in page
     assert "<script" not in page  # offline, nothing to fetch
+
+
+# --- the plan's speed: fewer twin runs, cheaper runs, the same answers ---------------------
+
+
+def test_a_search_from_a_close_estimate_closes_in_two_runs() -> None:
+    from tuner.search.bracket import search
+
+    calls: list[float] = []
+
+    def held(rate: float) -> bool:
+        calls.append(rate)
+        return rate <= 10.5
+
+    # first move of 1 + precision: held at 10, broke at 11, closed (11 / 10 = 1.1)
+    assert search(held, 10.0, precision=0.1, max_runs=9, step=1.25, first_step=1.1) == 10.0
+    assert calls == [10.0, 11.0]
+    calls.clear()
+    # later moves take the step: 10, 11, 13.75 (broke), then the bracket's middle
+    assert search(lambda r: held(r) or r <= 12.0, 10.0, precision=0.1, max_runs=9, step=1.25,
+                  first_step=1.1) >= 12.0 / 1.1  # fmt: skip
+    assert calls[:3] == [10.0, 11.0, pytest.approx(13.75)]
+
+
+def test_a_later_candidate_that_breaks_at_the_gain_to_beat_costs_one_run() -> None:
+    from tuner.search.bracket import search
+
+    calls: list[float] = []
+    to_beat = 10.0 * 1.05
+    found = search(lambda r: calls.append(r) or r <= 10.2, to_beat, precision=0.1,
+                   max_runs=9, step=1.25, first_step=1.1, floor_per_s=to_beat)  # fmt: skip
+    assert found == 0.0 and calls == [to_beat]
+
+
+def test_a_search_starts_under_the_estimate_scaled_from_screened_options() -> None:
+    from tuner.capacity.start import UNDERSHOOT, ScreenedRate, paper_ratio, start_for
+
+    a100, h100, h200 = get_gpu("A100-80GB"), get_gpu("H100-80GB"), get_gpu("H200-141GB")
+    first = start_for([], a100, 1, default=1.0)
+    assert first.rate_per_s == 1.0 and not first.estimated
+    done = [ScreenedRate(a100, 1, 2.0)]
+    # the same GPU type at another size, no other type screened at both: (k/k0) ** 0.8
+    assert start_for(done, a100, 2, 1.0).rate_per_s == pytest.approx(2.0 * 2**0.8 / UNDERSHOOT)
+    # another type: by the paper ratio from the nearest one screened at that size
+    h100_1 = start_for(done, h100, 1, 1.0)
+    assert h100_1.estimated
+    assert h100_1.rate_per_s == pytest.approx(2.0 * paper_ratio(h100, a100) / UNDERSHOOT)
+    # a size ratio as screened on the type nearest on paper (H100 for H200, not A100)
+    done += [ScreenedRate(a100, 2, 5.0), ScreenedRate(h100, 1, 6.0), ScreenedRate(h100, 2, 9.0)]
+    done += [ScreenedRate(h200, 1, 7.0)]
+    assert start_for(done, h200, 2, 1.0).rate_per_s == pytest.approx(7.0 * 9.0 / 6.0 / UNDERSHOOT)
+
+
+def test_runs_that_share_their_texts_are_the_same_runs() -> None:
+    from tuner.search.predict import RunTexts, Setup, steady_run
+    from tuner.vllm.memory import ServingParams
+    from workloads.build import build_schedule
+    from workloads.prompts import RememberingWordPromptBuilder
+
+    chat = load_workload("chat")
+    builder = RememberingWordPromptBuilder()
+    for rate in (0.5, 0.8, 0.5):  # the second 0.5 from remembered texts
+        level = chat.with_rate(rate).model_copy(update={"duration_s": 6.0})
+        assert build_schedule(level, prompt_builder=builder) == build_schedule(level)
+    setup = Setup(
+        model=resolve_model("llama-3.1-8b"), gpu=get_gpu("H100-80GB"),
+        version=VllmVersion.current(), params=ServingParams(gpu_memory_utilization=0.9),
+    )  # fmt: skip
+    texts = RunTexts()
+    for rate in (1.0, 1.5):
+        shared = steady_run(setup, chat, rate, warmup_s=2.0, window_s=4.0, texts=texts)
+        alone = steady_run(setup, chat, rate, warmup_s=2.0, window_s=4.0)
+        assert shared.result is not None and shared.result == alone.result
+        assert shared.met == alone.met
+
+
+def test_the_block_pool_hands_out_blocks_as_before_it_made_them_lazily() -> None:
+    from tuner.sim.blocks import BlockPool
+
+    # the stack of free blocks it stood for: [5, 4, 3, 2, 1], handed out from the top
+    pool = BlockPool(6)
+    assert pool.num_free == 5
+    assert pool.allocate(2, 0.0) == [1, 2] and pool.allocate_one(0.0) == 3
+    pool.free([1, 2], 1.0)  # the tail first: 2, then 1 on top
+    assert pool.allocate(3, 2.0) == [1, 2, 4] and pool.num_free == 1
+    assert pool.allocate(2, 3.0) is None and pool.allocate_one(3.0) == 5
+    assert pool.num_free == 0 and pool.allocate_one(4.0) is None

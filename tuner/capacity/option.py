@@ -13,18 +13,21 @@ The settings, as a serving engineer would set them for a fleet:
 
 Each candidate's goodput is the highest arrival rate whose steady-state run on the twin
 (``tuner.search.predict.steady_run``: the session population of that rate, a level's
-warm-up and window, the backlog guard) meets the SLO, bracketed and bisected to 5 %.
+warm-up and window, the backlog guard) meets the SLO, bracketed and bisected to
+``SCREEN_PRECISION`` (the plan's chosen option and runner-up again to
+``FINAL_PRECISION``). fp8 is searched from ``FP8_GAIN`` times auto's goodput up: where
+it breaks there it would not be chosen, and one run says so.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.search.bracket import search
-from tuner.search.predict import Prediction, Setup, answer_times_of, steady_run
+from tuner.search.bracket import FLOOR_PER_S, search
+from tuner.search.predict import Prediction, RunTexts, Setup, answer_times_of, steady_run
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
 from tuner.search.space import TrialParams
 from tuner.sim.timing import TimingFactors
@@ -101,6 +104,8 @@ class OptionSpace:
     max_model_len: int | None  # given; None: the model's, or the workload's where that fails
     workload_context: int  # the context the workload needs (``workload_context``)
     safety_margin: float
+    # the prompt texts and token ids every twin run of the plan shares (the same runs, faster)
+    texts: RunTexts = field(default_factory=RunTexts, compare=False, repr=False)
 
 
 def highest_utilization(
@@ -139,8 +144,9 @@ class _Search:
 
     setup: Setup
     workload: WorkloadSpec
-    held: dict[float, Prediction]
-    times: dict[float, AnswerTimes]
+    texts: RunTexts | None = None
+    held: dict[float, Prediction] = field(default_factory=dict)
+    times: dict[float, AnswerTimes] = field(default_factory=dict)
     runs: int = 0
 
     def met(self, rate: float) -> bool:
@@ -149,7 +155,7 @@ class _Search:
         window = min(WINDOW_S, max(MIN_WINDOW_S, WINDOW_REQUESTS / max(requests_per_s, 1e-9)))
         run = steady_run(
             self.setup, self.workload, rate, warmup_s=WARMUP_S, window_s=window,
-            answer_times=nearest_in_rate(self.times, rate),
+            answer_times=nearest_in_rate(self.times, rate), texts=self.texts,
         )  # fmt: skip
         measured = answer_times_of(run.result)
         if run.met and measured is not None:
@@ -159,12 +165,24 @@ class _Search:
 
 
 def replica_at(
-    setup: Setup, workload: WorkloadSpec, start_rate_per_s: float, *, precision: float
+    setup: Setup,
+    workload: WorkloadSpec,
+    start_rate_per_s: float,
+    *,
+    precision: float,
+    first_step: float | None = None,
+    floor_per_s: float = FLOOR_PER_S,
+    texts: RunTexts | None = None,
 ) -> tuple[ReplicaRun | None, int]:
     """One candidate's goodput on the twin to ``precision`` and the run at it (None: no
-    rate held), and the number of twin runs it took."""
-    finder = _Search(setup, workload, {}, {})
-    best = search(finder.met, start_rate_per_s, precision=precision, max_runs=MAX_RUNS, step=STEP)
+    rate held, or none at ``floor_per_s`` or above), and the number of twin runs it took.
+    ``first_step``, ``floor_per_s``: ``tuner.search.bracket.search``'s; ``texts``:
+    ``steady_run``'s."""
+    finder = _Search(setup, workload, texts)
+    best = search(
+        finder.met, start_rate_per_s, precision=precision, max_runs=MAX_RUNS, step=STEP,
+        first_step=first_step, floor_per_s=floor_per_s,
+    )  # fmt: skip
     run = finder.held.get(best)
     if best <= 0 or run is None or run.result is None:
         return None, finder.runs
@@ -194,10 +212,17 @@ def screen_option(
     start_rate_per_s: float,
     params: TrialParams | None = None,
     precision: float = SCREEN_PRECISION,
+    first_step: float | None = None,
 ) -> Screened:
     """The option's settings and goodput on the twin (the module's docstring), searched
-    from ``start_rate_per_s``. ``params``: screen these settings only (a measured
-    recommendation's, or a screened option's again to ``precision``), not the candidates."""
+    from ``start_rate_per_s`` (``first_step``: the search's first move from it, ``STEP``
+    by default; ``1 + precision`` where the start is an estimate that may be that close).
+    ``params``: screen these settings only (a measured recommendation's, or a screened
+    option's again to ``precision``), not the candidates.
+
+    A candidate after the first that served (fp8 after auto) only has to show whether it
+    serves ``FP8_GAIN`` more: its search starts there and stops where that breaks (below
+    it the candidate would not be chosen, whatever its goodput), one run, not a search."""
     base, util, failure = _settings(space, gpu, tensor_parallel_size)
     if base is None:
         return Screened(status=OptionStatus.DOES_NOT_START, params=None, max_model_len=None,
@@ -213,17 +238,22 @@ def screen_option(
         ]
     best: tuple[TrialParams, ReplicaRun] | None = None
     runs = 0
-    start = start_rate_per_s
     for candidate in candidates:
         setup = Setup(model=space.model, gpu=gpu, version=space.version,
                       params=candidate.serving(base), timing=factors)  # fmt: skip
-        replica, n = replica_at(setup, space.workload, start, precision=precision)
+        if best is None:
+            replica, n = replica_at(
+                setup, space.workload, start_rate_per_s, precision=precision,
+                first_step=first_step, texts=space.texts,
+            )  # fmt: skip
+        else:
+            to_beat = best[1].goodput.arrival_rate_per_s * FP8_GAIN
+            replica, n = replica_at(
+                setup, space.workload, to_beat, precision=precision,
+                first_step=1.0 + precision, floor_per_s=to_beat, texts=space.texts,
+            )  # fmt: skip
         runs += n
-        if replica is None:
-            continue
-        start = replica.goodput.arrival_rate_per_s  # the next candidate starts near it
-        rate = replica.goodput.arrival_rate_per_s
-        if best is None or rate > best[1].goodput.arrival_rate_per_s * FP8_GAIN:
+        if replica is not None:  # the first to serve, or one that serves FP8_GAIN more
             best = (candidate, replica)
     if best is None:
         return Screened(

@@ -21,12 +21,14 @@ from tuner.capacity.calibration import MeasuredRun, Provenance, TwinFor, twin_fo
 from tuner.capacity.fleet import FleetSize, fleet_size, pareto_front
 from tuner.capacity.option import (
     FINAL_PRECISION,
+    SCREEN_PRECISION,
     OptionSpace,
     OptionStatus,
     ReplicaRun,
     Screened,
     screen_option,
 )
+from tuner.capacity.start import ScreenedRate, Start, start_for
 from tuner.deploy import (
     DeploymentConfig,
     kubernetes_manifests,
@@ -121,21 +123,6 @@ class CapacityPlan(BaseModel):
     twin_runs: int = 0
 
 
-def _start(done: list[tuple[GpuSpec, int, float]], gpu: GpuSpec, tp: int, default: float) -> float:
-    """Where an option's goodput search starts: a screened option's goodput scaled by the
-    paper ratio of the two (HBM bandwidth x GPUs, decode being bound by it), from the
-    screened option nearest in that ratio; the workload's rate before any."""
-    if not done:
-        return default
-
-    def paper(g: GpuSpec, k: int) -> float:
-        return g.hbm_bandwidth_bytes_per_s * k
-
-    target = paper(gpu, tp)
-    g0, k0, rate = min(done, key=lambda d: abs(paper(d[0], d[1]) / target - 1.0))
-    return rate * target / paper(g0, k0)
-
-
 def _ranges(replica: ReplicaRun | None, error: float) -> tuple[float | None, float | None]:
     if replica is None:
         return None, None
@@ -191,15 +178,16 @@ def _option(
     gpu: GpuSpec,
     tp: int,
     twin: TwinFor,
-    start: float,
+    start: Start,
     price: float | None,
     measured: tuple[TrialParams, ReplicaRun] | None,
     source: MeasuredRun | None,
 ) -> tuple[PlanOption, int]:
     """One option screened (the measured settings where a run confirmed them)."""
     screened: Screened = screen_option(
-        space, gpu, tp, twin.factors, start_rate_per_s=start,
+        space, gpu, tp, twin.factors, start_rate_per_s=start.rate_per_s,
         params=measured[0] if measured else None,
+        first_step=1.0 + SCREEN_PRECISION if start.estimated else None,
     )  # fmt: skip
     provenance, error = twin.provenance, twin.error_at(tp)
     replica = screened.replica
@@ -240,7 +228,7 @@ def make_plan(
     notes: list[str] = []
     heads = space.model.num_attention_heads
     options: list[PlanOption] = []
-    done: list[tuple[GpuSpec, int, float]] = []
+    done: list[ScreenedRate] = []
     twin_runs = 0
     default_start = space.workload.mean_rate_per_s or 1.0
     for gpu in gpus:
@@ -259,12 +247,12 @@ def make_plan(
             ):
                 measured = _measured_replica(own)
             option, n = _option(
-                space, gpu, tp, twin, _start(done, gpu, tp, default_start),
+                space, gpu, tp, twin, start_for(done, gpu, tp, default_start),
                 prices.get(gpu.name), measured, own if measured else None,
             )  # fmt: skip
             twin_runs += n
             if option.replica is not None:
-                done.append((gpu, tp, option.replica.goodput.arrival_rate_per_s))
+                done.append(ScreenedRate(gpu, tp, option.replica.goodput.arrival_rate_per_s))
             fleet, fleet_low, fleet_high = _fleets(option, peak, headroom)
             option = option.model_copy(
                 update={"fleet": fleet, "fleet_low": fleet_low, "fleet_high": fleet_high}
@@ -283,7 +271,8 @@ def make_plan(
         screened = screen_option(
             space, gpu, option.tensor_parallel_size, twin.factors,
             start_rate_per_s=option.replica.goodput.arrival_rate_per_s, params=option.params,
-            precision=FINAL_PRECISION,
+            # from the screen's goodput, which held: the edge is most likely just above it
+            precision=FINAL_PRECISION, first_step=1.0 + FINAL_PRECISION,
         )  # fmt: skip
         twin_runs += screened.runs
         if screened.replica is None:

@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+FLOOR_PER_S = 1e-3  # the lowest rate a search tries, by default
+
 # A bracket's ends within ``precision`` (relative) of each other, up to rounding.
 _CLOSE = 1.0001
 
@@ -65,16 +67,23 @@ def search(
     precision: float,
     max_runs: int,
     step: float,
-    floor_per_s: float = 1e-3,
+    floor_per_s: float = FLOOR_PER_S,
+    first_step: float | None = None,
 ) -> float:
     """The highest rate ``held`` says holds, bracketed from ``rate_per_s`` by ``step`` up
     or down and bisected to ``precision``; 0 when none held (or the descent passed
-    ``floor_per_s``). At most ``max_runs`` calls; the best held so far when they run out."""
+    ``floor_per_s``). At most ``max_runs`` calls; the best held so far when they run out.
+
+    ``first_step``: the first move from ``rate_per_s`` (default ``step``). Where the start
+    is a good estimate, ``1 + precision`` closes the bracket on the first two calls when
+    the rate is within it; later moves take ``step``."""
     bracket = RateBracket(precision)
     rate: float | None = rate_per_s
+    move = first_step or step
     for _ in range(max_runs):
         if rate is None or rate < floor_per_s:
             break
         bracket.record(rate, held(rate))
-        rate = bracket.next_rate(up=step, down=step)
+        rate = bracket.next_rate(up=move, down=move)
+        move = step
     return bracket.low or 0.0

@@ -44,9 +44,15 @@ class BlockPool:
     def __init__(self, num_blocks: int, policy: EvictionPolicy = EvictionPolicy.LRU) -> None:
         self.num_blocks = num_blocks
         self.policy = policy
-        self._blocks = [_Block(i) for i in range(num_blocks)]
         # Block 0 is the null block (vLLM's placeholder for skipped blocks): never allocated.
-        self._free_plain: list[int] = list(range(num_blocks - 1, 0, -1))
+        # The others are made when first handed out: a pool has up to 10^5 or more, and
+        # making them all took a tenth of a short simulation that used a few thousand.
+        self._blocks = [_Block(0)] if num_blocks > 0 else []
+        self._fresh = min(num_blocks, 1)  # blocks _fresh .. num_blocks - 1: never handed out
+        # Freed blocks without a cached prefix, the most recently freed last. With the
+        # fresh ones below them (in ascending order from the top), this is the stack of
+        # plain free blocks that the pool hands out from the top.
+        self._free_plain: list[int] = []
         # Free blocks that still hold a cached prefix, in eviction order (LRU / FIFO).
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         # LFU / tiered: a heap of (priority..., counter, block_id) with lazy deletion.
@@ -60,7 +66,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free_plain) + len(self._free_cached)
+        return len(self._free_plain) + self.num_blocks - self._fresh + len(self._free_cached)
 
     @property
     def usage(self) -> float:
@@ -125,14 +131,18 @@ class BlockPool:
         Plain free blocks go first (the most recently freed first), then cached ones in
         the policy's eviction order."""
         plain = self._free_plain
-        if n > len(plain) + len(self._free_cached):
+        fresh = self.num_blocks - self._fresh
+        if n > len(plain) + fresh + len(self._free_cached):
             return None
         from_plain = min(n, len(plain))
         out = plain[len(plain) - from_plain :]
         out.reverse()  # as popped one by one from the end
         del plain[len(plain) - from_plain :]
-        if from_plain < n:
-            out += self._evict_many(n - from_plain)
+        from_fresh = min(n - from_plain, fresh)
+        if from_fresh:
+            out += self._take_fresh(from_fresh)
+        if from_plain + from_fresh < n:
+            out += self._evict_many(n - from_plain - from_fresh)
         blocks = self._blocks
         for block_id in out:
             block = blocks[block_id]
@@ -145,6 +155,8 @@ class BlockPool:
         """``allocate(1, now_s)``'s block (a decode's next block), or None."""
         if self._free_plain:
             block_id = self._free_plain.pop()
+        elif self._fresh < self.num_blocks:
+            block_id = self._take_fresh(1)[0]
         elif self._free_cached:
             block_id = self._evict()
         else:
@@ -154,6 +166,13 @@ class BlockPool:
         block.hits = 0
         block.last_used_s = now_s
         return block_id
+
+    def _take_fresh(self, n: int) -> list[int]:
+        """The next n blocks never handed out, made now (ascending, as they lie in the stack)."""
+        first = self._fresh
+        self._fresh = first + n
+        self._blocks += [_Block(block_id) for block_id in range(first, first + n)]
+        return list(range(first, first + n))
 
     def free(self, block_ids: list[int], now_s: float) -> None:
         """Release a request's blocks; the tail is released first, so it is evicted first."""
