@@ -272,3 +272,44 @@ def test_the_block_pool_hands_out_blocks_as_before_it_made_them_lazily() -> None
     assert pool.allocate(3, 2.0) == [1, 2, 4] and pool.num_free == 1
     assert pool.allocate(2, 3.0) is None and pool.allocate_one(3.0) == 5
     assert pool.num_free == 0 and pool.allocate_one(4.0) is None
+
+
+def test_a_measured_option_is_told_where_the_twin_sees_more(
+    small_plan: tuple[object, Path],
+) -> None:
+    """A measured option keeps the settings its tune measured (over that tune's space);
+    where the twin's own settings for the GPU predict more beyond its range, a note says
+    so, and none where the measurement is as good."""
+    from tuner.capacity.calibration import twin_for
+    from tuner.capacity.plan import CapacityPlan, _twin_pick_note
+
+    plan, _ = small_plan
+    assert isinstance(plan, CapacityPlan)
+    option = next(o for o in plan.options if o.gpu == "L4-24GB" and o.tensor_parallel_size == 1)
+    assert option.replica is not None and option.params is not None
+    model = resolve_model("llama-3.1-8b")
+    workload = load_workload(TINY)
+    space = OptionSpace(
+        model=model, version=VllmVersion.current(), workload=workload, max_model_len=None,
+        workload_context=workload_context(model, workload)[1], safety_margin=0.02,
+    )  # fmt: skip
+    gpu = get_gpu("L4")
+    twin = twin_for(gpu, [])
+    goodput = option.replica.goodput
+    # measured at a third of what the twin's settings serve: told
+    low = option.model_copy(
+        update={
+            "replica": option.replica.model_copy(
+                update={"goodput": goodput.model_copy(
+                    update={"arrival_rate_per_s": goodput.arrival_rate_per_s / 3}
+                )}
+            )
+        }
+    )  # fmt: skip
+    note, runs = _twin_pick_note(space, gpu, 1, twin, low)
+    assert runs > 0 and note is not None
+    assert note.startswith("L4-24GB x1: the twin's own settings (--")
+    assert f"against the {goodput.arrival_rate_per_s / 3:.2f} measured" in note
+    # measured at what the twin predicts for its own settings: nothing to say
+    same, _ = _twin_pick_note(space, gpu, 1, twin, option)
+    assert same is None

@@ -212,6 +212,33 @@ def _option(
     return option, screened.runs
 
 
+def _twin_pick_note(
+    space: OptionSpace, gpu: GpuSpec, tp: int, twin: TwinFor, option: PlanOption
+) -> tuple[str | None, int]:
+    """Beside a measured option (the settings its tune measured, over that tune's space):
+    the twin's own settings for the GPU type, where they predict more than the measured
+    goodput beyond the twin's range. The plan keeps the measured figure; the note says a
+    tune over the twin's settings may find more. The note (or None) and the twin runs."""
+    assert option.replica is not None
+    measured = option.replica.goodput.arrival_rate_per_s
+    screened = screen_option(space, gpu, tp, twin.factors, start_rate_per_s=measured)
+    pick = screened.replica
+    error = twin.error_at(tp)
+    if pick is None or screened.params is None:
+        return None, screened.runs
+    predicted = pick.goodput.arrival_rate_per_s
+    if predicted * (1.0 - error) <= measured:
+        return None, screened.runs
+    flags = " ".join(f"--{k} {v}" for k, v in screened.params.flags().items())
+    return (
+        f"{option.label}: the twin's own settings ({flags}) predict {predicted:.2f} per "
+        f"replica (+-{error:.0%}) against the {measured:.2f} measured with the tune's; the "
+        f"plan keeps the measurement; a tune whose space holds them may find more "
+        f"(tuner tune --gpu {gpu.name} ...)",
+        screened.runs,
+    )
+
+
 def make_plan(
     *,
     space: OptionSpace,
@@ -251,6 +278,10 @@ def make_plan(
                 prices.get(gpu.name), measured, own if measured else None,
             )  # fmt: skip
             twin_runs += n
+            if measured is not None and option.replica is not None:
+                note, n = _twin_pick_note(space, gpu, tp, twin, option)
+                twin_runs += n
+                notes += [note] if note else []
             if option.replica is not None:
                 done.append(ScreenedRate(gpu, tp, option.replica.goodput.arrival_rate_per_s))
             fleet, fleet_low, fleet_high = _fleets(option, peak, headroom)
