@@ -104,20 +104,25 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says:
     assert not (tmp_path / "plan").exists()  # nothing screened, nothing written
 
 
-@pytest.fixture(scope="module")
-def small_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
+def _tiny_space() -> OptionSpace:
+    """The tiny workload's plan for llama-3.1-8b, its own defaults."""
     model = resolve_model("llama-3.1-8b")
     workload = load_workload(TINY)
-    space = OptionSpace(
+    return OptionSpace(
         model=model, version=VllmVersion.current(), workload=workload, max_model_len=None,
         workload_context=workload_context(model, workload)[1], safety_margin=0.02,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
+    space = _tiny_space()
     plan = make_plan(
         space=space, gpus=[get_gpu("L4"), get_gpu("A100-40GB")], tensor_parallel_sizes=[1, 2],
         peak=40.0, headroom=0.2, prices={"L4-24GB": 0.8, "A100-40GB": 1.6}, runs=[],
     )  # fmt: skip
     out = tmp_path_factory.mktemp("capacity")
-    write_plan(plan, workload, out)
+    write_plan(plan, space.workload, out)
     return plan, out
 
 
@@ -287,12 +292,7 @@ def test_a_measured_option_is_told_where_the_twin_sees_more(
     assert isinstance(plan, CapacityPlan)
     option = next(o for o in plan.options if o.gpu == "L4-24GB" and o.tensor_parallel_size == 1)
     assert option.replica is not None and option.params is not None
-    model = resolve_model("llama-3.1-8b")
-    workload = load_workload(TINY)
-    space = OptionSpace(
-        model=model, version=VllmVersion.current(), workload=workload, max_model_len=None,
-        workload_context=workload_context(model, workload)[1], safety_margin=0.02,
-    )  # fmt: skip
+    space = _tiny_space()
     gpu = get_gpu("L4")
     twin = twin_for(gpu, [])
     goodput = option.replica.goodput

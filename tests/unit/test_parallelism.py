@@ -12,10 +12,11 @@ import yaml
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from tests.unit.test_landscape import _landscape
 from tuner.errors import ConfigError
 from tuner.search.config import load_config
 from tuner.search.context import resolve
-from tuner.search.landscape import Landscape, ScreenedPoint, ScreenMethod
+from tuner.search.landscape import ScreenedPoint, ScreenMethod
 from tuner.search.parallelism import Source, compare, read_parallelism
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
 from tuner.search.recommend import capacity, config_hash, deployment
@@ -31,7 +32,6 @@ from tuner.search.space import (
     vllm_defaults,
 )
 from tuner.search.study import best_trial
-from tuner.sim.timing import TimingFactors
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
@@ -176,13 +176,6 @@ def _point(tp: int, rate: float) -> ScreenedPoint:
     return ScreenedPoint(
         params=TrialParams(max_num_seqs=256, tensor_parallel_size=tp), rate_per_s=rate,
         method=ScreenMethod.COMPUTED,
-    )  # fmt: skip
-
-
-def _landscape(points: list[ScreenedPoint]) -> Landscape:
-    return Landscape(
-        factors=TimingFactors(), warmup_s=1, window_s=3, base_rate_per_s=1.0, ladder_step=1.1,
-        wall_s=0.0, points=points,
     )  # fmt: skip
 
 

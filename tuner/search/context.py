@@ -122,46 +122,41 @@ class StudySetup:
         return replace(self, timing=timing)
 
 
-def detect_gpu_name() -> str | None:
-    """The first visible NVIDIA GPU's name from NVML, or None without a driver or device."""
+def _nvml_devices() -> tuple[str | None, int]:
+    """NVML's first device's name and its device count; (None, 0) without a driver."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:  # no library, no driver: no GPU here
-        return None
+        return None, 0
     try:
-        if int(pynvml.nvmlDeviceGetCount()) == 0:
-            return None
-        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-        return name.decode() if isinstance(name, bytes) else str(name)
+        count = int(pynvml.nvmlDeviceGetCount())
     except Exception:
-        return None
+        count = 0
+    try:
+        if count == 0:
+            return None, 0
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return (name.decode() if isinstance(name, bytes) else str(name)), count
+    except Exception:
+        return None, count
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception:
             log.debug("nvmlShutdown failed", exc_info=True)
+
+
+def detect_gpu_name() -> str | None:
+    """The first visible NVIDIA GPU's name from NVML, or None without a driver or device."""
+    return _nvml_devices()[0]
 
 
 def detect_gpu_count() -> int:
     """NVIDIA GPUs this process may use: those NVML sees, as many as CUDA_VISIBLE_DEVICES
     names where it is set (vLLM counts the same way); 0 without a driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no library, no driver: no GPU here
-        return 0
-    try:
-        count = int(pynvml.nvmlDeviceGetCount())
-    except Exception:
-        count = 0
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            log.debug("nvmlShutdown failed", exc_info=True)
+    count = _nvml_devices()[1]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         count = min(count, len([d for d in visible.split(",") if d.strip()]))

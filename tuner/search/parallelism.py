@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from tuner.search.landscape import Landscape
 from tuner.search.rate_search import GoodputUnit
 from tuner.search.space import Knob, SearchSpace, TrialParams
+from tuner.search.study import arrival_goodput
 
 PARALLELISM_JSON = "parallelism.json"
 
@@ -147,11 +148,11 @@ def compare(
         own = [t for t in trials if _size_of(t) == size]
         met = [t for t in own if t.user_attrs.get("verdict") == "met"]
         if met:
-            best = max(met, key=_goodput_of)
+            best = max(met, key=arrival_goodput)
             sizes.append(
                 SizeResult(
                     tensor_parallel_size=size, source=Source.MEASURED,
-                    goodput_per_server=_goodput_of(best),
+                    goodput_per_server=arrival_goodput(best),
                     goodput_is_lower_bound=best.user_attrs.get("goodput_bound") == "lower_bound",
                     params=space.from_optuna(best.params), trial=best.number,
                     trials_launched=len(own),
@@ -178,8 +179,3 @@ def compare(
 
 def _size_of(trial: FrozenTrial) -> int:
     return int(trial.params.get(Knob.TENSOR_PARALLEL_SIZE.value, 1))
-
-
-def _goodput_of(trial: FrozenTrial) -> float:
-    attrs = trial.user_attrs
-    return float(attrs.get("goodput_arrival_rate_per_s", attrs.get("goodput", 0.0)) or 0.0)

@@ -1157,7 +1157,7 @@ class TrialLoop:
         best_text = "best -"
         if best is not None:
             at_least = best.user_attrs.get("goodput_bound") == GoodputBound.LOWER_BOUND
-            arrivals = best.user_attrs.get("goodput_arrival_rate_per_s", best.user_attrs["goodput"])
+            arrivals = arrival_goodput(best)
             unit = _unit_of(best.user_attrs.get("goodput_unit"))
             best_text = (
                 f"best {'>=' if at_least else ''}{arrivals:.2f} {unit.label} (#{best.number})"
@@ -1282,6 +1282,13 @@ def record(trial: Trial, ev: Evaluation, *, role: str) -> None:
     trial.set_user_attr(EVALUATION_ATTR, ev.model_dump(mode="json"))
 
 
+def arrival_goodput(trial: FrozenTrial) -> float:
+    """The trial's goodput in the workload's unit as recorded (requests/s in a trial
+    recorded before that unit was)."""
+    attrs = trial.user_attrs
+    return float(attrs.get("goodput_arrival_rate_per_s", attrs.get("goodput")) or 0.0)
+
+
 def best_trial(study: Study) -> FrozenTrial | None:
     """The feasible trial with the highest goodput in the workload's unit, per GPU where
     the tensor-parallel size is searched (ties: the higher throughput)."""
@@ -1296,8 +1303,7 @@ def best_trial(study: Study) -> FrozenTrial | None:
     def key(t: FrozenTrial) -> tuple[float, float]:
         attrs = t.user_attrs
         gpus = attrs.get("ranked_gpus") or 1
-        goodput = attrs.get("goodput_arrival_rate_per_s", attrs["goodput"])
-        return (goodput / gpus, attrs["throughput"] / gpus)
+        return (arrival_goodput(t) / gpus, attrs["throughput"] / gpus)
 
     return max(feasible, key=key)
 
