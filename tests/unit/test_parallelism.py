@@ -356,3 +356,31 @@ def test_a_real_host_refuses_more_gpus_than_it_has(monkeypatch: pytest.MonkeyPat
         host_gpu_count(load_config(None, {"backend": "vllm", "gpu_count": 4}), Backend.VLLM, H100)
     assert "--gpu-count 4 is more GPUs than the 2 this host makes visible" in str(err.value)
     assert host_gpu_count(config, Backend.VLLM, None) == 1  # vLLM's CPU build: one device
+
+
+def test_knobs_keep_the_offload_a_model_too_large_for_the_host_needs() -> None:
+    # the README's `--knobs ...,tensor-parallel-size` for a 70B on a host of one H100:
+    # the offload that joins on its own was filtered out, and no setting started
+    ctx = resolve(
+        load_config(
+            None,
+            {
+                "backend": "sim", "model": "llama-3.1-70b",
+                "knobs": ("gpu-memory-utilization", "max-num-seqs", "tensor-parallel-size"),
+            },
+        )
+    )  # fmt: skip
+    assert [r.knob for r in ctx.space.ranges] == [
+        Knob.GPU_MEMORY_UTILIZATION, Knob.MAX_NUM_SEQS, Knob.CPU_OFFLOAD_GB,
+    ]  # fmt: skip
+    spread = resolve(
+        load_config(
+            None,
+            {
+                "backend": "sim", "model": "llama-3.1-70b", "gpu_count": 4,
+                "knobs": ("gpu-memory-utilization", "max-num-seqs", "tensor-parallel-size"),
+            },
+        )
+    )  # fmt: skip
+    assert spread.space.range_of(Knob.CPU_OFFLOAD_GB) is None
+    assert spread.space.range_of(TP) is not None

@@ -274,8 +274,12 @@ def resolve(config: TuneConfig) -> TuneContext:
             gpu_count=gpu_count,
         )  # fmt: skip
         if config.knobs is not None:
+            # --cpu-offload-gb joins on its own where the model does not fit otherwise: a
+            # --knobs list that leaves it out would leave nothing that starts
             space = SearchSpace(
-                ranges=tuple(r for r in space.ranges if r.knob in wanted),
+                ranges=tuple(
+                    r for r in space.ranges if r.knob in wanted or r.knob is Knob.CPU_OFFLOAD_GB
+                ),
                 left_out=space.left_out,
             )
     if not space.ranges:
