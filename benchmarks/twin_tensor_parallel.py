@@ -164,7 +164,7 @@ from typing import Any
 
 from tuner.sim.build import build_engine
 from tuner.sim.simulate import SimulationResult
-from tuner.sim.timing import ALLREDUCE_LATENCY_S, NVLINK_BYTES_PER_S, StepTimer, StepWork
+from tuner.sim.timing import StepTimer, StepWork
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import ModelSpec, Quantization
@@ -621,7 +621,7 @@ class StepSplit:
 
 def step_split(tp_case: TPCase, batch: int, context: int = 512) -> StepSplit | None:
     """One decode step of ``batch`` requests of ``context`` tokens, and the part of it
-    the twin charges for all-reduces (the same formula as ``StepTimer.step_s``)."""
+    the twin charges for all-reduces (``StepTimer.allreduce_s``)."""
     case = tp_case.case
     model = model_of(case)
     _startup, engine = build_engine(
@@ -637,11 +637,7 @@ def step_split(tp_case: TPCase, batch: int, context: int = 512) -> StepSplit | N
         attention_pairs=float(batch * context),
     )
     step = timer.step_s(work)
-    allreduce = 0.0
-    if timer.tp > 1:
-        volume = 2 * batch * timer.hidden * timer.dtype_bytes * timer.layers * 2
-        allreduce = 2 * timer.layers * ALLREDUCE_LATENCY_S + volume / NVLINK_BYTES_PER_S
-    return StepSplit(case.key, batch, 1000 * step, 1000 * allreduce)
+    return StepSplit(case.key, batch, 1000 * step, 1000 * timer.allreduce_s(batch))
 
 
 # ---- main ----------------------------------------------------------------------------

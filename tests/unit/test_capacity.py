@@ -152,6 +152,17 @@ def test_a_plan_ranks_the_options_by_the_cost_of_their_fleet(small_plan: tuple[o
     assert saved["chosen"]["gpu"] == plan.chosen.gpu  # type: ignore[union-attr]
 
 
+def test_the_plan_names_the_gpus_whose_ranks_share_pcie(small_plan: tuple[object, Path]) -> None:
+    plan, _ = small_plan
+    from tuner.capacity.plan import CapacityPlan
+
+    assert isinstance(plan, CapacityPlan)
+    split = {o.gpu for o in plan.options if o.tensor_parallel_size == 2 and o.replica is not None}
+    assert split == {"L4-24GB", "A100-40GB"}
+    pcie = [n for n in plan.notes if "no NVLink" in n]
+    assert len(pcie) == 1 and "L4-24GB" in pcie[0] and "A100-40GB" not in pcie[0], plan.notes
+
+
 def test_the_chosen_and_runner_up_deploy_their_fleet(small_plan: tuple[object, Path]) -> None:
     plan, out = small_plan
     from tuner.capacity.plan import CapacityPlan

@@ -330,6 +330,14 @@ def make_plan(
         for i, o in enumerate(serving)
     ]
     rest = [o for o in options if o.replica is None]
+    pcie = [g.name for g in gpus if g.nvlink_bytes_per_s is None and any(
+        o.gpu == g.name and o.tensor_parallel_size > 1 for o in final)]  # fmt: skip
+    if pcie:
+        notes.append(
+            f"{', '.join(pcie)} have no NVLink: their tensor-parallel options exchange "
+            "all-reduces over PCIe, at PCIe's rate in the twin; no published result checks "
+            "the twin there, so measure one before buying on it"
+        )
     if not final:
         notes.append("no option holds the SLO at any rate: loosen the SLO or add GPU types")
     unit = final[0].replica.goodput.unit.label if final and final[0].replica else ""

@@ -12,6 +12,12 @@ plus a fixed per-step overhead (scheduling, sampling, kernel launches; larger in
 eager mode), tensor-parallel all-reduces, and weights offloaded with
 ``--cpu-offload-gb`` crossing PCIe every step.
 
+With ``--tensor-parallel-size k`` every layer ends its attention and its MLP with an
+all-reduce of the step's activations (``tokens x hidden`` values). A ring all-reduce
+sends and receives ``2 (k - 1) / k`` of that per GPU, over NVLink where the GPU has it
+and over PCIe where it has not (``GpuSpec.peer_bytes_per_s``), at the share of the
+link's rate below, plus a fixed latency per all-reduce.
+
 Efficiency factors are stated here and nowhere else (``TimingFactors``; its defaults
 are typical of published vLLM measurements on Hopper: decode of an 8B model in bf16
 on one H100 runs at about 6-7 ms per step at small batch, 80% of HBM bandwidth, and
@@ -36,7 +42,14 @@ STEP_OVERHEAD_S = 0.0015  # scheduler, sampler, input preparation, CUDA-graph re
 EAGER_OVERHEAD_PER_LAYER_S = 0.00004  # kernel launches without CUDA graphs
 PER_SEQ_OVERHEAD_S = 0.000004  # per scheduled request: detokenize, output processing
 ALLREDUCE_LATENCY_S = 0.000008  # per all-reduce; two per layer with tensor parallelism
-NVLINK_BYTES_PER_S = 300e9
+# Achieved share of the link's per-direction rate by a step's all-reduces. NVLink: a
+# third, which keeps the twin's TP=2 H100 results where the published ones are
+# (benchmarks/twin_tensor_parallel.py). PCIe: half of Gen4 x16's 25 GB/s, within the
+# 10-28 GB/s ring all-reduce bus bandwidth reported for 8-GPU PCIe hosts (NVIDIA/nccl
+# issues 1530 and 1639, NVIDIA/nccl-tests issue 269); no published vLLM result over
+# PCIe checks it.
+NVLINK_ALLREDUCE_EFFICIENCY = 1 / 3
+PCIE_ALLREDUCE_EFFICIENCY = 0.5
 
 
 class TimingFactors(BaseModel):
@@ -147,6 +160,9 @@ class StepTimer:
             EAGER_OVERHEAD_PER_LAYER_S * model.num_layers if enforce_eager else 0.0
         )
         self.offload_s = cpu_offload_bytes / gpu.pcie_bandwidth_bytes_per_s
+        self.peer_bytes_per_s = gpu.peer_bytes_per_s * (
+            NVLINK_ALLREDUCE_EFFICIENCY if gpu.nvlink_bytes_per_s else PCIE_ALLREDUCE_EFFICIENCY
+        )
         self.dtype_bytes = model.dtype_bytes
         self.kv_dtype_bytes = kv_dtype_bytes(plan.kv_cache_dtype, model)
 
@@ -160,10 +176,16 @@ class StepTimer:
             self.weights_bytes + work.context_tokens * self.kv_bytes_per_token
         ) / self.bandwidth
         step = max(compute_s, memory_s) + self.overhead_s + self.per_seq_s * work.num_seqs
-        if self.tp > 1:
-            volume = 2 * work.num_tokens * self.hidden * self.dtype_bytes * self.layers * 2
-            step += 2 * self.layers * ALLREDUCE_LATENCY_S + volume / NVLINK_BYTES_PER_S
-        return step + self.offload_s
+        return step + self.allreduce_s(work.num_tokens) + self.offload_s
+
+    def allreduce_s(self, num_tokens: int) -> float:
+        """A step's tensor-parallel all-reduces: two per layer, each a ring over the
+        ranks of ``num_tokens x hidden`` activations; nothing with one rank."""
+        if self.tp == 1:
+            return 0.0
+        message_bytes = num_tokens * self.hidden * self.dtype_bytes
+        ring_bytes = 2 * (self.tp - 1) / self.tp * message_bytes
+        return 2 * self.layers * (ALLREDUCE_LATENCY_S + ring_bytes / self.peer_bytes_per_s)
 
     def swap_s(self, num_tokens: int, pcie_bytes_per_s: float) -> float:
         """Time to move num_tokens of KV cache between GPU and host memory."""

@@ -12,6 +12,11 @@ Figures are vendor datasheet values (dense, no sparsity) for bandwidth and FLOP/
 ``cuda_total_bytes`` is taken from vLLM startup logs where one showed it
 (``total_gpu_memory (79.19GiB)`` on H100 SXM) and otherwise estimated as NVML's
 total less the driver's usual reservation; ``source`` says which.
+``nvlink_bytes_per_s`` is the datasheet's NVLink rate per direction (half the
+bidirectional figure: A100 600 GB/s, H100 and H200 900, B200 1.8 TB/s) on the SXM parts;
+PCIe cards are planned without it (NVLink bridges are optional), so their
+tensor-parallel all-reduces cross PCIe. The A100-80GB preset also answers for the PCIe
+card's names and assumes the SXM part's NVLink.
 """
 
 from __future__ import annotations
@@ -41,10 +46,23 @@ class GpuSpec(BaseModel):
     pcie_bandwidth_bytes_per_s: float
     tdp_watts: float
     source: str
+    # NVLink between the GPUs of one server, per GPU and per direction (datasheet), or
+    # None where the GPU has none (or only an optional bridge): tensor-parallel ranks
+    # then exchange their all-reduces over PCIe.
+    nvlink_bytes_per_s: float | None = None
 
     @property
     def supports_fp8(self) -> bool:
         return self.fp8_dense_flops is not None
+
+    @property
+    def peer_bytes_per_s(self) -> float:
+        """The link a tensor-parallel all-reduce crosses: NVLink, else PCIe."""
+        return self.nvlink_bytes_per_s or self.pcie_bandwidth_bytes_per_s
+
+    @property
+    def peer_link(self) -> str:
+        return "NVLink" if self.nvlink_bytes_per_s else "PCIe"
 
 
 _FP8_KV = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -71,6 +89,7 @@ _PRESETS: tuple[GpuSpec, ...] = (
         pcie_bandwidth_bytes_per_s=25e9,
         tdp_watts=400,
         source="datasheet; cuda total from vLLM logs (39.39 GiB)",
+        nvlink_bytes_per_s=300e9,
     ),
     GpuSpec(
         name="A100-80GB",
@@ -92,6 +111,7 @@ _PRESETS: tuple[GpuSpec, ...] = (
         pcie_bandwidth_bytes_per_s=25e9,
         tdp_watts=400,
         source="datasheet; cuda total from vLLM logs (79.15 GiB)",
+        nvlink_bytes_per_s=300e9,
     ),
     GpuSpec(
         name="H100-80GB",
@@ -106,6 +126,7 @@ _PRESETS: tuple[GpuSpec, ...] = (
         pcie_bandwidth_bytes_per_s=50e9,
         tdp_watts=700,
         source="datasheet; cuda total from vLLM logs (79.19 GiB)",
+        nvlink_bytes_per_s=450e9,
     ),
     GpuSpec(
         name="H100-PCIe-80GB",
@@ -134,6 +155,7 @@ _PRESETS: tuple[GpuSpec, ...] = (
         pcie_bandwidth_bytes_per_s=50e9,
         tdp_watts=700,
         source="datasheet; NVML total seen on an H200 (143771 MiB); cuda total estimated",
+        nvlink_bytes_per_s=450e9,
     ),
     GpuSpec(
         name="L4-24GB",
@@ -232,6 +254,7 @@ _PRESETS: tuple[GpuSpec, ...] = (
         pcie_bandwidth_bytes_per_s=100e9,
         tdp_watts=1000,
         source="datasheet; NVML and cuda totals estimated",
+        nvlink_bytes_per_s=900e9,
     ),
 )
 
