@@ -53,6 +53,13 @@ def test_a_tune_over_two_gpus_compares_one_server_of_two_with_two_of_one(
     assert comparison.best is not None
     assert comparison.best.tensor_parallel_size == per_gpu_best
     assert "parallelism on 2 GPUs" in done.stdout
+    # the trial over two GPUs says what it holds per GPU, the one over one does not
+    trial_lines = {
+        int(line.split()[1]): line for line in done.stdout.splitlines() if line.startswith("trial ")
+    }
+    assert f"({goodput[2] / 2:.2f} per GPU)" in trial_lines[two], trial_lines
+    one = next(n for n in sizes if n != two)
+    assert "per GPU)" not in trial_lines[one].split("best")[0], trial_lines
 
     # the best trial is the best per GPU, and the recommendation deploys its size
     summary = json.loads((run_dir / "summary.json").read_text())

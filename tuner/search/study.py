@@ -1159,12 +1159,18 @@ class TrialLoop:
             at_least = best.user_attrs.get("goodput_bound") == GoodputBound.LOWER_BOUND
             arrivals = arrival_goodput(best)
             unit = _unit_of(best.user_attrs.get("goodput_unit"))
+            gpus = int(best.user_attrs.get("ranked_gpus") or 1)
+            per_gpu = f", {arrivals / gpus:.2f} per GPU" if gpus > 1 else ""
             best_text = (
-                f"best {'>=' if at_least else ''}{arrivals:.2f} {unit.label} (#{best.number})"
+                f"best {'>=' if at_least else ''}{arrivals:.2f} {unit.label} "
+                f"(#{best.number}{per_gpu})"
             )
         left = max(0.0, self.deadline_s - time.monotonic())
         if ev.verdict is Verdict.MET:
-            what = f"goodput {ev.stated_goodput.text()}  p99 TTFT {ev.p99_ttft_ms or 0:,.0f} ms"
+            what = f"goodput {ev.stated_goodput.text()}"
+            if ev.params.gpus > 1:  # the search ranks per GPU: say what this one holds
+                what += f" ({ev.stated_goodput.arrival_rate_per_s / ev.params.gpus:.2f} per GPU)"
+            what += f"  p99 TTFT {ev.p99_ttft_ms or 0:,.0f} ms"
         elif ev.failure is not None:
             what = f"{ev.failure.kind.value}"
         else:
