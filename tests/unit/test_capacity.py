@@ -85,6 +85,7 @@ def _tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["--gpus", "H100-80GB,Z9000"], "unknown GPU 'Z9000'; known GPUs:"),
         (["--tensor-parallel-size", "1,3"], "--tensor-parallel-size 3 does not divide"),
         (["--tensor-parallel-size", "two"], "accepted: a comma list of integers"),
+        (["--tensor-parallel-size", "8,16"], "16 is more GPUs than one node's 8"),
         (
             ["--gpus", "H100-80GB", "--price", "A100-80GB=1.5"],
             "not in the plan; accepted: H100-80GB",

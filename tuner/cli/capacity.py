@@ -14,6 +14,7 @@ from tuner.errors import ConfigError
 
 DEFAULT_GPUS = "A100-80GB,H100-80GB,H200-141GB,L40S-48GB,L4-24GB,B200-180GB"
 DEFAULT_TENSOR_PARALLEL = "1,2,4,8"
+GPUS_PER_NODE = 8  # an HGX/DGX node: the largest tensor-parallel group on one NVLink domain
 
 
 def add_parser(sub: Any) -> None:
@@ -101,8 +102,14 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     if args.tensor_parallel:
         sizes = _sizes(args.tensor_parallel, "--tensor-parallel-size")
         for tp in sizes:
+            if tp > GPUS_PER_NODE:
+                raise ConfigError(
+                    f"--tensor-parallel-size {tp} is more GPUs than one node's {GPUS_PER_NODE}: "
+                    "each replica of the plan is one server on one node, its all-reduces "
+                    f"within it; accepted: 1 to {GPUS_PER_NODE}"
+                )
             if heads % tp:
-                divisors = [str(d) for d in (1, 2, 4, 8, 16) if heads % d == 0]
+                divisors = [str(d) for d in range(1, GPUS_PER_NODE + 1) if heads % d == 0]
                 raise ConfigError(
                     f"--tensor-parallel-size {tp} does not divide {model.name}'s {heads} "
                     f"attention heads; accepted: {', '.join(divisors)}"
