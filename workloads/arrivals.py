@@ -38,7 +38,7 @@ from workloads.spec import (
     WarmupSpec,
     WorkloadError,
 )
-from workloads.traces import TraceRecord
+from workloads.traces import TraceRecord, recorded_pass_s
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -199,11 +199,9 @@ def trace_pass_s(records: Sequence[TraceRecord], rate_per_s: float | None) -> fl
     """How long one pass of a trace's replay lasts at ``rate_per_s`` (as recorded without)."""
     if not records:
         raise WorkloadError("the trace has no requests")
-    n = len(records)
     if rate_per_s is not None:
-        return n / rate_per_s
-    span = records[-1].arrival_s - records[0].arrival_s
-    return span + (span / (n - 1) if n > 1 and span > 0 else 1.0)
+        return len(records) / rate_per_s
+    return recorded_pass_s(records)
 
 
 def busiest_start_share(

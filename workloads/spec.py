@@ -41,7 +41,7 @@ from pydantic import (
 )
 
 from workloads.schedule import Api
-from workloads.traces import TraceError, resolve_trace
+from workloads.traces import TraceError, load_trace, recorded_rate_per_s, resolve_trace
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 
@@ -153,7 +153,13 @@ class TraceArrival(_Model):
 
     @property
     def mean_rate_per_s(self) -> float | None:
-        return self.rate_per_s
+        """``rate_per_s``, or the trace's own mean rate where it is replayed as recorded."""
+        if self.rate_per_s is not None:
+            return self.rate_per_s
+        try:
+            return recorded_rate_per_s(load_trace(resolve_trace(self.path)))
+        except TraceError as exc:
+            raise WorkloadError(str(exc)) from exc
 
 
 class ClosedArrival(_Model):
@@ -468,6 +474,9 @@ def builtin_workloads() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
 
 
+TRACE_SUFFIXES = (".csv", ".jsonl")  # what workloads.traces reads
+
+
 def load_workload(name_or_path: str | Path) -> WorkloadSpec:
     """A built-in workload by name (case-insensitive) or a YAML file."""
     text = str(name_or_path)
@@ -493,6 +502,13 @@ def load_workload(name_or_path: str | Path) -> WorkloadSpec:
             raise WorkloadError(
                 f"workload file {text!r} does not exist; or use a built-in workload: "
                 f"{', '.join(builtin_workloads())}"
+            )
+        if path.suffix.lower() in TRACE_SUFFIXES:
+            raise WorkloadError(
+                f"workload {text!r} is a trace, not a workload; accepted: a built-in workload "
+                f"({', '.join(builtin_workloads())}) or a YAML file; to replay the trace, a YAML "
+                f"with arrival: {{kind: trace, path: {path.resolve()}}} and prompt_tokens and "
+                "output_tokens {kind: trace}, as the built-in code workload does"
             )
     try:
         raw = path.read_text(encoding="utf-8")

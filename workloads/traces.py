@@ -24,6 +24,7 @@ import csv
 import functools
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -274,6 +275,21 @@ def load_trace(path: Path) -> tuple[TraceRecord, ...]:
     except OSError as exc:
         raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror}") from exc
     return _load_trace_cached(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def recorded_pass_s(records: Sequence[TraceRecord]) -> float:
+    """How long one pass of a trace lasts as recorded, looped: its span and one mean gap
+    before it starts again (1 s for a single request or a span of 0)."""
+    if not records:
+        raise TraceError("the trace has no requests")
+    n = len(records)
+    span = records[-1].arrival_s - records[0].arrival_s
+    return span + (span / (n - 1) if n > 1 and span > 0 else 1.0)
+
+
+def recorded_rate_per_s(records: Sequence[TraceRecord]) -> float:
+    """The trace's own mean rate, looped as recorded: its requests over one pass."""
+    return len(records) / recorded_pass_s(records)
 
 
 @functools.lru_cache(maxsize=8)

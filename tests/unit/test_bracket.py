@@ -28,7 +28,27 @@ def test_nothing_held_is_zero_and_the_descent_stops_at_its_floor() -> None:
         search(lambda r: calls.append(r) or False, 1.0, precision=0.05, max_runs=50, step=2.0)
         == 0.0
     )
-    assert min(calls) >= 1e-3 and len(calls) == 10  # 1, 1/2, ... 1/512
+    # 1, 1/2, 1/4, then the move squared up to 4x: 1/16, 1/64, 1/256; 1/1024 is past it
+    assert min(calls) >= 1e-3 and calls == [1.0, 0.5, 0.25, 0.0625, 0.015625, 0.00390625]
+
+
+@pytest.mark.parametrize(("capacity", "start"), [(0.38, 3.8), (40.0, 4.0), (1.0, 50.0)])
+def test_a_start_far_off_is_bracketed_within_the_screens_runs(
+    capacity: float, start: float
+) -> None:
+    """The capacity screen's search (steps of 25 %) from a start 10x or 50x off: steps of
+    25 % alone cover 1.25^8 = 6x in its runs and said no rate held (the built-in ``code``
+    workload on an H100); galloping, it finds the capacity to its precision."""
+    from tuner.capacity.option import MAX_RUNS, SCREEN_PRECISION, STEP
+
+    calls: list[float] = []
+
+    def held(rate: float) -> bool:
+        calls.append(rate)
+        return rate <= capacity
+
+    found = search(held, start, precision=SCREEN_PRECISION, max_runs=MAX_RUNS, step=STEP)
+    assert capacity / (1 + SCREEN_PRECISION) / 1.0001 <= found <= capacity, calls
 
 
 def test_runs_spent_give_the_best_rate_held_so_far() -> None:

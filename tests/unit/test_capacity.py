@@ -164,6 +164,34 @@ def test_the_plan_names_the_gpus_whose_ranks_share_pcie(small_plan: tuple[object
     assert len(pcie) == 1 and "L4-24GB" in pcie[0] and "A100-40GB" not in pcie[0], plan.notes
 
 
+def test_a_workload_far_below_its_declared_rate_still_finds_its_goodput() -> None:
+    """``code`` declares 4 req/s; llama-3.1-8b on an H100 holds about a tenth of it. The
+    screen, stepping 25 % at a time, once gave up and said no rate met the SLO; an L4
+    serves none of it (its longest prompts), and the plan still speaks in req/s."""
+    model = resolve_model("llama-3.1-8b")
+    workload = load_workload("code")
+    space = OptionSpace(
+        model=model, version=VllmVersion.current(), workload=workload, max_model_len=None,
+        workload_context=workload_context(model, workload)[1], safety_margin=0.02,
+    )  # fmt: skip
+    plan = make_plan(
+        space=space, gpus=[get_gpu("H100"), get_gpu("L4")], tensor_parallel_sizes=[1],
+        peak=5.0, headroom=0.2, prices={}, runs=[],
+    )  # fmt: skip
+    by_gpu = {o.gpu: o for o in plan.options}
+    h100 = by_gpu["H100-80GB"]
+    assert h100.status is OptionStatus.SERVES and h100.replica is not None, h100.failure
+    assert 0.1 < h100.replica.goodput.arrival_rate_per_s < 1.0  # a tenth of the declared 4
+    assert by_gpu["L4-24GB"].status is not OptionStatus.SERVES
+    assert plan.unit == "req/s"
+
+    nothing = make_plan(
+        space=space, gpus=[get_gpu("L4")], tensor_parallel_sizes=[1],
+        peak=5.0, headroom=0.2, prices={}, runs=[],
+    )  # fmt: skip
+    assert nothing.chosen is None and nothing.unit == "req/s"
+
+
 def test_the_chosen_and_runner_up_deploy_their_fleet(small_plan: tuple[object, Path]) -> None:
     plan, out = small_plan
     from tuner.capacity.plan import CapacityPlan

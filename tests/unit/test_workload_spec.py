@@ -127,6 +127,31 @@ def test_missing_file_is_one_line(tmp_path: Path) -> None:
         load_workload(tmp_path / "nope.yaml")
 
 
+def test_a_trace_replayed_as_recorded_has_its_own_rate_not_none(tmp_path: Path) -> None:
+    """Without ``rate_per_s`` a trace keeps its recorded pace; its rate is that pace (a
+    workload with no rate is a closed batch to the tuner, which has no peak to plan)."""
+    from workloads.arrivals import trace_pass_s
+    from workloads.traces import load_trace, resolve_trace
+
+    spec = load_workload(
+        write_yaml(tmp_path, minimal(arrival={"kind": "trace", "path": "builtin:azure-code"}))
+    )
+    records = load_trace(resolve_trace("builtin:azure-code"))
+    assert spec.mean_rate_per_s == pytest.approx(len(records) / trace_pass_s(records, None))
+    assert spec.with_rate(2.0).mean_rate_per_s == 2.0
+
+
+def test_a_trace_given_as_the_workload_says_how_to_replay_it() -> None:
+    trace = Path(__file__).parents[2] / "workloads" / "data"
+    path = next(trace.glob("*.csv"))
+    with pytest.raises(WorkloadError) as err:
+        load_workload(str(path))
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"workload {str(path)!r} is a trace, not a workload" in message
+    assert f"arrival: {{kind: trace, path: {path.resolve()}}}" in message
+
+
 def test_bad_arrival_kind_names_the_value_and_the_accepted_kinds(tmp_path: Path) -> None:
     message = error_of(tmp_path, minimal(arrival={"kind": "poison", "rate_per_s": 1}))
     assert message == (

@@ -41,7 +41,7 @@ from workloads.stationary import AnswerTimes, expected_turns, nearest_in_rate
 FP8_GAIN = 1.05  # an fp8 KV cache must serve 5 % more than auto to be chosen
 SCREEN_PRECISION = 0.10  # every option's goodput bracket, relative (the range is wider)
 FINAL_PRECISION = 0.05  # the chosen option's and the runner-up's
-MAX_RUNS = 9  # twin runs for one candidate's goodput
+MAX_RUNS = 12  # twin runs for one candidate's goodput at most (a start 50x off: 11)
 STEP = 1.25  # up or down from the start until the bracket closes on both sides
 WARMUP_S = 8.0  # each run's warm-up, virtual seconds (the run opens on its rate's sessions)
 WINDOW_S = 30.0  # each run's window, virtual seconds: at most this ...

@@ -37,6 +37,7 @@ from tuner.deploy import (
     vllm_config_yaml,
 )
 from tuner.drain import drain_timing
+from tuner.search.rate_search import GoodputUnit
 from tuner.search.recommend import settings_hash
 from tuner.search.space import TrialParams
 from tuner.vllm.gpus import GpuSpec, node_product_label
@@ -340,12 +341,12 @@ def make_plan(
         )
     if not final:
         notes.append("no option holds the SLO at any rate: loosen the SLO or add GPU types")
-    unit = final[0].replica.goodput.unit.label if final and final[0].replica else ""
+    unit = GoodputUnit.of(space.workload).label  # the peak's unit, whether or not any option serves
     return CapacityPlan(
         model=space.model.name, workload=space.workload.name,
         slo=[f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms"
              for o in space.workload.slo.objectives()],
-        unit=unit or "conversations/s", peak=peak, headroom=headroom,
+        unit=unit, peak=peak, headroom=headroom,
         vllm_version=str(space.version), prices_given=bool(prices),
         runs=[str(r.run_dir) for r in runs], options=[*final, *rest],
         chosen=final[0] if final else None, runner_up=final[1] if len(final) > 1 else None,

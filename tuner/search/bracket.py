@@ -14,6 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 FLOOR_PER_S = 1e-3  # the lowest rate a search tries, by default
+# A search still one-sided after its second run squares its move each run, up to this
+# factor: a start 10x off the capacity is bracketed in a few runs, not dozens.
+MAX_MOVE = 4.0
 
 # A bracket's ends within ``precision`` (relative) of each other, up to rounding.
 _CLOSE = 1.0001
@@ -76,14 +79,18 @@ def search(
 
     ``first_step``: the first move from ``rate_per_s`` (default ``step``). Where the start
     is a good estimate, ``1 + precision`` closes the bracket on the first two calls when
-    the rate is within it; later moves take ``step``."""
+    the rate is within it; the second move takes ``step``, and each later one while the
+    bracket is still one-sided the square of the one before, up to ``MAX_MOVE``."""
     bracket = RateBracket(precision)
     rate: float | None = rate_per_s
     move = first_step or step
-    for _ in range(max_runs):
+    gallop = step  # the next one-sided move after the first
+    for run in range(max_runs):
         if rate is None or rate < floor_per_s:
             break
         bracket.record(rate, held(rate))
+        if run > 0:
+            move = gallop
+            gallop = min(gallop * gallop, max(step, MAX_MOVE))
         rate = bracket.next_rate(up=move, down=move)
-        move = step
     return bracket.low or 0.0
