@@ -30,6 +30,7 @@ from tuner.search.bracket import FLOOR_PER_S, search
 from tuner.search.predict import Prediction, RunTexts, Setup, answer_times_of, steady_run
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
 from tuner.search.space import TrialParams
+from tuner.serving.window import needed_requests
 from tuner.sim.timing import TimingFactors
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import ServingParams, default_limits, plan
@@ -46,7 +47,10 @@ STEP = 1.25  # up or down from the start until the bracket closes on both sides
 WARMUP_S = 8.0  # each run's warm-up, virtual seconds (the run opens on its rate's sessions)
 WINDOW_S = 30.0  # each run's window, virtual seconds: at most this ...
 MIN_WINDOW_S = 8.0  # ... at least this, and otherwise long enough for
-WINDOW_REQUESTS = 800  # this many requests (a p99 of 8, the backlog guard's trend)
+WINDOW_REQUESTS = 800  # this many requests (a p99 of 8, the backlog guard's trend);
+# and never shorter than the SLO's tightest percentile needs (``needed_requests``: 200
+# for a p99), however long that takes at a low rate: a window of a few requests, or none,
+# met every percentile and held any rate low enough.
 UTILIZATION_STEP = 0.01
 
 
@@ -151,17 +155,23 @@ class _Search:
 
     def met(self, rate: float) -> bool:
         self.runs += 1
-        requests_per_s = rate * expected_turns(self.workload)
-        window = min(WINDOW_S, max(MIN_WINDOW_S, WINDOW_REQUESTS / max(requests_per_s, 1e-9)))
+        requests_per_s = max(rate * expected_turns(self.workload), 1e-9)
+        window = max(
+            min(WINDOW_S, max(MIN_WINDOW_S, WINDOW_REQUESTS / requests_per_s)),
+            needed_requests(self.workload) / requests_per_s,
+        )
         run = steady_run(
             self.setup, self.workload, rate, warmup_s=WARMUP_S, window_s=window,
             answer_times=nearest_in_rate(self.times, rate), texts=self.texts,
         )  # fmt: skip
+        # Held: the SLO met by requests measured in the window (none measured says nothing).
+        held = run.met and run.result is not None and run.result.num_requests > 0
         measured = answer_times_of(run.result)
-        if run.met and measured is not None:
+        if held:
             self.held[rate] = run
-            self.times[rate] = measured
-        return run.met
+            if measured is not None:
+                self.times[rate] = measured
+        return held
 
 
 def replica_at(
