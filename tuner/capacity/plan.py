@@ -335,7 +335,8 @@ def make_plan(
         o.gpu == g.name and o.tensor_parallel_size > 1 for o in final)]  # fmt: skip
     if pcie:
         notes.append(
-            f"{', '.join(pcie)} have no NVLink: their tensor-parallel options exchange "
+            f"{', '.join(pcie)} {'have' if len(pcie) > 1 else 'has'} no NVLink: "
+            "tensor-parallel options there exchange "
             "all-reduces over PCIe, at PCIe's rate in the twin; no published result checks "
             "the twin there, so measure one before buying on it"
         )
