@@ -41,12 +41,11 @@ from workloads.lengths import (
     IntArray,
     TraceColumn,
     lengths_for_rows,
-    read_trace_ref,
     sample_lengths,
 )
 from workloads.prompts import VOCABULARY, PromptBuilder, WordPromptBuilder, text_of
 from workloads.schedule import Api, ScheduledRequest
-from workloads.spec import SessionStart, TraceArrival, WorkloadError, WorkloadSpec
+from workloads.spec import SessionStart, TraceArrival, WorkloadError, WorkloadSpec, read_trace_ref
 from workloads.stationary import lead_rate_per_s, lookback_s
 from workloads.traces import TraceRecord, prefix_free_digits
 

@@ -30,8 +30,9 @@ from workloads.spec import (
     TurnsSpec,
     UniformLength,
     WorkloadError,
+    read_trace_ref,
 )
-from workloads.traces import TraceError, TraceRecord, load_trace, resolve_trace
+from workloads.traces import TraceRecord
 
 IntArray = npt.NDArray[np.int64]
 
@@ -45,14 +46,6 @@ def trace_column(records: Sequence[TraceRecord], column: TraceColumn) -> IntArra
     """One column of a trace, lengths at least 1."""
     values = [r.prompt_tokens if column is TraceColumn.PROMPT else r.output_tokens for r in records]
     return np.maximum(np.asarray(values, dtype=np.int64), 1)
-
-
-def read_trace_ref(ref: str) -> tuple[TraceRecord, ...]:
-    """The rows of a trace reference (a path or builtin:NAME) as a WorkloadError on failure."""
-    try:
-        return load_trace(resolve_trace(ref))
-    except TraceError as exc:
-        raise WorkloadError(str(exc)) from exc
 
 
 def sample_lengths(

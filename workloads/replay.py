@@ -14,8 +14,7 @@ reference run, the time-scale probe), so they measure the same requests.
 from __future__ import annotations
 
 from workloads.arrivals import busiest_start_share, trace_pass_s
-from workloads.lengths import read_trace_ref
-from workloads.spec import TraceArrival, WorkloadSpec
+from workloads.spec import TraceArrival, WorkloadSpec, read_trace_ref
 
 
 def pass_s(spec: WorkloadSpec) -> float | None:

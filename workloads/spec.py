@@ -41,13 +41,27 @@ from pydantic import (
 )
 
 from workloads.schedule import Api
-from workloads.traces import TraceError, load_trace, recorded_rate_per_s, resolve_trace
+from workloads.traces import (
+    TraceError,
+    TraceRecord,
+    load_trace,
+    recorded_rate_per_s,
+    resolve_trace,
+)
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 
 
 class WorkloadError(ValueError):
     """A workload spec or what it refers to is not usable; the message is one line."""
+
+
+def read_trace_ref(ref: str) -> tuple[TraceRecord, ...]:
+    """The rows of a trace reference (a path or builtin:NAME) as a WorkloadError on failure."""
+    try:
+        return load_trace(resolve_trace(ref))
+    except TraceError as exc:
+        raise WorkloadError(str(exc)) from exc
 
 
 class _Model(BaseModel):
@@ -156,10 +170,7 @@ class TraceArrival(_Model):
         """``rate_per_s``, or the trace's own mean rate where it is replayed as recorded."""
         if self.rate_per_s is not None:
             return self.rate_per_s
-        try:
-            return recorded_rate_per_s(load_trace(resolve_trace(self.path)))
-        except TraceError as exc:
-            raise WorkloadError(str(exc)) from exc
+        return recorded_rate_per_s(read_trace_ref(self.path))
 
 
 class ClosedArrival(_Model):
@@ -474,9 +485,6 @@ def builtin_workloads() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
 
 
-TRACE_SUFFIXES = (".csv", ".jsonl")  # what workloads.traces reads
-
-
 def load_workload(name_or_path: str | Path) -> WorkloadSpec:
     """A built-in workload by name (case-insensitive) or a YAML file."""
     text = str(name_or_path)
@@ -503,18 +511,32 @@ def load_workload(name_or_path: str | Path) -> WorkloadSpec:
                 f"workload file {text!r} does not exist; or use a built-in workload: "
                 f"{', '.join(builtin_workloads())}"
             )
-        if path.suffix.lower() in TRACE_SUFFIXES:
-            raise WorkloadError(
-                f"workload {text!r} is a trace, not a workload; accepted: a built-in workload "
-                f"({', '.join(builtin_workloads())}) or a YAML file; to replay the trace, a YAML "
-                f"with arrival: {{kind: trace, path: {path.resolve()}}} and prompt_tokens and "
-                "output_tokens {kind: trace}, as the built-in code workload does"
-            )
     try:
         raw = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise WorkloadError(f"workload {label}: cannot read it ({exc.strerror})") from exc
-    return parse_workload(raw, label=label, base_dir=path.resolve().parent, default_name=path.stem)
+    try:
+        return parse_workload(
+            raw, label=label, base_dir=path.resolve().parent, default_name=path.stem
+        )
+    except WorkloadError:
+        if not _reads_as_trace(path):
+            raise
+        raise WorkloadError(
+            f"workload {text!r} is a trace, not a workload; accepted: a built-in workload "
+            f"({', '.join(builtin_workloads())}) or a YAML file; to replay the trace, a YAML "
+            f"with arrival: {{kind: trace, path: {path.resolve()}}} and prompt_tokens and "
+            "output_tokens {kind: trace}, as the built-in code workload does"
+        ) from None
+
+
+def _reads_as_trace(path: Path) -> bool:
+    """Whether a file that is no workload is a trace ``workloads.traces`` reads."""
+    try:
+        load_trace(path)
+    except TraceError:
+        return False
+    return True
 
 
 def parse_workload(

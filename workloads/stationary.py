@@ -54,7 +54,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from workloads.lengths import TraceColumn, read_trace_ref, trace_column
+from workloads.lengths import TraceColumn, trace_column
 from workloads.schedule import ScheduledRequest
 from workloads.spec import (
     ClosedArrival,
@@ -72,6 +72,7 @@ from workloads.spec import (
     TurnsSpec,
     UniformLength,
     WorkloadSpec,
+    read_trace_ref,
 )
 from workloads.traces import TraceRecord
 

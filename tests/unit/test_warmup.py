@@ -14,8 +14,8 @@ from tests.programs import top_level_imports
 from tuner.errors import ConfigError
 from tuner.warmup import QUANTILES, WarmupPlan, warmup_plan, warmup_script
 from workloads.build import build_schedule
-from workloads.lengths import TraceColumn, read_trace_ref, sample_lengths, trace_column
-from workloads.spec import LengthSpec, WorkloadSpec, load_workload, parse_workload
+from workloads.lengths import TraceColumn, sample_lengths, trace_column
+from workloads.spec import LengthSpec, WorkloadSpec, load_workload, parse_workload, read_trace_ref
 
 COMPLETIONS = """
 name: lengths

@@ -16,7 +16,6 @@ from workloads.arrivals import (
     trace_arrivals,
     trace_pass_s,
 )
-from workloads.lengths import read_trace_ref
 from workloads.spec import (
     ClosedArrival,
     DiurnalArrival,
@@ -25,6 +24,7 @@ from workloads.spec import (
     RampArrival,
     TraceArrival,
     WarmupSpec,
+    read_trace_ref,
 )
 from workloads.traces import TraceRecord
 

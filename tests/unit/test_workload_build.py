@@ -282,7 +282,7 @@ class TestTraceBlocks:
         assert users[2][:400] != users[0][:400]
 
     def test_code_replays_the_azure_lengths(self) -> None:
-        from workloads.lengths import read_trace_ref
+        from workloads.spec import read_trace_ref
 
         trace = read_trace_ref("builtin:azure-code")
         schedule = build_schedule(load_workload("code"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workloads.lengths import TraceColumn, lengths_for_rows, read_trace_ref, sample_lengths
+from workloads.lengths import TraceColumn, lengths_for_rows, sample_lengths
 from workloads.spec import (
     FixedLength,
     LognormalLength,
@@ -14,6 +14,7 @@ from workloads.spec import (
     TraceLength,
     UniformLength,
     WorkloadError,
+    read_trace_ref,
 )
 
 

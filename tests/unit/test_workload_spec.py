@@ -152,6 +152,14 @@ def test_a_trace_given_as_the_workload_says_how_to_replay_it() -> None:
     assert f"arrival: {{kind: trace, path: {path.resolve()}}}" in message
 
 
+def test_a_trace_is_known_by_its_content_not_its_name(tmp_path: Path) -> None:
+    """As ``workloads.traces`` reads it: a JSONL trace saved as .txt is still a trace."""
+    path = tmp_path / "traffic.txt"
+    path.write_text('{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 3}\n')
+    with pytest.raises(WorkloadError, match="is a trace, not a workload; accepted: a built-in"):
+        load_workload(str(path))
+
+
 def test_bad_arrival_kind_names_the_value_and_the_accepted_kinds(tmp_path: Path) -> None:
     message = error_of(tmp_path, minimal(arrival={"kind": "poison", "rate_per_s": 1}))
     assert message == (
