@@ -48,7 +48,7 @@ def test_one_rank_has_no_all_reduce() -> None:
     ("name", "link"), [("H100-80GB", "NVLink"), ("L40S-48GB", "PCIe"), ("H100-PCIe-80GB", "PCIe")]
 )
 def test_each_gpu_names_the_link_its_ranks_share(name: str, link: str) -> None:
-    assert get_gpu(name).peer_link == link
+    assert ("NVLink" if get_gpu(name).nvlink_bytes_per_s else "PCIe") == link
 
 
 def test_pcie_only_gpus_pay_their_link_rate_for_the_same_all_reduce() -> None:

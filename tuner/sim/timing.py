@@ -15,7 +15,7 @@ eager mode), tensor-parallel all-reduces, and weights offloaded with
 With ``--tensor-parallel-size k`` every layer ends its attention and its MLP with an
 all-reduce of the step's activations (``tokens x hidden`` values). A ring all-reduce
 sends and receives ``2 (k - 1) / k`` of that per GPU, over NVLink where the GPU has it
-and over PCIe where it has not (``GpuSpec.peer_bytes_per_s``), at the share of the
+and over PCIe where it has not (``GpuSpec.nvlink_bytes_per_s``), at the share of the
 link's rate below, plus a fixed latency per all-reduce.
 
 Efficiency factors are stated here and nowhere else (``TimingFactors``; its defaults
@@ -160,8 +160,11 @@ class StepTimer:
             EAGER_OVERHEAD_PER_LAYER_S * model.num_layers if enforce_eager else 0.0
         )
         self.offload_s = cpu_offload_bytes / gpu.pcie_bandwidth_bytes_per_s
-        self.peer_bytes_per_s = gpu.peer_bytes_per_s * (
-            NVLINK_ALLREDUCE_EFFICIENCY if gpu.nvlink_bytes_per_s else PCIE_ALLREDUCE_EFFICIENCY
+        # the link the ranks' all-reduces cross, at the rate they achieve on it
+        self.peer_bytes_per_s = (
+            gpu.nvlink_bytes_per_s * NVLINK_ALLREDUCE_EFFICIENCY
+            if gpu.nvlink_bytes_per_s
+            else gpu.pcie_bandwidth_bytes_per_s * PCIE_ALLREDUCE_EFFICIENCY
         )
         self.dtype_bytes = model.dtype_bytes
         self.kv_dtype_bytes = kv_dtype_bytes(plan.kv_cache_dtype, model)

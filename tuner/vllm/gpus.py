@@ -55,15 +55,6 @@ class GpuSpec(BaseModel):
     def supports_fp8(self) -> bool:
         return self.fp8_dense_flops is not None
 
-    @property
-    def peer_bytes_per_s(self) -> float:
-        """The link a tensor-parallel all-reduce crosses: NVLink, else PCIe."""
-        return self.nvlink_bytes_per_s or self.pcie_bandwidth_bytes_per_s
-
-    @property
-    def peer_link(self) -> str:
-        return "NVLink" if self.nvlink_bytes_per_s else "PCIe"
-
 
 _FP8_KV = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 _NO_FP8_KV = ("auto",)
