@@ -158,7 +158,15 @@ class TwinSearch:
             self.done = True
             self.progress(
                 f"twin: no untried setting predicted above the best measured "
-                f"({bar:.2f}/s); the sampler draws the rest"
+                f"({_predicted(best_measured, bar)}; best untried "
+                f"{_predicted(point.params, rate)}); the sampler draws the rest"
             )
             return None
         return TwinPick(point.params, rate, point.rate_per_s)
+
+
+def _predicted(params: TrialParams, rate_per_s: float) -> str:
+    """A setting and the twin's goodput for it, per GPU too where it takes several (the
+    rankings compare per GPU)."""
+    share = f", {per_gpu(rate_per_s, params):.2f} per GPU" if params.gpus > 1 else ""
+    return f"{params.short()}: the twin predicts {rate_per_s:.2f}/s{share}"
