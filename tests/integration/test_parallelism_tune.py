@@ -59,6 +59,9 @@ def test_a_tune_over_two_gpus_compares_one_server_of_two_with_two_of_one(
     }
     assert f"({goodput[2] / 2:.2f} per GPU)" in trial_lines[two], trial_lines
     one = next(n for n in sizes if n != two)
+    # a trial that met counts itself in the best so far, the first one too
+    first = min(trial_lines)
+    assert f"(#{first}" in trial_lines[first].split("best", 1)[1], trial_lines
     assert "per GPU)" not in trial_lines[one].split("best")[0], trial_lines
 
     # the best trial is the best per GPU, and the recommendation deploys its size

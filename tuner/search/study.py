@@ -23,7 +23,7 @@ import re
 import socket
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -1153,7 +1153,9 @@ class TrialLoop:
         self.progress(f"memory model calibrated from {calibration.source}")
 
     def _line(self, number: int, ev: Evaluation) -> str:
-        best = best_trial(self.study)
+        # this trial is recorded but not yet complete: the best so far counts it too
+        running = [t for t in optuna_store.trials_in(self.study, TrialState.RUNNING) if t.number == number]  # fmt: skip
+        best = best_trial(self.study, also=running)
         best_text = "best -"
         if best is not None:
             at_least = best.user_attrs.get("goodput_bound") == GoodputBound.LOWER_BOUND
@@ -1295,12 +1297,13 @@ def arrival_goodput(trial: FrozenTrial) -> float:
     return float(attrs.get("goodput_arrival_rate_per_s", attrs.get("goodput")) or 0.0)
 
 
-def best_trial(study: Study) -> FrozenTrial | None:
+def best_trial(study: Study, also: Sequence[FrozenTrial] = ()) -> FrozenTrial | None:
     """The feasible trial with the highest goodput in the workload's unit, per GPU where
-    the tensor-parallel size is searched (ties: the higher throughput)."""
+    the tensor-parallel size is searched (ties: the higher throughput); among the complete
+    ones and ``also`` (a trial recorded but not yet told)."""
     feasible = [
         t
-        for t in optuna_store.trials_in(study, TrialState.COMPLETE)
+        for t in [*optuna_store.trials_in(study, TrialState.COMPLETE), *also]
         if t.user_attrs.get("verdict") == Verdict.MET.value
     ]
     if not feasible:
