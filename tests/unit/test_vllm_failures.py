@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tuner.vllm.classify import classify_failure, engine_death, parse_stats_line
+from tuner.search.evaluate import Evaluation, Verdict
+from tuner.search.space import TrialParams
+from tuner.search.study import _did_not_serve
+from tuner.serving.server import TrialOutcome
+from tuner.vllm.classify import (
+    classify_failure,
+    engine_death,
+    engine_death_failure,
+    parse_stats_line,
+)
 from tuner.vllm.failures import StartupFailureKind
 
 P = "(EngineCore_DP0 pid=1358) ERROR 09-03 00:36:27 [core.py:700] "
@@ -97,3 +108,98 @@ def test_stats_line_of_current_and_old_releases() -> None:
     )
     assert old is not None and old.preemptions == 0 and old.generation_throughput == 12.5
     assert parse_stats_line("INFO hello") is None
+
+
+FAILURE_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_logs" / "failures"
+
+
+def _log(name: str) -> str:
+    return (FAILURE_LOGS / name).read_text(encoding="utf-8")
+
+
+def test_runtime_oom_is_found_anywhere_after_the_death_notice() -> None:
+    # The V1 engine's traceback ends in the OOM 30 lines after the API server's notice.
+    death = engine_death(_log("f01-runtime-oom-after-death-notice-built.log"))
+    assert death is not None and death.startswith("CUDA out of memory. Tried to allocate 3.91 GiB")
+    failure = engine_death_failure(_log("f01-runtime-oom-after-death-notice-built.log"))
+    assert failure is not None and failure.kind is StartupFailureKind.RUNTIME_OOM
+    assert failure.kind.is_out_of_memory
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        # real logs: CUDA runtime error in graph capture, driver error in the weights' repack,
+        # NCCL's own wording, vLLM's sampler warm-up RuntimeError
+        ("r03-cudagraph-capture-oom-tp4-v0.8.5-0.9.0.log", StartupFailureKind.CUDA_OOM_WARMUP),
+        (
+            "r08-marlin-repack-driver-oom-rtx3090-tp1-v0.2x.log",
+            StartupFailureKind.WEIGHTS_DO_NOT_FIT,
+        ),
+        ("r01-qwen3-235b-a22b-tp8-nccl-oom-v0.8.x.log", StartupFailureKind.WEIGHTS_DO_NOT_FIT),
+        ("r02-sampler-warmup-oom-tp2-v0.8.x.log", StartupFailureKind.CUDA_OOM_PROFILING),
+        (
+            "r05-gpt-oss-120b-h100-negative-kv-v0.10.1.log",
+            StartupFailureKind.NO_MEMORY_FOR_CACHE_BLOCKS,
+        ),
+    ],
+)
+def test_every_cuda_out_of_memory_form_is_an_oom(name: str, kind: StartupFailureKind) -> None:
+    failure = classify_failure(_log(name))
+    assert failure is not None and failure.kind is kind and failure.kind.is_out_of_memory
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        P
+        + "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        P + "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+        "(EngineCore_DP0 pid=9) [W1104 11:31:40.118812391 CUDACachingAllocator.cpp:3933] memory "
+        "allocation failed with OOM on device 0 while trying to allocate 4194304000 bytes "
+        "(free: 1547173888, total: 85029158912).",
+        "(VllmWorker rank=7 pid=240) Cuda failure 'out of memory'",
+    ],
+)
+def test_library_and_allocator_oom_texts_are_oom(line: str) -> None:
+    failure = classify_failure(line)
+    assert failure is not None and failure.kind.is_out_of_memory
+    notice = (
+        "(APIServer pid=8) ERROR 09-03 00:41:00 [async_llm.py:480] AsyncLLM output_handler failed."
+    )
+    died = engine_death_failure(notice + "\n" + line)
+    assert died is not None and died.kind is StartupFailureKind.RUNTIME_OOM
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("r11-model-not-found-v0.8.x.log", StartupFailureKind.MODEL_NOT_FOUND),
+        ("f05-preset-name-not-a-repo-built.log", StartupFailureKind.MODEL_NOT_FOUND),
+        ("f04-gated-repo-no-token-built.log", StartupFailureKind.MODEL_ACCESS_DENIED),
+    ],
+)
+def test_hugging_face_hub_failures_are_named_and_not_oom(
+    name: str, kind: StartupFailureKind
+) -> None:
+    failure = classify_failure(_log(name))
+    assert failure is not None and failure.kind is kind and not failure.kind.is_out_of_memory
+    assert failure.error_type == "huggingface_hub"
+
+
+def test_a_startup_failure_line_names_the_cause_in_vllms_words() -> None:
+    failure = classify_failure(_log("f05-preset-name-not-a-repo-built.log"))
+    ev = Evaluation(
+        dir="/run/trial-0",
+        params=TrialParams(),
+        flags={},
+        verdict=Verdict.STARTUP_FAILED,
+        outcome=TrialOutcome.INVALID_CONFIG,
+        failure=failure,
+    )
+    assert _did_not_serve(ev) == (
+        "did not start: model not found on the Hugging Face hub: Invalid repository ID or local "
+        "directory specified: 'llama-3.1-8b'."
+    )
+    crashed = ev.model_copy(update={"failure": None, "outcome": TrialOutcome.CRASHED})
+    assert _did_not_serve(crashed).startswith("did not start: crashed, no cause in vLLM's log")

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tuner.errors import LogParseError
 from tuner.vllm.accuracy import LogCase, LogOrigin, evaluate, load_cases, transfer_rows
 from tuner.vllm.gpus import GiB, get_gpu
-from tuner.vllm.log import calibration_from_log, parse_startup_log
+from tuner.vllm.log import calibration_from_log, calibration_from_report, parse_startup_log
 from tuner.vllm.memory import MemoryComponent, ServingParams, plan
 from tuner.vllm.models import ModelSpec
 from tuner.vllm.versions import VllmVersion
@@ -110,3 +111,16 @@ def test_kv_memory_printed_in_bytes_is_read_exactly() -> None:
         "is 59212694937 bytes."
     )
     assert parse_startup_log(line).available_kv_bytes == 59212694937
+
+
+def test_kv_cache_memory_bytes_line_is_parsed_and_cannot_calibrate() -> None:
+    # --kv-cache-memory-bytes: vLLM reserves the size it was given and skips its profile.
+    text = (LOG_DIR / "failures" / "f06-kv-cache-memory-bytes-startup-built.log").read_text()
+    report = parse_startup_log(text)
+    assert report.kv_cache_size_given
+    assert report.available_kv_bytes == 8 * GiB  # the flag's exact value, printed as 8.00 GiB
+    assert report.initial_free_bytes == round(78.66 * GiB)
+    with pytest.raises(LogParseError, match="--kv-cache-memory-bytes"):
+        calibration_from_report(report, source="server.log")
+    profiled = parse_startup_log((LOG_DIR / CASES[0].file).read_text(encoding="utf-8"))
+    assert not profiled.kv_cache_size_given

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
 
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, LogParseError
 from tuner.rundir import RunLayout, evaluation_json
 from tuner.search import optuna_store
 from tuner.search.config import TuneConfig
@@ -1140,6 +1140,11 @@ class TrialLoop:
             calibration = calibration_from_report(
                 evaluation.startup, source=str(Path(evaluation.dir) / "server.log")
             )
+        except LogParseError as exc:  # say once why the first startup cannot calibrate
+            if "calibration_skipped" not in self.study.user_attrs:
+                self.study.set_user_attr("calibration_skipped", str(exc))
+                self.progress(f"memory model not calibrated: {exc}")
+            return
         except ConfigError:
             return
         except Exception:  # a log without the memory summary: keep the uncalibrated model
@@ -1173,14 +1178,26 @@ class TrialLoop:
             if ev.params.gpus > 1:  # the search ranks per GPU: say what this one holds
                 what += f" ({ev.stated_goodput.arrival_rate_per_s / ev.params.gpus:.2f} per GPU)"
             what += f"  p99 TTFT {ev.p99_ttft_ms or 0:,.0f} ms"
-        elif ev.failure is not None:
-            what = f"{ev.failure.kind.value}"
+        elif ev.failure is not None or ev.verdict in (Verdict.STARTUP_FAILED, Verdict.DIED):
+            what = _did_not_serve(ev)
         else:
             what = ev.backlog_note or "SLO missed at every rate"
         return (
             f"trial {number:>3}  {ev.params.short():<52} {ev.verdict.value:<14} {what:<44} "
             f"{best_text}  {left / 60:4.1f} min left"
         )
+
+
+def _did_not_serve(ev: Evaluation) -> str:
+    """A trial that did not serve: its outcome and vLLM's own words for why."""
+    lead = {
+        Verdict.SCREENED: "screened",
+        Verdict.DIED: "died under load",
+    }.get(ev.verdict, "did not start")
+    if ev.failure is not None:
+        return f"{lead}: {ev.failure.describe()}"
+    outcome = ev.outcome.value if ev.outcome is not None else ev.verdict.value
+    return f"{lead}: {outcome}, no cause in vLLM's log (see {Path(ev.dir) / 'server.log'})"
 
 
 def _twin_line(one: TrialFit) -> str:

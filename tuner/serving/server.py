@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict
 from tuner.errors import ConfigError, GpuReadError, GpuSamplingUnavailable
 from tuner.serving.gpu_sampler import GpuSource, wait_until_released
 from tuner.serving.processes import ChildRegistry
-from tuner.vllm.classify import classify_failure, engine_death, log_excerpt
-from tuner.vllm.failures import StartupFailure, StartupFailureKind
+from tuner.vllm.classify import classify_failure, engine_death_failure, log_excerpt
+from tuner.vllm.failures import StartupFailure
 from tuner.vllm.flags import FLAGS_BY_OPTION, accepted_options, command_line, serving_values
 from tuner.vllm.log import StartupReport, parse_startup_log
 from tuner.vllm.memory import ServingParams
@@ -381,14 +381,12 @@ class ServerProcess:
         if code is None and self._get("/health", timeout_s=2.0) == 200:
             return None
         text = self.log_text()
-        death = engine_death(text)
-        failure = None
-        if death is not None:
-            oom = "out of memory" in death.lower()
-            kind = StartupFailureKind.RUNTIME_OOM if oom else StartupFailureKind.ENGINE_DIED
-            failure = StartupFailure(kind=kind, error_type="EngineDeadError", message=death)
+        # RUNTIME_OOM for every CUDA/cuBLAS/NCCL/allocator OOM text, wherever it sits
+        failure = engine_death_failure(text)
         outcome = (
-            TrialOutcome.ENGINE_DIED if death is not None or code is None else TrialOutcome.CRASHED
+            TrialOutcome.ENGINE_DIED
+            if failure is not None or code is None
+            else TrialOutcome.CRASHED
         )
         return self._result(outcome, failure=failure, exit_code=code)
 

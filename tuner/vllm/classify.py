@@ -19,6 +19,26 @@ _WEIGHTS_LOADED = re.compile(r"Model loading took|Loading model weights took")
 _KV_SIZED = re.compile(r"Available KV cache memory|KV cache size:")
 
 _PATTERNS: tuple[tuple[re.Pattern[str], StartupFailureKind, str], ...] = (
+    # The Hugging Face hub, as vLLM prints huggingface_hub's errors (and wraps them in its
+    # own "Invalid repository ID ..." ValueError): a gated repo first, as its log holds the
+    # wrapper too; within each kind the most telling line first, for the message.
+    *(
+        (re.compile(text), StartupFailureKind.MODEL_ACCESS_DENIED, "huggingface_hub")
+        for text in (
+            r"Cannot access gated repo|You are trying to access a gated repo",
+            r"is restricted\. You must (?:have access to it and )?be authenticated",
+            r"GatedRepoError",
+        )
+    ),
+    *(
+        (re.compile(text), StartupFailureKind.MODEL_NOT_FOUND, "huggingface_hub")
+        for text in (
+            r"Invalid repository ID or local directory specified",
+            r"is not a local folder and is not a valid model identifier",
+            r"Repository Not Found for url",
+            r"RepositoryNotFoundError|HFValidationError: Repo id must",
+        )
+    ),
     (
         re.compile(r"Free memory on device.*is less than desired GPU memory utilization"),
         StartupFailureKind.BUDGET_ABOVE_FREE_MEMORY,
@@ -35,6 +55,12 @@ _PATTERNS: tuple[tuple[re.Pattern[str], StartupFailureKind, str], ...] = (
     ),
     (
         re.compile(r"No available memory for the cache blocks"),
+        StartupFailureKind.NO_MEMORY_FOR_CACHE_BLOCKS,
+        "ValueError",
+    ),
+    (
+        # The profile left a negative KV budget; vLLM's ValueError follows (0.10 on).
+        re.compile(r"Available KV cache memory: -[0-9.]+ GiB"),
         StartupFailureKind.NO_MEMORY_FOR_CACHE_BLOCKS,
         "ValueError",
     ),
@@ -101,11 +127,47 @@ _PATTERNS: tuple[tuple[re.Pattern[str], StartupFailureKind, str], ...] = (
         "ValueError",
     ),
 )
-_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError")
+# Every way CUDA, its libraries and torch say a device allocation failed: torch's
+# OutOfMemoryError ("CUDA out of memory"), a CUDA runtime or driver error, cuBLAS/cuDNN
+# failing to allocate a handle or workspace, NCCL's "Cuda failure 'out of memory'".
+_CUDA_OOM = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|CUDA (?:driver )?error: out of memory"
+    r"|Cuda failure '?out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
+    r"|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY",
+    re.IGNORECASE,
+)
+# torch's caching allocator, at WARNING: it flushes its cache and retries, and may then
+# succeed; so it names the cause only of a process that failed and said nothing stronger.
+_ALLOCATOR_OOM = re.compile(r"memory allocation failed with OOM on device")
 _ENGINE_DEATH = re.compile(
     r"EngineCore encountered a fatal error|Engine core proc .* died unexpectedly|EngineDeadError"
-    r"|EngineCore encountered an issue"
+    r"|EngineCore encountered an issue|AsyncLLM output_handler failed"
+    r"|Worker proc \S+ died unexpectedly"
 )
+# Frames of a startup traceback that tell its phase, outermost first in a traceback.
+_PHASE_FRAMES: tuple[tuple[re.Pattern[str], StartupFailureKind], ...] = (
+    (
+        re.compile(
+            r"\b(?:compile_or_warm_up_model|capture_model)\b|torch\.cuda\.graph\(|capture_end"
+        ),
+        StartupFailureKind.CUDA_OOM_WARMUP,
+    ),
+    (
+        re.compile(
+            r"\b(?:determine_available_memory|determine_num_available_blocks|profile_run"
+            r"|_dummy_sampler_run)\b"
+        ),
+        StartupFailureKind.CUDA_OOM_PROFILING,
+    ),
+    (
+        re.compile(
+            r"\b(?:load_model|load_weights|process_weights_after_loading|initialize_model)\b"
+        ),
+        StartupFailureKind.WEIGHTS_DO_NOT_FIT,
+    ),
+)
+_SERVING = re.compile(r"Application startup complete")  # the API server is up
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _STATS = re.compile(
     r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, Avg generation throughput: "
     r"(?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, Waiting: (?P<waiting>\d+) reqs"
@@ -119,12 +181,16 @@ def _clean(line: str) -> str:
 
 
 _LOG_PREFIX = re.compile(r"^.*?\[[\w./-]+:\d+\]\s*")
+_PROCESS_PREFIX = re.compile(r"^.*?\([^()]*\bpid=\d+[^()]*\)\s*")
 _EXCEPTION = re.compile(r"^(?:[\w.]*(?:Error|Exception): |Value error, )")
 
 
 def _message(line: str) -> str:
     """vLLM's message without the log prefix or the exception class."""
-    text = _LOG_PREFIX.sub("", _clean(line), count=1).strip()
+    text, n = _LOG_PREFIX.subn("", _clean(line), count=1)
+    if not n:  # a raw traceback line: only the process's "(EngineCore pid=N) " prefix
+        text = _PROCESS_PREFIX.sub("", text, count=1)
+    text = text.strip()
     return _EXCEPTION.sub("", text, count=1).strip()
 
 
@@ -135,33 +201,73 @@ def classify_failure(text: str) -> StartupFailure | None:
         for line in lines:
             if pattern.search(line):
                 return StartupFailure(kind=kind, error_type=error_type, message=_message(line))
-    for index, line in enumerate(lines):
-        if _CUDA_OOM.search(line):
-            before = lines[:index]
-            if any(_KV_SIZED.search(b) for b in before):
-                kind = StartupFailureKind.CUDA_OOM_WARMUP
-            elif any(_WEIGHTS_LOADED.search(b) for b in before):
-                kind = StartupFailureKind.CUDA_OOM_PROFILING
-            else:
-                kind = StartupFailureKind.WEIGHTS_DO_NOT_FIT
-            return StartupFailure(
-                kind=kind, error_type="torch.OutOfMemoryError", message=_message(line)
-            )
-    return None
+    index = _first(lines, _CUDA_OOM)
+    if index is None:
+        index = _first(lines, _ALLOCATOR_OOM)
+    if index is None:
+        return None
+    served = any(_SERVING.search(line) for line in lines[:index])
+    return StartupFailure(
+        kind=StartupFailureKind.RUNTIME_OOM if served else _startup_oom_phase(lines, index),
+        error_type="torch.OutOfMemoryError",
+        message=_message(lines[index]),
+    )
+
+
+def _first(lines: list[str], pattern: re.Pattern[str]) -> int | None:
+    return next((i for i, line in enumerate(lines) if pattern.search(line)), None)
+
+
+def _startup_oom_phase(lines: list[str], index: int) -> StartupFailureKind:
+    """In which startup phase the out-of-memory at ``lines[index]`` happened: from the
+    frames of its traceback (the outermost that tells), else from the milestones before."""
+    start = max(index - 400, 0)
+    for i in range(index - 1, start - 1, -1):
+        if _TRACEBACK.search(lines[i]):
+            start = i
+            break
+    for line in lines[start:index]:
+        for pattern, kind in _PHASE_FRAMES:
+            if pattern.search(line):
+                return kind
+    before = lines[:index]
+    if any(_KV_SIZED.search(b) for b in before):
+        return StartupFailureKind.CUDA_OOM_WARMUP
+    if any(_WEIGHTS_LOADED.search(b) for b in before):
+        return StartupFailureKind.CUDA_OOM_PROFILING
+    return StartupFailureKind.WEIGHTS_DO_NOT_FIT
+
+
+def engine_death_failure(text: str) -> StartupFailure | None:
+    """How the engine died while serving, if the log says it did: RUNTIME_OOM when any
+    out-of-memory text is in the log (a V1 engine prints the death notice first and the
+    traceback that ends in the OOM after it, or the other way round), else ENGINE_DIED
+    with vLLM's death notice."""
+    lines = [_clean(line) for line in text.splitlines()]
+    death = _first(lines, _ENGINE_DEATH)
+    if death is None:
+        return None
+    oom = _first(lines, _CUDA_OOM)
+    if oom is None:
+        oom = _first(lines, _ALLOCATOR_OOM)
+    if oom is not None:
+        return StartupFailure(
+            kind=StartupFailureKind.RUNTIME_OOM,
+            error_type="torch.OutOfMemoryError",
+            message=_message(lines[oom]),
+        )
+    return StartupFailure(
+        kind=StartupFailureKind.ENGINE_DIED,
+        error_type="EngineDeadError",
+        message=_message(lines[death]),
+    )
 
 
 def engine_death(text: str) -> str | None:
-    """The line in which vLLM reports its engine died while serving, if any."""
-    lines = [_clean(line) for line in text.splitlines()]
-    for index, line in enumerate(lines):
-        if _ENGINE_DEATH.search(line):
-            # The root cause (often a CUDA OOM) is printed near the death notice.
-            nearby = lines[max(index - 20, 0) : index + 20]
-            for candidate in nearby:
-                if _CUDA_OOM.search(candidate):
-                    return _message(candidate)
-            return _message(line)
-    return None
+    """The line in which vLLM reports its engine died while serving (its root cause, an
+    out-of-memory, where the log has one), if any."""
+    failure = engine_death_failure(text)
+    return failure.message if failure is not None else None
 
 
 def log_excerpt(text: str, *, around: str | None = None, lines: int = 20) -> str:

@@ -17,7 +17,12 @@ From 0.28 the memory summary is one budget line, ``Free memory on device (F/T Gi
 ... Actual usage is C GiB for consumed memory (weights + non-torch), A GiB for peak
 activation, and G GiB for CUDAGraph memory ... Current kv cache memory in use is K
 GiB.`` (K = requested - C - A); from 0.32 it is the only place K is printed (no
-``Available KV cache memory`` line).
+``Available KV cache memory`` line). Some releases print it only at DEBUG.
+
+Given ``--kv-cache-memory-bytes`` (0.11 on), vLLM skips the memory profile and prints
+``Initial free memory F GiB, reserved K GiB memory for KV Cache as specified by
+kv_cache_memory_bytes config and skipped memory profiling. ...`` instead: the KV size
+was given, not measured, so such a startup cannot calibrate the memory model.
 """
 
 from __future__ import annotations
@@ -75,6 +80,11 @@ RE_CONSUMED_DETAIL = re.compile(
 )
 # The KV memory vLLM sized, in the budget line (from 0.32 the only place it is printed).
 RE_CURRENT_KV = re.compile(rf"Current kv cache memory in use is {_NUM}\s*(GiB|bytes)")
+# --kv-cache-memory-bytes: vLLM reserved what it was given and did not profile.
+RE_KV_RESERVED = re.compile(
+    rf"(?:Initial free memory {_NUM}\s*GiB, )?reserved {_NUM}\s*GiB memory for KV Cache as "
+    r"specified by kv_cache_memory_bytes"
+)
 RE_PROFILE_RESULT = re.compile(
     rf"Total non KV cache memory: {_NUM}\s*GiB; torch peak memory increase: {_NUM}\s*GiB; "
     rf"non-torch forward increase memory: {_NUM}\s*GiB; weights memory: {_NUM}\s*GiB"
@@ -109,6 +119,10 @@ class StartupReport(BaseModel):
     kv_cache_device: str | None = None
     # --kv-cache-memory-bytes as given (vLLM's CPU build: the KV cache's exact size).
     kv_cache_memory_bytes: int | None = None
+    # The KV cache size was given (--kv-cache-memory-bytes) and vLLM skipped its memory
+    # profile: the log's KV size is not a measurement.
+    kv_cache_size_given: bool = False
+    initial_free_bytes: int | None = None  # free device memory vLLM saw before loading
     block_size: int | None = None
     max_concurrency: float | None = None
     max_concurrency_tokens: int | None = None
@@ -220,6 +234,11 @@ def parse_startup_log(text: str) -> StartupReport:
             # The same figure as "Available KV cache memory" (per rank; vLLM keeps the smallest).
             kv_now = int(m[1]) if m[2] == "bytes" else _gib_bytes(m[1])
             smallest("current_kv_bytes", kv_now)
+        if m := RE_KV_RESERVED.search(line):
+            found["kv_cache_size_given"] = True
+            if m[1] is not None:
+                once("initial_free_bytes", _gib_bytes(m[1]))
+            smallest("reserved_kv_bytes", _gib_bytes(m[2]))
         if m := RE_PROFILE_RESULT.search(line):
             once("activation_bytes", _gib_bytes(m[2]))
             once("non_torch_bytes", _gib_bytes(m[3]))
@@ -256,6 +275,12 @@ def parse_startup_log(text: str) -> StartupReport:
     current = found.pop("current_kv_bytes", None)
     if current is not None and "available_kv_bytes" not in found:
         found["available_kv_bytes"] = current
+    reserved = found.pop("reserved_kv_bytes", None)
+    if reserved is not None and "available_kv_bytes" not in found:
+        given = found.get("kv_cache_memory_bytes")
+        # Printed to 0.01 GiB: the flag's value where the two agree.
+        close = given is not None and abs(given - reserved) <= 0.005 * GiB
+        found["available_kv_bytes"] = given if close else reserved
     if found.pop("cpu_kv_explicit", False):
         _exact_cpu_kv_size(found)
     return StartupReport(**found)
@@ -282,17 +307,30 @@ def calibration_from_log(path: Path, *, cudagraph_in_budget: bool | None = None)
     )
 
 
+def calibration_skip_reason(report: StartupReport) -> str | None:
+    """Why this startup cannot calibrate the memory model, in one clause; None if it can."""
+    if report.kv_cache_size_given:
+        return (
+            "vLLM was given the KV cache size (--kv-cache-memory-bytes) and skipped its "
+            "memory profile, so its log measures no budget"
+        )
+    if report.available_kv_bytes is None and report.activation_bytes is None:
+        return (
+            "no vLLM memory summary found ('Available KV cache memory', 'Free memory on "
+            "device ... Current kv cache memory in use' or 'Memory profiling takes'); this "
+            "release may print it only at DEBUG (VLLM_LOGGING_LEVEL=DEBUG)"
+        )
+    if report.weights_bytes is None:
+        return "vLLM's log has no 'Model loading took X GiB' line"
+    return None
+
+
 def calibration_from_report(
     report: StartupReport, *, source: str, cudagraph_in_budget: bool | None = None
 ) -> Calibration:
-    if report.available_kv_bytes is None and report.activation_bytes is None:
-        raise LogParseError(
-            f"{source}: no vLLM memory summary found; a calibration log needs "
-            "'Available KV cache memory: X GiB', the 'Free memory on device ... Current kv cache "
-            "memory in use is X GiB' line or the 'Memory profiling takes' block"
-        )
-    if report.weights_bytes is None:
-        raise LogParseError(f"{source}: no 'Model loading took X GiB' line found")
+    if (reason := calibration_skip_reason(report)) is not None:
+        raise LogParseError(f"{source}: {reason}")
+    assert report.weights_bytes is not None  # calibration_skip_reason said so
     return Calibration(
         source=source,
         weights_bytes=report.weights_bytes,
