@@ -68,7 +68,12 @@ __all__ = [
     "warmup_job_manifests",
 ]
 
-CACHE_MOUNT_PATH = "/root/.cache/vllm"  # vLLM's default VLLM_CACHE_DIR in the official image
+# vLLM's cache (VLLM_CACHE_ROOT in vllm/envs.py; the compile cache is its
+# torch_compile_cache/): mounted at a path of its own and named in VLLM_CACHE_ROOT, so it
+# is used whatever user the pod runs as and whatever HOME is (vLLM's default,
+# ~/.cache/vllm, is /root/.cache/vllm only for root with HOME=/root).
+CACHE_MOUNT_PATH = "/var/cache/vllm"
+CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
 GPU_RESOURCE = "nvidia.com/gpu"
 LABEL_PREFIX = "vllm-capacity-tuner"
 HASH_KEY = f"{LABEL_PREFIX}/config-hash"
@@ -822,7 +827,7 @@ def _scripts_volume(cfg: DeploymentConfig) -> dict[str, Any]:
 
 def _serving_env(cfg: DeploymentConfig) -> list[dict[str, Any]]:
     """The vLLM container's environment: the cache directory, and the Secrets' keys."""
-    env: list[dict[str, Any]] = [{"name": "VLLM_CACHE_DIR", "value": CACHE_MOUNT_PATH}]
+    env: list[dict[str, Any]] = [{"name": CACHE_ROOT_ENV, "value": CACHE_MOUNT_PATH}]
     if cfg.api_key_secret is not None:
         env.append(_secret_env("VLLM_API_KEY", cfg.api_key_secret))
     if cfg.hf_token_secret is not None:
@@ -1271,7 +1276,8 @@ def _tuner_container(
         "args": args,
         "env": [
             _secret_env("TUNER_STORAGE", secret_ref),
-            {"name": "VLLM_CACHE_DIR", "value": CACHE_MOUNT_PATH},
+            # The tuner launches its servers with this cache (tuner.serving.server).
+            {"name": CACHE_ROOT_ENV, "value": CACHE_MOUNT_PATH},
         ],
         "resources": {"limits": {GPU_RESOURCE: 1}},
         "volumeMounts": [{"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH}],

@@ -285,3 +285,200 @@ def test_an_api_key_stays_in_the_environment_and_the_study_password_out_of_it(
     assert secret not in server.log_text()
     assert secret not in result.model_dump_json()
     assert secret not in (tmp_path / "children.json").read_text()
+
+
+# --- the startup timeout: no progress in the log, not a size formula --------------------
+
+# A stand-in for `vllm serve` where only its timing matters: it prints its startup as told
+# by FAKE_STARTUP, then answers /health as the file FAKE_CONTROL/health says (ok, slow: 3 s
+# late, hang: never, or a status code) and lists the model on /v1/models.
+FAKE_SERVER = r"""
+import http.server, json, os, pathlib, sys, time
+
+args = sys.argv[1:]
+port, model = int(args[args.index("--port") + 1]), args[args.index("--model") + 1]
+health = pathlib.Path(os.environ["FAKE_CONTROL"]) / "health"
+kind, _, seconds = os.environ.get("FAKE_STARTUP", "").partition(":")
+print("INFO starting", flush=True)
+if kind == "progress":
+    end, step = time.monotonic() + float(seconds), 0
+    while time.monotonic() < end:
+        print(f"INFO loading, step {step}", flush=True)
+        step += 1
+        time.sleep(0.25)
+elif kind == "silent":
+    print("Loading safetensors checkpoint shards:   0% Completed | 0/4", flush=True)
+    time.sleep(3600)
+elif kind == "chatty":
+    while True:
+        print("INFO still compiling", flush=True)
+        time.sleep(0.1)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/v1/models":
+            body = json.dumps({"data": [{"id": model}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        mode = health.read_text().strip() if health.exists() else "ok"
+        if mode == "slow":
+            time.sleep(3)
+        elif mode == "hang":
+            time.sleep(3600)
+        self.send_response(int(mode) if mode.isdigit() else 200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+server.daemon_threads = True
+print("INFO Application startup complete.", flush=True)
+server.serve_forever()
+"""
+
+
+def launch_fake(tmp_path: Path, startup: str, **kw: object) -> ServerProcess:
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_SERVER, encoding="utf-8")
+    spec = LaunchSpec(
+        backend=Backend.VLLM, model="fake-model", vllm_cmd=(sys.executable, str(script)),
+        env=(("FAKE_CONTROL", str(tmp_path)), ("FAKE_STARTUP", startup)), **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return ServerProcess(
+        spec, registry=ChildRegistry(tmp_path), log_path=tmp_path / "server.log", adapt=False
+    )
+
+
+def test_a_startup_that_keeps_printing_outlasts_the_silence_window(tmp_path: Path) -> None:
+    # 4 s of startup with a line every 0.25 s, against a 1-s silence window: a cold start
+    # that downloads and compiles for longer than any size formula allowed still starts.
+    server = launch_fake(tmp_path, "progress:4", startup_silence_s=1.0, startup_floor_s=1.0)
+    try:
+        result = server.wait_ready()
+        assert result.outcome is TrialOutcome.READY, result.log_excerpt
+        assert result.ready_s is not None and result.ready_s > 3.5
+    finally:
+        server.stop()
+
+
+def test_a_silent_startup_times_out_on_no_progress_and_says_after_what(tmp_path: Path) -> None:
+    server = launch_fake(tmp_path, "silent", startup_silence_s=1.0, startup_floor_s=1.5)
+    began = time.monotonic()
+    result = server.wait_ready()
+    took_s = time.monotonic() - began
+    assert result.outcome is TrialOutcome.STARTUP_TIMEOUT
+    assert 1.5 < took_s < 10
+    assert result.note is not None and result.note.startswith("no output for ")
+    assert "after 'Loading safetensors checkpoint shards:   0% Completed | 0/4'" in result.note
+    assert f"# tuner: startup timed out: {result.note}" in server.log_text()
+    assert server.pid is not None and not group_alive(server.pid)
+
+
+def test_a_startup_past_the_cap_times_out_however_much_it_prints(tmp_path: Path) -> None:
+    server = launch_fake(
+        tmp_path, "chatty", startup_silence_s=1.0, startup_floor_s=0.5, startup_timeout_s=2.0
+    )
+    result = server.wait_ready()
+    assert result.outcome is TrialOutcome.STARTUP_TIMEOUT
+    assert result.note is not None and "(the startup cap)" in result.note
+    assert "'INFO still compiling'" in result.note
+
+
+# --- a dead engine: exited, an error status, or no answer for a while -----------------------
+
+
+def test_a_slow_health_is_not_a_dead_engine_but_a_503_is(tmp_path: Path) -> None:
+    server = launch_fake(tmp_path, "progress:0")
+    try:
+        assert server.wait_ready().outcome is TrialOutcome.READY
+        (tmp_path / "health").write_text("slow")  # a loaded server answers 3 s late
+        began = time.monotonic()
+        assert server.engine_outcome() is None
+        assert time.monotonic() - began >= 3
+        (tmp_path / "health").write_text("503")  # vLLM's answer once its engine is dead
+        died = server.engine_outcome()
+        assert died is not None and died.outcome is TrialOutcome.ENGINE_DIED
+        assert died.note == "/health answered 503"
+    finally:
+        server.stop()
+
+
+def test_a_health_that_never_answers_is_a_dead_engine_after_the_window(tmp_path: Path) -> None:
+    server = launch_fake(tmp_path, "progress:0", health_silence_s=2.0)
+    try:
+        assert server.wait_ready().outcome is TrialOutcome.READY
+        (tmp_path / "health").write_text("hang")
+        began = time.monotonic()
+        died = server.engine_outcome()
+        assert 2 <= time.monotonic() - began < 6
+        assert died is not None and died.outcome is TrialOutcome.ENGINE_DIED
+        assert died.exit_code is None  # the process lives; its engine does not answer
+        assert died.note == "/health did not answer for 2 s while the process lived"
+    finally:
+        server.stop()
+
+
+# --- vLLM's cache: VLLM_CACHE_ROOT, where the compile cache lives --------------------------
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().partition("=")[::2] for item in raw if item)
+
+
+def _compiled(cache: Path) -> set[str]:
+    return {p.name for p in (cache / "torch_compile_cache").iterdir()}
+
+
+def test_the_server_gets_vllm_cache_root_and_a_warm_compile_cache_starts_faster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    cache = tmp_path / "cache"
+
+    def start(name: str, params: ServingParams) -> tuple[ServerProcess, float]:
+        server, _ = launch(
+            tmp_path / name, model="qwen2.5-7b", params=params, cache_dir=cache,
+            sim_compile_delay_s=2.0,
+        )  # fmt: skip
+        server.start()
+        assert server.pid is not None
+        env = _environ(server.pid)
+        assert env["VLLM_CACHE_ROOT"] == str(cache) and "VLLM_CACHE_DIR" not in env
+        try:
+            result = server.wait_ready()
+            assert result.outcome is TrialOutcome.READY, result.log_excerpt
+            assert result.ready_s is not None
+            return server, result.ready_s
+        finally:
+            server.stop()
+
+    base = ServingParams(max_model_len=4096, block_size=16)
+    cold, cold_s = start("cold", base)
+    assert "Compiling a graph" in cold.log_text() and len(_compiled(cache)) == 1
+    # gpu_memory_utilization is not in vLLM's compile hash: the same entry, loaded warm.
+    warm, warm_s = start("warm", base.model_copy(update={"gpu_memory_utilization": 0.8}))
+    assert "Directly load the compiled graph(s)" in warm.log_text()
+    assert cold_s - warm_s > 1.0 and len(_compiled(cache)) == 1
+    # The block size and the KV dtype are: each new pair compiles again.
+    start("block32", base.model_copy(update={"block_size": 32}))
+    start("fp8", base.model_copy(update={"kv_cache_dtype": "fp8"}))
+    assert len(_compiled(cache)) == 3
+
+
+def test_the_harness_vllm_cache_root_is_the_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tuning Job's mounted cache (VLLM_CACHE_ROOT in its pod) is where its servers compile.
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mounted"))
+    server, _ = launch(tmp_path, model="qwen2.5-7b", cache_dir=tmp_path / "run" / "vllm-cache")
+    assert server.cache_root() == tmp_path / "mounted"
+    monkeypatch.delenv("VLLM_CACHE_ROOT")
+    assert server.cache_root() == tmp_path / "run" / "vllm-cache"

@@ -291,7 +291,7 @@ def test_deployment_serves_the_flags_on_the_gpus_with_probes_and_drain() -> None
     assert drain.grace_period_s > drain_timing(None).settle_s + drain.bound_s  # room after
     assert pod["enableServiceLinks"] is False  # a Service named vllm would set VLLM_PORT
     env = {e["name"]: e for e in container["env"]}
-    assert env["VLLM_CACHE_DIR"]["value"] == CACHE_MOUNT_PATH
+    assert env["VLLM_CACHE_ROOT"]["value"] == CACHE_MOUNT_PATH
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts[CACHE_MOUNT_PATH] == "vllm-cache"
@@ -614,6 +614,33 @@ def test_tuning_job_is_an_indexed_job_of_one_gpu_workers_and_validates() -> None
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # shared by every worker
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
     assert {"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH} in container["volumeMounts"]
+
+
+@pytest.mark.parametrize("cache", ["pvc", "pvc:100Gi:nfs:rwx", "hostpath:/mnt/c"])
+def test_every_vllm_container_names_its_mounted_cache_in_vllm_cache_root(cache: str) -> None:
+    # vLLM reads VLLM_CACHE_ROOT (vllm/envs.py), never VLLM_CACHE_DIR; its default
+    # (~/.cache/vllm) follows HOME, so the mount must be named explicitly and its path must
+    # not be a home directory: a pod that runs as another user still uses the volume.
+    assert not CACHE_MOUNT_PATH.startswith(("/root", "/home", "~"))
+    cfg = make(cache_volume=cache, replicas=2)
+    for rollout in ("rolling", "blue-green"):
+        docs = docs_of(kubernetes_manifests(make(cache_volume=cache, rollout=rollout)))
+        docs += docs_of(warmup_job_manifests(cfg)) + job_docs(cache_volume=cache)
+        assert_valid_k8s(docs)
+        containers = [
+            c
+            for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet", "Job")
+            for c in d["spec"]["template"]["spec"]["containers"]
+        ]
+        launching = [c for c in containers if c["name"] != "warmup"]  # the warm-up only asks
+        assert len(launching) == 2
+        for container in launching:
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert "VLLM_CACHE_DIR" not in env
+            assert env["VLLM_CACHE_ROOT"] == CACHE_MOUNT_PATH
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            assert mounts[CACHE_MOUNT_PATH] == "vllm-cache"
 
 
 def test_storage_url_is_only_in_the_secret_and_the_job_reads_it_by_reference() -> None:

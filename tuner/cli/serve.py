@@ -46,7 +46,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cuda-visible-devices", help="CUDA_VISIBLE_DEVICES for the server")
     p.add_argument("--run-dir", type=Path, default=Path("runs/serve"), help="default runs/serve")
     p.add_argument(
-        "--startup-timeout", type=positive_float, help="seconds (default scales with model size)"
+        "--startup-timeout",
+        type=positive_float,
+        help="overall cap in seconds (default 3600); a startup whose log is silent for "
+        "600 s is given up on sooner",
     )
     p.add_argument("--sim-startup-delay", type=non_negative_float, default=1.0)
     p.add_argument(

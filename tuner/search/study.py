@@ -38,6 +38,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, Prog
 from tuner.errors import ConfigError, LogParseError
 from tuner.rundir import RunLayout, evaluation_json
 from tuner.search import optuna_store
+from tuner.search.compile_cache import CompileLaunches
 from tuner.search.config import TuneConfig
 from tuner.search.context import StudySetup, TuneContext, auto_stream_fraction, auto_time_scale
 from tuner.search.evaluate import Evaluation, Verdict, evaluate
@@ -67,7 +68,7 @@ from tuner.search.twin_fit import (
 from tuner.search.twin_search import TwinSearch
 from tuner.serving.load import plan_schedule
 from tuner.serving.processes import ChildRegistry
-from tuner.serving.server import Backend
+from tuner.serving.server import Backend, server_cache_root
 from tuner.serving.window import MIN_WINDOW_S
 from tuner.vllm.log import calibration_from_report
 from tuner.vllm.memory import Calibration
@@ -740,6 +741,8 @@ class TrialLoop:
         self._predicted: dict[str, SustainedRate] = {}
         self._current_trial: int | None = None
         self.twin = TwinSearch(ctx, progress)
+        # What each new (block size, KV dtype) costs: its first launch compiles.
+        self.compile_launches = CompileLaunches(server_cache_root(ctx.run_dir / "vllm-cache"))
 
     # -- set-up shared by every worker --------------------------------------------------------
 
@@ -983,6 +986,7 @@ class TrialLoop:
             )
         start = self.start_rate(params)
         predicted = self.prediction(params)
+        compiled_before = self.compile_launches.entries()
         evaluation = evaluate(
             ctx, self.setup, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
             predicted_rate_per_s=(predicted.rate_per_s or None) if predicted else None,
@@ -991,7 +995,11 @@ class TrialLoop:
         self._calibrate(evaluation)
         self._learn(trial.number, params, evaluation, predicted)
         record(trial, evaluation, role=role)
-        self.progress(self._line(trial.number, evaluation))
+        line = self._line(trial.number, evaluation)
+        compiled = self.compile_launches.launched(
+            params, evaluation.startup_s, before=compiled_before
+        )
+        self.progress(line if compiled is None else f"{line}\n{'':>9}{compiled}")
         return objective_values(ctx.config.objective, evaluation)
 
     def start_rate(self, params: TrialParams) -> float | None:

@@ -7,6 +7,14 @@ server runs in its own process group with its output in ``server.log``; it is
 ready when ``/health`` answers 200 and ``/v1/models`` lists the model. If the
 process exits first, its log says why, and the failure is classified within a
 polling interval (0.1 s) of the exit.
+
+A startup is given up on when its log stops growing (no byte written to
+``server.log`` for ``STARTUP_SILENCE_S``, once ``STARTUP_FLOOR_S`` have passed) or
+at the overall cap, never on a size formula: a cold start downloads the weights
+and compiles before it prints again. A serving engine is dead when its process
+exited, ``/health`` answers an error status (vLLM answers 503 once its engine
+died) or nothing answers for ``HEALTH_SILENCE_S`` while the process lives; a
+slow ``/health`` under load is not death.
 """
 
 from __future__ import annotations
@@ -43,8 +51,18 @@ from tuner.vllm.versions import VllmVersion
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.1
-# vLLM's CPU build compiles the model with inductor on a few cores: minutes, not seconds.
-CPU_BUILD_STARTUP_TIMEOUT_S = 600.0
+# vLLM's startup: the hub download, weight loading and the first torch.compile print
+# little for minutes (engine init alone takes 100-250 s for small models in real v1 logs),
+# so a startup is judged by whether its log still grows, not by how long it has taken.
+STARTUP_SILENCE_S = 600.0  # no byte written to server.log for this long: stuck
+STARTUP_FLOOR_S = 900.0  # never given up on for silence sooner than this after launch
+STARTUP_CAP_S = 3600.0  # given up on at this age however much it prints
+SIM_STARTUP_MARGIN_S = 60.0  # the simulated engine: its own pauses plus this
+# While serving: how long /health may stay unanswered while the process lives, and how
+# long one /health request may take (a loaded server answers late, not never).
+HEALTH_SILENCE_S = 30.0
+HEALTH_REQUEST_TIMEOUT_S = 10.0
+CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"  # vllm/envs.py; the compile cache is its torch_compile_cache/
 API_KEY_ENV = "VLLM_API_KEY"
 
 
@@ -79,6 +97,16 @@ class DroppedFlag:
 
 
 @dataclass(frozen=True)
+class StartupLimits:
+    """When a startup is given up on: no output for ``silence_s`` once ``floor_s`` have
+    passed since launch, or ``cap_s`` after launch whatever it prints."""
+
+    silence_s: float
+    floor_s: float
+    cap_s: float
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     """Everything needed to start one server; the same for both backends."""
 
@@ -94,10 +122,14 @@ class LaunchSpec:
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
     cuda_visible_devices: str | None = None
-    cache_dir: Path | None = None  # VLLM_CACHE_DIR, shared by every trial of a run
+    cache_dir: Path | None = None  # VLLM_CACHE_ROOT, shared by every trial of a run
     env: tuple[tuple[str, str], ...] = ()
-    startup_timeout_s: float | None = None
+    startup_timeout_s: float | None = None  # the overall cap (default STARTUP_CAP_S)
+    startup_silence_s: float | None = None  # no log output for this long: timed out
+    startup_floor_s: float | None = None  # ... but never sooner than this after launch
+    health_silence_s: float = HEALTH_SILENCE_S
     sim_startup_delay_s: float = 1.0
+    sim_compile_delay_s: float | None = None  # sim-serve --compile-delay (a cold compile)
     sim_time_scale: float = 1.0
     sim_step_costs: str | None = None  # sim-serve --step-costs: an engine the twin has not seen
     sim_gpu_count: int | None = None  # sim-serve --gpu-count: the virtual host's GPUs
@@ -131,6 +163,9 @@ class StartupResult(BaseModel):
     command: list[str]
     dropped_flags: list[str] = []
     base_url: str
+    # What the harness saw, where vLLM's log does not say it: which startup timeout
+    # fired, why a serving engine counts as dead.
+    note: str | None = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -260,6 +295,8 @@ class ServerProcess:
                 "--startup-delay", str(spec.sim_startup_delay_s),
                 "--time-scale", str(spec.sim_time_scale),
             ]  # fmt: skip
+            if spec.sim_compile_delay_s is not None:
+                tail += ["--compile-delay", str(spec.sim_compile_delay_s)]
             if spec.sim_step_costs:
                 tail += ["--step-costs", spec.sim_step_costs]
             if spec.sim_gpu_count is not None:
@@ -289,13 +326,18 @@ class ServerProcess:
             *spec.extra_args,
         ]
 
+    def cache_root(self) -> Path | None:
+        """The server's VLLM_CACHE_ROOT (``server_cache_root``)."""
+        return server_cache_root(self.spec.cache_dir, dict(self.spec.env))
+
     def _env(self) -> dict[str, str]:
         # The harness's own settings stay out of the server's environment: TUNER_STORAGE
         # holds the study database's password.
         env = {key: value for key, value in os.environ.items() if not key.startswith("TUNER_")}
-        if self.spec.cache_dir is not None:
-            self.spec.cache_dir.mkdir(parents=True, exist_ok=True)
-            env["VLLM_CACHE_DIR"] = str(self.spec.cache_dir)
+        cache_root = self.cache_root()
+        if cache_root is not None:
+            cache_root.mkdir(parents=True, exist_ok=True)
+            env[CACHE_ROOT_ENV] = str(cache_root)
         if self.spec.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.spec.cuda_visible_devices
         flag_sized = self.cpu_build and "--kv-cache-memory-bytes" in self.command
@@ -345,19 +387,31 @@ class ServerProcess:
         except OSError:
             return ""
 
-    def startup_timeout_s(self) -> float:
-        if self.spec.startup_timeout_s is not None:
-            return self.spec.startup_timeout_s
-        if self.spec.backend is Backend.SIM:
-            return 60.0 + self.spec.sim_startup_delay_s
-        timeout_s = _vllm_timeout_s(self.spec.model, self.spec.params.tensor_parallel_size)
-        return max(timeout_s, CPU_BUILD_STARTUP_TIMEOUT_S) if self.cpu_build else timeout_s
+    def startup_limits(self) -> StartupLimits:
+        """When a startup is given up on: silence in its log, and the overall cap."""
+        spec = self.spec
+        if spec.backend is Backend.SIM:
+            # The simulated engine is silent through its own pauses: loading, a cold compile.
+            compile_s = (
+                spec.sim_startup_delay_s
+                if spec.sim_compile_delay_s is None
+                else spec.sim_compile_delay_s
+            )
+            quiet_s = SIM_STARTUP_MARGIN_S + spec.sim_startup_delay_s + compile_s
+            silence_s, floor_s = quiet_s, quiet_s
+        else:
+            silence_s, floor_s = STARTUP_SILENCE_S, STARTUP_FLOOR_S
+        cap_s = STARTUP_CAP_S if spec.startup_timeout_s is None else spec.startup_timeout_s
+        silence_s = silence_s if spec.startup_silence_s is None else spec.startup_silence_s
+        floor_s = floor_s if spec.startup_floor_s is None else spec.startup_floor_s
+        return StartupLimits(silence_s=silence_s, floor_s=min(floor_s, cap_s), cap_s=cap_s)
 
     def wait_ready(self) -> StartupResult:
-        """Block until the server is ready, has failed, or the startup timeout passes."""
+        """Block until the server is ready, has failed, or its startup stalled (no output
+        for the silence window, after the floor) or passed the overall cap."""
         if self._proc is None:
             self.start()
-        deadline = self._started_s + self.startup_timeout_s()
+        limits = self.startup_limits()
         while True:
             code = self.exit_code()
             if code is not None:
@@ -369,17 +423,55 @@ class ServerProcess:
                     report=parse_startup_log(text),
                     ready_s=time.monotonic() - self._started_s,
                 )
-            if time.monotonic() > deadline:
+            note = self._stalled(limits)
+            if note is not None:
                 failure = classify_failure(self.log_text())
                 self.stop()
-                return self._result(TrialOutcome.STARTUP_TIMEOUT, failure=failure)
+                self._note_in_log(f"startup timed out: {note}")
+                return self._result(TrialOutcome.STARTUP_TIMEOUT, failure=failure, note=note)
             time.sleep(POLL_INTERVAL_S)
 
-    def engine_outcome(self) -> StartupResult | None:
-        """While serving: None if healthy, else how the engine died."""
-        code = self.exit_code()
-        if code is None and self._get("/health", timeout_s=2.0) == 200:
+    def _stalled(self, limits: StartupLimits) -> str | None:
+        """Why the startup is given up on now, or None while it may still come up."""
+        age_s = time.monotonic() - self._started_s
+        if age_s > limits.cap_s:
+            return (
+                f"not ready {limits.cap_s:.0f} s after launch (the startup cap), last line "
+                f"{_last_line(self.log_text())!r}"
+            )
+        if age_s <= limits.floor_s:
             return None
+        try:
+            silent_s = time.time() - self.log_path.stat().st_mtime
+        except OSError:
+            silent_s = age_s
+        if silent_s <= limits.silence_s:
+            return None
+        return f"no output for {silent_s:.0f} s after {_last_line(self.log_text())!r}"
+
+    def engine_outcome(self) -> StartupResult | None:
+        """While serving: None if healthy, else how the engine died.
+
+        Dead is a process that exited, a ``/health`` that answers an error status (vLLM
+        answers 503 once its engine is dead), or no answer at all for
+        ``spec.health_silence_s`` while the process lives; a slow answer is retried."""
+        window_s = self.spec.health_silence_s
+        began = time.monotonic()
+        note: str | None = None
+        while (code := self.exit_code()) is None:
+            left_s = window_s - (time.monotonic() - began)
+            timeout_s = max(POLL_INTERVAL_S, min(HEALTH_REQUEST_TIMEOUT_S, left_s))
+            status = self._get("/health", timeout_s=timeout_s)
+            if status == 200:
+                return None
+            if status is not None:
+                note = f"/health answered {status}"
+                break
+            if time.monotonic() - began >= window_s:
+                note = f"/health did not answer for {window_s:.0f} s while the process lived"
+                break
+            time.sleep(POLL_INTERVAL_S)
+        code = self.exit_code()
         text = self.log_text()
         # RUNTIME_OOM for every CUDA/cuBLAS/NCCL/allocator OOM text, wherever it sits
         failure = engine_death_failure(text)
@@ -388,7 +480,16 @@ class ServerProcess:
             if failure is not None or code is None
             else TrialOutcome.CRASHED
         )
-        return self._result(outcome, failure=failure, exit_code=code)
+        if code is not None:
+            note = f"the server exited with code {code}"
+        return self._result(outcome, failure=failure, exit_code=code, note=note)
+
+    def _note_in_log(self, note: str) -> None:
+        try:
+            with self.log_path.open("a", encoding="utf-8") as out:
+                out.write(f"# tuner: {note}\n")
+        except OSError:
+            log.warning("%s (not written to %s)", note, self.log_path)
 
     def stop(self, grace_s: float = 10.0, release_timeout_s: float = 60.0) -> None:
         """Stop the server's process group; with a memory source, return only once the
@@ -447,6 +548,7 @@ class ServerProcess:
         report: StartupReport | None = None,
         ready_s: float | None = None,
         exit_code: int | None = None,
+        note: str | None = None,
     ) -> StartupResult:
         text = self.log_text()
         around = failure.message[:40] if failure else None
@@ -461,6 +563,7 @@ class ServerProcess:
             command=self.command,
             dropped_flags=[f"{d.flag}: {d.reason}" for d in self.dropped],
             base_url=self.base_url,
+            note=note,
         )
 
     def _ready(self) -> bool:
@@ -494,14 +597,20 @@ class ServerProcess:
             return None
 
 
-def _vllm_timeout_s(model: str, tp: int) -> float:
-    """Startup time grows with the weights to load: 2 minutes plus 15 s per GiB per rank."""
-    from tuner.errors import TunerError
-    from tuner.vllm.memory import weights_bytes
-    from tuner.vllm.models import resolve_model
+def server_cache_root(cache_dir: Path | None, env: dict[str, str] | None = None) -> Path | None:
+    """A server's VLLM_CACHE_ROOT: the one its launch environment or the harness's own
+    sets (a tuning Job's mounted cache, a user's shared cache), else ``cache_dir`` (a
+    run's ``vllm-cache/``); None: vLLM's default (~/.cache/vllm)."""
+    given = (env or {}).get(CACHE_ROOT_ENV) or os.environ.get(CACHE_ROOT_ENV)
+    if given:
+        return Path(given).expanduser().absolute()
+    return cache_dir
 
-    try:
-        spec = resolve_model(model)
-    except TunerError:
-        return 900.0
-    return 120.0 + 15.0 * weights_bytes(spec, tp) / (1 << 30)
+
+def _last_line(text: str, limit: int = 160) -> str:
+    """The log's last line as a terminal shows it (a progress bar's latest redraw)."""
+    for line in reversed(text.splitlines()):
+        shown = line.rsplit("\r", 1)[-1].strip()
+        if shown:
+            return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+    return ""

@@ -28,8 +28,10 @@ from tuner.errors import ConfigError
 from tuner.sim import flag_values as check
 from tuner.sim.blocks import EvictionPolicy
 from tuner.sim.build import SimOptions, build_engine
+from tuner.sim.compile_cache import CompileCache
 from tuner.sim.engine import SimEngine
 from tuner.sim.serve_log import (
+    COMPILE_BACKBONE_DIR,
     Process,
     ServerIdentity,
     VllmLog,
@@ -44,6 +46,7 @@ from tuner.sim.serve_log import (
     log_server_start,
     log_server_stop,
     log_startup_failure,
+    log_torch_compile,
 )
 from tuner.sim.timing import TimingFactors
 from tuner.vllm import messages as msg
@@ -60,6 +63,8 @@ API_KEY_ENV = "VLLM_API_KEY"  # vLLM's: the key when --api-key is not given
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 LOADING_SHARE = 0.6  # of --startup-delay spent loading weights; the rest profiling and graphs
+COLD_COMPILE_SHARE = 0.5  # default --compile-delay: a cold torch.compile, of --startup-delay
+WARM_COMPILE_SHARE = 0.1  # loading the compiled graphs from the cache, of --compile-delay
 SHUTDOWN_GRACE_S = 0.5  # in-flight requests may finish this long after SIGTERM
 LISTEN_BACKLOG = 2048
 DEFAULT_GPU_COUNT = 8  # the virtual host: one node of eight GPUs
@@ -134,6 +139,17 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
         help="seconds of weight loading and compilation before serving (default 1.0)",
     )
     sim.add_argument(
+        "--compile-delay",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a cold torch.compile adds to the startup (default: "
+        f"{COLD_COMPILE_SHARE:g} x --startup-delay); the compiled graphs are kept in "
+        "$VLLM_CACHE_ROOT/torch_compile_cache/ as vLLM keeps them, and a later start with "
+        "the same compile key (model, block size, KV-cache dtype, tensor-parallel size) "
+        f"loads them in {WARM_COMPILE_SHARE:g} x that",
+    )
+    sim.add_argument(
         "--step-costs",
         metavar="FACTORS",
         help="the virtual GPU's own step costs, e.g. mfu=0.4,mbu=0.55,step_overhead_ms=4.5 "
@@ -179,6 +195,7 @@ class _Launch:
     identity: ServerIdentity
     non_default_args: dict[str, object]
     startup_delay_s: float
+    compile_delay_s: float  # a cold torch.compile
     time_scale: float
     step_costs: TimingFactors | None
     gpu_count: int  # GPUs of the virtual host
@@ -237,6 +254,7 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
     except ValueError as exc:
         raise ConfigError(f"--step-costs: {exc}") from None
     check.non_negative_number("--startup-delay", args.startup_delay)
+    check.non_negative_number("--compile-delay", args.compile_delay)
     check.non_negative_number("--swap-space", swap_space_gib)
     check.non_negative_number("--cpu-offload-gb", args.cpu_offload_gb)
     if args.gpu_count < 1:
@@ -294,6 +312,11 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
         identity=identity,
         non_default_args=non_default,
         startup_delay_s=args.startup_delay,
+        compile_delay_s=(
+            args.startup_delay * COLD_COMPILE_SHARE
+            if args.compile_delay is None
+            else args.compile_delay
+        ),
         time_scale=args.time_scale,
         step_costs=step_costs,
         gpu_count=args.gpu_count,
@@ -369,6 +392,9 @@ async def _start_engine(
         return plan, None
     await _pause(stop, load_s)
     log_model_loading(vllm_log, plan, time.monotonic() - started)
+    compile_s = 0.0
+    if not launch.params.enforce_eager:
+        compile_s = await _torch_compile(launch, plan, vllm_log, stop)
     await _pause(stop, launch.startup_delay_s - load_s)
     log_profile_result(vllm_log, plan, launch.params.kv_cache_memory_bytes)
     if failure is not None and stage is _Stage.PROFILING:
@@ -380,8 +406,40 @@ async def _start_engine(
         return plan, None
     if not launch.params.enforce_eager:
         log_graph_capture(vllm_log, plan, 0.0)
-    log_init_engine(vllm_log, time.monotonic() - started, 0.0)
+    log_init_engine(vllm_log, time.monotonic() - started, compile_s)
     return plan, engine
+
+
+async def _torch_compile(
+    launch: _Launch, plan: MemoryPlan, vllm_log: VllmLog, stop: asyncio.Event
+) -> float:
+    """vLLM's torch.compile: cold, it compiles for ``compile_delay_s`` and keeps the graphs
+    in $VLLM_CACHE_ROOT/torch_compile_cache/<hash>/; warm, it loads them. Its seconds."""
+    cache = CompileCache.of(launch.identity.model, launch.params, launch.version)
+    backbone = launch.version.at_least(COMPILE_BACKBONE_DIR)
+    warm = cache.warm(backbone=backbone)
+    share = WARM_COMPILE_SHARE if warm else 1.0
+    began = time.monotonic()
+    await _pause(stop, launch.compile_delay_s * share)
+    compile_s = time.monotonic() - began
+    if not warm:
+        try:
+            cache.store(backbone=backbone)
+        except OSError as exc:  # vLLM goes on without a cache it cannot write
+            vllm_log.log(
+                Process.ENGINE_CORE,
+                "WARNING",
+                "backends.py:1089",
+                f"compile cache not saved: {exc}",
+            )
+    log_torch_compile(
+        vllm_log,
+        str(cache.directory),
+        warm=warm,
+        compile_s=compile_s,
+        max_num_batched_tokens=plan.max_num_batched_tokens,
+    )
+    return compile_s
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -41,6 +41,12 @@ CUDAGRAPH_ESTIMATE_LOGGED = (0, 18)  # "Estimated CUDA graph memory: X GiB total
 STATS_PREEMPTIONS = (0, 11, 2)  # "Preemptions: N" in the periodic stats line
 INIT_ENGINE_COMPILATION = (0, 29)  # "... took X s (compilation: Y s)"
 V2_MODEL_RUNNER = (0, 29)  # model loading logged by model_runner.py
+# torch.compile's lines, read in public logs (not in tests/fixtures/vllm_logs), so the
+# boundaries are approximate: "rank_0_0 for vLLM's torch.compile" and "for general shape"
+# in a 0.8 log (2025-05); ".../rank_0_0/backbone" in a 2025-10 development log; "for
+# compile range (1, N)" in 2026-02 and 2026-06 logs.
+COMPILE_BACKBONE_DIR = (0, 11)
+COMPILE_RANGE_WORDING = (0, 13)
 
 ENGINE_DEAD_TEXT = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 _SITE = "/usr/local/lib/python3.12/dist-packages/vllm"
@@ -192,6 +198,50 @@ def log_model_loading(log: VllmLog, plan: MemoryPlan, load_s: float) -> None:
         Process.ENGINE_CORE,
         where,
         f"Model loading took {size} GiB{memory} and {load_s:.6f} seconds",
+    )
+
+
+def log_torch_compile(
+    log: VllmLog,
+    cache_dir: str,
+    *,
+    warm: bool,
+    compile_s: float,
+    max_num_batched_tokens: int,
+) -> None:
+    """torch.compile's lines: a cold start compiles (and keeps the result in the cache
+    directory), a warm one loads what an earlier start compiled."""
+    v = log.version
+    backbone = v.at_least(COMPILE_BACKBONE_DIR)
+    where = f"{cache_dir}/rank_0_0" + ("/backbone" if backbone else "")
+    log.info(
+        Process.ENGINE_CORE,
+        "backends.py:1089",
+        f"Using cache directory: {where} for vLLM's torch.compile",
+    )
+    dynamo_s = compile_s * 0.3  # tracing the model's bytecode, cold or warm
+    log.info(
+        Process.ENGINE_CORE, "backends.py:1148", f"Dynamo bytecode transform time: {dynamo_s:.2f} s"
+    )
+    if v.at_least(COMPILE_RANGE_WORDING):
+        shape = f"compile range (1, {max_num_batched_tokens})"
+    else:
+        shape = "dynamic shape" if backbone else "general shape"
+    if warm:
+        log.info(
+            Process.ENGINE_CORE,
+            "backends.py:292",
+            f"Directly load the compiled graph(s) for {shape} from the cache, "
+            f"took {compile_s - dynamo_s:.3f} s",
+        )
+    else:
+        log.info(
+            Process.ENGINE_CORE,
+            "backends.py:393",
+            f"Compiling a graph for {shape} takes {compile_s - dynamo_s:.2f} s",
+        )
+    log.info(
+        Process.ENGINE_CORE, "monitor.py:34", f"torch.compile takes {compile_s:.2f} s in total"
     )
 
 
