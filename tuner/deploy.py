@@ -47,6 +47,7 @@ from pydantic import (
 
 from tuner.drain import DrainTiming, drain_script, drain_timing
 from tuner.errors import ConfigError
+from tuner.vllm.models import hf_id_of
 from tuner.warmup import WarmupPlan, WarmupRequest, warmup_script
 
 __all__ = [
@@ -385,6 +386,8 @@ class DeploymentConfig(_Frozen):
         if not isinstance(data, dict):
             return data
         data = dict(data)
+        if isinstance(data.get("model"), str):  # a preset's short name is no Hugging Face repo
+            data["model"] = hf_id_of(data["model"]) or data["model"]
         if data.get("image") is None and isinstance(data.get("vllm_version"), str):
             data["image"] = f"vllm/vllm-openai:v{_image_tag(data['vllm_version'])}"
         if data.get("name") is None and isinstance(data.get("model"), str):

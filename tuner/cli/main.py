@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tuner.cli import bench, capacity, check, k8s, load_worker, report, serve, tune
+from tuner.cli import bench, capacity, check, fetch, k8s, load_worker, report, serve, tune
 from tuner.errors import TunerError
 from tuner.serving.processes import Interrupted, interrupts_raised, raise_interrupted
 from tuner.sim import serve_cli, simulate_cli
@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parser(sub)
     check.add_parser(sub)
     capacity.add_parser(sub)
+    fetch.add_parser(sub)
     return parser
 
 

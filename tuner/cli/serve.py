@@ -75,6 +75,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from tuner.serving.processes import ChildRegistry, writable_dir
     from tuner.serving.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
     from tuner.vllm.gpus import get_gpu
+    from tuner.vllm.models import launch_name
 
     backends = [b.value for b in Backend]
     if args.backend not in backends:
@@ -97,7 +98,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port {args.port} is out of range; accepted: 1 to 65535")
     spec = LaunchSpec(
         backend=backend,
-        model=args.model,
+        model=launch_name(args.model),  # a preset's Hugging Face id, a directory's path
         params=params,
         gpu=args.gpu if backend is Backend.SIM else None,
         vllm_version=args.vllm_version if backend is Backend.SIM else None,

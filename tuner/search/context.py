@@ -22,7 +22,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, UnknownModelError
 from tuner.search.config import TuneConfig
 from tuner.search.space import (
     Knob,
@@ -33,6 +33,7 @@ from tuner.search.space import (
     check_for_target,
     parse_range,
 )
+from tuner.serving.hub import FetchedModel, fetch_model
 from tuner.serving.load import resolve_workload
 from tuner.serving.processes import writable_dir
 from tuner.serving.server import Backend, probe_vllm_flags
@@ -41,7 +42,7 @@ from tuner.vllm.failures import StartupFailureKind
 from tuner.vllm.flags import accepted_options
 from tuner.vllm.gpus import GpuSpec, cpu_device, get_gpu
 from tuner.vllm.memory import Calibration, ServingParams
-from tuner.vllm.models import ModelSpec, resolve_model
+from tuner.vllm.models import ModelSpec, launch_name, load_model_dir, resolve_model
 from tuner.vllm.platform import DEFAULT_CPU_KV_CACHE_BYTES
 from tuner.vllm.versions import VllmVersion
 from workloads.spec import PercentileLimits, WorkloadSpec
@@ -216,7 +217,7 @@ def resolve(config: TuneConfig) -> TuneContext:
         resolve_backend(config, None)  # raises the one-line error
     nvml_name = detect_gpu_name() if config.backend != "sim" else None
     backend = resolve_backend(config, nvml_name)
-    model = resolve_model(config.model)
+    model, hub_model = _resolve_model(config, backend)
     vllm_cmd = tuple(shlex.split(config.vllm_cmd))
     if not vllm_cmd:
         raise ConfigError("--vllm-cmd is empty; accepted: a launch command such as 'vllm serve'")
@@ -262,6 +263,10 @@ def resolve(config: TuneConfig) -> TuneContext:
     model_dir = config.model_dir or (Path(config.model) if Path(config.model).is_dir() else None)
     if model_dir is not None:
         _check_tokenizer(model_dir, given=config.model_dir is not None)
+    elif hub_model is not None:
+        model_dir, tokenizer_note = _hub_tokenizer_dir(hub_model)
+        if tokenizer_note:
+            notes.append(tokenizer_note)
     if gpu is None:
         # vLLM's CPU build: no device memory to search or screen; its KV cache is
         # VLLM_CPU_KVCACHE_SPACE.
@@ -299,6 +304,10 @@ def resolve(config: TuneConfig) -> TuneContext:
             "SIMULATED backend: no GPU or vLLM here; the simulated engine reproduces vLLM's "
             "memory accounting, scheduling and metrics",
         )
+    if hub_model is not None:
+        # Everything else checked: the weights now (a dry run keeps to config and tokenizer)
+        fetched = hub_model if config.dry_run else fetch_model(hub_model.repo_id)
+        notes.append(fetched.line())
     return TuneContext(
         config=config, backend=backend, model=model, gpu=gpu, version=version,
         vllm_cmd=vllm_cmd, accepted_flags=accepted, workload=workload, space=space,
@@ -316,6 +325,35 @@ def resolve(config: TuneConfig) -> TuneContext:
             update={"kv_cache_memory_bytes": base.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES}
         ),
     )  # fmt: skip
+
+
+def _resolve_model(config: TuneConfig, backend: Backend) -> tuple[ModelSpec, FetchedModel | None]:
+    """The model's shape and, on the vLLM backend, its config and tokenizer fetched from the
+    Hugging Face hub into the cache vLLM reads (access checked: a gated model without a
+    token, or a name that is no repository, fails here in one line). A preset keeps its own
+    shape; a Hugging Face id that is no preset takes the fetched config.json's."""
+    if backend is not Backend.VLLM or Path(config.model).expanduser().is_dir():
+        return resolve_model(config.model), None
+    repo_id = launch_name(config.model)
+    fetched = fetch_model(repo_id, weights=False)
+    try:
+        return resolve_model(config.model), fetched
+    except UnknownModelError:
+        spec = load_model_dir(fetched.snapshot_dir)
+        return spec.model_copy(update={"name": repo_id, "source": f"hub {repo_id}"}), fetched
+
+
+def _hub_tokenizer_dir(fetched: FetchedModel) -> tuple[Path | None, str | None]:
+    """The fetched snapshot, whose tokenizer sizes the prompts as vLLM counts them; None
+    with a note where it has no tokenizer.json the prompts can be built with."""
+    from workloads.prompts import prompt_builder_for
+    from workloads.spec import WorkloadError
+
+    try:
+        prompt_builder_for(fetched.snapshot_dir)
+    except WorkloadError as exc:
+        return None, f"prompts sized one token a word: {fetched.repo_id}'s tokenizer: {exc}"
+    return fetched.snapshot_dir, None
 
 
 def _host_bytes() -> int:

@@ -134,7 +134,9 @@ def launch_spec(ctx: TuneContext, setup: StudySetup, params: TrialParams) -> Lau
     sim = ctx.backend is Backend.SIM
     return LaunchSpec(
         backend=ctx.backend,
-        model=ctx.config.model,
+        # the resolved name: a preset's Hugging Face id (its short name is no repository),
+        # a directory's absolute path; the simulator resolves the id as vLLM's hub would
+        model=ctx.model.name,
         params=serving,
         gpu=ctx.gpu_name if sim else None,
         vllm_version=str(ctx.version) if sim and ctx.config.vllm_version else None,

@@ -326,6 +326,33 @@ def _find_preset(name: str) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+def hf_id_of(name: str) -> str | None:
+    """The Hugging Face id of a preset's name: a short name's first id, the id itself where
+    one is given (a bare repository name gets its organisation); None for no preset."""
+    found = _find_preset(name)
+    if found is None:
+        return None
+    short, entry = found
+    hf_ids: list[str] = entry["hf_ids"]
+    wanted = _norm(name)
+    if wanted == _norm(short):  # the short name first: llama-3.1-8b is also an id's tail
+        return hf_ids[0]
+    for hf_id in hf_ids:
+        if wanted in (_norm(hf_id), _norm(hf_id.split("/", 1)[-1])):
+            return name if "/" in name else hf_id
+    return hf_ids[0]
+
+
+def launch_name(name: str) -> str:
+    """What ``vllm serve`` is given for a model name: a local directory's absolute path, a
+    preset's Hugging Face id (a short name such as ``llama-3.1-8b`` is no repository on the
+    hub), else the name as given (a Hugging Face id)."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path.absolute())
+    return hf_id_of(name) or name
+
+
 # --- local directories -----------------------------------------------------------------
 
 
@@ -390,7 +417,7 @@ def resolve_model(name: str) -> ModelSpec:
     """A local model directory, or a preset by short name or Hugging Face id."""
     path = Path(name).expanduser()
     if path.is_dir():
-        return load_model_dir(path)
+        return load_model_dir(path.absolute())  # the name vLLM is launched with
     found = _find_preset(name)
     if found is None:
         if name.startswith((".", "/", "~")) or path.suffix:
@@ -402,5 +429,5 @@ def resolve_model(name: str) -> ModelSpec:
             f"known presets: {', '.join(preset_names())}"
         )
     short, entry = found
-    display = name if "/" in name else entry["hf_ids"][0]
+    display = hf_id_of(name) or entry["hf_ids"][0]
     return ModelSpec.from_hf_config(entry["config"], name=display, source=f"preset {short}")
