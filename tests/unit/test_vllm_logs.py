@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tuner.errors import LogParseError
 from tuner.vllm.accuracy import LogCase, LogOrigin, evaluate, load_cases, transfer_rows
 from tuner.vllm.gpus import GiB, get_gpu
-from tuner.vllm.log import calibration_from_log, calibration_from_report, parse_startup_log
+from tuner.vllm.log import (
+    calibration_from_log,
+    calibration_from_report,
+    calibration_skip_reason,
+    parse_startup_log,
+)
 from tuner.vllm.memory import MemoryComponent, ServingParams, plan
 from tuner.vllm.models import ModelSpec
 from tuner.vllm.versions import VllmVersion
@@ -124,3 +131,74 @@ def test_kv_cache_memory_bytes_line_is_parsed_and_cannot_calibrate() -> None:
         calibration_from_report(report, source="server.log")
     profiled = parse_startup_log((LOG_DIR / CASES[0].file).read_text(encoding="utf-8"))
     assert not profiled.kv_cache_size_given
+
+
+BUDGET_DIR = LOG_DIR / "budget_lines"
+BUDGET_CASES: list[dict[str, Any]] = yaml.safe_load(
+    (BUDGET_DIR / "index.yaml").read_text(encoding="utf-8")
+)
+
+
+def test_budget_line_forms_are_real_lines_with_their_source() -> None:
+    assert {c["file"] for c in BUDGET_CASES} == {p.name for p in BUDGET_DIR.glob("*.log")}
+    real = [c for c in BUDGET_CASES if c["origin"] == "public_issue"]
+    assert len(real) >= 5 and all(c["source"].startswith("https://github.com/") for c in real)
+    built = [c for c in BUDGET_CASES if c["origin"] == "built_from_format"]
+    assert all(c["file"].endswith("-built.log") and "Built" in c["note"] for c in built)
+
+
+@pytest.mark.parametrize("case", BUDGET_CASES, ids=lambda c: c["file"])
+def test_every_form_of_the_budget_lines_is_read(case: dict[str, Any]) -> None:
+    report = parse_startup_log((BUDGET_DIR / case["file"]).read_text(encoding="utf-8"))
+    for key, want in case["expected"].items():
+        if key.endswith("_gib"):
+            got = getattr(report, key.removesuffix("_gib") + "_bytes")
+            assert got == pytest.approx(want * GiB, abs=0.006 * GiB), key
+        else:
+            assert getattr(report, key) == want, key
+    reason = calibration_skip_reason(report)
+    assert (reason is None) is case["calibrates"], reason
+    for words in case.get("reason_has", []):
+        assert reason is not None and words in reason
+
+
+def test_a_refused_start_says_so_and_names_the_device_instead_of_blaming_debug_logging() -> None:
+    """vLLM's refusal (free memory below the budget) names the device from 0.2x: the tune must
+    say the GPU was busy, not that this release hides its memory summary at DEBUG."""
+    text = (BUDGET_DIR / "p01-refused-device-named-cuda1.log").read_text(encoding="utf-8")
+    report = parse_startup_log(text)
+    assert report.budget_refused and report.budget_device == "cuda:1"
+    with pytest.raises(LogParseError) as err:
+        calibration_from_report(report, source="server.log")
+    message = str(err.value)
+    assert "refused to start" in message and "cuda:1" in message and "DEBUG" not in message
+    assert len(message.splitlines()) == 1
+
+
+def test_a_negative_cudagraph_size_keeps_the_rest_of_the_budget_line() -> None:
+    # One signed field used to drop the whole line: total, utilization, consumed, activation, K.
+    text = (BUDGET_DIR / "x01-negative-cudagraph-in-budget-built.log").read_text(encoding="utf-8")
+    weights = "INFO 08-29 09:11:02 [gpu_model_runner.py:5515] Model loading took 74.9 GiB memory "
+    report = parse_startup_log(weights + "and 61.2 seconds\n" + text)
+    assert report.cudagraph_estimate_bytes == round(-0.19 * GiB)
+    assert report.available_kv_bytes == round(18.9 * GiB)
+    calibration = calibration_from_report(report, source="server.log")
+    assert calibration.consumed_bytes == round(81.85 * GiB)
+    assert calibration.total_bytes == round(121.69 * GiB)
+
+
+def test_a_release_that_prints_its_budget_only_at_debug_still_calibrates_from_debug_lines() -> None:
+    text = (BUDGET_DIR / "x03-debug-profile-consumed-v0.28-built.log").read_text(encoding="utf-8")
+    calibration = calibration_from_report(parse_startup_log(text), source="server.log")
+    assert calibration.consumed_bytes == round(15.26 * GiB)
+    assert calibration.activation_bytes == round(16.7 * GiB) - round(15.26 * GiB)
+    assert calibration.gpu_memory_utilization == 0.92
+
+
+def test_the_graph_estimate_vllm_budgeted_joins_the_debug_profiles_activation() -> None:
+    # With CUDA-graph profiling on (default since 0.21), the budget's peak activation is the
+    # profile's transient peak plus the graph estimate.
+    base = (BUDGET_DIR / "x03-debug-profile-consumed-v0.28-built.log").read_text(encoding="utf-8")
+    estimate = (BUDGET_DIR / "p05-graph-estimate-tp2-v0.27.1.log").read_text(encoding="utf-8")
+    report = parse_startup_log(base + estimate)
+    assert report.activation_bytes == round(16.7 * GiB) - round(15.26 * GiB) + round(0.36 * GiB)

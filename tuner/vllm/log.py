@@ -17,7 +17,16 @@ From 0.28 the memory summary is one budget line, ``Free memory on device (F/T Gi
 ... Actual usage is C GiB for consumed memory (weights + non-torch), A GiB for peak
 activation, and G GiB for CUDAGraph memory ... Current kv cache memory in use is K
 GiB.`` (K = requested - C - A); from 0.32 it is the only place K is printed (no
-``Available KV cache memory`` line). Some releases print it only at DEBUG.
+``Available KV cache memory`` line). Some releases print it only at DEBUG (its
+source's ``logger.debug(msg)``), as every release prints the memory profile's summary
+(``Memory profiling takes ... total consumed (from mem_get_info): X GiB`` from 0.28)
+and ``Initial free memory: F GiB; Requested memory: U (util), R GiB``. The parts of
+the budget line are read one by one, with signed numbers (a graph pool can come out
+negative: ``took -4.58 GiB``), and with or without the device vLLM's refusal to start
+names from 0.2x (``Free memory on device cuda:1 (19.77/22.05 GiB) on startup is less
+than desired GPU memory utilization (0.9, 19.84 GiB)``): such a startup is reported
+as refused (``budget_refused``), not as a release that hid its budget. From 0.2x the
+capture also prints ``CUDA graph pool memory: A GiB (actual), E GiB (estimated)``.
 
 Given ``--kv-cache-memory-bytes`` (0.11 on), vLLM skips the memory profile and prints
 ``Initial free memory F GiB, reserved K GiB memory for KV Cache as specified by
@@ -39,6 +48,7 @@ from tuner.vllm.gpus import GiB
 from tuner.vllm.memory import Calibration
 
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
+_SNUM = r"(-?[0-9]+(?:\.[0-9]+)?)"
 
 RE_VERSION = re.compile(
     r"(?:vLLM API server version|Initializing a V1 LLM engine \(v?|vLLM version|"
@@ -48,13 +58,21 @@ RE_WEIGHTS = re.compile(rf"(?:Model loading took|Loading model weights took)\s+{
 RE_WEIGHTS_LOAD_TIME = re.compile(
     rf"(?:Model loading took .*? and|Loading weights took)\s+{_NUM} seconds"
 )
-RE_AVAILABLE_KV = re.compile(rf"Available KV cache memory:\s*{_NUM}\s*GiB")
+# Signed: vLLM prints what it measured, and a measurement can come out negative (a KV budget
+# that does not fit, a CUDA-graph pool that freed more than it took on a unified-memory part).
+RE_AVAILABLE_KV = re.compile(rf"Available KV cache memory:\s*{_SNUM}\s*GiB")
 RE_KV_TOKENS = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size:\s*([0-9,]+)\s*tokens")
 RE_CPU_KV_SET = re.compile(rf"(Explicitly|Auto) set \({_NUM}/{_NUM}\) GiB for KV cache on node")
 RE_MAX_CONCURRENCY = re.compile(
     rf"Maximum concurrency for\s*([0-9,]+)\s*tokens per request:\s*{_NUM}x"
 )
-RE_GRAPH = re.compile(rf"Graph capturing finished in\s*{_NUM}\s*secs?, took\s*(-?{_NUM})\s*GiB")
+RE_GRAPH = re.compile(rf"Graph capturing finished in\s*{_NUM}\s*secs?, took\s*{_SNUM}\s*GiB")
+# 0.2x on, after the capture: what the graphs took beside what the profile estimated for them.
+RE_GRAPH_POOL = re.compile(
+    rf"CUDA graph pool memory:\s*{_SNUM}\s*GiB \(actual\),\s*{_SNUM}\s*GiB \(estimated\)"
+)
+# The estimate is in the budget (the default since 0.21) unless VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.
+RE_GRAPH_ESTIMATE_APPLIED = re.compile(r"CUDA graph memory profiling is enabled")
 RE_GRAPH_ESTIMATE = re.compile(
     rf"(?:Estimated CUDA graph memory|CUDA graph memory profiling[^:]*|cudagraph memory[^:]*):\s*"
     rf"{_NUM}\s*GiB",
@@ -68,26 +86,55 @@ RE_PROFILE_PARTS = re.compile(
     rf"PyTorch activation peak memory takes {_NUM}\s*GiB; "
     rf"the rest of the memory reserved for KV Cache is {_NUM}\s*GiB"
 )
+# The budget line, read in parts so that a release that rewords one part keeps the others:
+#   Free memory on device (F/T GiB) on startup. Desired GPU memory utilization is (U, R GiB).
+#   Actual usage is ... Current kv cache memory in use is K GiB.
+# and vLLM's refusal to start, which from 0.2x names the device (``cuda:1``):
+#   Free memory on device cuda:1 (F/T GiB) on startup is less than desired GPU memory
+#   utilization (U, R GiB). Decrease GPU memory utilization or reduce GPU memory used by ...
+# The device is optional in both, so that either release's wording of either line is read.
+RE_BUDGET_FREE = re.compile(
+    rf"Free memory on device(?: ([^\s(]+))? \({_NUM}/{_NUM}\s*GiB\) on startup"
+    r"(\.| is less than desired)"
+)
+RE_BUDGET_DESIRED = re.compile(
+    rf"(?:Desired GPU memory utilization is|is less than desired GPU memory utilization) "
+    rf"\({_NUM},\s*{_NUM}\s*GiB\)"
+)
 RE_USAGE_DETAIL = re.compile(
-    rf"Free memory on device \({_NUM}/{_NUM} GiB\) on startup\. Desired GPU memory utilization "
-    rf"is \({_NUM}, {_NUM} GiB\)\. Actual usage is {_NUM} GiB for weight, {_NUM} GiB for peak "
-    rf"activation, {_NUM} GiB for non-torch memory, and {_NUM} GiB for CUDAGraph memory"
+    rf"Actual usage is {_SNUM}\s*GiB for weight, {_SNUM}\s*GiB for peak activation, "
+    rf"{_SNUM}\s*GiB for non-torch memory, and {_SNUM}\s*GiB for CUDAGraph memory"
 )
 RE_CONSUMED_DETAIL = re.compile(
-    rf"Free memory on device \({_NUM}/{_NUM} GiB\) on startup\. Desired GPU memory utilization "
-    rf"is \({_NUM}, {_NUM} GiB\)\. Actual usage is {_NUM} GiB for consumed memory "
-    rf"\(weights \+ non-torch\), {_NUM} GiB for peak activation, and {_NUM} GiB for CUDAGraph memory"
+    rf"Actual usage is {_SNUM}\s*GiB for consumed memory \(weights \+ non-torch\), "
+    rf"{_SNUM}\s*GiB for peak activation, and {_SNUM}\s*GiB for CUDAGraph memory"
 )
 # The KV memory vLLM sized, in the budget line (from 0.32 the only place it is printed).
-RE_CURRENT_KV = re.compile(rf"Current kv cache memory in use is {_NUM}\s*(GiB|bytes)")
+RE_CURRENT_KV = re.compile(rf"Current kv cache memory in use is {_SNUM}\s*(GiB|bytes)")
 # --kv-cache-memory-bytes: vLLM reserved what it was given and did not profile.
 RE_KV_RESERVED = re.compile(
     rf"(?:Initial free memory {_NUM}\s*GiB, )?reserved {_NUM}\s*GiB memory for KV Cache as "
     r"specified by kv_cache_memory_bytes"
 )
+# DEBUG only (VLLM_LOGGING_LEVEL=DEBUG): the budget before the profile, as 0.10 on words it
+# and as 0.9 worded it ("Initial free memory: F GiB, free memory: A GiB, requested GPU memory:
+# R GiB", without the utilization).
+RE_INITIAL_FREE = re.compile(
+    rf"Initial free memory:\s*{_NUM}\s*GiB; Requested memory:\s*{_NUM} \(util\),\s*{_NUM}\s*GiB"
+)
+RE_INITIAL_FREE_09 = re.compile(
+    rf"Initial free memory:\s*{_NUM}\s*GiB, free memory:\s*{_NUM}\s*GiB, requested GPU memory:"
+    rf"\s*{_NUM}\s*GiB"
+)
+# The memory profile's summary (DEBUG from 0.1x): before 0.28 with the non-torch increase,
+# from 0.28 with the memory consumed since startup (weights + non-torch, from mem_get_info).
 RE_PROFILE_RESULT = re.compile(
     rf"Total non KV cache memory: {_NUM}\s*GiB; torch peak memory increase: {_NUM}\s*GiB; "
     rf"non-torch forward increase memory: {_NUM}\s*GiB; weights memory: {_NUM}\s*GiB"
+)
+RE_PROFILE_CONSUMED = re.compile(
+    rf"Total non KV cache memory: {_NUM}\s*GiB; torch peak memory increase: {_NUM}\s*GiB; "
+    rf"total consumed \(from mem_get_info\): {_NUM}\s*GiB; weights memory: {_NUM}\s*GiB"
 )
 RE_CHUNKED_PREFILL = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=([0-9]+)")
 RE_ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -123,6 +170,11 @@ class StartupReport(BaseModel):
     # profile: the log's KV size is not a measurement.
     kv_cache_size_given: bool = False
     initial_free_bytes: int | None = None  # free device memory vLLM saw before loading
+    # The device the budget line names (from 0.2x its refusal says e.g. "cuda:1").
+    budget_device: str | None = None
+    # vLLM refused to start: the free memory on its device was below the requested budget.
+    budget_refused: bool = False
+    requested_bytes: int | None = None  # total x --gpu-memory-utilization, as vLLM printed it
     block_size: int | None = None
     max_concurrency: float | None = None
     max_concurrency_tokens: int | None = None
@@ -208,6 +260,11 @@ def parse_startup_log(text: str) -> StartupReport:
             smallest("max_concurrency", float(m[2]))
         if m := RE_GRAPH.search(line):
             once("cudagraph_bytes", _gib_bytes(m[2]))
+        if m := RE_GRAPH_POOL.search(line):
+            once("cudagraph_bytes", _gib_bytes(m[1]))
+            once("cudagraph_estimate_bytes", _gib_bytes(m[2]))
+        if RE_GRAPH_ESTIMATE_APPLIED.search(line):
+            found["graph_estimate_applied"] = True
         if m := RE_GRAPH_ESTIMATE.search(line):
             once("cudagraph_estimate_bytes", _gib_bytes(m[1]))
         if m := RE_PROFILE_TOTAL.search(line):
@@ -217,19 +274,31 @@ def parse_startup_log(text: str) -> StartupReport:
             once("weights_bytes", _gib_bytes(m[1]))
             once("non_torch_bytes", _gib_bytes(m[2]))
             once("activation_bytes", _gib_bytes(m[3]))
+        if m := RE_BUDGET_FREE.search(line):
+            once("budget_device", m[1])
+            once("initial_free_bytes", _gib_bytes(m[2]))
+            once("total_bytes", _gib_bytes(m[3]))
+            if m[4] != ".":
+                found["budget_refused"] = True
+        if m := RE_BUDGET_DESIRED.search(line):
+            once("gpu_memory_utilization", float(m[1]))
+            once("requested_bytes", _gib_bytes(m[2]))
+        if m := RE_INITIAL_FREE.search(line):
+            once("initial_free_bytes", _gib_bytes(m[1]))
+            once("gpu_memory_utilization", float(m[2]))
+            once("requested_bytes", _gib_bytes(m[3]))
+        if m := RE_INITIAL_FREE_09.search(line):
+            once("initial_free_bytes", _gib_bytes(m[1]))
+            once("requested_bytes", _gib_bytes(m[3]))
         if m := RE_USAGE_DETAIL.search(line):
-            once("total_bytes", _gib_bytes(m[2]))
-            once("gpu_memory_utilization", float(m[3]))
-            once("weights_bytes", _gib_bytes(m[5]))
-            once("activation_bytes", _gib_bytes(m[6]))
-            once("non_torch_bytes", _gib_bytes(m[7]))
-            once("cudagraph_estimate_bytes", _gib_bytes(m[8]))
+            once("weights_bytes", _gib_bytes(m[1]))
+            once("activation_bytes", _gib_bytes(m[2]))
+            once("non_torch_bytes", _gib_bytes(m[3]))
+            once("cudagraph_estimate_bytes", _gib_bytes(m[4]))
         if m := RE_CONSUMED_DETAIL.search(line):
-            once("total_bytes", _gib_bytes(m[2]))
-            once("gpu_memory_utilization", float(m[3]))
-            once("consumed_bytes", _gib_bytes(m[5]))
-            once("activation_bytes", _gib_bytes(m[6]))
-            once("cudagraph_estimate_bytes", _gib_bytes(m[7]))
+            once("consumed_bytes", _gib_bytes(m[1]))
+            once("activation_bytes", _gib_bytes(m[2]))
+            once("cudagraph_estimate_bytes", _gib_bytes(m[3]))
         if m := RE_CURRENT_KV.search(line):
             # The same figure as "Available KV cache memory" (per rank; vLLM keeps the smallest).
             kv_now = int(m[1]) if m[2] == "bytes" else _gib_bytes(m[1])
@@ -243,6 +312,11 @@ def parse_startup_log(text: str) -> StartupReport:
             once("activation_bytes", _gib_bytes(m[2]))
             once("non_torch_bytes", _gib_bytes(m[3]))
             once("weights_bytes", _gib_bytes(m[4]))
+        if m := RE_PROFILE_CONSUMED.search(line):
+            # 0.28 on: non-KV = consumed + the activation's transient peak over what it kept.
+            once("consumed_bytes", _gib_bytes(m[3]))
+            once("weights_bytes", _gib_bytes(m[4]))
+            once("profile_activation_bytes", _gib_bytes(m[1]) - _gib_bytes(m[3]))
         if m := RE_NON_DEFAULT_ARGS.search(line):
             args = _literal_dict(m[1])
             for key in (
@@ -272,6 +346,12 @@ def parse_startup_log(text: str) -> StartupReport:
             once("max_num_batched_tokens", int(m[1]))
         if RE_READY.search(line):
             found["ready"] = True
+    transient = found.pop("profile_activation_bytes", None)
+    if found.pop("graph_estimate_applied", False) and transient is not None:
+        # The budget line's peak activation holds the CUDA-graph estimate vLLM budgeted.
+        transient += found.get("cudagraph_estimate_bytes") or 0
+    if transient is not None and "activation_bytes" not in found:
+        found["activation_bytes"] = transient
     current = found.pop("current_kv_bytes", None)
     if current is not None and "available_kv_bytes" not in found:
         found["available_kv_bytes"] = current
@@ -307,19 +387,31 @@ def calibration_from_log(path: Path, *, cudagraph_in_budget: bool | None = None)
     )
 
 
+def _gib_text(value: int | None) -> str:
+    return "?" if value is None else f"{value / GiB:.2f}"
+
+
 def calibration_skip_reason(report: StartupReport) -> str | None:
     """Why this startup cannot calibrate the memory model, in one clause; None if it can."""
+    if report.budget_refused:
+        device = f" {report.budget_device}" if report.budget_device else ""
+        return (
+            f"vLLM refused to start: free memory on device{device} "
+            f"({_gib_text(report.initial_free_bytes)} of {_gib_text(report.total_bytes)} GiB) "
+            f"is less than its budget (--gpu-memory-utilization {report.gpu_memory_utilization}, "
+            f"{_gib_text(report.requested_bytes)} GiB); another process holds memory on that GPU"
+        )
     if report.kv_cache_size_given:
         return (
             "vLLM was given the KV cache size (--kv-cache-memory-bytes) and skipped its "
             "memory profile, so its log measures no budget"
         )
     if report.available_kv_bytes is None and report.activation_bytes is None:
-        return (
-            "no vLLM memory summary found ('Available KV cache memory', 'Free memory on "
-            "device ... Current kv cache memory in use' or 'Memory profiling takes'); this "
-            "release may print it only at DEBUG (VLLM_LOGGING_LEVEL=DEBUG)"
-        )
+        found = "no vLLM memory summary found ('Available KV cache memory', 'Free memory on "
+        found += "device ... Current kv cache memory in use' or 'Memory profiling takes')"
+        if report.kv_cache_tokens is None and not report.ready:
+            return f"{found}: the startup ended before vLLM sized its KV cache"
+        return f"{found}; this release may print it only at DEBUG (VLLM_LOGGING_LEVEL=DEBUG)"
     if report.weights_bytes is None:
         return "vLLM's log has no 'Model loading took X GiB' line"
     return None
