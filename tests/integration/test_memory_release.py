@@ -37,7 +37,7 @@ class FakeNvml:
     opened = 0
     baselines = 0
 
-    def __init__(self, device_indices: object = None) -> None:
+    def __init__(self, device_indices: object = None, *, visible: object = None) -> None:
         self.reads = 0
 
     def open(self) -> None:
@@ -73,7 +73,7 @@ def test_trials_edge_probes_and_confirmations_wait_for_the_release(
     run_dir = tmp_path / "run"
     args = build_parser().parse_args(
         ["tune", *SMALL_TUNE_ARGS, "--trials", "1", "--max-edge-launches", "1", "--no-twin-search",
-         "--vllm-cmd", "no-such-vllm serve", "--gpu-source", "nvml", "--run-dir", str(run_dir)]
+         "--backend", "sim", "--gpu-source", "nvml", "--run-dir", str(run_dir)]
     )  # fmt: skip
     config = load_config(None, overrides_of(args))
     lines: list[str] = []

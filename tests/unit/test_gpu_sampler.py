@@ -9,13 +9,16 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType
 from typing import Any
 
 import pynvml
 import pytest
 
+from tests.gpuhost import hosts
+from tests.gpuhost.standin import write_host
 from tuner.errors import ConfigError, GpuReadError, GpuSamplingUnavailable, GpuTimelineError
 from tuner.serving.gpu_sampler import (
     NOT_SAMPLED_NOTE,
@@ -31,13 +34,16 @@ from tuner.serving.gpu_sampler import (
     make_source,
     process_tree,
     read_timeline,
+    release_watch,
     summarize,
+    wait_until_released,
 )
 
 pytestmark = pytest.mark.timeout(30)
 
 GiB = 1024**3
 TOTAL = 80 * GiB
+StandIn = Callable[..., ModuleType]
 
 
 class FakeGpuSource:
@@ -144,68 +150,28 @@ def test_nvml_without_a_driver_is_one_clear_line() -> None:
         pytest.skip("NVML initialised: this machine has an NVIDIA driver")
 
 
-class FakeNvml:
-    """pynvml's functions for two devices; device 1 reports no temperature."""
-
-    def __init__(self) -> None:
-        self.init_calls = self.shutdown_calls = 0
-        self.lost = False
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for name in (
-            "nvmlInit",
-            "nvmlShutdown",
-            "nvmlDeviceGetCount",
-            "nvmlDeviceGetHandleByIndex",
-            "nvmlDeviceGetMemoryInfo",
-            "nvmlDeviceGetUtilizationRates",
-            "nvmlDeviceGetPowerUsage",
-            "nvmlDeviceGetTemperature",
-            "nvmlDeviceGetComputeRunningProcesses",
-        ):
-            monkeypatch.setattr(pynvml, name, getattr(self, name))
-
-    def nvmlInit(self) -> None:
-        self.init_calls += 1
-
-    def nvmlShutdown(self) -> None:
-        self.shutdown_calls += 1
-
-    def nvmlDeviceGetCount(self) -> int:
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
-        return f"handle{index}"
-
-    def nvmlDeviceGetMemoryInfo(self, handle: str) -> SimpleNamespace:
-        if self.lost:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-        used = 10 * GiB if handle == "handle0" else 20 * GiB
-        return SimpleNamespace(total=TOTAL, used=used, free=TOTAL - used)
-
-    def nvmlDeviceGetUtilizationRates(self, handle: str) -> SimpleNamespace:
-        return SimpleNamespace(gpu=87, memory=40)
-
-    def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
-        return 412_345  # mW
-
-    def nvmlDeviceGetTemperature(self, handle: str, sensor: int) -> int:
-        if handle == "handle1":
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return 61
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[SimpleNamespace]:
-        return [
-            SimpleNamespace(pid=100, usedGpuMemory=5 * GiB),
-            SimpleNamespace(pid=101, usedGpuMemory=1 * GiB),
-            SimpleNamespace(pid=999, usedGpuMemory=7 * GiB),  # not ours
-            SimpleNamespace(pid=102, usedGpuMemory=None),  # not available
-        ]
+def _host_pair() -> dict[str, Any]:
+    """Two 80 GiB devices: 10 and 20 GiB used; our pids 100 and 101 on device 0 beside
+    another job's 999 and a process whose memory NVML cannot report."""
+    host = {
+        "devices": [
+            {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-0000000{i}-aaaa", "total_bytes": TOTAL,
+             "used_bytes": (i + 1) * 10 * GiB, "compute_capability": [9, 0], "processes": []}
+            for i in range(2)
+        ],
+        "no_permission": False,
+        "state_dir": None,
+    }  # fmt: skip
+    host["devices"][0]["processes"] = [
+        {"pid": 100, "used_bytes": 5 * GiB},
+        {"pid": 101, "used_bytes": 1 * GiB},
+        {"pid": 999, "used_bytes": 7 * GiB},  # not ours
+    ]
+    return host
 
 
-def test_nvml_source_reads_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    nvml = FakeNvml()
-    nvml.install(monkeypatch)
+def test_nvml_source_reads_the_visible_devices(standin_nvml: StandIn) -> None:
+    nvml = standin_nvml(_host_pair())
     source = NvmlSource(None)
     source.open()
     first, second = source.read(frozenset({100, 101, 102}))
@@ -214,33 +180,103 @@ def test_nvml_source_reads_every_device(monkeypatch: pytest.MonkeyPatch) -> None
         total_bytes=TOTAL,
         used_bytes=10 * GiB,
         free_bytes=TOTAL - 10 * GiB,
-        utilization_percent=87.0,
-        power_watts=412.345,
-        temperature_c=61.0,
+        utilization_percent=50.0,
+        power_watts=100.0,
+        temperature_c=40.0,
         process_used_bytes=6 * GiB,
     )
-    assert second.device_index == 1 and second.temperature_c is None
+    assert second.device_index == 1 and second.used_bytes == 20 * GiB
     assert source.read(frozenset())[0].process_used_bytes == 0
     source.close()
-    assert (nvml.init_calls, nvml.shutdown_calls) == (1, 1)
+    with pytest.raises(nvml.NVMLError_Uninitialized):
+        nvml.nvmlDeviceGetCount()  # the source shut NVML down again
 
 
 def test_nvml_source_wraps_read_errors_and_checks_indices(
-    monkeypatch: pytest.MonkeyPatch,
+    standin_nvml: StandIn, tmp_path: Path
 ) -> None:
-    nvml = FakeNvml()
-    nvml.install(monkeypatch)
+    nvml = standin_nvml(_host_pair())
     source = NvmlSource([1])
     source.open()
     assert [r.device_index for r in source.read(frozenset())] == [1]
-    nvml.lost = True
-    with pytest.raises(GpuReadError, match="NVML read failed: GPU is lost") as info:
+    host = _host_pair()
+    host["devices"][1]["total_bytes"] = None  # the driver stops reporting its memory
+    write_host(host, tmp_path / "nvml-host.json")
+    with pytest.raises(GpuReadError, match="NVML read failed: Not Supported") as info:
         source.read(frozenset())
-    assert isinstance(info.value.__cause__, pynvml.NVMLError)
+    assert isinstance(info.value.__cause__, nvml.NVMLError)
     source.close()
     with pytest.raises(ConfigError, match=r"device index 2 does not exist.*indices 0 to 1"):
         NvmlSource([0, 2]).open()
-    assert nvml.shutdown_calls == 2  # the failed open shut NVML down again
+    with pytest.raises(nvml.NVMLError_Uninitialized):
+        nvml.nvmlDeviceGetCount()  # the failed open shut NVML down again
+
+
+def test_the_sampler_reads_only_the_visible_gpu(standin_nvml: StandIn) -> None:
+    """Device 0 carries another job's 40 GiB; with CUDA_VISIBLE_DEVICES=1 it is never sampled."""
+    standin_nvml(hosts.h100_nvl_pair(), visible="1")
+    with GpuSampler(make_source("nvml"), interval_s=0.01) as sampler:
+        time.sleep(0.1)
+    summary = sampler.stop()
+    assert summary.samples > 0 and summary.devices == 1
+    assert {s.device_index for s in sampler.samples} == {1}
+    assert max(s.used_bytes for s in sampler.samples) < hosts.OTHER_JOB_BYTES
+    assert summary.headroom_bytes is not None
+    assert summary.headroom_bytes > hosts.H100_NVL_BYTES - hosts.OTHER_JOB_BYTES
+
+
+def test_the_sampler_reads_a_server_given_its_own_devices(standin_nvml: StandIn) -> None:
+    standin_nvml(hosts.h100_quad(), visible="0,1")
+    source = make_source("nvml", visible="2,3")  # tuner serve --cuda-visible-devices 2,3
+    source.open()
+    try:
+        assert [r.device_index for r in source.read(frozenset())] == [2, 3]
+    finally:
+        source.close()
+
+
+def test_a_mig_slice_is_sampled_as_its_mig_device(standin_nvml: StandIn) -> None:
+    host = hosts.mig_slice()
+    standin_nvml(host, visible=host["devices"][0]["mig_devices"][0]["uuid"])
+    source = make_source("nvml")
+    source.open()
+    try:
+        (reading,) = source.read(frozenset())
+    finally:
+        source.close()
+    assert reading.total_bytes == hosts.MIG_3G_40GB_BYTES
+    assert math.isnan(reading.utilization_percent) and reading.temperature_c is None
+
+
+def test_no_visible_gpu_is_one_clear_line(standin_nvml: StandIn) -> None:
+    standin_nvml(hosts.h100_nvl_pair(), visible="")
+    with pytest.raises(GpuSamplingUnavailable) as err:
+        make_source("nvml").open()
+    assert "CUDA_VISIBLE_DEVICES ''" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_release_wait_watches_only_the_servers_gpus(
+    standin_nvml: StandIn, tmp_path: Path
+) -> None:
+    """The server on device 1 is gone; another job on device 0 grows meanwhile. The wait
+    is over at once: device 0 is not the server's."""
+    host = hosts.h100_nvl_pair()
+    standin_nvml(host, visible="1")
+    source = release_watch("nvml")
+    assert source is not None
+    source.open()
+    try:
+        baseline = {r.device_index: r.used_bytes for r in source.read(frozenset())}
+        host["devices"][0]["used_bytes"] += 20 * GiB  # the other job takes 20 GiB more
+        write_host(host, tmp_path / "nvml-host.json")
+        started = time.monotonic()
+        released = wait_until_released(
+            source, baseline_used_bytes=baseline, timeout_s=1.0, interval_s=0.05
+        )
+    finally:
+        source.close()
+    assert released and time.monotonic() - started < 0.5
+    assert set(baseline) == {1}
 
 
 # --- SimSource and make_source ---------------------------------------------------------------

@@ -4,6 +4,7 @@ against k servers of one."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -310,35 +311,14 @@ def test_the_recommendation_deploys_its_size_on_that_many_gpus(tmp_path: Path) -
 # --- the host's GPUs on a real one ---------------------------------------------------------
 
 
-class _FakeNvml:
-    """NVML's count on a host of ``count`` GPUs (no GPU here: the one thing faked)."""
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-
-    def nvmlInit(self) -> None:
-        pass
-
-    def nvmlShutdown(self) -> None:
-        pass
-
-    def nvmlDeviceGetCount(self) -> int:
-        return self.count
-
-
 @pytest.mark.parametrize(("visible", "expected"), [(None, 4), ("0,1", 2), ("", 0), ("2", 1)])
 def test_a_real_host_counts_the_gpus_cuda_visible_devices_leaves(
-    visible: str | None, expected: int, monkeypatch: pytest.MonkeyPatch
+    visible: str | None, expected: int, standin_nvml: Callable[..., object]
 ) -> None:
-    import sys
-
+    from tests.gpuhost import hosts
     from tuner.search.context import detect_gpu_count
 
-    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(4))
-    if visible is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    standin_nvml(hosts.h100_quad(), visible=visible)  # NVML of a 4-GPU host (no GPU here)
     assert detect_gpu_count() == expected
 
 

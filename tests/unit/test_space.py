@@ -106,11 +106,14 @@ def test_swap_space_kept_on_vllm_0_17() -> None:
     assert not [o for o in space.left_out if o.knob is Knob.SWAP_SPACE]
 
 
-def test_fp8_kv_cache_left_out_on_a100_kept_on_h100() -> None:
-    a100 = _space(gpu=A100)
+def test_fp8_kv_cache_on_a100_where_vllm_takes_it_kept_on_h100() -> None:
+    # vLLM takes an fp8 KV cache on an A100 (FlashInfer) from 0.11 on, not before
+    kv_a100 = _space(gpu=A100).range_of(Knob.KV_CACHE_DTYPE)
+    assert kv_a100 is not None and kv_a100.choices == ("auto", "fp8")
+    a100 = _space(gpu=A100, version=VllmVersion.parse("0.10"))
     assert Knob.KV_CACHE_DTYPE not in _knobs(a100)
     (left,) = [o for o in a100.left_out if o.knob is Knob.KV_CACHE_DTYPE]
-    assert "fp8" in left.reason and A100.name in left.reason
+    assert "fp8" in left.reason and A100.name in left.reason and "0.10" in left.reason
     kv = _space(gpu=H100).range_of(Knob.KV_CACHE_DTYPE)
     assert kv is not None and kv.choices == ("auto", "fp8")
 

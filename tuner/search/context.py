@@ -35,12 +35,13 @@ from tuner.search.space import (
 )
 from tuner.serving.hub import FetchedModel, fetch_model
 from tuner.serving.load import resolve_workload
+from tuner.serving.nvml_host import VisibleGpu, visible_gpus
 from tuner.serving.processes import writable_dir
 from tuner.serving.server import Backend, probe_vllm_flags
 from tuner.sim.timing import TimingFactors
 from tuner.vllm.failures import StartupFailureKind
 from tuner.vllm.flags import accepted_options
-from tuner.vllm.gpus import GpuSpec, cpu_device, get_gpu
+from tuner.vllm.gpus import GpuSpec, cpu_device, get_gpu, gpu_from_nvml
 from tuner.vllm.memory import Calibration, ServingParams
 from tuner.vllm.models import ModelSpec, launch_name, load_model_dir, resolve_model
 from tuner.vllm.platform import DEFAULT_CPU_KV_CACHE_BYTES
@@ -123,45 +124,48 @@ class StudySetup:
         return replace(self, timing=timing)
 
 
-def _nvml_devices() -> tuple[str | None, int]:
-    """NVML's first device's name and its device count; (None, 0) without a driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no library, no driver: no GPU here
-        return None, 0
-    try:
-        count = int(pynvml.nvmlDeviceGetCount())
-    except Exception:
-        count = 0
-    try:
-        if count == 0:
-            return None, 0
-        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-        return (name.decode() if isinstance(name, bytes) else str(name)), count
-    except Exception:
-        return None, count
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            log.debug("nvmlShutdown failed", exc_info=True)
+def _nvml_devices() -> tuple[VisibleGpu, ...]:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES mapped to NVML's devices
+    (``tuner.serving.nvml_host``; a MIG slice is its MIG device); () without a driver.
+    ConfigError (one line) where NVML refuses the MIG queries."""
+    return visible_gpus()
 
 
 def detect_gpu_name() -> str | None:
-    """The first visible NVIDIA GPU's name from NVML, or None without a driver or device."""
-    return _nvml_devices()[0]
+    """The first GPU this process may use, as NVML names it, or None without a driver or
+    a visible device."""
+    gpus = _nvml_devices()
+    return gpus[0].name if gpus else None
 
 
 def detect_gpu_count() -> int:
-    """NVIDIA GPUs this process may use: those NVML sees, as many as CUDA_VISIBLE_DEVICES
-    names where it is set (vLLM counts the same way); 0 without a driver."""
-    count = _nvml_devices()[1]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = min(count, len([d for d in visible.split(",") if d.strip()]))
-    return count
+    """NVIDIA GPUs this process may use: those NVML sees that CUDA_VISIBLE_DEVICES names
+    (indices, GPU-/MIG- UUIDs, as CUDA reads it); 0 without a driver."""
+    return len(_nvml_devices())
+
+
+def detect_gpu_profile(nvml_name: str) -> tuple[GpuSpec, str | None]:
+    """The profile of the first GPU this process may use (``tuner.vllm.gpus.gpu_from_nvml``:
+    a preset part, or NVML's memory and compute capability with its family's rates, or a
+    MIG slice's share), and the line that says how it was planned where it is no preset.
+    UnknownGpuError (one line) where NVML gives too little to plan it."""
+    gpus = _nvml_devices()
+    if gpus:
+        resolved = gpus[0].profile()
+    else:  # NVML named it but lists no device now: a preset part or nothing
+        resolved = gpu_from_nvml(nvml_name, total_bytes=None, compute_capability=None)
+    return resolved.spec, resolved.note
+
+
+def _vllm_gpu(typed: str | None, nvml_name: str | None) -> tuple[GpuSpec | None, str | None]:
+    """The GPU profile on the vLLM backend and its note: a ``--gpu`` name as typed (an
+    unknown one is an error), else NVML's; None: no GPU (vLLM's CPU build, --gpu none)."""
+    name = typed or nvml_name
+    if not name or name.lower() in ("none", "cpu"):
+        return None, None
+    if typed:
+        return get_gpu(typed), None
+    return detect_gpu_profile(name)
 
 
 def host_gpu_count(config: TuneConfig, backend: Backend, gpu: GpuSpec | None) -> int:
@@ -222,6 +226,7 @@ def resolve(config: TuneConfig) -> TuneContext:
     if not vllm_cmd:
         raise ConfigError("--vllm-cmd is empty; accepted: a launch command such as 'vllm serve'")
     gpu: GpuSpec | None
+    gpu_note: str | None = None  # how NVML's GPU was planned, where it is no preset
     if backend is Backend.SIM:
         gpu = get_gpu(config.gpu or DEFAULT_SIM_GPU)
         version = (
@@ -230,8 +235,7 @@ def resolve(config: TuneConfig) -> TuneContext:
         accepted: frozenset[str] | None = accepted_options(version)
         note = f"the emulated vLLM {version}"
     else:
-        name = config.gpu or nvml_name
-        gpu = get_gpu(name) if name and name.lower() not in ("none", "cpu") else None
+        gpu, gpu_note = _vllm_gpu(config.gpu, nvml_name)
         accepted = probe_vllm_flags(vllm_cmd)
         version = _installed_version(vllm_cmd) or VllmVersion.current()
         note = f"the vLLM behind {shlex.join(vllm_cmd)!r}"
@@ -250,6 +254,8 @@ def resolve(config: TuneConfig) -> TuneContext:
     ).checked()
     gpu_count = host_gpu_count(config, backend, gpu)
     notes: list[str] = []
+    if gpu_note:
+        notes.append(gpu_note)
     overrides: dict[Knob, Range] = {}
     for name, text in config.space.items():
         knob = Knob.parse(name)

@@ -494,9 +494,11 @@ def _unusable(
     if accepted is not None and knob.flag not in accepted:
         return f"{note or 'the target vLLM'} does not accept {knob.flag}"
     if knob is Knob.KV_CACHE_DTYPE and r.choices is not None:
-        usable = [c for c in r.choices if c in gpu.kv_cache_dtypes or not str(c).startswith("fp8")]
+        taken = gpu.kv_cache_dtypes_in(version)
+        usable = [c for c in r.choices if c in taken or not str(c).startswith("fp8")]
         if len(usable) <= 1 and len(r.choices) > 1:
-            return f"the {gpu.name} has no fp8 KV cache (compute capability {gpu.compute_capability[0]}.{gpu.compute_capability[1]})"
+            cc = gpu.compute_capability
+            return f"vLLM {version} takes no fp8 KV cache on the {gpu.name} (compute capability {cc[0]}.{cc[1]})"
     if knob is Knob.BLOCK_SIZE and r.choices is not None:
         allowed = version.block_size_choices
         if allowed is not None and not any(c in allowed for c in r.choices):
@@ -506,9 +508,8 @@ def _unusable(
 
 def _usable_part(r: Range, gpu: GpuSpec, version: VllmVersion) -> Range:
     if r.knob is Knob.KV_CACHE_DTYPE and r.choices is not None:
-        kept = tuple(
-            c for c in r.choices if c in gpu.kv_cache_dtypes or not str(c).startswith("fp8")
-        )
+        taken = gpu.kv_cache_dtypes_in(version)
+        kept = tuple(c for c in r.choices if c in taken or not str(c).startswith("fp8"))
         return r.model_copy(update={"choices": kept})
     if r.knob is Knob.BLOCK_SIZE and r.choices is not None:
         allowed = version.block_size_choices

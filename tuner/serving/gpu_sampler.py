@@ -13,8 +13,12 @@ rebuilds the summary from it with ``read_timeline`` and ``summarize``.
 
 Memory is what NVML's ``nvmlDeviceGetMemoryInfo`` reports (``used = total - free``,
 the driver's reservation included), so ``headroom_bytes`` is the memory the device
-still had free at its fullest. Device indices are NVML's (PCI bus order), which is
-CUDA's order only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``. Per-process memory matches
+still had free at its fullest. NVML sees every GPU of the host; ``NvmlSource`` reads
+only those the server may use, ``CUDA_VISIBLE_DEVICES`` mapped to NVML's devices by
+``tuner.serving.nvml_host`` (indices, ``GPU-``/``MIG-`` UUIDs; a MIG slice is read as its
+MIG device), so another job's GPU never enters the peaks, the headroom or the release
+wait. Device indices in the timeline are NVML's (PCI bus order; a MIG slice's is its
+parent's), which is CUDA's order only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``. Per-process memory matches
 NVML's process ids against the watched process tree; inside a container without the
 host's PID namespace NVML reports host pids, nothing matches and it stays 0.
 """
@@ -33,14 +37,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import IO, TYPE_CHECKING, Protocol, Self
 from urllib.parse import urlsplit
 
-import pynvml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tuner.errors import ConfigError, GpuReadError, GpuSamplingUnavailable, GpuTimelineError
+from tuner.serving.nvml_host import VISIBLE_DEVICES_ENV, pynvml_module, read_visible
 
 if TYPE_CHECKING:
     import _csv
@@ -174,88 +178,120 @@ class NoneSource:
         pass
 
 
-def _unsupported(exc: pynvml.NVMLError) -> bool:
-    return isinstance(exc, pynvml.NVMLError_NotSupported)
+def _unsupported(nvml: ModuleType, exc: BaseException) -> bool:
+    return isinstance(exc, nvml.NVMLError_NotSupported)
 
 
 class NvmlSource:
-    """The real devices through NVML; ``device_indices`` None means every device."""
+    """The devices through NVML: those the server may use (``visible``, default this
+    process's ``CUDA_VISIBLE_DEVICES``, as ``tuner.serving.nvml_host`` maps it), or the
+    NVML indices ``device_indices`` where they are given."""
 
     name = "nvml"
 
-    def __init__(self, device_indices: Sequence[int] | None = None) -> None:
+    def __init__(
+        self, device_indices: Sequence[int] | None = None, *, visible: str | None = None
+    ) -> None:
         self.device_indices = None if device_indices is None else list(device_indices)
+        self.visible = visible
         self._handles: list[tuple[int, object]] = []
-        self._initialised = False
+        self._nvml: ModuleType | None = None
 
     def open(self) -> None:
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError_LibraryNotFound as exc:
+            nvml = pynvml_module()
+        except ImportError as exc:
+            raise GpuSamplingUnavailable(
+                f"GPU sampling through NVML is unavailable: no NVML binding ({exc}); "
+                "use --gpu-source sim or none"
+            ) from exc
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError_LibraryNotFound as exc:
             raise GpuSamplingUnavailable(
                 f"GPU sampling through NVML is unavailable: no NVIDIA driver found ({exc}); "
                 "use --gpu-source sim or none"
             ) from exc
-        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
+        except (nvml.NVMLError, nvml.NVMLLibraryMismatchError) as exc:
             raise GpuSamplingUnavailable(
                 f"GPU sampling through NVML is unavailable: nvmlInit failed ({exc}); "
                 "use --gpu-source sim or none"
             ) from exc
-        self._initialised = True
+        self._nvml = nvml
         try:
-            count = int(pynvml.nvmlDeviceGetCount())
-            indices = list(range(count)) if self.device_indices is None else self.device_indices
-            bad = [i for i in indices if not 0 <= i < count]
-            if bad:
-                raise ConfigError(
-                    f"GPU device index {bad[0]} does not exist: NVML sees {count} device(s), "
-                    f"indices 0 to {count - 1}"
-                )
-            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in indices]
-        except pynvml.NVMLError as exc:
+            self._handles = self._devices(nvml)
+        except nvml.NVMLError as exc:
             self.close()
             raise GpuSamplingUnavailable(
                 f"GPU sampling through NVML is unavailable: listing devices failed ({exc}); "
                 "use --gpu-source sim or none"
             ) from exc
-        except ConfigError:
+        except (ConfigError, GpuSamplingUnavailable):
             self.close()
             raise
 
+    def _devices(self, nvml: ModuleType) -> list[tuple[int, object]]:
+        if self.device_indices is None:
+            gpus = read_visible(nvml, self.visible)
+            if not gpus:
+                visible = self.visible
+                if visible is None:
+                    visible = os.environ.get(VISIBLE_DEVICES_ENV)
+                said = "unset" if visible is None else repr(visible)
+                raise GpuSamplingUnavailable(
+                    f"GPU sampling through NVML is unavailable: no GPU NVML sees is visible "
+                    f"to the server ({VISIBLE_DEVICES_ENV} {said}); use --gpu-source none"
+                )
+            return [(gpu.nvml_index, gpu.handle) for gpu in gpus]
+        count = int(nvml.nvmlDeviceGetCount())
+        bad = [i for i in self.device_indices if not 0 <= i < count]
+        if bad:
+            raise ConfigError(
+                f"GPU device index {bad[0]} does not exist: NVML sees {count} device(s), "
+                f"indices 0 to {count - 1}"
+            )
+        return [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in self.device_indices]
+
     def read(self, pids: frozenset[int]) -> list[DeviceReading]:
+        nvml = self._nvml
+        if nvml is None:
+            raise GpuReadError("NVML read failed: the source is not open")
         try:
-            return [self._read_device(index, handle, pids) for index, handle in self._handles]
-        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
+            return [self._read_device(nvml, index, handle, pids) for index, handle in self._handles]
+        except (nvml.NVMLError, nvml.NVMLLibraryMismatchError) as exc:
             raise GpuReadError(f"NVML read failed: {exc}") from exc
 
-    def _read_device(self, index: int, handle: object, pids: frozenset[int]) -> DeviceReading:
-        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    @staticmethod
+    def _read_device(
+        nvml: ModuleType, index: int, handle: object, pids: frozenset[int]
+    ) -> DeviceReading:
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         try:
-            utilization = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        except pynvml.NVMLError as exc:
-            if not _unsupported(exc):
+            utilization = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nvml.NVMLError as exc:
+            if not _unsupported(nvml, exc):
                 raise
             utilization = math.nan
         try:
-            power = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0  # mW
-        except pynvml.NVMLError as exc:
-            if not _unsupported(exc):
+            power = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0  # mW
+        except nvml.NVMLError as exc:
+            if not _unsupported(nvml, exc):
                 raise
             power = math.nan
         try:
             temperature: float | None = float(
-                pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+                nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
             )
-        except pynvml.NVMLError as exc:
-            if not _unsupported(exc):
+        except nvml.NVMLError as exc:
+            if not _unsupported(nvml, exc):
                 raise
             temperature = None
         process_used = 0
         if pids:
             try:
-                processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            except pynvml.NVMLError as exc:
-                if not _unsupported(exc):
+                processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except nvml.NVMLError as exc:
+                if not _unsupported(nvml, exc):
                     raise
                 processes = []
             process_used = sum(int(p.usedGpuMemory or 0) for p in processes if int(p.pid) in pids)
@@ -272,11 +308,11 @@ class NvmlSource:
 
     def close(self) -> None:
         self._handles = []
-        if self._initialised:
-            self._initialised = False
+        nvml, self._nvml = self._nvml, None
+        if nvml is not None:
             try:
-                pynvml.nvmlShutdown()
-            except pynvml.NVMLError as exc:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError as exc:
                 log.debug("nvmlShutdown failed: %s", exc)
 
 
@@ -382,8 +418,11 @@ def make_source(
     *,
     base_url: str | None = None,
     device_indices: Sequence[int] | None = None,
+    visible: str | None = None,
 ) -> GpuSource:
-    """The source named on the command line (``--gpu-source nvml|sim|none``)."""
+    """The source named on the command line (``--gpu-source nvml|sim|none``); NVML reads
+    the GPUs the server may use (``visible``: its CUDA_VISIBLE_DEVICES where it is given
+    one, else this process's)."""
     accepted = ", ".join(k.value for k in GpuSourceKind)
     try:
         source_kind = GpuSourceKind(kind.strip().lower())
@@ -391,7 +430,7 @@ def make_source(
         raise ConfigError(f"unknown GPU source {kind!r}; accepted: {accepted}") from None
     match source_kind:
         case GpuSourceKind.NVML:
-            return NvmlSource(device_indices)
+            return NvmlSource(device_indices, visible=visible)
         case GpuSourceKind.SIM:
             if not base_url:
                 raise ConfigError("GPU source 'sim' needs the sim-serve URL (http://host:port)")
@@ -400,15 +439,19 @@ def make_source(
             return NoneSource()
 
 
-def release_watch(kind: str) -> GpuSource | None:
+def release_watch(kind: str, *, visible: str | None = None) -> GpuSource | None:
     """What a launch watches to know the previous server's device memory is free again.
 
     NVML on a GPU host (vLLM's workers can hold memory for a moment after their process
     group is gone); nothing for the simulated engine, whose virtual device belongs to its
     own process and is gone when it exits, or where no GPU is sampled. Every launch path
-    (trial, edge probe, confirmation, serve) takes its memory source from here.
+    (trial, edge probe, confirmation, serve) takes its memory source from here. It watches
+    the server's GPUs only (``visible``, else this process's CUDA_VISIBLE_DEVICES): another
+    job's memory on a GPU the server does not use is never waited for.
     """
-    return NvmlSource() if GpuSourceKind(kind) is GpuSourceKind.NVML else None
+    if GpuSourceKind(kind) is not GpuSourceKind.NVML:
+        return None
+    return NvmlSource(visible=visible)
 
 
 # --- process tree ----------------------------------------------------------------------------

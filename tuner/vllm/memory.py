@@ -663,7 +663,8 @@ def _invalid_configuration(
         return scheduler
     if model.num_attention_heads % tp:
         return msg.heads_not_divisible(model.num_attention_heads, tp)
-    if params.kv_cache_dtype not in gpu.kv_cache_dtypes and params.kv_cache_dtype.startswith("fp8"):
+    fp8 = params.kv_cache_dtype.startswith("fp8")
+    if fp8 and params.kv_cache_dtype not in gpu.kv_cache_dtypes_in(version):
         return msg.kv_dtype_unsupported(params.kv_cache_dtype, gpu.name, gpu.compute_capability)
     if not model.is_mla and p.block_size % 16:
         return msg.block_size_not_multiple_of_16()

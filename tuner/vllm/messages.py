@@ -204,6 +204,7 @@ def kv_dtype_unsupported(kv_cache_dtype: str, gpu_name: str, cc: tuple[int, int]
         error_type="ValueError",
         message=(
             f"No attention backend supports kv_cache_dtype={kv_cache_dtype} on {gpu_name} "
-            f"(compute capability {cc[0]}.{cc[1]}): fp8 KV cache needs compute capability 8.9 or newer."
+            f"(compute capability {cc[0]}.{cc[1]}): below compute capability 8.9 an fp8 KV "
+            "cache needs vLLM 0.11 or newer (FlashInfer)."
         ),
     )
