@@ -29,7 +29,7 @@ from reports.run_data import (
     TrialRow,
 )
 from tuner.errors import TunerError
-from tuner.search.edge import EdgeProbe
+from tuner.search.edge import EdgeProbe, ProbeVerdict
 from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.space import Knob, TrialParams
 from tuner.serving.server import TrialOutcome
@@ -196,7 +196,7 @@ EDGE_CATEGORIES = {
     EdgeCategory.OVER: ("started, ran out of memory or died under load", "#6a1b9a", "circle"),
     EdgeCategory.OOM: ("failed to start: out of memory", "#c62828", "x"),
     EdgeCategory.INVALID: ("failed to start: rejected settings", "#455a64", "x"),
-    EdgeCategory.OTHER: ("failed to start: timeout or crash", "#8d6e63", "x"),
+    EdgeCategory.OTHER: ("inconclusive: timeout, crash or failed requests", "#8d6e63", "x"),
     EdgeCategory.SCREENED: (
         "not launched: the memory model says it cannot start", "#9e9e9e", "circle-open",
     ),
@@ -233,6 +233,8 @@ def _trial_category(ev: Evaluation) -> EdgeCategory:
 def _probe_category(p: EdgeProbe) -> EdgeCategory:
     if p.survived:
         return EdgeCategory.HELD
+    if p.verdict is ProbeVerdict.INCONCLUSIVE:  # failed not by memory: says nothing of it
+        return EdgeCategory.OTHER
     if p.outcome is TrialOutcome.READY:
         return EdgeCategory.OVER
     return _category_of_outcome(p.outcome)

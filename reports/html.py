@@ -549,8 +549,8 @@ def _utilization_edge_line(e: KnobEdge) -> str:
     """Where the --gpu-memory-utilization edge was found, beside the memory model's guess."""
     return (
         f"--gpu-memory-utilization edge: {_value(e.highest_ok)} held, "
-        f"{_value(e.lowest_failed)} failed ({e.launches} launch(es); the "
-        f"memory model predicted {_value(e.predicted)})."
+        f"{_value(e.lowest_failed)} ran out of memory ({e.launches} launch(es); the "
+        f"memory model predicted {_value(e.predicted)}){'; ' + e.note if e.note else ''}."
     )
 
 
@@ -560,7 +560,7 @@ def _seqs_edge_line(e: KnobEdge) -> str:
         return f"--max-num-seqs edge: not probed ({e.note or 'no launch budget'})."
     return (
         f"--max-num-seqs edge: {_value(e.highest_ok)} held, {_value(e.lowest_failed)} "
-        f"failed ({e.launches} launch(es)){'; ' + e.note if e.note else ''}."
+        f"ran out of memory ({e.launches} launch(es)){'; ' + e.note if e.note else ''}."
     )
 
 
@@ -713,6 +713,7 @@ def _edge(data: RunData) -> dict[str, Any]:
                     "flags": [f"--{k} {_value(v)}" for k, v in p.flags.items()],
                     "predicted": "starts" if p.predicted_fits else ("fails" if p.predicted_fits is False else "–"),
                     "outcome": p.outcome.value, "survived": p.survived,
+                    "verdict": p.verdict.value, "said": p.said(),
                     "failure": f"{p.failure_kind}: {p.failure_message}" if p.failure_kind else "",
                     "peak": _gib(p.peak_used_bytes), "total": _gib(p.total_bytes),
                     "headroom": _gib(p.headroom_bytes), "kv_tokens": _num(p.kv_cache_tokens, 0),
@@ -736,7 +737,8 @@ def _edge(data: RunData) -> dict[str, Any]:
         "absent": absent,
         "worst_case": (
             f"{worst.concurrency} requests at once, each a {worst.prompt_tokens}-token prompt and "
-            f"{worst.output_tokens} output tokens (the workload's longest), for {worst.load_s:g} s"
+            f"{worst.output_tokens} output tokens (the workload's longest), held until the KV "
+            f"cache peaked or every output finished, at most {worst.load_s:g} s"
             if worst is not None
             else ""
         ),
@@ -776,9 +778,7 @@ def _memory(data: RunData) -> list[ChartView]:
             if p.outcome is not TrialOutcome.READY and not (pdir / "gpu.csv").is_file():
                 continue
             flags = " ".join(f"{k} {_value(v)}" for k, v in p.flags.items())
-            label = (
-                f"Edge probe {i}: {flags} — {'held' if p.survived else p.failure_kind or 'failed'}"
-            )
+            label = f"Edge probe {i}: {flags} — {p.said()}"
             tl = timeline(label, pdir, [("worst-case load", pdir / "load")])
             out.append(_figure(memory_timeline(f"memory-probe-{i}", tl, data.time_scale)))
     return out
@@ -1114,7 +1114,7 @@ def _how(data: RunData) -> dict[str, Any]:
         ("Measured rates per trial", f"up to {c.max_levels}, {_level_text(c)}"),
         ("Screening by the memory model", "on" if c.screen else "off"),
         ("OOM-edge search", f"up to {c.max_edge_launches} + {c.seqs_edge_launches} launches, "
-         f"{c.edge_load_s:g} s of worst-case load each, resolution {c.edge_resolution:g}"
+         f"the worst case held at most {c.edge_load_s:g} s each, resolution {c.edge_resolution:g}"
          if c.edge else "off (--no-edge)"),
         ("Confirmation", f"{c.repeats} run(s) of the recommendation" if c.confirm else "off (--no-confirm)"),
         ("Safety margin", f"{c.safety_margin:g} of utilization below the edge"),

@@ -15,6 +15,7 @@ read what an older one wrote. ``RunLayout`` names each path once::
     <run>/confirm/<variant>[-<k>]/      the confirmation runs of the recommended variants
     <run>/recommendation/               recommendation.json and the deployable configs
     <run>/twin.json                     the twin's timing factors, fitted to the measured levels
+    <run>/budget.json                   the time budget: every launch's seconds, every launch skipped
 
 Pure: no I/O beyond ``Path`` arithmetic; imports nothing of the tuner.
 """
@@ -40,6 +41,7 @@ WINDOW_JSON = "window.json"  # in a level's directory: when its window opened
 BACKLOG_JSON = "backlog.json"  # in a level's directory: the backlog guard's verdict
 TWIN_JSON = "twin.json"  # the twin's timing factors and every fit that led to them
 LANDSCAPE_JSON = "landscape.json"  # the twin's goodput for every setting of the space
+BUDGET_JSON = "budget.json"  # every launch's seconds and every launch skipped for time
 
 
 def level_name(index: int) -> str:
@@ -85,6 +87,10 @@ class RunLayout:
     @property
     def landscape_json(self) -> Path:
         return self.root / LANDSCAPE_JSON
+
+    @property
+    def budget_json(self) -> Path:
+        return self.root / BUDGET_JSON
 
     @property
     def trials_dir(self) -> Path:

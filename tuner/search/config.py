@@ -100,7 +100,9 @@ class TuneConfig(BaseModel):
     edge_resolution: float = Field(default=0.01, gt=0, le=0.1)
     max_edge_launches: int = Field(default=4, ge=1)
     seqs_edge_launches: int = Field(default=2, ge=0)
-    edge_load_s: float = Field(default=8.0, gt=0)
+    # The longest an edge probe's worst case is held (emulated seconds): it ends sooner once
+    # the KV cache has peaked or every output finished (tuner.search.edge).
+    edge_load_s: float = Field(default=120.0, gt=0)
     safety_margin: float = Field(default=0.02, ge=0, lt=0.5)  # utilization kept from the edge
     confirm: bool = True
     repeats: int = Field(default=1, ge=1)  # confirmation runs of the recommendation

@@ -10,6 +10,7 @@ GPU timeline and one directory per measured rate.
 from __future__ import annotations
 
 import logging
+import time
 from enum import StrEnum
 from pathlib import Path
 
@@ -98,6 +99,13 @@ class Evaluation(BaseModel):
     kv_fill: KvFill | None = None
     client_saturated: bool = False
     time_scale: float = 1.0
+    # Wall seconds of the launch (spawn to ready, or to its failure), of what was measured
+    # on it (KV fill, warm-up, levels) and of its stop (with the device memory's release):
+    # the tune's time budget counts launches by them (tuner.search.budget). None: screened,
+    # or written before they were recorded.
+    launch_s: float | None = None
+    levels_s: float | None = None
+    stop_s: float | None = None
 
     @property
     def stated_goodput(self) -> Goodput:
@@ -218,7 +226,9 @@ def evaluate(
     live = live_server(ctx, setup, params, out_dir, registry)
     search: RateSearch | None = None
     kv_fill: KvFill | None = None
+    began = time.monotonic()
     with live:
+        launched = measured = time.monotonic()
         startup = live.startup
         assert startup is not None
         if live.ready:
@@ -245,7 +255,15 @@ def evaluate(
                 predicted_answer_times=predicted_answer_times,
                 chain=live.chain if config.chain_levels else None, start_held=start_held,
             )  # fmt: skip
+            measured = time.monotonic()
     evaluation = _evaluation(ctx, setup, params, out_dir, startup, search, live, kv_fill)
+    evaluation = evaluation.model_copy(
+        update={
+            "launch_s": launched - began,
+            "levels_s": measured - launched,
+            "stop_s": time.monotonic() - measured,
+        }
+    )
     evaluation.write()
     if evaluation.backlog_note:
         log.info("%s: %s", out_dir, evaluation.backlog_note)

@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -41,6 +42,7 @@ from tuner.deploy import (
 )
 from tuner.drain import drain_timing
 from tuner.rundir import RECOMMENDATION_JSON, RunLayout
+from tuner.search.budget import LaunchKind, TimeBudget
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.edge import EdgeResult
 from tuner.search.evaluate import Evaluation, Verdict, evaluate
@@ -174,6 +176,9 @@ class Recommendation(BaseModel):
     variants: list[Variant]
     default: Variant | None
     edge: EdgeResult | None
+    # Confirmation runs not launched because they would not have finished in the time
+    # budget, each with why (tuner.search.budget)
+    skipped: list[str] = []
     calibration: Calibration | None
     capacity: Capacity | None
     time_scale: float
@@ -344,12 +349,29 @@ def confirm(
     repeats: int,
     max_levels: int = 3,
     start_held: bool = False,
-) -> Measured:
+    budget: TimeBudget | None = None,
+    deadline_s: float | None = None,
+    level_s: float = 0.0,
+    skipped: list[str] | None = None,
+) -> Measured | None:
     """``repeats`` runs of ``params`` from ``start_rate_per_s``; ``start_held``: a trial of
-    these settings held there or above (``search_rate``)."""
+    these settings held there or above (``search_rate``). With ``budget``, a run is
+    launched only when its launch (as measured) and ``max_levels`` levels of ``level_s``
+    end before ``deadline_s``; what was not is added to ``skipped``. None: no run was."""
     runs: list[Evaluation] = []
     for i in range(repeats):
         out_dir = RunLayout(ctx.run_dir).confirm_run_dir(name, None if repeats == 1 else i)
+        if budget is not None:
+            label = f"confirmation of {name}" + (f" (run {i + 1})" if repeats > 1 else "")
+            skip = budget.fits(
+                LaunchKind.CONFIRMATION, label,
+                budget.launch_estimate_s() + max_levels * level_s, deadline_s=deadline_s,
+            )  # fmt: skip
+            if skip is not None:
+                if skipped is not None:
+                    skipped.append(skip.text())
+                break
+        began = time.monotonic()
         runs.append(
             evaluate(
                 ctx,
@@ -362,7 +384,14 @@ def confirm(
                 start_held=start_held,
             )
         )
-    return measured_of(runs)
+        ran = runs[-1]
+        if budget is not None and ran.launch_s is not None:
+            budget.record(
+                LaunchKind.CONFIRMATION, f"confirmation {out_dir.name}", began_s=began,
+                launch_s=ran.launch_s, measure_s=ran.levels_s, stop_s=ran.stop_s,
+                ready=ran.verdict is not Verdict.STARTUP_FAILED, deadline_s=deadline_s,
+            )  # fmt: skip
+    return measured_of(runs) if runs else None
 
 
 def make_variant(
@@ -442,10 +471,17 @@ def recommend(
     registry: ChildRegistry,
     progress: Any,
     start_rate: Callable[[TrialParams], float | None] | None = None,
+    budget: TimeBudget | None = None,
+    deadline_s: float | None = None,
 ) -> Recommendation:
-    """Confirm the variants (when configured), write every config, return the recommendation."""
+    """Confirm the variants (when configured), write every config, return the recommendation.
+    With ``budget``, no confirmation is launched that would not end before ``deadline_s``
+    (monotonic; default the budget's end): it is said, and kept in ``skipped``."""
     points = variant_params(ctx, best.params, edge)
     variants: list[Variant] = []
+    skipped: list[str] = []
+    # a level as long as the best trial's took (its warm-up included)
+    level_s = (best.levels_s or 0.0) / len(best.levels) if best.levels else 0.0
     held_rate: float | None = None  # the rate the recommendation held, for the other variants
     for name, params in points.items():
         for r in ctx.space.ranges:  # stay inside what the search allowed
@@ -472,11 +508,18 @@ def recommend(
                 name == "recommended" and start is not None
                 and best.rate_per_s is not None and start <= best.rate_per_s
             )  # fmt: skip
+            before = len(skipped)
             measured = confirm(
                 ctx, setup, name, params, registry=registry, start_rate_per_s=start,
                 repeats=repeats, max_levels=3 if name == "recommended" else 1,
-                start_held=held_before,
+                start_held=held_before, budget=budget, deadline_s=deadline_s, level_s=level_s,
+                skipped=skipped,
             )  # fmt: skip
+            for line in skipped[before:]:
+                progress(f"confirm     {line}")
+            if measured is None:
+                variants.append(make_variant(ctx, name, params, None, edge))
+                continue
             if name == "recommended":
                 held_rate = measured.rate_per_s
             at = measured.offered_rate_per_s
@@ -517,6 +560,7 @@ def recommend(
         variants=variants,
         default=default_variant,
         edge=edge,
+        skipped=skipped,
         calibration=setup.calibration,
         capacity=capacity(ctx, goodput, gpus_per_replica=ctx.gpus_of(recommended.params)),
         time_scale=setup.time_scale,

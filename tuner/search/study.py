@@ -38,6 +38,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, Prog
 from tuner.errors import ConfigError, LogParseError
 from tuner.rundir import RunLayout, evaluation_json
 from tuner.search import optuna_store
+from tuner.search.budget import LaunchKind, TimeBudget
 from tuner.search.compile_cache import CompileLaunches
 from tuner.search.config import TuneConfig
 from tuner.search.context import StudySetup, TuneContext, auto_stream_fraction, auto_time_scale
@@ -725,7 +726,13 @@ class TrialLoop:
         *,
         deadline_s: float,
         progress: Progress,
+        budget: TimeBudget | None = None,
+        reserve_s: Callable[[], float] | None = None,
     ) -> None:
+        """``deadline_s``: when the search stops starting trials (monotonic). With ``budget``
+        (the tune's, which counts every launch) and ``reserve_s`` (what the edge search and
+        the confirmations after it take, re-estimated from the launches measured), the
+        search stops at the budget's end less the reserve, re-read before every trial."""
         self.ctx = ctx
         # How every trial is measured: the study's own once prepare() has read it, then
         # calibrated after the first real startup (each launch is given the one of now).
@@ -737,7 +744,12 @@ class TrialLoop:
         self.registry = registry
         self.deadline_s = deadline_s
         self.progress = progress
+        self.budget = budget
+        self.reserve_s = reserve_s
         self.trial_estimate_s = 0.0
+        self.levels_estimate_s = 0.0  # what a trial measures once launched (wall seconds)
+        self.last_evaluation: Evaluation | None = None  # this worker's last trial's
+        self._launch_deadline_s = deadline_s  # what the next trial was checked against
         self._predicted: dict[str, SustainedRate] = {}
         self._current_trial: int | None = None
         self.twin = TwinSearch(ctx, progress)
@@ -880,6 +892,7 @@ class TrialLoop:
             optuna_store.fail_stale(self.study)
             done = len(self.complete_trials())
             running = len(self.running_trials())
+            self._update_deadline()
             left = self.deadline_s - time.monotonic()
             if done >= wanted and running == 0:
                 return
@@ -899,11 +912,7 @@ class TrialLoop:
                 time.sleep(OTHERS_POLL_S)
                 continue
             said_waiting = False
-            if done > 0 and left < self.trial_estimate_s:
-                self.progress(
-                    f"time budget: {left:.0f} s left, a trial takes ~{self.trial_estimate_s:.0f} s; "
-                    "stopping the search"
-                )
+            if not self._next_trial_fits(done, left):
                 return
             began = time.monotonic()
             try:
@@ -916,6 +925,61 @@ class TrialLoop:
             self.trial_estimate_s = (
                 max(self.trial_estimate_s * 0.5, took) if self.trial_estimate_s else took
             )
+
+    # -- the time budget ----------------------------------------------------------------------
+
+    def _update_deadline(self) -> None:
+        """The search's deadline: the budget's end less what the edge search and the
+        confirmations are now estimated to take (launches measured so far)."""
+        if self.budget is not None and self.reserve_s is not None:
+            self.deadline_s = self.budget.deadline_s - self.reserve_s()
+
+    def _next_trial_fits(self, done: int, left_s: float) -> bool:
+        """Whether the next trial's launch is started: the first one (vLLM's defaults, the
+        baseline) when its launch ends before the budget's end; the next ones when a whole
+        trial (a launch as measured, and what trials measured once launched) ends before
+        the search's deadline. Said when not."""
+        budget = self.budget
+        if budget is None:  # the trials' own wall time only
+            if done > 0 and left_s < self.trial_estimate_s:
+                self.progress(
+                    f"time budget: {left_s:.0f} s left, a trial takes ~{self.trial_estimate_s:.0f} s; "
+                    "stopping the search"
+                )
+                return False
+            return True
+        if done == 0 and self.levels_estimate_s == 0.0:
+            self._launch_deadline_s = budget.deadline_s
+            skip = budget.fits(LaunchKind.TRIAL, "the first trial", budget.launch_estimate_s())
+        else:
+            self._launch_deadline_s = self.deadline_s
+            need = budget.launch_estimate_s() + self.levels_estimate_s
+            reserve = max(0.0, budget.deadline_s - self.deadline_s)
+            skip = budget.fits(
+                LaunchKind.TRIAL, "the next trial", need, deadline_s=self.deadline_s,
+                note=f"{reserve:.0f} s kept for the OOM edge and the confirmations",
+            )  # fmt: skip
+        if skip is None:
+            return True
+        self.progress(f"time budget: {skip.text()}; stopping the search")
+        return False
+
+    def _count_launch(self, number: int, ev: Evaluation) -> None:
+        """The trial's launch in the budget, and what its levels took in the estimate."""
+        self.last_evaluation = ev
+        if ev.launch_s is None:
+            return  # screened: nothing launched
+        levels = ev.levels_s or 0.0
+        self.levels_estimate_s = max(self.levels_estimate_s * 0.5, levels)
+        if self.budget is not None:
+            self.budget.record(
+                LaunchKind.TRIAL, f"trial {number}",
+                began_s=time.monotonic() - (ev.launch_s + levels + (ev.stop_s or 0.0)),
+                launch_s=ev.launch_s, measure_s=ev.levels_s, stop_s=ev.stop_s,
+                ready=ev.outcome is not None and ev.verdict is not Verdict.STARTUP_FAILED,
+                deadline_s=self._launch_deadline_s,
+            )  # fmt: skip
+        self._update_deadline()  # the reserve, with this launch measured
 
     def _twin_turn(self) -> None:
         """The twin's part before a trial: its screen started beside the first one (vLLM's
@@ -992,6 +1056,7 @@ class TrialLoop:
             predicted_rate_per_s=(predicted.rate_per_s or None) if predicted else None,
             predicted_answer_times=predicted.answer_times if predicted else None,
         )  # fmt: skip
+        self._count_launch(trial.number, evaluation)
         self._calibrate(evaluation)
         self._learn(trial.number, params, evaluation, predicted)
         record(trial, evaluation, role=role)

@@ -38,11 +38,14 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError, TunerError
 from tuner.rundir import RunLayout
+from tuner.search import optuna_store
+from tuner.search.budget import FINISH_S, TimeBudget, launch_prior_s
 from tuner.search.config import TuneConfig
 from tuner.search.context import StudySetup, TuneContext, resolve
-from tuner.search.edge import EdgeResult, find_edge
+from tuner.search.edge import EdgeResult, find_edge, hold_prior_s, worst_case
+from tuner.search.evaluate import Evaluation
 from tuner.search.landscape import Landscape, read_landscape
-from tuner.search.optuna_store import FrozenTrial, Study
+from tuner.search.optuna_store import FrozenTrial, Study, TrialState
 from tuner.search.parallelism import ParallelismComparison, compare
 from tuner.search.rate_search import (
     Goodput,
@@ -152,27 +155,76 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def reserve_s(ctx: TuneContext, setup: StudySetup) -> float:
-    """Wall time kept back for the edge search and the confirmation runs: what they take
-    in the usual case (the calibrated model puts the edge within three launches, a
-    confirmation measures two or three rates)."""
+def edge_reserve_s(
+    ctx: TuneContext,
+    setup: StudySetup,
+    budget: TimeBudget | None = None,
+    best: Evaluation | None = None,
+) -> float:
+    """The edge search in the usual case (the calibrated model puts the edge within three
+    launches): each a launch (as measured, else the prior) and its worst case's hold
+    (``hold_prior_s``, from the best trial's answers)."""
     c = ctx.config
+    if not c.edge or ctx.gpu is None:
+        return 0.0
+    launch = budget.launch_estimate_s() if budget is not None else launch_prior_s(ctx)
+    case = worst_case(ctx, 1)  # (the hold's prior needs its output and its cap only)
+    hold = c.load_generators().startup_lead_s + hold_prior_s(ctx, case, best) * setup.time_scale
+    return min(c.max_edge_launches, 3) * (launch + hold)
+
+
+def confirm_reserve_s(
+    ctx: TuneContext,
+    setup: StudySetup,
+    budget: TimeBudget | None = None,
+    best: Evaluation | None = None,
+) -> float:
+    """The confirmation runs: the recommendation's (``repeats``, up to three rates each) and
+    two variants' (one rate); a launch each (as measured, else the prior) and its levels (a
+    level as the best trial's took, else as planned)."""
+    c = ctx.config
+    if not c.confirm:
+        return 0.0
     k = setup.time_scale
-    overhead = 10.0  # launch, readiness, load generator start
-    edge_launches = min(c.max_edge_launches, 3)
-    edge = edge_launches * (overhead + c.edge_load_s * k) if c.edge else 0.0
-    rate = c.rate or ctx.workload.mean_rate_per_s
-    _, plan, _ = plan_level_schedule(
-        ctx.workload, rate, window_s=c.level_duration_s, warmup_s=c.level_warmup_s
-    )
-    level = (plan.warmup_min_s + plan.window_s + drain_s(ctx.workload)) * k + 4.0
-    warm = ctx.workload.warmup.duration_s * k
-    confirm = (
-        (overhead + warm + 3 * level) * c.repeats + 2 * (overhead + warm + level)
-        if c.confirm
-        else 0.0
-    )
-    return 1.25 * (edge + confirm)  # a busy machine runs them slower than planned
+    launch = budget.launch_estimate_s() if budget is not None else launch_prior_s(ctx)
+    if best is not None and best.levels_s is not None and best.levels:
+        level = best.levels_s / len(best.levels)
+        warm = 0.0  # in the trial's levels_s
+    else:
+        rate = c.rate or ctx.workload.mean_rate_per_s
+        _, plan, _ = plan_level_schedule(
+            ctx.workload, rate, window_s=c.level_duration_s, warmup_s=c.level_warmup_s
+        )
+        level = (plan.warmup_min_s + plan.window_s + drain_s(ctx.workload)) * k + 4.0
+        warm = ctx.workload.warmup.duration_s * k
+    return (launch + warm + 3 * level) * c.repeats + 2 * (launch + warm + level)
+
+
+def reserve_s(
+    ctx: TuneContext,
+    setup: StudySetup,
+    budget: TimeBudget | None = None,
+    best: Evaluation | None = None,
+) -> float:
+    """Wall time kept back from the trials for the edge search, the confirmation runs and
+    what follows them: their launches as measured so far (``budget``; before any, the
+    stated prior of ``tuner.search.budget``), a quarter more (a busy machine runs them
+    slower than planned), and ``FINISH_S``."""
+    parts = edge_reserve_s(ctx, setup, budget, best) + confirm_reserve_s(ctx, setup, budget, best)
+    return 1.25 * parts + FINISH_S
+
+
+def _best_evaluation(study: Study) -> Evaluation | None:
+    """The best trial's evaluation so far, else (none met the SLOs yet) the last one that
+    measured levels: its answers estimate the edge's hold, its levels a confirmation's."""
+    best = best_trial(study)
+    if best is not None:
+        return load_evaluation(best)
+    for trial in reversed(optuna_store.trials_in(study, TrialState.COMPLETE)):
+        evaluation = load_evaluation(trial)
+        if evaluation is not None and evaluation.levels:
+            return evaluation
+    return None
 
 
 def _log_to(path: Path) -> logging.Handler:
@@ -235,14 +287,19 @@ def _run(
                 progress(
                     f"resume: {failed} trial(s) cut off by an earlier run marked failed and retried"
                 )
-        deadline = began + config.budget_min * 60.0
-        loop = TrialLoop(ctx, opened, registry, deadline_s=deadline, progress=progress)
+        budget = TimeBudget.of(ctx, began, RunLayout(ctx.run_dir).budget_json)
+        deadline = budget.deadline_s
+        loop = TrialLoop(
+            ctx, opened, registry, deadline_s=deadline, progress=progress, budget=budget,
+            reserve_s=lambda: reserve_s(
+                ctx, loop.setup, budget, _best_evaluation(loop.study) or loop.last_evaluation
+            ),
+        )  # fmt: skip
         setup = loop.prepare()
         _write_atomic(
             RunLayout(ctx.run_dir).tune_json,
             json.dumps({**describe(ctx), "time_scale": setup.time_scale}, indent=2, default=str),
         )
-        loop.deadline_s = deadline - reserve_s(ctx, setup)
         loop.run()
         setup = loop.setup  # calibrated by the first real startup, if this worker saw one
         best = best_trial(study)
@@ -257,7 +314,9 @@ def _run(
             # (the study in the run directory has no other worker: a resumed run finalizes
             # again, also when an earlier run claimed it and was cut off or had fewer trials)
             finalized = True
-            rec = _finalize(ctx, setup, study, best, registry, progress, loop.start_rate)
+            rec = _finalize(
+                ctx, setup, study, best, registry, progress, loop.start_rate, budget=budget
+            )
         else:
             progress(
                 "another worker of this study finalizes it (edge search, recommendation); "
@@ -363,7 +422,12 @@ def _finalize(
     registry: ChildRegistry,
     progress: Progress,
     start_rate: Callable[[TrialParams], float | None],
+    *,
+    budget: TimeBudget | None = None,
 ) -> Recommendation | None:
+    """The edge search and the recommendation; with ``budget``, the edge's probes stop in
+    time for the confirmations (as estimated now), and no launch of either runs past the
+    budget's end less ``FINISH_S``."""
     evaluation = load_evaluation(best)
     if evaluation is None:
         progress(f"the best trial's evidence ({best.user_attrs.get('dir')}) is not on this host")
@@ -371,12 +435,22 @@ def _finalize(
     default = default_trial(study)
     default_eval = load_evaluation(default) if default is not None else None
     edge: EdgeResult | None = None
+    end = budget.deadline_s - FINISH_S if budget is not None else None
     if ctx.config.edge:
         progress(f"OOM edge of trial {best.number}'s settings: {evaluation.params.short()}")
-        edge = find_edge(ctx, setup, evaluation.params, registry, progress)
+        edge_deadline = (
+            end - 1.25 * confirm_reserve_s(ctx, setup, budget, evaluation)
+            if budget is not None and end is not None
+            else None
+        )
+        edge = find_edge(
+            ctx, setup, evaluation.params, registry, progress, budget=budget,
+            deadline_s=edge_deadline, best=evaluation,
+        )  # fmt: skip
     rec = recommend(
         ctx, setup, best_number=best.number, best=evaluation, default=default_eval, edge=edge,
-        registry=registry, progress=progress, start_rate=start_rate,
+        registry=registry, progress=progress, start_rate=start_rate, budget=budget,
+        deadline_s=end,
     )  # fmt: skip
     _say_recommendation(rec, ctx.run_dir, progress)
     return rec
@@ -396,10 +470,21 @@ def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) 
         progress(f"  vLLM defaults: goodput {rec.default.measured.stated_goodput.text()}")
     if rec.edge is not None and rec.edge.utilization is not None:
         e = rec.edge.utilization
+        failed = (
+            f"{e.lowest_failed} ran out of memory"
+            if e.lowest_failed is not None
+            else "none ran out of memory"
+        )
         progress(
-            f"  OOM edge: gpu-memory-utilization {e.highest_ok} held, {e.lowest_failed} failed "
+            f"  OOM edge: gpu-memory-utilization {e.highest_ok} held, {failed} "
             f"({e.launches} launches); headroom kept {r.utilization_headroom}"
         )
+        if e.note:
+            progress(f"    {e.note}")
+    elif rec.edge is not None and rec.edge.skipped:
+        progress(f"  OOM edge not searched: {rec.edge.skipped}")
+    for line in rec.skipped:
+        progress(f"  {line}")
     if rec.capacity is not None:
         c = rec.capacity
         progress(

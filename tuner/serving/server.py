@@ -378,6 +378,11 @@ class ServerProcess:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    @property
+    def baseline_used_bytes(self) -> dict[int, int]:
+        """Each device's used memory before the launch, by index (empty: not read)."""
+        return dict(self._baseline_used)
+
     def exit_code(self) -> int | None:
         return self._proc.poll() if self._proc else None
 

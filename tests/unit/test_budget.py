@@ -1,0 +1,94 @@
+"""The tune's time budget: launches counted as measured (a stated prior before any), the
+reserve for the edge and the confirmations growing with them, and a launch that would not
+end before its deadline not started, with why."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.search.budget import (
+    SIM_LAUNCH_OVERHEAD_S,
+    VLLM_LAUNCH_PRIOR_S,
+    LaunchKind,
+    TimeBudget,
+    launch_prior_s,
+)
+from tuner.search.config import load_config
+from tuner.search.context import StudySetup, TuneContext, resolve
+from tuner.search.tune import reserve_s
+from tuner.serving.server import Backend
+
+TINY = Path(__file__).resolve().parents[1] / "fixtures" / "workloads" / "tiny.yaml"
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> TuneContext:
+    config = load_config(
+        None,
+        {
+            "backend": "sim", "gpu": "L4", "model": "llama-3.1-8b", "workload": str(TINY),
+            "max_model_len": 256, "run_dir": tmp_path / "run", "sim_startup_delay_s": 4.0,
+            "budget_min": 10.0,
+        },
+    )  # fmt: skip
+    return resolve(config)
+
+
+def _budget(ctx: TuneContext, path: Path | None = None) -> TimeBudget:
+    return TimeBudget.of(ctx, time.monotonic(), path)
+
+
+def _launch(budget: TimeBudget, seconds: float, *, ready: bool = True) -> None:
+    budget.record(
+        LaunchKind.TRIAL, "trial", began_s=time.monotonic(), launch_s=seconds, measure_s=20.0,
+        stop_s=1.0, ready=ready,
+    )  # fmt: skip
+
+
+def test_a_launch_is_the_stated_prior_until_one_is_measured(ctx: TuneContext) -> None:
+    budget = _budget(ctx)
+    assert launch_prior_s(ctx) == 4.0 + SIM_LAUNCH_OVERHEAD_S
+    assert budget.launch_estimate_s() == launch_prior_s(ctx)
+    _launch(budget, 150.0)
+    assert budget.launch_estimate_s() == pytest.approx(151.0)  # to ready, and the stop
+    _launch(budget, 2.0, ready=False)  # a launch that failed fast says nothing of one that starts
+    assert budget.launch_estimate_s() == pytest.approx(151.0)
+
+
+def test_vllm_launches_are_estimated_in_minutes_before_any_is_measured(ctx: TuneContext) -> None:
+    real = dataclasses.replace(ctx, backend=Backend.VLLM)
+    assert launch_prior_s(real) == VLLM_LAUNCH_PRIOR_S >= 60.0
+
+
+def test_the_reserve_grows_with_the_launches_measured(ctx: TuneContext) -> None:
+    setup = StudySetup()
+    budget = _budget(ctx)
+    before = reserve_s(ctx, setup, budget)
+    for _ in range(3):
+        _launch(budget, 180.0)  # real vLLM launches: minutes
+    after = reserve_s(ctx, setup, budget)
+    # three edge probes and three confirmation launches at ~181 s each, a quarter more
+    assert after - before == pytest.approx(1.25 * 6 * (181.0 - launch_prior_s(ctx)))
+
+
+def test_a_launch_that_would_not_end_before_the_deadline_is_not_started(
+    ctx: TuneContext, tmp_path: Path
+) -> None:
+    path = tmp_path / "budget.json"
+    budget = TimeBudget(began_s=time.monotonic(), budget_s=100.0, launch_prior_s=60.0, path=path)
+    assert budget.fits(LaunchKind.EDGE_PROBE, "edge probe 0.95", 50.0) is None
+    skip = budget.fits(LaunchKind.EDGE_PROBE, "edge probe 0.96", 150.0)
+    assert skip is not None
+    assert "edge probe 0.96 not started" in skip.text()
+    assert "150 s" in skip.reason and "before the end of the budget" in skip.reason
+    written = json.loads(path.read_text())
+    assert [s["name"] for s in written["skipped"]] == ["edge probe 0.96"]
+    early = budget.fits(
+        LaunchKind.CONFIRMATION, "confirmation", 50.0, deadline_s=time.monotonic() + 10.0
+    )
+    assert early is not None and "its deadline" in early.reason
