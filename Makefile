@@ -20,7 +20,7 @@ SLO_TTFT_MS ?=
 SLO_ITL_MS  ?=
 ARGS       ?=
 
-.PHONY: install test test-vllm-cpu lint tune bench clean vllm-cpu
+.PHONY: install test test-vllm-cpu lint tune bench clean vllm vllm-cpu
 
 install: $(STAMP)
 
@@ -32,6 +32,16 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/uv || $(BIN)/python -m pip install -q --disable-pip-version-check uv
 	$(UV) --python $(BIN)/python -e '.[dev]'
 	touch $(STAMP)
+
+# vLLM for a GPU host, into .venv beside the tuner, where `make tune` finds it: the release
+# pinned by pyproject.toml's `vllm` extra (the newest the tuner emulates), or another with
+# VLLM_VERSION=X.Y.Z (the nightly job's pin). A vLLM of its own elsewhere (PATH, pipx, uv
+# tool) is found too, or named with ARGS="--vllm-cmd '...'".
+VLLM_VERSION ?=
+
+vllm: install
+	$(UV) --python $(BIN)/python $(if $(VLLM_VERSION),'vllm==$(VLLM_VERSION)',-e '.[vllm]')
+	$(BIN)/python -c 'import importlib.metadata as m; print("vLLM", m.version("vllm"), "in $(VENV)")'
 
 # In 2 workers, then alone the tests that assert on send times (they need the cores to
 # themselves). The suite against vLLM's CPU build (tests/vllm_cpu, ~10 min) has its own target.

@@ -19,8 +19,10 @@ themselves show between identical runs is not evidence of a regression. With one
 run there is no measured noise and the tolerance alone decides.
 
 A baseline (``Baseline``, JSON) is a run's figures with what they were measured
-for: model, GPU, workload, SLOs, backend. A run of another model, GPU, workload or
-SLO, or a real GPU against a simulated baseline (or the reverse), is refused.
+for: model, GPU, workload, SLOs, backend, vLLM release. A run of another model, GPU,
+workload or SLO, or a real GPU against a simulated baseline (or the reverse), is
+refused. A run of another minor vLLM release is compared, and said above the table
+(and on top of the job summary): its defaults and kernels differ.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from tuner.rundir import RunLayout, evaluation_json
 from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.recommend import HARNESS_VERSION, Measured, Recommendation, measured_of
 from tuner.serving.server import Backend
+from tuner.vllm.versions import VllmVersion
 
 BASELINE_FORMAT = 1
 DEFAULT_TOLERANCE_PCT = 5.0
@@ -211,6 +214,8 @@ class CheckResult(BaseModel):
     baseline_repeats: int
     rows: list[Row]
     notes: list[str]
+    # the baseline is from another minor vLLM release (compared, said above the table)
+    release_changed: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -313,7 +318,8 @@ def check(
             f"({Metric.GOODPUT.show(goodput.current)} req/s here, "
             f"{Metric.GOODPUT.show(goodput.baseline)} in the baseline): different loads"
         )
-    if baseline.vllm_version != run.vllm_version:
+    release_changed = another_release(baseline.vllm_version, run.vllm_version)
+    if release_changed is None and baseline.vllm_version != run.vllm_version:
         notes.append(f"vLLM {run.vllm_version} (baseline: vLLM {baseline.vllm_version})")
     if baseline.version_hash != run.version_hash:
         notes.append(
@@ -335,6 +341,23 @@ def check(
         baseline_repeats=baseline.repeats,
         rows=rows,
         notes=notes,
+        release_changed=release_changed,
+    )
+
+
+def another_release(baseline_version: str, run_version: str) -> str | None:
+    """One line when the run's vLLM is another minor release than the baseline's (its
+    defaults, scheduler and kernels change between minor releases: the comparison measures
+    vLLM as much as the settings); None within one minor release."""
+    base, now = VllmVersion.read(baseline_version), VllmVersion.read(run_version)
+    if base is not None and now is not None and base.minor_release == now.minor_release:
+        return None
+    if base is None and now is None and baseline_version == run_version:
+        return None
+    return (
+        f"BASELINE FROM ANOTHER vLLM RELEASE: this run measured vLLM {run_version}, the "
+        f"baseline vLLM {baseline_version}; a difference may be vLLM's, not the settings' "
+        "(after a deliberate upgrade, write a new baseline with --update-baseline)"
     )
 
 
@@ -553,6 +576,8 @@ def format_table(result: CheckResult) -> str:
     lines = [_HEADER, *(_cells(r) for r in result.rows)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(_HEADER))]
     out = [f"tuner check: {result.run_dir} against {result.baseline_path}"]
+    if result.release_changed:
+        out.append(f"warning: {result.release_changed}")
     for line in lines:
         first = line[0].ljust(widths[0])
         rest = [cell.rjust(w) for cell, w in zip(line[1:-1], widths[1:-1], strict=True)]
@@ -576,6 +601,10 @@ def format_markdown(result: CheckResult) -> str:
         f"Run {markdown_escape(result.run_dir)} against "
         f"baseline {markdown_escape(result.baseline_path)}.",
         "",
+    ]
+    if result.release_changed:
+        out += [f"> ⚠️ **{markdown_escape(result.release_changed)}**", ""]
+    out += [
         "| " + " | ".join(_HEADER) + " |",
         "| :-- | --: | --: | --: | --: | :-- |",
     ]

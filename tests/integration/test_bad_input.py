@@ -74,6 +74,8 @@ TUNE_CASES = [
     (("--safety-margin", "-0.1"), ("--safety-margin", "-0.1")),
     (("--target-peak-rate", "inf"), ("--target-peak-rate", "inf", "finite")),
     (("--time-scale", "nan"), ("--time-scale", "nan")),
+    # vLLM: 'Total number of attention heads (32) must be divisible by tensor parallel size (3).'
+    (("--tensor-parallel-size", "3"), ("--tensor-parallel-size 3", "heads (32)", "1, 2, 4, 8")),
 ]
 
 

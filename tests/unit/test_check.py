@@ -206,13 +206,28 @@ def test_a_baseline_of_something_else_is_refused(field: str, value: object, says
     assert "\n" not in str(err.value)
 
 
-def test_other_vllm_version_and_settings_are_compared_with_a_note() -> None:
-    baseline = as_baseline(figures())
-    run = figures(vllm_version="0.34", version_hash="def", flags={"max-num-seqs": 16})
+def test_other_vllm_patch_and_settings_are_compared_with_a_note() -> None:
+    baseline = as_baseline(figures(vllm_version="0.33.0"))
+    run = figures(vllm_version="0.33.1", version_hash="def", flags={"max-num-seqs": 16})
     result = check(run, baseline, baseline_path=Path("b.json"), tolerance_pct=5.0)
-    assert result.passed
-    assert any("vLLM 0.34 (baseline: vLLM 0.33)" in n for n in result.notes)
+    assert result.passed and result.release_changed is None
+    assert any("vLLM 0.33.1 (baseline: vLLM 0.33.0)" in n for n in result.notes)
     assert any("--max-num-seqs 16" in n and "--max-num-seqs 32" in n for n in result.notes)
+
+
+def test_a_baseline_from_another_minor_vllm_release_is_flagged() -> None:
+    """The nightly job's vLLM moved (0.33 -> 0.34): the comparison runs, and the gate's
+    table and job summary say first that it compares two vLLM releases."""
+    baseline = as_baseline(figures(vllm_version="0.33.0"))
+    run = figures(vllm_version="0.34.0")
+    result = check(run, baseline, baseline_path=Path("b.json"), tolerance_pct=5.0)
+    assert result.passed and result.release_changed is not None
+    for text in ("ANOTHER vLLM RELEASE", "0.34.0", "0.33.0", "--update-baseline"):
+        assert text in result.release_changed
+    assert format_table(result).splitlines()[1] == f"warning: {result.release_changed}"
+    md = format_markdown(result).splitlines()
+    assert md[4].startswith("> ⚠️ **BASELINE FROM ANOTHER vLLM RELEASE")
+    assert md.index(md[4]) < next(i for i, line in enumerate(md) if line.startswith("| metric"))
 
 
 @pytest.mark.parametrize("tolerance", [-1.0, float("nan"), float("inf")])

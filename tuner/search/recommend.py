@@ -548,7 +548,7 @@ def recommend(
         gpu=ctx.gpu_name,
         backend=ctx.backend,
         simulated=ctx.backend is Backend.SIM,
-        vllm_version=str(ctx.version),
+        vllm_version=ctx.release,  # the release measured (installed), for the gate
         workload=ctx.workload.name,
         slo=[
             f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms"

@@ -73,6 +73,7 @@ from tuner.serving.server import Backend, server_cache_root
 from tuner.serving.window import MIN_WINDOW_S
 from tuner.vllm.log import calibration_from_report
 from tuner.vllm.memory import Calibration
+from tuner.vllm.versions import VllmVersion, logged_disagreement, logged_version
 
 log = logging.getLogger(__name__)
 
@@ -752,6 +753,7 @@ class TrialLoop:
         self._launch_deadline_s = deadline_s  # what the next trial was checked against
         self._predicted: dict[str, SustainedRate] = {}
         self._current_trial: int | None = None
+        self._version_checked = False  # the first vLLM startup's log against the version read
         self.twin = TwinSearch(ctx, progress)
         # What each new (block size, KV dtype) costs: its first launch compiles.
         self.compile_launches = CompileLaunches(server_cache_root(ctx.run_dir / "vllm-cache"))
@@ -1058,6 +1060,7 @@ class TrialLoop:
         )  # fmt: skip
         self._count_launch(trial.number, evaluation)
         self._calibrate(evaluation)
+        self._cross_check_version(evaluation)
         self._learn(trial.number, params, evaluation, predicted)
         record(trial, evaluation, role=role)
         line = self._line(trial.number, evaluation)
@@ -1229,6 +1232,22 @@ class TrialLoop:
             calibration.model_dump_json(indent=2), encoding="utf-8"
         )
         self.progress(f"memory model calibrated from {calibration.source}")
+
+    def _cross_check_version(self, evaluation: Evaluation) -> None:
+        """After the first vLLM launch: one line when the release its startup log names is
+        not the one read from its packages before launching (or assumed, unread)."""
+        if self._version_checked or self.ctx.backend is not Backend.VLLM:
+            return
+        server_log = Path(evaluation.dir) / "server.log"
+        if evaluation.outcome is None or not server_log.is_file():
+            return  # screened, not launched
+        self._version_checked = True
+        logged = logged_version(server_log.read_text(encoding="utf-8", errors="replace"))
+        installed = self.ctx.installed_version
+        read = VllmVersion.read(installed) if installed else None
+        line = logged_disagreement(read, self.ctx.version, logged)
+        if line:
+            self.progress(line)
 
     def _line(self, number: int, ev: Evaluation) -> str:
         # this trial is recorded but not yet complete: the best so far counts it too

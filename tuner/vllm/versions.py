@@ -10,6 +10,7 @@ read, the later one is given.
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
@@ -37,6 +38,8 @@ STARTING_SERVER_LINE = (
     0,
     33,
 )  # "Starting vLLM server on" (before: "Starting vLLM API server 0 on")
+
+_VERSION_TEXT = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+\-]?[0-9A-Za-z.+\-]*)?")
 
 
 class VllmVersion(BaseModel):
@@ -81,19 +84,39 @@ class VllmVersion(BaseModel):
             return (1, 8, 16, 32, 64, 128, 256)
         return (1, 8, 16, 32, 64, 128)
 
+    @property
+    def known(self) -> bool:
+        """A release the tuner emulates: between the oldest supported and the newest known."""
+        return OLDEST_SUPPORTED <= (self.major, self.minor) <= CURRENT_RELEASE
+
+    @property
+    def minor_release(self) -> tuple[int, int]:
+        """(major, minor): releases that differ in it change defaults and behaviour."""
+        return (self.major, self.minor)
+
     def __str__(self) -> str:
         return f"{self.major}.{self.minor}.{self.patch}"
 
     @classmethod
-    def parse(cls, text: str) -> VllmVersion:
-        match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+\-].*)?", text.strip())
-        supported = f"{OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]} to {CURRENT_RELEASE[0]}.{CURRENT_RELEASE[1]}"
+    def read(cls, text: str) -> VllmVersion | None:
+        """The release a version string names (``0.10.1.1``, ``v0.11.0+cpu``,
+        ``0.26.1rc1.dev156+g0eec856cc``), whether or not the tuner knows it; None when it
+        names none."""
+        match = _VERSION_TEXT.fullmatch(text.strip())
         if match is None:
+            return None
+        return cls(major=int(match[1]), minor=int(match[2]), patch=int(match[3] or 0))
+
+    @classmethod
+    def parse(cls, text: str) -> VllmVersion:
+        """A release the tuner emulates (``--vllm-version``); one line naming the range else."""
+        version = cls.read(text)
+        supported = f"{OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]} to {CURRENT_RELEASE[0]}.{CURRENT_RELEASE[1]}"
+        if version is None:
             raise UnknownVersionError(
                 f"vLLM version {text!r} is not a version number; give X.Y or X.Y.Z ({supported})"
             )
-        version = cls(major=int(match[1]), minor=int(match[2]), patch=int(match[3] or 0))
-        if not (OLDEST_SUPPORTED <= (version.major, version.minor) <= CURRENT_RELEASE):
+        if not version.known:
             raise UnknownVersionError(
                 f"vLLM version {text!r} is not emulated; supported versions: {supported}"
             )
@@ -102,3 +125,69 @@ class VllmVersion(BaseModel):
     @classmethod
     def current(cls) -> VllmVersion:
         return cls(major=CURRENT_RELEASE[0], minor=CURRENT_RELEASE[1])
+
+
+# What vLLM prints of its own release at startup, in the three forms of the last year's
+# releases: the API server's line (0.9 to 0.13: "vLLM API server version 0.10.1.1"), its
+# banner (0.14 on: "... █ ▀▄▀ █  version 0.19.1"), and the engine core's
+# "Initializing a V1 LLM engine (v0.10.1.1) with config: ...".
+_LOGGED_VERSION = re.compile(
+    r"vLLM API server version\s+v?(?P<api>\d+\.\d+\S*)"
+    r"|█\s+version\s+v?(?P<banner>\d+\.\d+\S*)"
+    r"|Initializing a V1 LLM engine \(v?(?P<engine>\d+\.\d+[^)\s]*)\)"
+)
+
+
+def logged_version(text: str) -> VllmVersion | None:
+    """The vLLM release a startup log names (its first mention), known to the tuner or
+    not; None when the log names none."""
+    for match in _LOGGED_VERSION.finditer(text):
+        named = match["api"] or match["banner"] or match["engine"]
+        version = VllmVersion.read(named)
+        if version is not None:
+            return version
+    return None
+
+
+class ReleaseFit(StrEnum):
+    """How an installed vLLM release relates to the releases the tuner emulates."""
+
+    KNOWN = "known"  # emulated: its own behaviour is assumed
+    UNKNOWN = "unknown"  # could not be read: the newest known is assumed
+    NEWER = "newer"  # newer than the newest known: the newest known is assumed
+    OLDER = "older"  # older than the oldest supported: not tuned
+
+
+def assumed_release(installed: VllmVersion | None) -> tuple[VllmVersion, ReleaseFit]:
+    """The release whose behaviour the tuner assumes for an installed one (None: unread)."""
+    if installed is None:
+        return VllmVersion.current(), ReleaseFit.UNKNOWN
+    if installed.minor_release > CURRENT_RELEASE:
+        return VllmVersion.current(), ReleaseFit.NEWER
+    if installed.minor_release < OLDEST_SUPPORTED:
+        return installed, ReleaseFit.OLDER
+    return installed, ReleaseFit.KNOWN
+
+
+def logged_disagreement(
+    installed: VllmVersion | None, assumed: VllmVersion, logged: VllmVersion | None
+) -> str | None:
+    """One line when the release a startup log names is not the one read before launching
+    (or assumed, where none was read); None when they agree or the log names none."""
+    if logged is None:
+        return None
+    if installed is None:
+        if logged.minor_release == assumed.minor_release:
+            return None
+        return (
+            f"vLLM's startup log names release {logged}; its version could not be read before "
+            f"launching, so this tune assumes vLLM {assumed.major}.{assumed.minor}'s behaviour "
+            f"(pass --vllm-cmd with the interpreter that has vLLM installed to read it)"
+        )
+    if logged.key == installed.key:
+        return None
+    return (
+        f"vLLM's startup log names release {logged}, but {installed} was read from the "
+        "launcher's installed packages: another vLLM than the one inspected is starting "
+        "(check --vllm-cmd and its environment)"
+    )
