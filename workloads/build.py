@@ -19,8 +19,10 @@ How a request's text is made:
   (the real answer is unknown when the plan is made; the history's shape is what
   loads the server).
 
-``ScheduledRequest.prompt_tokens`` is the exact count under the prompt builder
-(the word rule by default: words, plus one per chat message).
+``ScheduledRequest.prompt_tokens`` is the exact count under the prompt builder, as
+the server counts it (the word rule by default: words, plus one per chat message; a
+model's tokenizer: a completion's text and the BOS its tokenizer adds, a chat request's
+contents and what its chat template adds around them).
 
 With ``sessions.start: stationary`` the schedule also holds the later turns of the
 sessions already under way at offset 0 (``workloads.stationary``): planned like any
@@ -126,8 +128,16 @@ def block_text(builder: PromptBuilder, block_id: int, n_tokens: int, *, seed: in
     return builder.extend(head, n_tokens - head_tokens, seed=seed)
 
 
-def _chat_tokens(builder: PromptBuilder, messages: Sequence[Message]) -> int:
-    return sum(builder.count(m["content"]) + builder.message_overhead_tokens for m in messages)
+def _content_tokens(builder: PromptBuilder, messages: Sequence[Message]) -> int:
+    return sum(builder.count(m["content"]) for m in messages)
+
+
+def _chat_request_tokens(
+    builder: PromptBuilder, messages: Sequence[Message], content_tokens: int
+) -> int:
+    """A chat request's prompt as the server counts it: its contents' tokens (summed as the
+    conversation grows) and what the chat template adds around them."""
+    return content_tokens + builder.chat_overhead_tokens([m["role"] for m in messages])
 
 
 def build_schedule(
@@ -309,7 +319,7 @@ def _arrival_requests(
     out: list[ScheduledRequest] = []
     context = system  # completions: the text so far
     history: list[Message] = [{"role": "system", "content": system}] if system else []
-    history_tokens = _chat_tokens(builder, history)  # chat: a sum over its messages
+    history_tokens = _content_tokens(builder, history)  # chat: its contents' tokens
     for turn, (new_tokens, max_tokens) in enumerate(
         zip(prompt_len.tolist(), output_len.tolist(), strict=True)
     ):
@@ -319,11 +329,13 @@ def _arrival_requests(
         messages: list[Message] | None = None
         if spec.api is Api.COMPLETIONS:
             prompt = builder.extend(_join(context, blocks), new_tokens - used, seed=seed)
-            tokens = builder.count(prompt)
+            content_tokens = builder.count(prompt)
+            tokens = content_tokens + builder.completion_overhead_tokens  # the BOS it adds
         else:
             user = builder.extend(blocks, new_tokens - used, seed=seed)
             messages = [dict(m) for m in history] + [{"role": "user", "content": user}]
-            tokens = history_tokens + _chat_tokens(builder, messages[-1:])
+            content_tokens = history_tokens + _content_tokens(builder, messages[-1:])
+            tokens = _chat_request_tokens(builder, messages, content_tokens)
         if (
             turn > 0
             and sessions is not None
@@ -356,7 +368,7 @@ def _arrival_requests(
         if messages is not None:
             answer = text_of(builder, max_tokens, seed=answer_seed)
             history = [*messages, {"role": "assistant", "content": answer}]
-            history_tokens = tokens + _chat_tokens(builder, history[-1:])
+            history_tokens = content_tokens + _content_tokens(builder, history[-1:])
         send_s += (
             sessions.expected_ttft_s + max_tokens * sessions.expected_tpot_s + sessions.think_time_s
         )

@@ -1,7 +1,9 @@
-"""Prompt text with an exact token count.
+"""Prompt text with an exact token count, counted as the server counts it.
 
-A ``PromptBuilder`` appends new text of exactly N tokens to a prefix, and counts
-tokens. Two builders:
+A ``PromptBuilder`` appends new text of exactly N tokens to a prefix, counts tokens, and
+says what the server adds around the text: per chat conversation (the chat template's
+role headers, default system block, generation prompt) and per completion (the BOS
+token the tokenizer adds). Two builders:
 
 * ``WordPromptBuilder``: the simulator's rule (``tuner sim-serve`` counts a text's
   whitespace-separated words, plus one token per chat message for its role). The
@@ -12,19 +14,32 @@ tokens. Two builders:
   directory) through the ``tokenizers`` library, imported only when used. It grows
   or trims words until ``len(encode(text, add_special_tokens=False).ids)`` is
   exactly the target (a binary search over the words of a seeded stream, then
-  filler words for the last tokens). The chat template's tokens are the server's
-  business and not counted (``message_overhead_tokens`` is 0); the server's usage
-  is authoritative.
+  filler words for the last tokens). A chat request counts what vLLM's chat endpoint
+  tokenizes: the model's chat template rendered (``workloads.chat_template``) and
+  tokenized without added special tokens; a completion counts what its tokenizer adds
+  (``add_special_tokens=True`` on vLLM's completions endpoint). A model without a chat
+  template counts a chat request's contents alone (vLLM refuses such requests unless
+  the server is given a template).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
+from workloads.chat_template import (
+    NO_TEMPLATE_ERROR,
+    TEMPLATE_FILES,
+    ChatTemplate,
+    read_json,
+    template_source,
+    token_text,
+)
 from workloads.spec import WorkloadError
 
 # Common English words: one token each under the word rule, and nearly always one
@@ -56,11 +71,17 @@ _VOCABULARY_ARRAY = np.array(VOCABULARY, dtype=object)  # indexed by a draw at C
 class PromptBuilder(Protocol):
     """Builds text of exact token counts for one tokenization."""
 
-    # Tokens the server adds per chat message (role markers); 1 under the word rule.
-    message_overhead_tokens: int
+    # Tokens the server adds to a completion's prompt (the tokenizer's BOS); 0 for words.
+    completion_overhead_tokens: int
 
     def count(self, text: str) -> int:
         """Tokens of a text."""
+        ...
+
+    def chat_overhead_tokens(self, roles: Sequence[str]) -> int:
+        """Tokens the server adds to the contents of a chat request whose messages have
+        these roles, in order (role markers, the template's own text, the generation
+        prompt): the request counts the sum of its contents' tokens plus this."""
         ...
 
     def extend(self, prefix: str, n_tokens: int, *, seed: int) -> str:
@@ -74,6 +95,12 @@ class PromptBuilder(Protocol):
 def text_of(builder: PromptBuilder, n_tokens: int, *, seed: int) -> str:
     """Text of exactly n_tokens on its own."""
     return builder.extend("", n_tokens, seed=seed)
+
+
+def completion_text(builder: PromptBuilder, n_tokens: int, *, seed: int) -> str:
+    """A completion's prompt that the server counts as n_tokens, what its tokenizer adds
+    (a BOS token) included."""
+    return text_of(builder, max(0, n_tokens - builder.completion_overhead_tokens), seed=seed)
 
 
 def _words(n: int, seed: int) -> list[str]:
@@ -93,10 +120,14 @@ def _join(prefix: str, text: str) -> str:
 class WordPromptBuilder:
     """The simulator's tokenization: one token per whitespace-separated word."""
 
-    message_overhead_tokens = 1
+    message_overhead_tokens = 1  # a role marker per chat message
+    completion_overhead_tokens = 0
 
     def count(self, text: str) -> int:
         return len(text.split())
+
+    def chat_overhead_tokens(self, roles: Sequence[str]) -> int:
+        return self.message_overhead_tokens * len(roles)
 
     def extend(self, prefix: str, n_tokens: int, *, seed: int) -> str:
         if n_tokens < 0:
@@ -131,21 +162,30 @@ class RememberingWordPromptBuilder(WordPromptBuilder):
 
 
 class TokenizerPromptBuilder:
-    """Exact token counts under a Hugging Face tokenizer (``tokenizer.json``)."""
+    """Exact token counts under a Hugging Face tokenizer (``tokenizer.json``), with the
+    model's chat template where it has one."""
 
-    message_overhead_tokens = 0
-
-    def __init__(self, tokenizer: Any) -> None:  # a tokenizers.Tokenizer
+    def __init__(
+        self,
+        tokenizer: Any,  # a tokenizers.Tokenizer
+        *,
+        chat_template: ChatTemplate | None = None,
+        completion_overhead_tokens: int | None = None,
+    ) -> None:
         self._tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.completion_overhead_tokens = (
+            _post_processor_tokens(tokenizer)
+            if completion_overhead_tokens is None
+            else completion_overhead_tokens
+        )
         self._costs: list[tuple[str, int]] | None = None
+        self._overheads: dict[tuple[str, ...], int] = {}
 
     @classmethod
     def from_file(cls, path: Path) -> TokenizerPromptBuilder:
-        tokenizers = _import_tokenizers()
-        try:
-            return cls(tokenizers.Tokenizer.from_file(str(path)))
-        except Exception as exc:  # the library raises plain Exception subclasses
-            raise WorkloadError(f"tokenizer {str(path)!r} cannot be read: {exc}") from exc
+        """The tokenizer alone: no chat template, its post-processor's special tokens."""
+        return cls(_load_tokenizer(path))
 
     @classmethod
     def from_model_dir(cls, model_dir: Path) -> TokenizerPromptBuilder:
@@ -155,12 +195,45 @@ class TokenizerPromptBuilder:
                 f"model directory {str(model_dir)!r} has no tokenizer.json; accepted: a local "
                 "Hugging Face model directory with tokenizer.json"
             )
-        return cls.from_file(path)
+        tokenizer = _load_tokenizer(path)
+        config = read_json(model_dir / "tokenizer_config.json")
+        return cls(
+            tokenizer,
+            chat_template=ChatTemplate.from_model_dir(model_dir),
+            completion_overhead_tokens=_added_special_tokens(tokenizer, config),
+        )
 
     def count(self, text: str) -> int:
         if not text:
             return 0
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def chat_tokens(self, messages: Sequence[Mapping[str, str]]) -> int:
+        """Tokens of a chat request as vLLM's chat endpoint counts them: the rendered
+        template, without added special tokens (the template writes its BOS); the
+        contents alone where the model has no template."""
+        if self.chat_template is None:
+            return sum(self.count(m["content"]) for m in messages)
+        text = self.chat_template.render(messages)
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def chat_overhead_tokens(self, roles: Sequence[str]) -> int:
+        """The template's tokens around the contents, measured on probe conversations of
+        these roles (the rendered count less the contents' own). Contents meet the
+        template's text at token boundaries (special tokens, newlines), so the overhead
+        does not depend on the words; where two probes disagree the larger is kept."""
+        key = tuple(roles)
+        known = self._overheads.get(key)
+        if known is not None:
+            return known
+        overhead = 0
+        if self.chat_template is not None and key:
+            for probe in _PROBES:
+                messages = [{"role": role, "content": probe} for role in key]
+                measured = self.chat_tokens(messages) - len(key) * self.count(probe)
+                overhead = max(overhead, measured)
+        self._overheads[key] = overhead
+        return overhead
 
     def extend(self, prefix: str, n_tokens: int, *, seed: int) -> str:
         if n_tokens < 0:
@@ -214,6 +287,47 @@ class TokenizerPromptBuilder:
         return self._costs
 
 
+# Probe contents for the chat template's overhead: words as the builder writes them,
+# opening and closing on different words.
+_PROBES = (" ".join(VOCABULARY[:6]), " ".join(VOCABULARY[-6:]))
+# transformers' tokenizer classes that rebuild the post-processor from tokenizer_config's
+# add_bos_token (default true) and add_eos_token (default false) when they load
+_BOS_FROM_CONFIG = frozenset(
+    f"{name}{fast}"
+    for name in ("LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer")
+    for fast in ("", "Fast")
+)
+
+
+def _load_tokenizer(path: Path) -> Any:
+    tokenizers = _import_tokenizers()
+    try:
+        return tokenizers.Tokenizer.from_file(str(path))
+    except Exception as exc:  # the library raises plain Exception subclasses
+        raise WorkloadError(f"tokenizer {str(path)!r} cannot be read: {exc}") from exc
+
+
+def _post_processor_tokens(tokenizer: Any) -> int:
+    """Special tokens the tokenizer's post-processor adds to one sequence (Llama 3's BOS)."""
+    probe = VOCABULARY[0]
+    return len(tokenizer.encode(probe, add_special_tokens=True).ids) - len(
+        tokenizer.encode(probe, add_special_tokens=False).ids
+    )
+
+
+def _added_special_tokens(tokenizer: Any, config: Mapping[str, Any]) -> int:
+    """Tokens vLLM's completions endpoint adds to a prompt (``add_special_tokens=True``)
+    through transformers: a Llama or Gemma tokenizer class follows tokenizer_config's
+    add_bos_token / add_eos_token; any other, tokenizer.json's post-processor."""
+    if config.get("tokenizer_class") in _BOS_FROM_CONFIG:
+        bos = token_text(config.get("bos_token")) is not None
+        eos = token_text(config.get("eos_token")) is not None
+        return int(bos and bool(config.get("add_bos_token", True))) + int(
+            eos and bool(config.get("add_eos_token", False))
+        )
+    return _post_processor_tokens(tokenizer)
+
+
 def _import_tokenizers() -> Any:
     try:
         return importlib.import_module("tokenizers")
@@ -225,7 +339,39 @@ def _import_tokenizers() -> Any:
 
 
 def prompt_builder_for(model_dir: Path | None) -> PromptBuilder:
-    """The builder for a model: its tokenizer.json when a directory is given, else words."""
+    """The builder for a model: its tokenizer.json and chat template when a directory is
+    given, else words. One builder per directory and version of its files (a real
+    tokenizer.json takes a second to load; the builder keeps what it measured)."""
     if model_dir is None:
         return WordPromptBuilder()
-    return TokenizerPromptBuilder.from_model_dir(model_dir)
+    return _builder_of(str(model_dir.absolute()), _files_stamp(model_dir))
+
+
+def chat_template_note(model_dir: Path) -> str | None:
+    """One line where a model directory has no chat template (its chat requests are then
+    counted by their contents alone); None where it has one."""
+    if template_source(model_dir) is not None:
+        return None
+    return (
+        f"{str(model_dir)!r} has no chat template (no chat_template in tokenizer_config.json, "
+        "no chat_template.jinja or chat_template.json): vLLM answers every chat request 400 "
+        f"({NO_TEMPLATE_ERROR!r}) unless the server is given one with --chat-template; chat "
+        "prompts are counted by their contents alone"
+    )
+
+
+def _files_stamp(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    stamp = []
+    for name in ("tokenizer.json", *TEMPLATE_FILES):
+        try:
+            st = (model_dir / name).stat()
+        except OSError:
+            continue
+        stamp.append((name, st.st_mtime_ns, st.st_size))
+    return tuple(stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _builder_of(model_dir: str, stamp: tuple[tuple[str, int, int], ...]) -> TokenizerPromptBuilder:
+    del stamp  # part of the key only: a changed file is another builder
+    return TokenizerPromptBuilder.from_model_dir(Path(model_dir))

@@ -317,6 +317,12 @@ def resolve(config: TuneConfig) -> TuneContext:
         model_dir, tokenizer_note = _hub_tokenizer_dir(hub_model)
         if tokenizer_note:
             notes.append(tokenizer_note)
+    if model_dir is not None:  # a chat workload on a model without a chat template: said
+        from workloads.prompts import chat_template_note
+        from workloads.schedule import Api
+
+        if workload.api is Api.CHAT and (template_note := chat_template_note(model_dir)):
+            notes.append(template_note)
     if gpu is None:
         # vLLM's CPU build: no device memory to search or screen; its KV cache is
         # VLLM_CPU_KVCACHE_SPACE.

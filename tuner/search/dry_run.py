@@ -52,6 +52,8 @@ class DryRun(BaseModel):
 
 def dry_run(config: TuneConfig, progress: Callable[[str], None]) -> DryRun:
     ctx = resolve(config)  # every bad value fails here, as in the tune
+    for note in ctx.notes:  # as the tune says them: the fetch, the backend, the GPU, ...
+        progress(note)
     progress(
         f"dry run: {ctx.model.name} on {ctx.gpu_name or 'CPU'} (vLLM {ctx.version}, "
         f"{ctx.backend.value} backend), workload {ctx.workload.name}; nothing is launched"

@@ -48,7 +48,7 @@ from tuner.serving.metrics import read_metrics_csv
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import StartupResult, TrialOutcome
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
-from workloads.prompts import prompt_builder_for, text_of
+from workloads.prompts import completion_text, prompt_builder_for
 from workloads.schedule import Api, ScheduledRequest
 from workloads.spec import WarmupSpec, WorkloadSpec
 
@@ -227,7 +227,7 @@ def worst_case_schedule(case: WorstCase, model_dir: Path | None) -> list[Schedul
             api=Api.COMPLETIONS,
             prompt_tokens=case.prompt_tokens,
             max_tokens=case.output_tokens,
-            prompt=text_of(builder, case.prompt_tokens, seed=1000 + i),
+            prompt=completion_text(builder, case.prompt_tokens, seed=1000 + i),  # BOS in
         )
         for i in range(case.concurrency)
     ]
