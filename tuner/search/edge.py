@@ -517,7 +517,7 @@ class EdgeSearch:
         if skip is None:
             return True
         self.stopped = skip.text()
-        self._say(f"edge probe  {skip.text()}")
+        self._say(skip.text())
         return False
 
     # -- one probe --------------------------------------------------------------------------
@@ -552,7 +552,7 @@ class EdgeSearch:
                 f"{name} not started: the previous server's GPU memory was not released "
                 f"within {RELEASE_RETRY_S:.0f} s of its stop"
             )
-            self._say(f"edge probe  {self.stopped}")
+            self._say(self.stopped)
             return None
         out = self.out_dir / (f"{knob.value}-{value:g}" + (f"-try{attempt}" if attempt > 1 else ""))
         predicted = predicted_plan(self.ctx, self.setup, params)
