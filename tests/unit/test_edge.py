@@ -51,9 +51,7 @@ OOM_PROFILING = _failure(
 )
 RUNTIME_OOM = _failure(StartupFailureKind.RUNTIME_OOM, "CUDA out of memory while serving")
 HUB_401 = _failure(
-    StartupFailureKind.MODEL_ACCESS_DENIED
-    if hasattr(StartupFailureKind, "MODEL_ACCESS_DENIED")
-    else StartupFailureKind.INVALID_CONFIGURATION,
+    StartupFailureKind.MODEL_ACCESS_DENIED,
     "401 Client Error: Unauthorized for url: https://huggingface.co/meta-llama/...",
 )
 
