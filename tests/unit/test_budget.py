@@ -20,7 +20,7 @@ from tuner.search.budget import (
 )
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
-from tuner.search.tune import reserve_s
+from tuner.search.tune import confirm_reserve_s, edge_deadline_s, reserve_s
 from tuner.serving.server import Backend
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "workloads" / "tiny.yaml"
@@ -92,3 +92,17 @@ def test_a_launch_that_would_not_end_before_the_deadline_is_not_started(
         LaunchKind.CONFIRMATION, "confirmation", 50.0, deadline_s=time.monotonic() + 10.0
     )
     assert early is not None and "its deadline" in early.reason
+
+
+def test_the_edge_yields_only_to_the_recommendations_own_confirmation(ctx: TuneContext) -> None:
+    """The OOM edge is one of the tune's answers; the conservative and aggressive variants'
+    confirmations run in what it leaves (a 4-minute tune on the GPU-host rehearsal skipped
+    every edge probe for them and left a minute unused)."""
+    budget = _budget(ctx)
+    _launch(budget, 60.0)
+    setup = StudySetup()
+    end_s = 1000.0
+    own = confirm_reserve_s(ctx, setup, budget, variants=False)
+    every = confirm_reserve_s(ctx, setup, budget)
+    assert own > 0 and every - own >= 2 * 61.0  # two variants, a measured launch each
+    assert edge_deadline_s(ctx, setup, budget, None, end_s) == pytest.approx(end_s - 1.25 * own)

@@ -178,10 +178,12 @@ def confirm_reserve_s(
     setup: StudySetup,
     budget: TimeBudget | None = None,
     best: Evaluation | None = None,
+    *,
+    variants: bool = True,
 ) -> float:
-    """The confirmation runs: the recommendation's (``repeats``, up to three rates each) and
-    two variants' (one rate); a launch each (as measured, else the prior) and its levels (a
-    level as the best trial's took, else as planned)."""
+    """The confirmation runs: the recommendation's (``repeats``, up to three rates each) and,
+    with ``variants``, the two variants' (one rate); a launch each (as measured, else the
+    prior) and its levels (a level as the best trial's took, else as planned)."""
     c = ctx.config
     if not c.confirm:
         return 0.0
@@ -197,7 +199,21 @@ def confirm_reserve_s(
         )
         level = (plan.warmup_min_s + plan.window_s + drain_s(ctx.workload)) * k + 4.0
         warm = ctx.workload.warmup.duration_s * k
-    return (launch + warm + 3 * level) * c.repeats + 2 * (launch + warm + level)
+    own = (launch + warm + 3 * level) * c.repeats
+    return own + 2 * (launch + warm + level) if variants else own
+
+
+def edge_deadline_s(
+    ctx: TuneContext,
+    setup: StudySetup,
+    budget: TimeBudget,
+    best: Evaluation | None,
+    end_s: float,
+) -> float:
+    """When the edge's last probe must end: in time for the recommendation's own
+    confirmation (a quarter more, as ``reserve_s``), not for the variants', which run in
+    what the edge leaves."""
+    return end_s - 1.25 * confirm_reserve_s(ctx, setup, budget, best, variants=False)
 
 
 def reserve_s(
@@ -426,8 +442,10 @@ def _finalize(
     budget: TimeBudget | None = None,
 ) -> Recommendation | None:
     """The edge search and the recommendation; with ``budget``, the edge's probes stop in
-    time for the confirmations (as estimated now), and no launch of either runs past the
-    budget's end less ``FINISH_S``."""
+    time for the recommendation's own confirmation (as estimated now; the conservative and
+    aggressive variants run in what the edge leaves: the edge is one of the tune's answers,
+    a variant's confirmation is not), and no launch of either runs past the budget's end
+    less ``FINISH_S``."""
     evaluation = load_evaluation(best)
     if evaluation is None:
         progress(f"the best trial's evidence ({best.user_attrs.get('dir')}) is not on this host")
@@ -439,7 +457,7 @@ def _finalize(
     if ctx.config.edge:
         progress(f"OOM edge of trial {best.number}'s settings: {evaluation.params.short()}")
         edge_deadline = (
-            end - 1.25 * confirm_reserve_s(ctx, setup, budget, evaluation)
+            edge_deadline_s(ctx, setup, budget, evaluation, end)
             if budget is not None and end is not None
             else None
         )
