@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from tuner.search.evaluate import Evaluation, Verdict
+from tuner.search.config import load_config
+from tuner.search.context import StudySetup, resolve
+from tuner.search.evaluate import Evaluation, Verdict, _evaluation
 from tuner.search.space import TrialParams
 from tuner.search.study import _did_not_serve
-from tuner.serving.server import TrialOutcome
+from tuner.serving.server import StartupResult, TrialOutcome
 from tuner.vllm.classify import (
     classify_failure,
     engine_death,
@@ -25,6 +28,7 @@ OOM = (
     P
     + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.96 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.02 GiB is free."
 )
+TINY = Path(__file__).resolve().parents[1] / "fixtures" / "workloads" / "tiny.yaml"
 
 
 @pytest.mark.parametrize(
@@ -203,3 +207,36 @@ def test_a_startup_failure_line_names_the_cause_in_vllms_words() -> None:
     )
     crashed = ev.model_copy(update={"failure": None, "outcome": TrialOutcome.CRASHED})
     assert _did_not_serve(crashed).startswith("did not start: crashed, no cause in vLLM's log")
+
+
+def test_a_trial_that_timed_out_or_died_says_what_the_harness_saw(tmp_path: Path) -> None:
+    """A startup timeout's and a dead /health's note (``StartupResult.note``) is carried
+    into the evaluation (evaluation.json) and the trial's line: they said only
+    'startup_timeout, no cause in vLLM's log'."""
+    config = load_config(
+        None,
+        {
+            "backend": "sim", "gpu": "L4", "model": "llama-3.1-8b", "workload": str(TINY),
+            "max_model_len": 256, "run_dir": tmp_path / "run",
+        },
+    )  # fmt: skip
+    ctx = resolve(config)
+    silent = "no output for 612 s after 'Loading safetensors checkpoint shards: 50% 2/4'"
+    startup = StartupResult(
+        outcome=TrialOutcome.STARTUP_TIMEOUT, log_path=str(tmp_path / "server.log"),
+        command=["vllm", "serve"], base_url="http://127.0.0.1:1", note=silent,
+    )  # fmt: skip
+    live = SimpleNamespace(gpu=None, time_scale=1.0)  # what _evaluation reads of the server
+    ev = _evaluation(ctx, StudySetup(), TrialParams(), tmp_path, startup, None, live, None)  # type: ignore[arg-type]
+    assert Evaluation.model_validate_json(ev.model_dump_json()).note == silent
+    assert _did_not_serve(ev) == (
+        f"did not start: startup_timeout: {silent} (see {tmp_path / 'server.log'})"
+    )
+    died = ev.model_copy(
+        update={
+            "verdict": Verdict.DIED, "outcome": TrialOutcome.ENGINE_DIED,
+            "failure": classify_failure(OOM), "note": "/health answered 503",
+        }
+    )  # fmt: skip
+    line = _did_not_serve(died)
+    assert line.startswith("died under load: ") and line.endswith(" (/health answered 503)")

@@ -81,6 +81,9 @@ class Evaluation(BaseModel):
     outcome: TrialOutcome | None  # None: screened, not launched
     failure: StartupFailure | None = None
     log_excerpt: str = ""
+    # What the harness saw where vLLM's log does not say it (``StartupResult.note``): which
+    # startup timeout fired and after which line, why a serving engine counts as dead.
+    note: str | None = None
     predicted: MemoryPlan | None = None
     startup: StartupReport | None = None
     startup_s: float | None = None
@@ -284,6 +287,7 @@ def _evaluation(
     best = next((s for s in levels if search and search.best and s.dir == search.best.measurement.out_dir), None)  # fmt: skip
     failure = startup.failure
     excerpt = startup.log_excerpt
+    note = startup.note
     outcome = startup.outcome
     if startup.outcome is not TrialOutcome.READY:
         verdict = Verdict.STARTUP_FAILED
@@ -291,8 +295,9 @@ def _evaluation(
         verdict = Verdict.DIED
         death = search.levels[-1].measurement.death
         outcome = search.levels[-1].measurement.outcome
+        note = None
         if death is not None:
-            failure, excerpt = death.failure, death.log_excerpt
+            failure, excerpt, note = death.failure, death.log_excerpt, death.note
     elif search is not None and search.best is not None:
         verdict = Verdict.MET
     else:
@@ -305,6 +310,7 @@ def _evaluation(
         outcome=outcome,
         failure=failure,
         log_excerpt=excerpt,
+        note=note,
         predicted=predicted_plan(ctx, setup, params),
         startup=startup.report,
         startup_s=startup.ready_s,

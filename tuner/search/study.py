@@ -1281,14 +1281,18 @@ class TrialLoop:
 
 
 def _did_not_serve(ev: Evaluation) -> str:
-    """A trial that did not serve: its outcome and vLLM's own words for why."""
+    """A trial that did not serve: its outcome, vLLM's own words for why and what the harness
+    saw where the log does not say it (the startup timeout that fired, a dead /health)."""
     lead = {
         Verdict.SCREENED: "screened",
         Verdict.DIED: "died under load",
     }.get(ev.verdict, "did not start")
+    seen = f" ({ev.note})" if ev.note else ""
     if ev.failure is not None:
-        return f"{lead}: {ev.failure.describe()}"
+        return f"{lead}: {ev.failure.describe()}{seen}"
     outcome = ev.outcome.value if ev.outcome is not None else ev.verdict.value
+    if ev.note:
+        return f"{lead}: {outcome}: {ev.note} (see {Path(ev.dir) / 'server.log'})"
     return f"{lead}: {outcome}, no cause in vLLM's log (see {Path(ev.dir) / 'server.log'})"
 
 
