@@ -20,7 +20,7 @@ from tuner.vllm.log import (
 )
 from tuner.vllm.memory import MemoryComponent, ServingParams, plan
 from tuner.vllm.models import ModelSpec
-from tuner.vllm.versions import VllmVersion
+from tuner.vllm.versions import VllmVersion, logged_version
 
 LOG_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_logs"
 CASES: list[LogCase] = [
@@ -202,3 +202,23 @@ def test_the_graph_estimate_vllm_budgeted_joins_the_debug_profiles_activation() 
     estimate = (BUDGET_DIR / "p05-graph-estimate-tp2-v0.27.1.log").read_text(encoding="utf-8")
     report = parse_startup_log(base + estimate)
     assert report.activation_bytes == round(16.7 * GiB) - round(15.26 * GiB) + round(0.36 * GiB)
+
+
+# A real 0.14+ banner line (tests/fixtures/vllm_logs/02-qwen3-8b-a100-40gb-tp1-v0.19.1.log):
+# a startup that fails before the engine core logs its config names its release only here.
+BANNER_0191 = (
+    "(APIServer pid=3380144) INFO 06-25 17:21:29 [utils.py:299]  ▄▄ ▄█ █     █     █ ▀▄▀ █  "
+    "version 0.19.1"
+)
+
+
+def test_the_startup_parser_reads_the_release_in_every_form_the_cross_check_does() -> None:
+    """One pattern for a release in a log (versions.LOGGED_VERSION): the 0.14+ banner alone
+    (the parser read only the API server's and the engine's lines), and on every fixture
+    the parser's release is the cross-check's."""
+    assert parse_startup_log(BANNER_0191).vllm_version == "0.19.1"
+    for path in sorted(LOG_DIR.glob("*.log")):
+        text = path.read_text(encoding="utf-8")
+        named = logged_version(text)
+        parsed = parse_startup_log(text).vllm_version
+        assert (VllmVersion.read(parsed) if parsed else None) == named, path.name

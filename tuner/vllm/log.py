@@ -46,14 +46,11 @@ from pydantic import BaseModel, ConfigDict
 from tuner.errors import LogParseError
 from tuner.vllm.gpus import GiB
 from tuner.vllm.memory import Calibration
+from tuner.vllm.versions import logged_version_text
 
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 _SNUM = r"(-?[0-9]+(?:\.[0-9]+)?)"
 
-RE_VERSION = re.compile(
-    r"(?:vLLM API server version|Initializing a V1 LLM engine \(v?|vLLM version|"
-    r"Initializing an LLM engine \(v?)\s*v?([0-9]+\.[0-9]+\.[0-9]+[^\s)]*)"
-)
 RE_WEIGHTS = re.compile(rf"(?:Model loading took|Loading model weights took)\s+{_NUM}\s*(GiB|GB)")
 RE_WEIGHTS_LOAD_TIME = re.compile(
     rf"(?:Model loading took .*? and|Loading weights took)\s+{_NUM} seconds"
@@ -238,8 +235,7 @@ def parse_startup_log(text: str) -> StartupReport:
 
     for raw in text.splitlines():
         line = RE_ANSI.sub("", raw)
-        if m := RE_VERSION.search(line):
-            once("vllm_version", m[1])
+        once("vllm_version", logged_version_text(line))  # versions.LOGGED_VERSION's forms
         if m := RE_WEIGHTS.search(line):
             # Older releases print "GB" for what is computed in GiB.
             once("weights_bytes", _gib_bytes(m[1]))

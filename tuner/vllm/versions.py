@@ -130,23 +130,31 @@ class VllmVersion(BaseModel):
 # What vLLM prints of its own release at startup, in the three forms of the last year's
 # releases: the API server's line (0.9 to 0.13: "vLLM API server version 0.10.1.1"), its
 # banner (0.14 on: "... █ ▀▄▀ █  version 0.19.1"), and the engine core's
-# "Initializing a V1 LLM engine (v0.10.1.1) with config: ...".
-_LOGGED_VERSION = re.compile(
+# "Initializing a V1 LLM engine (v0.10.1.1) with config: ..." (the V0 engine's
+# "Initializing an LLM engine (v0.8.5) ..." before 0.10). The one pattern for a release in a
+# log: the startup parser (``tuner.vllm.log``) and the cross-check read it.
+LOGGED_VERSION = re.compile(
     r"vLLM API server version\s+v?(?P<api>\d+\.\d+\S*)"
     r"|█\s+version\s+v?(?P<banner>\d+\.\d+\S*)"
-    r"|Initializing a V1 LLM engine \(v?(?P<engine>\d+\.\d+[^)\s]*)\)"
+    r"|Initializing an? (?:V1 )?LLM engine \(v?(?P<engine>\d+\.\d+[^)\s]*)\)"
 )
+
+
+def logged_version_text(text: str) -> str | None:
+    """The release as a log spells it at its first mention (``0.26.1rc1.dev156+g0eec856cc``),
+    None when the text names none."""
+    for match in LOGGED_VERSION.finditer(text):
+        named = match["api"] or match["banner"] or match["engine"]
+        if VllmVersion.read(named) is not None:
+            return str(named)
+    return None
 
 
 def logged_version(text: str) -> VllmVersion | None:
     """The vLLM release a startup log names (its first mention), known to the tuner or
     not; None when the log names none."""
-    for match in _LOGGED_VERSION.finditer(text):
-        named = match["api"] or match["banner"] or match["engine"]
-        version = VllmVersion.read(named)
-        if version is not None:
-            return version
-    return None
+    named = logged_version_text(text)
+    return None if named is None else VllmVersion.read(named)
 
 
 class ReleaseFit(StrEnum):
