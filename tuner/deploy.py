@@ -106,6 +106,9 @@ _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
 _QUANTITY = re.compile(r"\d+(?:\.\d+)?(?:Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?")
 _SIZE = re.compile(r"\d+(?:\.\d+)?(?:Mi|Gi|Ti|Pi|M|G|T|P)")
 _VERSION = re.compile(r"\d+\.\d+(?:\.\d+){0,2}(?:rc\d+|\.post\d+)?")
+# What an installed vLLM adds to the release it was built from (its packages' spelling: a
+# .devN build, a local part such as +cpu, +cu128 or +g0eec856cc.d20260731): no image has it.
+_BUILD_SUFFIX = re.compile(r"(?:\.dev\d+)?(?:\+[0-9A-Za-z.]*)?$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -388,6 +391,8 @@ class DeploymentConfig(_Frozen):
         data = dict(data)
         if isinstance(data.get("model"), str):  # a preset's short name is no Hugging Face repo
             data["model"] = hf_id_of(data["model"]) or data["model"]
+        if isinstance(data.get("vllm_version"), str):  # the installed release a tune measured
+            data["vllm_version"] = image_release(data["vllm_version"])
         if data.get("image") is None and isinstance(data.get("vllm_version"), str):
             data["image"] = f"vllm/vllm-openai:v{_image_tag(data['vllm_version'])}"
         if data.get("name") is None and isinstance(data.get("model"), str):
@@ -528,6 +533,13 @@ class DeploymentConfig(_Frozen):
             head.append(("served-model-name", self.served_model_name))
         head += [("port", self.port), ("tensor-parallel-size", self.tensor_parallel_size)]
         return head + [(k, v) for k, v in self.flags.items() if v is not False]
+
+
+def image_release(version: str) -> str:
+    """The release of vLLM's image for an installed release as its packages spell it
+    (``0.10.1.1`` stays, ``v0.11.0+cpu`` is ``0.11.0``, ``0.26.1rc1.dev156+g0eec856cc`` is
+    ``0.26.1rc1``): the image a recommendation deploys is the release the tune measured."""
+    return _BUILD_SUFFIX.sub("", version.strip().removeprefix("v"), count=1)
 
 
 def _image_tag(version: str) -> str:

@@ -10,6 +10,7 @@ GPU (``detect_gpu_name``) and a real vLLM's ``--help`` (``probe_vllm_flags``).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,9 @@ from tests.gpuhost.hub_standin import HubStandin
 from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.search.config import TuneConfig, load_config
+from tuner.search.recommend import deployment
+from tuner.search.space import TrialParams
+from tuner.search.tune import describe
 from tuner.serving.vllm_install import FoundIn, find_vllm, installed_version
 from tuner.vllm.flags import accepted_options
 from tuner.vllm.versions import (
@@ -348,6 +352,30 @@ def test_a_gpu_host_launches_the_vllm_beside_the_interpreter_and_says_its_releas
     else:
         assert len(said) == 1 and says in said[0] and "\n" not in said[0], ctx.notes
         assert f"{CURRENT_RELEASE[0]}.{CURRENT_RELEASE[1]}" in said[0]
+
+
+@pytest.mark.parametrize(
+    ("release", "image"),
+    [
+        ("0.10.1.1", "vllm/vllm-openai:v0.10.1.1"),  # emulated as 0.10.1
+        ("0.34.0+cu128", "vllm/vllm-openai:v0.34.0"),  # newer: 0.33 assumed
+    ],
+)
+def test_the_deployment_is_the_release_measured_and_tune_json_records_both(
+    tmp_path: Path, gpu_host: Path, release: str, image: str
+) -> None:
+    """The recommendation deploys the image of the vLLM the tune measured (it deployed the
+    assumed release's), and tune.json names the installed release beside the assumed one."""
+    python = make_venv(tmp_path / "vllm-venv", release=release)
+    console_script(gpu_host / "vllm", f"#!{python}")
+    ctx = context.resolve(_config(tmp_path))
+    assert ctx.installed_version == release and str(ctx.version) != release
+    deployed = deployment(ctx, TrialParams())
+    assert deployed.image == image
+    assert deployed.vllm_version == image.rpartition(":v")[2]
+    recorded = json.loads(json.dumps(describe(ctx)))
+    assert recorded["vllm_version"] == str(ctx.version)  # the behaviour assumed
+    assert recorded["vllm_installed_version"] == release  # the release measured
 
 
 def test_a_vllm_older_than_the_tuner_emulates_is_refused(tmp_path: Path, gpu_host: Path) -> None:

@@ -244,7 +244,7 @@ def deployment(
     flags = deploy_flags(ctx, params)
     return DeploymentConfig.build(
         model=ctx.model.name,
-        vllm_version=str(ctx.version),
+        vllm_version=ctx.release,  # the image of the release measured, where it was read
         config_hash=config_hash(ctx, flags, ctx.gpus_of(params)),
         tensor_parallel_size=ctx.gpus_of(params),
         cache_volume=ctx.config.cache_volume,

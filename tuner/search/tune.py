@@ -138,7 +138,10 @@ def describe(ctx: TuneContext) -> dict[str, Any]:
         "backend": ctx.backend.value,
         "model": ctx.model.name,
         "gpu": ctx.gpu_name,
+        # the release whose behaviour the tune assumed (flags, defaults, memory accounting),
+        # and the one installed and measured (None: the simulated engine, or not readable)
         "vllm_version": str(ctx.version),
+        "vllm_installed_version": ctx.installed_version,
         "vllm_cmd": list(ctx.vllm_cmd),
         "workload": ctx.workload.model_dump(mode="json"),
         "space": [r.model_dump(mode="json") for r in ctx.space.ranges],
