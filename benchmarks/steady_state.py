@@ -64,7 +64,7 @@ from tuner.search.predict import (
 from tuner.search.rate_search import GoodputUnit, level_workload
 from tuner.search.space import TrialParams
 from tuner.sim.build import build_engine
-from tuner.vllm.gpus import get_gpu
+from tuner.vllm.gpus import get_gpu, recorded_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
@@ -224,7 +224,7 @@ def confirm_run(run_dir: Path) -> None:
     params = TrialParams.model_validate(evaluation["params"]).serving(base)
     spec = WorkloadSpec.model_validate(tune["workload"])
     setup = Setup(
-        resolve_model(tune["model"]), get_gpu(tune["gpu"]),
+        resolve_model(tune["model"]), recorded_gpu(tune["gpu"], tune.get("gpu_profile")),
         VllmVersion.parse(tune["vllm_version"]), params,
     )  # fmt: skip
     figures = summary.get("best_goodput_figures") or {}

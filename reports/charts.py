@@ -33,7 +33,7 @@ from tuner.search.edge import EdgeProbe, ProbeVerdict
 from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.space import Knob, TrialParams
 from tuner.serving.server import TrialOutcome
-from tuner.vllm.gpus import GpuSpec, get_gpu
+from tuner.vllm.gpus import GpuSpec, recorded_gpu
 from tuner.vllm.memory import Calibration, MemoryPlan, ServingParams, default_limits, plan
 from tuner.vllm.models import ModelSpec, resolve_model
 from tuner.vllm.versions import VllmVersion
@@ -124,7 +124,7 @@ def memory_context(data: RunData) -> tuple[MemoryContext | None, str | None]:
     if tune.gpu is None:
         return None, "no GPU profile (vLLM's CPU build): there is no device-memory boundary"
     try:
-        gpu = get_gpu(tune.gpu)
+        gpu = recorded_gpu(tune.gpu, tune.gpu_profile)
         version = VllmVersion.parse(tune.vllm_version)
     except TunerError as exc:
         return None, f"the memory model cannot be rebuilt: {exc}"
@@ -303,7 +303,7 @@ def _version(data: RunData) -> VllmVersion | None:
 
 def _gpu(data: RunData) -> GpuSpec | None:
     try:
-        return get_gpu(data.tune.gpu) if data.tune.gpu else None
+        return data.tune.gpu_spec()
     except TunerError:
         return None
 

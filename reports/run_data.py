@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 from tuner.errors import GpuTimelineError, ReportError
 from tuner.rundir import BACKLOG_JSON, WINDOW_JSON, RunLayout, evaluation_json
@@ -43,6 +49,7 @@ from tuner.serving.backlog import BacklogCheck
 from tuner.serving.gpu_sampler import GpuSample, read_timeline
 from tuner.serving.metrics import MetricsSample
 from tuner.serving.server import Backend
+from tuner.vllm.gpus import GpuSpec, recorded_gpu
 from tuner.vllm.memory import Calibration
 from workloads.schedule import read_records
 from workloads.spec import WorkloadSpec
@@ -65,6 +72,8 @@ class TuneRecord(BaseModel):
     backend: Backend
     model: str
     gpu: str | None
+    # the whole profile planned with (runs written before it: None, the name's profile)
+    gpu_profile: GpuSpec | None = None
     vllm_version: str
     vllm_cmd: list[str] = []
     workload: dict[str, Any]
@@ -77,6 +86,19 @@ class TuneRecord(BaseModel):
     @property
     def simulated(self) -> bool:
         return self.backend is Backend.SIM
+
+    @field_validator("gpu_profile", mode="wrap")
+    @classmethod
+    def _readable_profile(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            return None  # a profile this tuner cannot read: the name's profile stands
+
+    def gpu_spec(self) -> GpuSpec | None:
+        """The GPU profile the run planned with (None: vLLM's CPU build); UnknownGpuError
+        where it recorded only a name this tuner has no profile of."""
+        return recorded_gpu(self.gpu, self.gpu_profile) if self.gpu is not None else None
 
 
 @dataclass

@@ -34,7 +34,7 @@ from tuner.rundir import RunLayout
 from tuner.search.recommend import Recommendation
 from tuner.search.twin_fit import GOODPUT_TOLERANCE, TrialFit, read_twin
 from tuner.sim.timing import TimingFactors
-from tuner.vllm.gpus import GpuSpec, get_gpu
+from tuner.vllm.gpus import GpuSpec, recorded_gpu
 from workloads.spec import WorkloadSpec
 
 # The paper twin's goodput error: the larger of its median throughput error against 12
@@ -120,7 +120,7 @@ def read_run(run_dir: Path) -> MeasuredRun:
             "costs are a CPU's; accepted: a tune on a GPU (real, or the simulated engine's "
             "profile of one)"
         )
-    gpu = get_gpu(str(tune["gpu"]))
+    gpu = recorded_gpu(str(tune["gpu"]), tune.get("gpu_profile"))  # as the run planned
     twin = read_twin(run_dir) if layout.twin_json.is_file() else None
     rec: Recommendation | None = None
     rec_path = layout.recommendation_dir / "recommendation.json"

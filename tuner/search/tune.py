@@ -138,6 +138,9 @@ def describe(ctx: TuneContext) -> dict[str, Any]:
         "backend": ctx.backend.value,
         "model": ctx.model.name,
         "gpu": ctx.gpu_name,
+        # the whole profile planned with: a derived one (an unknown part, a MIG slice) has a
+        # name no preset answers to (readers: tuner.vllm.gpus.recorded_gpu)
+        "gpu_profile": ctx.gpu.model_dump(mode="json") if ctx.gpu is not None else None,
         # the release whose behaviour the tune assumed (flags, defaults, memory accounting),
         # and the one installed and measured (None: the simulated engine, or not readable)
         "vllm_version": str(ctx.version),

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tuner.errors import UnknownGpuError
 from tuner.vllm.versions import VllmVersion
@@ -431,6 +431,21 @@ def get_gpu(name: str) -> GpuSpec:
     if preset is not None:
         return preset
     raise UnknownGpuError(f"unknown GPU {name!r}; known GPUs: {_known()}")
+
+
+def recorded_gpu(name: str, profile: object = None) -> GpuSpec:
+    """The GPU profile a run planned with, as its ``tune.json`` records it: ``profile``
+    (the whole GpuSpec, ``gpu_profile`` in ``tuner.search.tune.describe``) where it is
+    there and reads, else the profile ``name`` names (``get_gpu``: runs written before the
+    profile was recorded, or a profile this tuner cannot read). A profile derived from NVML
+    (``gpu_from_nvml``: a part no preset describes, a MIG slice) has a name ``get_gpu``
+    does not know; only its record rebuilds it."""
+    if profile is not None:
+        try:
+            return GpuSpec.model_validate(profile)
+        except ValidationError:
+            pass  # the name's profile, where there is one
+    return get_gpu(name)
 
 
 # NVML's names of the preset parts, by pattern over ``_nvml_key`` (lower case, "nvidia"
