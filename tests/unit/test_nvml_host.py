@@ -16,7 +16,9 @@ import pytest
 from tests.gpuhost import hosts
 from tuner.errors import ConfigError
 from tuner.search.context import detect_gpu_count, detect_gpu_name, detect_gpu_profile
-from tuner.serving.nvml_host import read_visible, visible_gpus
+from tuner.serving.nvml_host import read_visible, server_devices, visible_gpus
+from tuner.serving.server import Backend, LaunchSpec
+from tuner.vllm.memory import ServingParams
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -193,3 +195,28 @@ def test_a_gpu_nvml_cannot_describe_is_one_line_and_exit_2(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and said in lines[0] and "Traceback" not in done.stderr
     assert not list((tmp_path / "run").rglob("server.log"))
+
+
+@pytest.mark.parametrize(
+    ("shown", "gpus", "used"),
+    [
+        ("2,3", 1, "2"),  # two of four visible, a one-GPU server: device 3 is not the server's
+        ("2,3", 2, "2,3"),
+        ("GPU-aa, GPU-bb ,GPU-cc", 2, "GPU-aa,GPU-bb"),
+        (None, 1, "0"),  # nothing hidden: vLLM's rank 0 is device 0
+        (None, 4, "0,1,2,3"),
+        ("", 1, ""),  # no GPU shown
+    ],
+)
+def test_a_server_uses_the_first_visible_gpu_of_each_rank(
+    shown: str | None, gpus: int, used: str
+) -> None:
+    assert server_devices(shown, gpus) == used
+
+
+def test_a_launch_samples_the_devices_of_its_own_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    one = LaunchSpec(backend=Backend.VLLM, model="m")
+    two = LaunchSpec(backend=Backend.VLLM, model="m", params=ServingParams(tensor_parallel_size=2))
+    given = LaunchSpec(backend=Backend.VLLM, model="m", cuda_visible_devices="1,0")
+    assert (one.server_devices(), two.server_devices(), given.server_devices()) == ("2", "2,3", "1")

@@ -120,12 +120,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     with registry.guard():
         server = ServerProcess(
             spec, registry=registry, log_path=args.run_dir / "server.log", adapt=args.adapt,
-            memory_source=release_watch(_gpu_source_kind(args), visible=args.cuda_visible_devices),
+            memory_source=release_watch(_gpu_source_kind(args), visible=spec.server_devices()),
         )  # fmt: skip
         if args.hold and _gpu_source_kind(args) is GpuSourceKind.NVML:
             from tuner.serving.gpu_sampler import make_source
 
-            probe = make_source(GpuSourceKind.NVML, visible=args.cuda_visible_devices)
+            probe = make_source(GpuSourceKind.NVML, visible=spec.server_devices())
             probe.open()  # no NVIDIA driver: one clear line before anything is launched
             probe.close()
         for dropped in server.dropped:
@@ -150,7 +150,7 @@ def _hold(server: Any, args: argparse.Namespace) -> int:
     from tuner.serving.gpu_sampler import GpuSampler, ProcessTree, make_source
 
     source = make_source(
-        _gpu_source_kind(args), base_url=server.base_url, visible=args.cuda_visible_devices
+        _gpu_source_kind(args), base_url=server.base_url, visible=server.spec.server_devices()
     )
     assert server.pid is not None
     timeline = args.run_dir / "gpu.csv"

@@ -215,12 +215,15 @@ class LiveServer:
         self.source_kind = GpuSourceKind.requested(
             gpu_source, simulated=launch.backend is Backend.SIM
         )
+        # NVML reads the server's own GPUs: of those the host makes visible, the first
+        # one per tensor-parallel rank (never another job's, nor a visible GPU it leaves idle)
+        devices = launch.server_devices()
         self.server = ServerProcess(
             launch, registry=registry, log_path=trial_dir / "server.log",
-            memory_source=release_watch(self.source_kind),
+            memory_source=release_watch(self.source_kind, visible=devices),
         )  # fmt: skip
         self.sampler = GpuSampler(
-            make_source(self.source_kind, base_url=self.server.base_url),
+            make_source(self.source_kind, base_url=self.server.base_url, visible=devices),
             interval_s=gpu_sample_interval_s,
             timeline_path=trial_dir / "gpu.csv",
             pids=_ServerPids(self.server),

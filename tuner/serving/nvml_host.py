@@ -319,6 +319,17 @@ def nvml_session(nvml: ModuleType | None = None) -> Iterator[ModuleType | None]:
             log.debug("nvmlShutdown failed", exc_info=True)
 
 
+def server_devices(visible: str | None, gpus: int) -> str:
+    """The CUDA_VISIBLE_DEVICES entries a server of ``gpus`` GPUs uses: vLLM takes the first
+    ``gpus`` devices it is shown (its ranks are cuda:0 .. cuda:gpus-1), so the others a
+    host makes visible are not the server's. ``visible`` None: the process shows every
+    GPU, and the server uses 0 .. gpus-1."""
+    if visible is None:
+        return ",".join(str(index) for index in range(gpus))
+    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    return ",".join(entries[:gpus])
+
+
 def visible_gpus(visible: str | None = None) -> tuple[VisibleGpu, ...]:
     """The GPUs this process may use (``CUDA_VISIBLE_DEVICES``, or ``visible``); () without
     NVML or a driver. The handles are stale once this returns: use ``read_visible`` inside

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError, GpuReadError, GpuSamplingUnavailable
 from tuner.serving.gpu_sampler import GpuSource, wait_until_released
+from tuner.serving.nvml_host import VISIBLE_DEVICES_ENV, server_devices
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.vllm_install import is_cpu_build
 from tuner.vllm.classify import classify_failure, engine_death_failure, log_excerpt
@@ -147,6 +148,14 @@ class LaunchSpec:
     @property
     def name(self) -> str:
         return self.served_model_name or self.model
+
+    def server_devices(self) -> str:
+        """The CUDA_VISIBLE_DEVICES entries this server's ranks use (the first of those it
+        is shown, one per tensor-parallel rank): the GPUs to sample and to wait on."""
+        shown = self.cuda_visible_devices
+        if shown is None:
+            shown = os.environ.get(VISIBLE_DEVICES_ENV)
+        return server_devices(shown, self.params.tensor_parallel_size)
 
 
 class StartupResult(BaseModel):
