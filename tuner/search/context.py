@@ -280,6 +280,8 @@ def resolve(config: TuneConfig) -> TuneContext:
     gpu_count = host_gpu_count(config, backend, gpu)
     _check_tensor_parallel_size(config, model, backend, gpu_count)
     notes: list[str] = [version_note] if version_note else []
+    if install is not None and backend is Backend.VLLM:
+        notes.insert(0, f"vLLM: {install.describe()}")
     if gpu_note:
         notes.append(gpu_note)
     overrides: dict[Knob, Range] = {}
