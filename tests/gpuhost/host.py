@@ -24,9 +24,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -201,13 +203,61 @@ class RehearsedHost:
     def run(
         self, command: str, *, extra_env: dict[str, str] | None = None, timeout_s: float = 900
     ) -> subprocess.CompletedProcess[str]:
-        """A shell command typed on the host, in the project's directory."""
-        return subprocess.run(
+        """A shell command typed on the host, in the project's directory, in a session of its
+        own. Past ``timeout_s`` the whole session is stopped (not only the shell: a tuner
+        left behind would go on launching servers). A process of the session still alive
+        after the command returned outlived the harness: it is stopped and the call fails."""
+        proc = subprocess.Popen(
             ["bash", "-c", command],
             cwd=self.project,
             env={**self.env, **(extra_env or {})},
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout_s,
             start_new_session=True,
         )
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop_session(proc.pid)
+            proc.communicate()
+            raise
+        left = _stop_session(proc.pid, grace_s=5.0)
+        if left:
+            raise AssertionError(
+                f"{command!r}: {left} process(es) outlived it (stopped now)\n{out}\n{err}"
+            )
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop_session(pgid: int, *, grace_s: float = 0.0) -> int:
+    """Stop what is left of the process group ``pgid`` (the session the command ran in):
+    first wait ``grace_s`` for it to end by itself, then SIGTERM, then SIGKILL. The number
+    of processes that were still there after the grace (0: none)."""
+    deadline = time.monotonic() + grace_s
+    while _alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not _alive(pgid):
+        return 0
+    left = len(
+        subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+    )
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        end = time.monotonic() + wait_s
+        while _alive(pgid) and time.monotonic() < end:
+            time.sleep(0.1)
+    return left
