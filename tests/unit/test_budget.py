@@ -106,3 +106,21 @@ def test_the_edge_yields_only_to_the_recommendations_own_confirmation(ctx: TuneC
     every = confirm_reserve_s(ctx, setup, budget)
     assert own > 0 and every - own >= 2 * 61.0  # two variants, a measured launch each
     assert edge_deadline_s(ctx, setup, budget, None, end_s) == pytest.approx(end_s - 1.25 * own)
+
+
+def test_a_resumed_run_estimates_its_launches_from_those_the_study_measured(
+    ctx: TuneContext, tmp_path: Path
+) -> None:
+    """The GPU-host walk: a tune interrupted after trial 0 (a 25-s launch measured) and
+    resumed estimated every launch at the 180-s prior again, and skipped its whole edge."""
+    path = tmp_path / "budget.json"
+    first = TimeBudget.of(ctx, time.monotonic(), path)
+    _launch(first, 150.0)
+    resumed = TimeBudget.of(ctx, time.monotonic(), path)
+    assert resumed.measured and resumed.launch_estimate_s() == pytest.approx(151.0)
+    _launch(resumed, 60.0)
+    kept = json.loads(path.read_text())
+    assert [r["launch_s"] for r in kept["earlier"]] == [150.0]
+    assert [r["launch_s"] for r in kept["launches"]] == [60.0]
+    again = TimeBudget.of(ctx, time.monotonic(), path)  # a third run sees both
+    assert [r.launch_s for r in again.earlier] == [150.0, 60.0]

@@ -102,6 +102,9 @@ class BudgetRecord(BaseModel):
     launch_prior_s: float
     launches: list[LaunchRecord] = []
     skipped: list[SkippedLaunch] = []
+    # Launches of earlier runs of this study in this directory (a run resumed with
+    # --resume), each timed from its own run's start: measured launches all the same.
+    earlier: list[LaunchRecord] = []
 
 
 def launch_prior_s(ctx: TuneContext) -> float:
@@ -129,15 +132,21 @@ class TimeBudget:
         self.path = path
         self.launches: list[LaunchRecord] = []
         self.skipped: list[SkippedLaunch] = []
+        self.earlier: list[LaunchRecord] = []
 
     @classmethod
     def of(cls, ctx: TuneContext, began_s: float, path: Path | None) -> TimeBudget:
-        return cls(
+        """The budget of a run; where ``path`` holds an earlier run's record (a resumed
+        study), its launches count as measured (a resumed run estimated its launches by the
+        prior again: 180 s where the first run had measured 25 s, and skipped its edge)."""
+        budget = cls(
             began_s=began_s,
             budget_s=ctx.config.budget_min * 60.0,
             launch_prior_s=launch_prior_s(ctx),
             path=path,
         )
+        budget.earlier = _earlier_launches(path)
+        return budget
 
     @property
     def deadline_s(self) -> float:
@@ -152,14 +161,16 @@ class TimeBudget:
 
     @property
     def measured(self) -> bool:
-        return any(r.ready for r in self.launches)
+        return any(r.ready for r in [*self.earlier, *self.launches])
 
     def launch_estimate_s(self) -> float:
         """A launch's startup and stop: the longest of the last ``RECENT_LAUNCHES`` that
-        became ready, else the prior (a launch that failed fast says little of one that
-        starts; one that failed slowly, a timeout, counts)."""
-        started = [r.overhead_s for r in self.launches if r.ready]
-        slow_failures = [r.overhead_s for r in self.launches if not r.ready]
+        became ready (earlier runs' of the study first, then this run's), else the prior (a
+        launch that failed fast says little of one that starts; one that failed slowly, a
+        timeout, counts)."""
+        every = [*self.earlier, *self.launches]
+        started = [r.overhead_s for r in every if r.ready]
+        slow_failures = [r.overhead_s for r in every if not r.ready]
         if not started:
             return max([self.launch_prior_s, *slow_failures])
         return max(started[-RECENT_LAUNCHES:])
@@ -235,6 +246,7 @@ class TimeBudget:
             launch_prior_s=self.launch_prior_s,
             launches=list(self.launches),
             skipped=list(self.skipped),
+            earlier=list(self.earlier),
         )
 
     def write(self) -> None:
@@ -247,3 +259,16 @@ class TimeBudget:
             os.replace(tmp, self.path)
         except OSError:
             log.warning("%s not written", self.path, exc_info=True)
+
+
+def _earlier_launches(path: Path | None) -> list[LaunchRecord]:
+    """The launches an earlier run of the study recorded at ``path`` (none: no such file,
+    or one this release cannot read, said in the log)."""
+    if path is None or not path.is_file():
+        return []
+    try:
+        record = BudgetRecord.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        log.warning("earlier launches in %s not read: %s", path, exc)
+        return []
+    return [*record.earlier, *record.launches]

@@ -38,7 +38,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, Prog
 from tuner.errors import ConfigError, LogParseError
 from tuner.rundir import RunLayout, evaluation_json
 from tuner.search import optuna_store
-from tuner.search.budget import LaunchKind, TimeBudget
+from tuner.search.budget import RECENT_LAUNCHES, LaunchKind, TimeBudget
 from tuner.search.compile_cache import CompileLaunches
 from tuner.search.config import TuneConfig
 from tuner.search.context import StudySetup, TuneContext, auto_stream_fraction, auto_time_scale
@@ -950,6 +950,8 @@ class TrialLoop:
                 )
                 return False
             return True
+        if done > 0 and self.levels_estimate_s == 0.0:
+            self.levels_estimate_s = self._levels_measured_before()  # a resumed study's
         if done == 0 and self.levels_estimate_s == 0.0:
             self._launch_deadline_s = budget.deadline_s
             skip = budget.fits(LaunchKind.TRIAL, "the first trial", budget.launch_estimate_s())
@@ -965,6 +967,16 @@ class TrialLoop:
             return True
         self.progress(f"time budget: {skip.text()}; stopping the search")
         return False
+
+    def _levels_measured_before(self) -> float:
+        """What the study's last trials measured once launched (their levels), for a run
+        that resumes a study: the longest of the last ``RECENT_LAUNCHES``; 0 where none."""
+        measured = [
+            ev.levels_s
+            for trial in self.complete_trials()
+            if (ev := load_evaluation(trial)) is not None and ev.levels_s
+        ]
+        return max(measured[-RECENT_LAUNCHES:], default=0.0)
 
     def _count_launch(self, number: int, ev: Evaluation) -> None:
         """The trial's launch in the budget, and what its levels took in the estimate."""
