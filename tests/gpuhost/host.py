@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -33,6 +32,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from tuner.serving.processes import group_alive, stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_NVML_DIR = REPO / "tests" / "gpuhost" / "pynvml_standin"
@@ -230,34 +231,17 @@ class RehearsedHost:
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _stop_session(pgid: int, *, grace_s: float = 0.0) -> int:
     """Stop what is left of the process group ``pgid`` (the session the command ran in):
-    first wait ``grace_s`` for it to end by itself, then SIGTERM, then SIGKILL. The number
-    of processes that were still there after the grace (0: none)."""
+    first wait ``grace_s`` for it to end by itself, then the harness's own stop (SIGTERM,
+    then SIGKILL). The number of processes that were still there after the grace (0: none)."""
     deadline = time.monotonic() + grace_s
-    while _alive(pgid) and time.monotonic() < deadline:
+    while group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if not _alive(pgid):
+    if not group_alive(pgid):
         return 0
     left = len(
         subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
     )
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        end = time.monotonic() + wait_s
-        while _alive(pgid) and time.monotonic() < end:
-            time.sleep(0.1)
+    stop_group(pgid)
     return left
