@@ -4,7 +4,6 @@ the check itself needs)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.tune_run import SMALL_TUNE_ARGS
+from tests.models import small_llama_dir
 
 pytestmark = pytest.mark.integration
 
@@ -40,20 +40,6 @@ def _one_line(done: subprocess.CompletedProcess[str], *expected: str) -> str:
 
 def _launched(run_dir: Path) -> list[Path]:
     return list(run_dir.rglob("server.log")) + list(run_dir.rglob("locust.log"))
-
-
-def _model_dir(path: Path, *, tokenizer: bool) -> Path:
-    path.mkdir()
-    config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
-        "torch_dtype": "bfloat16",
-    }  # fmt: skip
-    (path / "config.json").write_text(json.dumps(config))
-    if tokenizer:
-        (path / "tokenizer.json").write_text("{}")
-    return path
 
 
 TUNE_CASES = [
@@ -94,7 +80,7 @@ def test_tune_refuses_bad_values_before_launching(
 def test_a_model_directory_without_a_tokenizer_is_refused_before_launching(
     tmp_path: Path,
 ) -> None:
-    model = _model_dir(tmp_path / "tiny-llama", tokenizer=False)
+    model = small_llama_dir(tmp_path / "tiny-llama")
     run_dir = tmp_path / "run"
     args = [a if a != "llama-3.1-8b" else str(model) for a in SMALL_TUNE_ARGS]
     done = tuner(tmp_path, "tune", *args, "--run-dir", str(run_dir))

@@ -3,7 +3,6 @@ stand-in NVML of tests/gpuhost (the one thing faked: a physical GPU)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from types import ModuleType
 import pytest
 
 from tests.gpuhost import hosts
+from tests.models import small_llama_dir
 from tuner.errors import ConfigError
 from tuner.search.context import detect_gpu_count, detect_gpu_name, detect_gpu_profile
 from tuner.serving.nvml_host import read_visible, server_devices, visible_gpus
@@ -136,16 +136,7 @@ FAKE_VLLM = f"{sys.executable} {REPO / 'tests' / 'gpuhost' / 'fake_vllm.py'} ser
 def _model_dir(path: Path) -> Path:
     from tests.gpuhost.hub_standin import tokenizer_json
 
-    path.mkdir()
-    config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
-        "torch_dtype": "bfloat16",
-    }  # fmt: skip
-    (path / "config.json").write_text(json.dumps(config))
-    (path / "tokenizer.json").write_bytes(tokenizer_json())
-    return path
+    return small_llama_dir(path, tokenizer=tokenizer_json())
 
 
 def test_an_unknown_part_is_planned_and_said_in_the_notes(
