@@ -429,7 +429,8 @@ class LiveProbeServer:
         return self.live.server.memory_released
 
     def await_release(self, timeout_s: float) -> bool:
-        source = release_watch(self.live.source_kind)
+        # the server's own GPUs, as its launch watched them (never another job's)
+        source = release_watch(self.live.source_kind, visible=self.live.launch.server_devices())
         if source is None:
             return True
         try:
