@@ -21,13 +21,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from tuner.search.predict import (
-    Setup,
-    answer_times_of,
-    simulate_schedule,
-    steady_run,
-)
-from tuner.search.rate_search import level_workload
+from tuner.serving.level_schedule import level_workload
+from tuner.twin.prediction import Setup, answer_times_of, simulate_schedule, steady_run
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model

@@ -7,7 +7,7 @@ vllm-cpu`` with a fixed KV cache that preempts at the larger batch sizes) is one
 server launched, warmed up, and its steady-state rate search (levels with a warm-up,
 the backlog guard, at most ``--max-levels`` rates). The fixture keeps, per setting, the
 goodput the tune measured and its busiest held level (schedule, window and measured
-TTFT/TPOT percentiles, as ``tuner.search.twin_fit.read_level`` reads them), so the replay can fit
+TTFT/TPOT percentiles, as ``tuner.twin.fit.read_level`` reads them), so the replay can fit
 the twin to what each launch measured, as a tune does.
 
 Run: ``python benchmarks/cpu_landscape.py`` (about 3 minutes a setting on two cores;
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from tuner.search.twin_fit import MeasuredLevel, read_level
+from tuner.twin.fit import MeasuredLevel, read_level
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "cpu-landscape"

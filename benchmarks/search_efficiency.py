@@ -10,8 +10,8 @@ Goodput of a setting: the highest arrival rate of the workload (chat: new conver
 per second) whose simulated window meets the workload's SLOs, on a ladder of rates 1%
 apart (rate = 1.01**k), found by galloping from a warm start (the same settings at the
 next utilization up, else the defaults' goodput) and bisecting; like
-``tuner.search.predict.max_rate``, it takes the SLO verdict as monotone in the rate. Each run is
-``tuner.search.predict.predict``'s (the workload's own prompts through the simulator's tokenizer,
+``tuner.twin.prediction.max_rate``, it takes the SLO verdict as monotone in the rate. Each run is
+``tuner.twin.prediction.predict``'s (the workload's own prompts through the simulator's tokenizer,
 warm-up left out); the script checks that it gives ``predict``'s verdicts before using it.
 The window is the workload's own 60 s: multi-turn chat needs it (its later turns carry
 the whole conversation, so a 15-20 s window measures a cold start, with goodput several
@@ -78,18 +78,18 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.search.predict import Setup, predict, slo_met
 from tuner.search.sampling import Objective, make_sampler
-from tuner.search.space import Knob, SearchSpace, TrialParams, build_space, parse_range
-from tuner.search.space import vllm_defaults as space_defaults
 from tuner.sim.blocks import BlockPool, EvictionPolicy
 from tuner.sim.build import build_engine
 from tuner.sim.engine import EngineDead, SimEngine, StepResult
 from tuner.sim.simulate import run
 from tuner.sim.tokenizer import encode, encode_chat
+from tuner.twin.prediction import Setup, predict, slo_met
 from tuner.vllm.gpus import GpuSpec, get_gpu
 from tuner.vllm.memory import ServingParams, plan
 from tuner.vllm.models import ModelSpec, resolve_model
+from tuner.vllm.space import Knob, SearchSpace, TrialParams, build_space, parse_range
+from tuner.vllm.space import vllm_defaults as space_defaults
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
 from workloads.metrics import Slo
@@ -191,7 +191,7 @@ SOURCES = (
     "tuner/vllm/models.py",
     "tuner/vllm/gpus.py",
     "tuner/vllm/versions.py",
-    "tuner/search/predict.py",
+    "tuner/twin/prediction.py",
     "workloads/spec.py",
     "workloads/build.py",
     "workloads/arrivals.py",
@@ -621,7 +621,7 @@ def check_against_predict(
         theirs = predict(setup, ctx.spec, rung_rate(rung)).met
         if evaluator.met(params, rung) != theirs:
             sys.exit(
-                f"the benchmark's run disagrees with tuner.search.predict at {point.short()}, "
+                f"the benchmark's run disagrees with tuner.twin.prediction at {point.short()}, "
                 f"rate {rung_rate(rung):.2f}/s"
             )
 

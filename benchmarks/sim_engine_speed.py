@@ -7,7 +7,7 @@ Runs, through ``tuner.sim.simulate.run`` (Llama-3.1-8B on H100-80GB, vLLM's defa
 * a one-minute Poisson workload (20 req/s, 1000 prompt and 200 output tokens);
 * the first 2000 requests of the Azure code trace, if ../shared/traces is present;
 * ten virtual minutes of ``chat`` at 5.75 conversations/s, as the steady-state search
-  runs it (``tuner.search.predict.steady_run``: schedule, tokenization, engine, summary;
+  runs it (``tuner.twin.prediction.steady_run``: schedule, tokenization, engine, summary;
   about 12,000 requests, 9,000 engine steps, 2.9 million tokens);
 
 and prints wall time, simulated time, its ratio to real time, engine steps per second
@@ -48,11 +48,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tuner.search import predict
-from tuner.search.predict import Setup, steady_run
 from tuner.sim.build import build_engine
 from tuner.sim.engine import SimEngine
 from tuner.sim.simulate import SimulationResult, run, synthetic_arrivals
+from tuner.twin import prediction as predict
+from tuner.twin.prediction import Setup, steady_run
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
@@ -100,7 +100,7 @@ def measure(label: str, records: list[TraceRecord], step_by_step: bool) -> None:
 
 @contextmanager
 def engine_runs() -> Iterator[list[SimEngine]]:
-    """The engines of ``tuner.search.predict``'s calls of ``run`` (for the tokens they made)."""
+    """The engines of ``tuner.twin.prediction``'s calls of ``run`` (for the tokens they made)."""
     plain = predict.run
     engines: list[SimEngine] = []
 

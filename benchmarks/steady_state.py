@@ -3,13 +3,13 @@
 For each built-in workload on the simulated engine (llama-3.1-8b, vLLM's defaults at
 the current version) it prints:
 
-(a) the reference rate: ``tuner.search.predict.reference_rate``, 10 virtual minutes (or as
+(a) the reference rate: ``tuner.twin.prediction.reference_rate``, 10 virtual minutes (or as
     long as 200 requests take, for a p99, where that is longer) after a long warm-up
     (2 minutes, or the longest conversation's planned length), opening on the
     stationary population of conversations (planned with the answer times this server
     gave at the nearest rate it held, as the live search plans it), every later turn
     sent its think time after the answer it follows;
-(b) today's figure: what the old method says, ``tuner.search.predict.max_rate`` on an 8-s cold
+(b) today's figure: what the old method says, ``tuner.twin.prediction.max_rate`` on an 8-s cold
     window (``level_workload(spec, None, 8)`` with ``sessions.start: empty``, each turn
     at its planned time), and its error against (a);
 (c) the tuner's figure: the goodput a live rate search measures, from ``tuner tune`` on
@@ -55,18 +55,14 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.search.predict import (
-    Setup,
-    max_rate,
-    predict,
-    reference_rate,
-)
-from tuner.search.rate_search import GoodputUnit, level_workload
-from tuner.search.space import TrialParams
+from tuner.search.rate_search import GoodputUnit
+from tuner.serving.level_schedule import level_workload
 from tuner.sim.build import build_engine
+from tuner.twin.prediction import Setup, max_rate, predict, reference_rate
 from tuner.vllm.gpus import get_gpu, recorded_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
+from tuner.vllm.space import TrialParams
 from tuner.vllm.versions import VllmVersion
 from workloads.spec import SessionStart, WorkloadSpec, load_workload
 from workloads.stationary import expected_turns

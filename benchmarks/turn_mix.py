@@ -2,7 +2,7 @@
 
 Issue 16: a level that opens on an empty server holds only first turns of the built-in
 ``chat`` workload (its conversations last about a minute). This builds the level's
-schedule (``tuner.search.rate_search.level_workload``'s spec) both ways, ``sessions.start:
+schedule (``tuner.serving.level_schedule.level_workload``'s spec) both ways, ``sessions.start:
 empty`` and ``stationary``, over several seeds, and prints the share of later turns in
 the window and Pearson's chi-square goodness of fit of its turn counts to the
 stationary mix ``P(N > k) / E[N]`` (``workloads.stationary.turn_mix``).
@@ -16,7 +16,7 @@ import argparse
 import statistics
 import time
 
-from tuner.search.rate_search import level_workload
+from tuner.serving.level_schedule import level_workload
 from workloads.build import build_schedule
 from workloads.spec import SessionStart, load_workload
 from workloads.stationary import turn_mix

@@ -8,12 +8,12 @@ setting by its own rate search (no setting inferred). The twin sees only its own
 paper factors and what the launches measure. Replayed on that landscape, each
 method's launches until one comes within 2 % of the grid's best goodput:
 
-* twin-guided, as the tune does it (``tuner.search.twin_search``): vLLM's defaults
+* twin-guided, as the tune does it (``tuner.twin.screen``): vLLM's defaults
   first; then the twin's landscape (screened with its own factors, utilizations
   between computed ones bounded) hands its best untried settings, one per group, each
   screened again with the factors fitted so far, and the best is launched while the
   twin puts it above the best measured; after each launch the twin's factors are
-  fitted (``tuner.search.twin_fit.fit``) to a level simulated with the hidden costs at
+  fitted (``tuner.twin.fit.fit``) to a level simulated with the hidden costs at
   the launched setting's goodput (pooled with the latest two launches' levels, as the
   tune pools). When the twin has nothing better, TPE goes on from those trials (seeded);
 * the same without the fits (the landscape's order alone);
@@ -50,7 +50,12 @@ from pydantic import TypeAdapter
 
 from tuner.search.config import TuneConfig
 from tuner.search.context import TuneContext, resolve
-from tuner.search.landscape import (
+from tuner.search.rate_search import GoodputUnit
+from tuner.search.sampling import Objective, make_sampler
+from tuner.serving.level_schedule import drain_s, level_workload
+from tuner.sim.timing import TimingFactors
+from tuner.twin.fit import MAX_LEVELS, MeasuredLevel, fit
+from tuner.twin.landscape import (
     Landscape,
     ScreenedPoint,
     ScreenJob,
@@ -59,13 +64,9 @@ from tuner.search.landscape import (
     screen,
     screen_setting,
 )
-from tuner.search.predict import Setup, simulate_schedule
-from tuner.search.rate_search import GoodputUnit, drain_s, level_workload
-from tuner.search.sampling import Objective, make_sampler
-from tuner.search.space import Knob, SearchSpace, TrialParams, clamp, vllm_defaults
-from tuner.search.twin_fit import MAX_LEVELS, MeasuredLevel, fit
-from tuner.search.twin_search import RERANK, screen_job
-from tuner.sim.timing import TimingFactors
+from tuner.twin.prediction import Setup, simulate_schedule
+from tuner.twin.screen import RERANK, screen_job
+from tuner.vllm.space import Knob, SearchSpace, TrialParams, clamp, vllm_defaults
 from workloads.build import build_schedule
 from workloads.metrics import Slo
 

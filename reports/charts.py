@@ -31,11 +31,11 @@ from reports.run_data import (
 from tuner.errors import TunerError
 from tuner.search.edge import EdgeProbe, ProbeVerdict
 from tuner.search.evaluate import Evaluation, Verdict
-from tuner.search.space import Knob, TrialParams
 from tuner.serving.server import TrialOutcome
 from tuner.vllm.gpus import GpuSpec, recorded_gpu
 from tuner.vllm.memory import Calibration, MemoryPlan, ServingParams, default_limits, plan
 from tuner.vllm.models import ModelSpec, resolve_model
+from tuner.vllm.space import Knob, TrialParams
 from tuner.vllm.versions import VllmVersion
 from workloads.metrics import BucketLatency
 

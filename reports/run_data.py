@@ -42,7 +42,6 @@ from tuner.search.edge import EdgeResult
 from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.level_evidence import PROMPT_LENGTHS_FILE, PromptLengthMix
 from tuner.search.recommend import Recommendation
-from tuner.search.space import LeftOut, Range
 from tuner.search.study import TrialRole
 from tuner.search.tune import TuneSummary
 from tuner.serving.backlog import BacklogCheck
@@ -51,6 +50,7 @@ from tuner.serving.metrics import MetricsSample
 from tuner.serving.server import Backend
 from tuner.vllm.gpus import GpuSpec, recorded_gpu
 from tuner.vllm.memory import Calibration
+from tuner.vllm.space import LeftOut, Range
 from workloads.schedule import read_records
 from workloads.spec import WorkloadSpec
 from workloads.stationary import TURN_MIX_FILE, TurnMix

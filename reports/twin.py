@@ -14,8 +14,8 @@ from reports.run_data import RunData, TrialRow
 from tuner.errors import ConfigError
 from tuner.rundir import RunLayout
 from tuner.search.evaluate import Verdict
-from tuner.search.landscape import Landscape, ScreenMethod, read_landscape
-from tuner.search.twin_fit import TrialFit, TwinRecord, read_twin
+from tuner.twin.fit import TrialFit, TwinRecord, read_twin
+from tuner.twin.landscape import Landscape, ScreenMethod, read_landscape
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ percentiles still meet the SLO; a rate well below it is steady.
 
 The server is `tuner sim-serve` (Llama 3.1 8B on an L4, ``--max-num-seqs 4``) behind
 ``trial.LiveServer``, loaded by Locust over real sockets. Its capacity comes from a long
-run of the same engine on the virtual clock (``tuner.search.predict``): about 3.6 requests/s
+run of the same engine on the virtual clock (``tuner.twin.prediction``): about 3.6 requests/s
 of the workload below, so 5/s builds a queue of about 1.4 requests a second. In a 6 s
 window that is a p99 TTFT of 2 to 3 s, inside the generous 5 s objective.
 """
@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from tests.integration.simserver import live_sim
-from tuner.search.predict import Setup, simulate_schedule
-from tuner.search.rate_search import drain_s, level_met, level_workload, search_rate, stop_rule
+from tuner.search.rate_search import level_met, search_rate, stop_rule
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict
+from tuner.serving.level_schedule import drain_s, level_workload
 from tuner.serving.live import AnyStop, BacklogStopRule, LiveServer, Measurement, loosest_ttft_ms
 from tuner.serving.load import plan_schedule, split_warmup
+from tuner.twin.prediction import Setup, simulate_schedule
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model

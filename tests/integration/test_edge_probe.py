@@ -11,8 +11,8 @@ import pytest
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.edge import EdgeProbe, EdgeSearch, HoldEnd, ProbeVerdict
-from tuner.search.space import Knob, TrialParams
 from tuner.serving.processes import ChildRegistry
+from tuner.vllm.space import Knob, TrialParams
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.tune_run import SMALL_TUNE_ARGS, tune
-from tuner.search.landscape import Landscape, ScreenMethod, candidates
-from tuner.search.space import TrialParams
-from tuner.search.twin_search import RERANK
+from tuner.twin.landscape import Landscape, ScreenMethod, candidates
+from tuner.twin.screen import RERANK
+from tuner.vllm.space import TrialParams
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.search.bracket import RateBracket, search
+from tuner.serving.bracket import RateBracket, search
 
 
 @pytest.mark.parametrize("capacity", [0.37, 7.3, 123.0])

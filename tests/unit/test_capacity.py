@@ -236,7 +236,7 @@ def test_the_report_shows_every_option_the_frontier_and_the_source(
 
 
 def test_a_search_from_a_close_estimate_closes_in_two_runs() -> None:
-    from tuner.search.bracket import search
+    from tuner.serving.bracket import search
 
     calls: list[float] = []
 
@@ -255,7 +255,7 @@ def test_a_search_from_a_close_estimate_closes_in_two_runs() -> None:
 
 
 def test_a_later_candidate_that_breaks_at_the_gain_to_beat_costs_one_run() -> None:
-    from tuner.search.bracket import search
+    from tuner.serving.bracket import search
 
     calls: list[float] = []
     to_beat = 10.0 * 1.05
@@ -284,7 +284,7 @@ def test_a_search_starts_under_the_estimate_scaled_from_screened_options() -> No
 
 
 def test_runs_that_share_their_texts_are_the_same_runs() -> None:
-    from tuner.search.predict import RunTexts, Setup, steady_run
+    from tuner.twin.prediction import RunTexts, Setup, steady_run
     from tuner.vllm.memory import ServingParams
     from workloads.build import build_schedule
     from workloads.prompts import RememberingWordPromptBuilder

@@ -1,12 +1,13 @@
 """A level that carries on from the one before on a chained run (issue 16, cost): what it
 adds to the conversations under way, what it keeps of them, its ids and its warm-up
-(tuner.search.rate_search.CarryOn, tuner.serving.window.plan_level)."""
+(tuner.serving.level_schedule.CarryOn, tuner.serving.window.plan_level)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tuner.search.rate_search import CarryOn, plan_level_schedule, planned_requests
+from tuner.search.rate_search import planned_requests
+from tuner.serving.level_schedule import CarryOn, plan_level_schedule
 from workloads.schedule import carries_on
 from workloads.spec import load_workload
 

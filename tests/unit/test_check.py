@@ -28,7 +28,7 @@ from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.search.evaluate import Verdict
 from tuner.search.recommend import Measured, Recommendation, Variant
-from tuner.search.space import TrialParams
+from tuner.vllm.space import TrialParams
 from workloads.metrics import Percentiles
 
 GIB = 2**30

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.search.compile_cache import CompileLaunches
-from tuner.search.space import TrialParams
 from tuner.sim.compile_cache import CompileCache, cache_root
 from tuner.vllm.memory import ServingParams
+from tuner.vllm.space import TrialParams
 from tuner.vllm.versions import VllmVersion
 
 

@@ -18,12 +18,12 @@ from tuner.errors import ConfigError
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, resolve
 from tuner.search.evaluate import launch_spec
-from tuner.search.space import TrialParams
 from tuner.serving.hub import HubSettings, fetch_model, wanted_files
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, ServerProcess
 from tuner.vllm.flags import accepted_options
 from tuner.vllm.models import launch_name
+from tuner.vllm.space import TrialParams
 from tuner.vllm.versions import VllmVersion
 from workloads.prompts import TokenizerPromptBuilder, WordPromptBuilder
 

@@ -9,7 +9,8 @@ import pytest
 
 from tuner.search.config import TuneConfig
 from tuner.search.context import resolve
-from tuner.search.landscape import (
+from tuner.sim.timing import TimingFactors
+from tuner.twin.landscape import (
     LOWEST_RUNG,
     Landscape,
     ScreenedPoint,
@@ -21,9 +22,8 @@ from tuner.search.landscape import (
     screen,
     screen_setting,
 )
-from tuner.search.space import TrialParams
-from tuner.search.twin_search import screen_job
-from tuner.sim.timing import TimingFactors
+from tuner.twin.screen import screen_job
+from tuner.vllm.space import TrialParams
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "workloads" / "tiny.yaml"
 

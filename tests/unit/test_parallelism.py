@@ -17,11 +17,14 @@ from tests.unit.test_landscape import _landscape
 from tuner.errors import ConfigError
 from tuner.search.config import load_config
 from tuner.search.context import resolve
-from tuner.search.landscape import ScreenedPoint, ScreenMethod
 from tuner.search.parallelism import Source, compare, read_parallelism
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
 from tuner.search.recommend import capacity, config_hash, deployment
-from tuner.search.space import (
+from tuner.search.study import best_trial
+from tuner.twin.landscape import ScreenedPoint, ScreenMethod
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.models import resolve_model
+from tuner.vllm.space import (
     Knob,
     Range,
     SearchSpace,
@@ -32,9 +35,6 @@ from tuner.search.space import (
     per_gpu,
     vllm_defaults,
 )
-from tuner.search.study import best_trial
-from tuner.vllm.gpus import get_gpu
-from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 
 LLAMA = resolve_model("llama-3.1-8b")  # 32 attention heads

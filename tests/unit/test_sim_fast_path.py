@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from tuner.search import predict
-from tuner.search.predict import Setup, simulate_schedule
-from tuner.search.rate_search import level_workload
+from tuner.serving.level_schedule import level_workload
 from tuner.sim import simulate
 from tuner.sim.blocks import EvictionPolicy
 from tuner.sim.build import SimOptions, build_engine
 from tuner.sim.deferred import DeferredStepper, StepOutcome
 from tuner.sim.engine import RequestStatus, SimEngine, SimRequest
 from tuner.sim.simulate import SimulationResult, run, synthetic_arrivals
+from tuner.twin import prediction as predict
+from tuner.twin.prediction import Setup, simulate_schedule
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import MemoryPlan, ServingParams
 from tuner.vllm.models import resolve_model

@@ -6,7 +6,10 @@ import optuna
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.search.space import (
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import resolve_model
+from tuner.vllm.space import (
     Knob,
     Range,
     SearchSpace,
@@ -16,9 +19,6 @@ from tuner.search.space import (
     parse_range,
     vllm_defaults,
 )
-from tuner.vllm.gpus import get_gpu
-from tuner.vllm.memory import ServingParams
-from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 
 LLAMA = resolve_model("llama-3.1-8b")

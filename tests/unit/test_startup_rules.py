@@ -12,11 +12,11 @@ import pytest
 
 from tuner.search.context import StudySetup
 from tuner.search.evaluate import screened
-from tuner.search.space import TrialParams
 from tuner.vllm.failures import StartupFailureKind
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams, plan
 from tuner.vllm.models import resolve_model
+from tuner.vllm.space import TrialParams
 from tuner.vllm.versions import VllmVersion
 
 REFUSED = "max_num_batched_tokens (8192) must be greater than or equal to max_num_seqs (10000)."

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.search.rate_search import level_workload, search_rate
+from tuner.search.rate_search import search_rate
+from tuner.serving.level_schedule import level_workload
 from workloads.build import build_schedule
 from workloads.schedule import ScheduledRequest
 from workloads.spec import (

@@ -27,7 +27,6 @@ from tuner.search.rate_search import (
     stop_rule,
 )
 from tuner.search.recommend import capacity, combined_bound, config_hash, variant_params
-from tuner.search.space import Knob, TrialParams
 from tuner.search.study import redact_url
 from tuner.serving.live import Measurement, StopRule
 from tuner.serving.load import SloVerdict
@@ -35,6 +34,7 @@ from tuner.serving.metrics import ServerCounters
 from tuner.serving.server import TrialOutcome
 from tuner.serving.window import WindowOpening
 from tuner.vllm.memory import Calibration
+from tuner.vllm.space import Knob, TrialParams
 from workloads.metrics import LoadResult, Percentiles
 from workloads.schedule import RequestRecord, ScheduledRequest
 from workloads.spec import WorkloadSpec, load_workload

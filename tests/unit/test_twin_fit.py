@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from tuner.search.predict import Setup, simulate_schedule
-from tuner.search.rate_search import plan_level_schedule
-from tuner.search.twin_fit import MAX_EVALUATIONS, MeasuredLevel, fit, twin_error
+from tuner.serving.level_schedule import plan_level_schedule
 from tuner.sim.timing import TimingFactors
+from tuner.twin.fit import MAX_EVALUATIONS, MeasuredLevel, fit, twin_error
+from tuner.twin.prediction import Setup, simulate_schedule
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
@@ -87,7 +87,7 @@ def test_a_fit_that_finds_nothing_better_keeps_the_factors(levels: list[Measured
 
 
 def test_a_fit_that_puts_the_measured_goodput_further_off_is_not_taken() -> None:
-    from tuner.search.twin_fit import goodput_worse
+    from tuner.twin.fit import goodput_worse
 
     assert goodput_worse(6.14, 5.3, 6.02, lower_bound=False)  # +2 % -> -12 %
     assert not goodput_worse(6.14, 6.3, 6.02, lower_bound=False)  # +2 % -> +5 %: within 5 %

@@ -10,7 +10,6 @@ import pytest
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, resolve
 from tuner.search.evaluate import Evaluation, Verdict, _evaluation
-from tuner.search.space import TrialParams
 from tuner.search.study import _did_not_serve
 from tuner.serving.server import StartupResult, TrialOutcome
 from tuner.vllm.classify import (
@@ -20,6 +19,7 @@ from tuner.vllm.classify import (
     parse_stats_line,
 )
 from tuner.vllm.failures import StartupFailureKind
+from tuner.vllm.space import TrialParams
 
 P = "(EngineCore_DP0 pid=1358) ERROR 09-03 00:36:27 [core.py:700] "
 LOADED = "(VllmWorker TP0 pid=1430) INFO 09-03 00:39:33 [gpu_model_runner.py:2007] Model loading took 7.1217 GiB and 168.264821 seconds"

@@ -27,7 +27,6 @@ from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.search.config import TuneConfig, load_config
 from tuner.search.recommend import deployment
-from tuner.search.space import TrialParams
 from tuner.search.tune import describe
 from tuner.serving.vllm_install import (
     FoundIn,
@@ -37,6 +36,7 @@ from tuner.serving.vllm_install import (
     launcher_python,
 )
 from tuner.vllm.flags import accepted_options
+from tuner.vllm.space import TrialParams
 from tuner.vllm.versions import (
     CURRENT_RELEASE,
     ReleaseFit,

@@ -7,8 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuner.search.predict import REFERENCE_WINDOW_S, reference_window_s
-from tuner.search.rate_search import plan_level_schedule
+from tuner.serving.level_schedule import plan_level_schedule
 from tuner.serving.load import plan_schedule, split_warmup
 from tuner.serving.metrics import MetricsSample
 from tuner.serving.window import (
@@ -27,6 +26,7 @@ from tuner.serving.window import (
     verdict_clear,
     window_closes,
 )
+from tuner.twin.prediction import REFERENCE_WINDOW_S, reference_window_s
 from workloads.spec import load_workload, parse_workload
 
 SINGLE = """

@@ -143,10 +143,10 @@ def test_flags_the_installed_vllm_lacks_are_probed_and_left_out(live: Live) -> N
 
 def test_the_search_space_adapts_to_the_probed_flags(live: Live) -> None:
     _ready(live)
-    from tuner.search.space import Knob, build_space
     from tuner.serving.server import probe_vllm_flags
     from tuner.vllm.gpus import get_gpu
     from tuner.vllm.models import resolve_model
+    from tuner.vllm.space import Knob, build_space
     from tuner.vllm.versions import VllmVersion
 
     accepted = probe_vllm_flags(VLLM_CMD)

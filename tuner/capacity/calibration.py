@@ -32,8 +32,8 @@ from typing import Any
 from tuner.errors import ConfigError
 from tuner.rundir import RunLayout
 from tuner.search.recommend import Recommendation
-from tuner.search.twin_fit import GOODPUT_TOLERANCE, TrialFit, read_twin
 from tuner.sim.timing import TimingFactors
+from tuner.twin.fit import GOODPUT_TOLERANCE, TrialFit, read_twin
 from tuner.vllm.gpus import GpuSpec, recorded_gpu
 from workloads.spec import WorkloadSpec
 

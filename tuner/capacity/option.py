@@ -12,7 +12,7 @@ The settings, as a serving engineer would set them for a fleet:
   kept only when it serves at least ``FP8_GAIN`` more (it costs some accuracy).
 
 Each candidate's goodput is the highest arrival rate whose steady-state run on the twin
-(``tuner.search.predict.steady_run``: the session population of that rate, a level's
+(``tuner.twin.prediction.steady_run``: the session population of that rate, a level's
 warm-up and window, the backlog guard) meets the SLO, bracketed and bisected to
 ``SCREEN_PRECISION`` (the plan's chosen option and runner-up again to
 ``FINAL_PRECISION``). fp8 is searched from ``FP8_GAIN`` times auto's goodput up: where
@@ -26,15 +26,15 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.search.bracket import FLOOR_PER_S, search
-from tuner.search.predict import Prediction, RunTexts, Setup, answer_times_of, steady_run
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
-from tuner.search.space import TrialParams
+from tuner.serving.bracket import FLOOR_PER_S, search
 from tuner.serving.window import needed_requests
 from tuner.sim.timing import TimingFactors
+from tuner.twin.prediction import Prediction, RunTexts, Setup, answer_times_of, steady_run
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import ServingParams, default_limits, plan
 from tuner.vllm.models import ModelSpec
+from tuner.vllm.space import TrialParams
 from tuner.vllm.versions import VllmVersion
 from workloads.spec import WorkloadSpec
 from workloads.stationary import AnswerTimes, expected_turns, nearest_in_rate
@@ -186,7 +186,7 @@ def replica_at(
 ) -> tuple[ReplicaRun | None, int]:
     """One candidate's goodput on the twin to ``precision`` and the run at it (None: no
     rate held, or none at ``floor_per_s`` or above), and the number of twin runs it took.
-    ``first_step``, ``floor_per_s``: ``tuner.search.bracket.search``'s; ``texts``:
+    ``first_step``, ``floor_per_s``: ``tuner.serving.bracket.search``'s; ``texts``:
     ``steady_run``'s."""
     finder = _Search(setup, workload, texts)
     best = search(

@@ -39,8 +39,8 @@ from tuner.deploy import (
 from tuner.drain import drain_timing
 from tuner.search.rate_search import GoodputUnit
 from tuner.search.recommend import settings_hash
-from tuner.search.space import TrialParams
 from tuner.vllm.gpus import GpuSpec, node_product_label
+from tuner.vllm.space import TrialParams
 from tuner.warmup import warmup_plan, warmup_script
 from workloads.spec import WorkloadSpec
 

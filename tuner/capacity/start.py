@@ -13,7 +13,7 @@ screen's precision (``tuner.capacity.option``). The estimate:
 
 The search starts ``UNDERSHOOT`` under the estimate: its first run is planned with the
 workload's expected answer times (no run of its own has held yet), and near capacity a
-chat server is bistable (``tuner.search.predict.reference_rate``): planned so, a rate
+chat server is bistable (``tuner.twin.prediction.reference_rate``): planned so, a rate
 above the goodput breaks where the server's own population might hold, and the search
 then walks down on that pessimistic plan. A first run that holds plans the next ones
 with the server's own answer times, as a search from below does.

@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.search.space import TrialParams
+from tuner.vllm.space import TrialParams
 
 COMPILE_CACHE_DIR = "torch_compile_cache"
 

@@ -66,7 +66,7 @@ class TuneConfig(BaseModel):
     trials: int = Field(default=10, ge=1)
     budget_min: float = Field(default=14.0, gt=0)
     seed: int = 0
-    knobs: tuple[str, ...] | None = None  # default: the five; see tuner.search.space
+    knobs: tuple[str, ...] | None = None  # default: the five; see tuner.vllm.space
     space: dict[str, str] = Field(default_factory=dict)  # knob -> range text
     screen: bool = True  # skip launches the memory model says will fail
     # Each measured rate's window and warm-up, emulated seconds; None: the window sized
@@ -82,11 +82,11 @@ class TuneConfig(BaseModel):
     # (the default: near capacity a chained level sees the healthy state of a bistable
     # server, which tips minutes later; see the README).
     chain_levels: bool = False
-    # The twin's step costs fitted to each trial's levels (tuner.search.twin_fit), from the
+    # The twin's step costs fitted to each trial's levels (tuner.twin.fit), from the
     # paper's factors or those a run recorded (twin_from: its run directory).
     twin_fit: bool = True
     twin_from: Path | None = None
-    # The twin's landscape (tuner.search.landscape): every setting of the space predicted
+    # The twin's landscape (tuner.twin.landscape): every setting of the space predicted
     # before the first launch; the trials after vLLM's defaults go to its best settings.
     twin_search: bool = True
     dry_run: bool = False  # the space, the twin's best and the plan; nothing launched

@@ -25,15 +25,6 @@ from pathlib import Path
 
 from tuner.errors import ConfigError, TunerError, UnknownModelError
 from tuner.search.config import TuneConfig
-from tuner.search.space import (
-    Knob,
-    Range,
-    SearchSpace,
-    TrialParams,
-    build_space,
-    check_for_target,
-    parse_range,
-)
 from tuner.serving.hub import FetchedModel, fetch_model
 from tuner.serving.load import resolve_workload
 from tuner.serving.nvml_host import VisibleGpu, visible_gpus
@@ -47,6 +38,15 @@ from tuner.vllm.gpus import GpuSpec, cpu_device, get_gpu, gpu_from_nvml
 from tuner.vllm.memory import Calibration, ServingParams
 from tuner.vllm.models import ModelSpec, launch_name, load_model_dir, resolve_model
 from tuner.vllm.platform import DEFAULT_CPU_KV_CACHE_BYTES
+from tuner.vllm.space import (
+    Knob,
+    Range,
+    SearchSpace,
+    TrialParams,
+    build_space,
+    check_for_target,
+    parse_range,
+)
 from tuner.vllm.versions import OLDEST_SUPPORTED, ReleaseFit, VllmVersion, assumed_release
 from workloads.spec import PercentileLimits, WorkloadSpec
 
@@ -452,8 +452,8 @@ def _fit_context(
 ) -> tuple[ServingParams, str | None]:
     """vLLM's default context (the model's maximum) when it fits the GPU; else the smallest
     power of two that holds the workload's longest request, as an engineer would set it."""
-    from tuner.search.space import Knob
     from tuner.vllm.memory import plan
+    from tuner.vllm.space import Knob
 
     util_range = space.range_of(Knob.GPU_MEMORY_UTILIZATION)
     util = util_range.high if util_range is not None and util_range.high else 0.95
@@ -486,7 +486,7 @@ def workload_context(model: ModelSpec, workload: WorkloadSpec) -> tuple[int, int
 def _cpu_space(
     knobs: tuple[Knob, ...], overrides: dict[Knob, Range], accepted: frozenset[str] | None
 ) -> SearchSpace:
-    from tuner.search.space import LeftOut
+    from tuner.vllm.space import LeftOut
 
     ranges: list[Range] = []
     gpu_only = (Knob.GPU_MEMORY_UTILIZATION, Knob.KV_CACHE_DTYPE, Knob.SWAP_SPACE)

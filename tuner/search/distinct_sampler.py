@@ -48,7 +48,7 @@ def _on_step(value: Any, dist: BaseDistribution) -> Any:
     """A stepped float as its step writes it (0.87, not 0.8700000000000001), so the study,
     the report and the recommended command lines show the value the grid means."""
     if isinstance(dist, FloatDistribution) and dist.step:
-        from tuner.search.space import on_step
+        from tuner.vllm.space import on_step
 
         return on_step(float(value), dist.step)
     return value

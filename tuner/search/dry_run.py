@@ -2,7 +2,7 @@
 and nothing is written.
 
 It resolves the configuration as the tune does (every bad value fails here the same
-way), screens the whole space on the twin (``tuner.search.landscape``), and says: the
+way), screens the whole space on the twin (``tuner.twin.landscape``), and says: the
 space, the twin's best settings with their predicted goodput, the trials the tune
 would launch (vLLM's defaults, then the twin's picks; the order can change as the twin
 learns from each measured trial), and the estimated wall time and GPU-hours.
@@ -16,15 +16,15 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.search.config import TuneConfig
 from tuner.search.context import StudySetup, TuneContext, resolve
-from tuner.search.landscape import Landscape, candidates, screen
-from tuner.search.predict import Setup, sustained_rate
-from tuner.search.rate_search import drain_s, plan_level_schedule
-from tuner.search.space import Knob, TrialParams, per_gpu, vllm_defaults
 from tuner.search.tune import reserve_s
-from tuner.search.twin_fit import read_twin
-from tuner.search.twin_search import SCREEN_JOBS, screen_job
+from tuner.serving.level_schedule import drain_s, plan_level_schedule
 from tuner.serving.server import Backend
 from tuner.sim.timing import TimingFactors
+from tuner.twin.fit import read_twin
+from tuner.twin.landscape import Landscape, candidates, screen
+from tuner.twin.prediction import Setup, sustained_rate
+from tuner.twin.screen import SCREEN_JOBS, screen_job
+from tuner.vllm.space import Knob, TrialParams, per_gpu, vllm_defaults
 
 TOP = 10  # settings of the landscape shown
 STARTUP_S = {Backend.SIM: 5.0}  # a launch until ready; vLLM on a GPU: VLLM_STARTUP_S

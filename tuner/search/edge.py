@@ -40,7 +40,6 @@ from tuner.rundir import RunLayout
 from tuner.search.budget import LaunchKind, TimeBudget
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.evaluate import Evaluation, live_server, predicted_plan
-from tuner.search.space import Knob, TrialParams
 from tuner.serving.gpu_sampler import GpuSummary, release_watch, wait_until_released
 from tuner.serving.live import Measurement, RecordTail, StopFactory
 from tuner.serving.load import LoadGenerators, plan_schedule
@@ -48,6 +47,7 @@ from tuner.serving.metrics import read_metrics_csv
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import StartupResult, TrialOutcome
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
+from tuner.vllm.space import Knob, TrialParams
 from workloads.prompts import completion_text, prompt_builder_for
 from workloads.schedule import Api, ScheduledRequest
 from workloads.spec import WarmupSpec, WorkloadSpec

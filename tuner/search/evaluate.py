@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict
 from tuner.rundir import evaluation_json
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit, RateSearch, search_rate
-from tuner.search.space import TrialParams
 from tuner.serving.backlog import BacklogCheck
 from tuner.serving.gpu_sampler import GpuSummary
 from tuner.serving.live import KvFill, LiveServer, Measurement
@@ -29,6 +28,7 @@ from tuner.serving.server import Backend, LaunchSpec, StartupResult, TrialOutcom
 from tuner.vllm.failures import StartupFailure
 from tuner.vllm.log import StartupReport
 from tuner.vllm.memory import MemoryPlan, plan
+from tuner.vllm.space import TrialParams
 from workloads.metrics import LoadResult
 from workloads.stationary import AnswerTimes
 

@@ -2,7 +2,7 @@
 
 Where a tune searches ``--tensor-parallel-size`` (``tuner tune --gpu-count N --knobs
 ...,tensor-parallel-size``), its trials are ranked by goodput per GPU
-(``tuner.search.space.per_gpu``). This module states the comparison an engineer asks
+(``tuner.vllm.space.per_gpu``). This module states the comparison an engineer asks
 for at the end: for each size, the best goodput one server holds at the SLO, per GPU,
 and what the host's GPUs serve as servers of that size (``gpu_count // size`` of them).
 A measured trial's figure beats the twin's prediction; a size no trial met the SLO at
@@ -21,10 +21,10 @@ from pathlib import Path
 from optuna.trial import FrozenTrial
 from pydantic import BaseModel, ConfigDict
 
-from tuner.search.landscape import Landscape
 from tuner.search.rate_search import GoodputUnit
-from tuner.search.space import Knob, SearchSpace, TrialParams
 from tuner.search.study import arrival_goodput
+from tuner.twin.landscape import Landscape
+from tuner.vllm.space import Knob, SearchSpace, TrialParams
 
 PARALLELISM_JSON = "parallelism.json"
 

@@ -47,10 +47,10 @@ from tuner.search.context import StudySetup, TuneContext
 from tuner.search.edge import EdgeResult
 from tuner.search.evaluate import Evaluation, Verdict, evaluate
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
-from tuner.search.space import Knob, TrialParams, clamp
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
+from tuner.vllm.space import Knob, TrialParams, clamp
 from tuner.warmup import DEFAULT_MAX_REQUESTS, WarmupPlan, warmup_plan, warmup_script
 from workloads.metrics import Percentiles
 from workloads.spec import WorkloadSpec

@@ -51,11 +51,14 @@ from tuner.search.optuna_store import (
     Trial,
     TrialState,
 )
-from tuner.search.predict import Setup, SustainedRate, sustained_rate
-from tuner.search.rate_search import GoodputBound, GoodputUnit, level_workload, plan_level_schedule
+from tuner.search.rate_search import GoodputBound, GoodputUnit
 from tuner.search.sampling import Objective, make_sampler
-from tuner.search.space import Range, TrialParams, per_gpu, vllm_defaults
-from tuner.search.twin_fit import (
+from tuner.serving.level_schedule import level_workload, plan_level_schedule
+from tuner.serving.load import plan_schedule
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend, server_cache_root
+from tuner.serving.window import MIN_WINDOW_S
+from tuner.twin.fit import (
     FITTED,
     MAX_LEVELS,
     MeasuredLevel,
@@ -66,13 +69,11 @@ from tuner.search.twin_fit import (
     read_level,
     read_twin,
 )
-from tuner.search.twin_search import TwinSearch
-from tuner.serving.load import plan_schedule
-from tuner.serving.processes import ChildRegistry
-from tuner.serving.server import Backend, server_cache_root
-from tuner.serving.window import MIN_WINDOW_S
+from tuner.twin.prediction import Setup, SustainedRate, sustained_rate
+from tuner.twin.screen import TwinSearch
 from tuner.vllm.log import calibration_from_report
 from tuner.vllm.memory import Calibration
+from tuner.vllm.space import Range, TrialParams, per_gpu, vllm_defaults
 from tuner.vllm.versions import VllmVersion, logged_disagreement, logged_version
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class TrialRole(StrEnum):
 
     DEFAULT = "vllm-default"  # vLLM's own defaults, enqueued before any other trial
     SEARCH = "search"  # drawn by the sampler
-    TWIN = "twin-pick"  # the twin's most promising untried setting (tuner.search.twin_search)
+    TWIN = "twin-pick"  # the twin's most promising untried setting (tuner.twin.screen)
 
 
 Progress = Callable[[str], None]
@@ -998,7 +999,7 @@ class TrialLoop:
     def _twin_turn(self) -> None:
         """The twin's part before a trial: its screen started beside the first one (vLLM's
         defaults, enqueued), and after that its best untried setting enqueued while it
-        predicts one above the best measured (``tuner.search.twin_search``)."""
+        predicts one above the best measured (``tuner.twin.screen``)."""
         ctx = self.ctx
         if not ctx.config.twin_search or self.twin.done:
             return
@@ -1122,7 +1123,7 @@ class TrialLoop:
 
     def predicted_max_rate(self, params: TrialParams, start: float | None) -> float:
         """The simulator's highest arrival rate it sustains in the steady state, a level's
-        warm-up and window long (``tuner.search.predict.sustained_rate``; cached per settings)."""
+        warm-up and window long (``tuner.twin.prediction.sustained_rate``; cached per settings)."""
         return self._sustained(params, start).rate_per_s
 
     def _sustained(self, params: TrialParams, start: float | None) -> SustainedRate:
@@ -1145,7 +1146,7 @@ class TrialLoop:
         self, number: int, params: TrialParams, ev: Evaluation, predicted: SustainedRate | None
     ) -> None:
         """Fit the twin's step costs to the levels this trial measured
-        (``tuner.search.twin_fit``); its predictions from then on use them, and
+        (``tuner.twin.fit``); its predictions from then on use them, and
         ``twin.json`` records the fit with the twin's error before and after."""
         ctx = self.ctx
         if not ctx.config.twin_fit or ctx.twin is None:

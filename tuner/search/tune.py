@@ -44,18 +44,10 @@ from tuner.search.config import TuneConfig
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.edge import EdgeResult, find_edge, hold_prior_s, worst_case
 from tuner.search.evaluate import Evaluation
-from tuner.search.landscape import Landscape, read_landscape
 from tuner.search.optuna_store import FrozenTrial, Study, TrialState
 from tuner.search.parallelism import ParallelismComparison, compare
-from tuner.search.rate_search import (
-    Goodput,
-    GoodputBound,
-    GoodputUnit,
-    drain_s,
-    plan_level_schedule,
-)
+from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
 from tuner.search.recommend import Recommendation, recommend
-from tuner.search.space import TrialParams
 from tuner.search.study import (
     Duty,
     OpenStudy,
@@ -71,8 +63,11 @@ from tuner.search.study import (
     storage_url,
     wait_finalized,
 )
-from tuner.search.twin_fit import TrialFit, read_twin
+from tuner.serving.level_schedule import drain_s, plan_level_schedule
 from tuner.serving.processes import ChildRegistry
+from tuner.twin.fit import TrialFit, read_twin
+from tuner.twin.landscape import Landscape, read_landscape
+from tuner.vllm.space import TrialParams
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,8 @@ child on exit and after a crash (``processes``), the NVML sampler (``gpu_sampler
 ``/metrics`` scraping (``metrics``), load runs through the Locust runner (``load``),
 the live server of one trial and its levels (``live``), and the steady-state tests a
 level's window is judged by (``window``: when it opens; ``backlog``: whether a queue
-builds).
+builds), a level's workload and schedule (``level_schedule``) and the rate bracket
+(``bracket``), both shared by the live rate search and the twin.
 
 May import ``tuner.vllm``, ``tuner.errors`` and ``workloads``; never ``tuner.search``,
 ``tuner.cli`` or ``reports``.

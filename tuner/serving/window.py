@@ -272,7 +272,7 @@ def plan_level(
     max), else automatic. ``window_max_s``: the longest an automatic window is held
     (default ``MAX_WINDOW_S``, at most ``MAX_WINDOW_REQUESTS``); its shortest is cut to it.
     ``carried_on``: the level carries on from the one before on a chained run, adding
-    this share of its conversations under way (``tuner.search.rate_search.CarryOn``); its
+    this share of its conversations under way (``tuner.serving.level_schedule.CarryOn``); its
     shortest warm-up is then that share of a turn gap (the carried ones' history is in
     the server's cache already), or one request lifetime without sessions (the batch
     turns over once to the new rate), and the steadiness test decides the rest."""

@@ -22,7 +22,7 @@ Efficiency factors are stated here and nowhere else (``TimingFactors``; its defa
 are typical of published vLLM measurements on Hopper: decode of an 8B model in bf16
 on one H100 runs at about 6-7 ms per step at small batch, 80% of HBM bandwidth, and
 large prefills reach about half of peak FLOP/s). A twin that has measured an engine
-carries factors fitted to it instead (``tuner.search.twin_fit``).
+carries factors fitted to it instead (``tuner.twin.fit``).
 """
 
 from __future__ import annotations

@@ -366,7 +366,7 @@ def cpu_device(host_bytes: int) -> GpuSpec:
     """The twin's profile of vLLM's CPU build on this host: a device it has no published
     rates for. Its paper figures are a generic two-core x86 server's (a few hundred
     GFLOP/s in bf16, tens of GB/s of memory bandwidth); the twin learns this engine's
-    own step costs from the trials it measures (``tuner.search.twin_fit``)."""
+    own step costs from the trials it measures (``tuner.twin.fit``)."""
     return GpuSpec(
         name=CPU_DEVICE_NAME,
         nvml_total_bytes=host_bytes,

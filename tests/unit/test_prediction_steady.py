@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from tuner.search.predict import Setup, predict, simulate_schedule, steady_run, sustained_max_rate
-from tuner.search.rate_search import level_workload
+from tuner.serving.level_schedule import level_workload
 from tuner.sim.build import build_engine
 from tuner.sim.simulate import SimulationResult, run
+from tuner.twin.prediction import Setup, predict, simulate_schedule, steady_run, sustained_max_rate
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model

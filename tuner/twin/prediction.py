@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tuner.search.bracket import search
 from tuner.serving.backlog import (
     KV_MARGIN,
     WAITING_MIN_REQUESTS,
@@ -21,6 +20,7 @@ from tuner.serving.backlog import (
     SignalTrend,
     trend,
 )
+from tuner.serving.bracket import search
 from tuner.serving.window import needed_requests
 from tuner.sim.build import SimOptions, build_engine
 from tuner.sim.simulate import SimulationResult, gc_paused, run
@@ -165,7 +165,7 @@ def predict(setup: Setup, spec: WorkloadSpec, rate_per_s: float | None = None) -
     schedule = [_shift(r, origin) for r in schedule]
     limits = {o.metric: o.limit_ms for o in spec.slo.objectives()}
     slo = Slo.of_workload(spec)
-    # Cut where a measured level is cut (tuner.search.rate_search.drain_s), not at the last answer.
+    # Cut where a measured level is cut (tuner.serving.level_schedule.drain_s), not at the last answer.
     drain = max(4.0, 1.5 * limits.get(SloMetric.TTFT, 0.0) / 1000.0)
     plan, result = simulate_schedule(
         setup, schedule, slo, stop_at_s=spec.duration_s + drain, follow_answers=False
@@ -216,10 +216,10 @@ def steady_run(
     """The workload at ``rate_per_s`` in its steady state, judged over a window.
 
     The run opens on the stationary population of sessions at that rate
-    (``tuner.search.rate_search.level_workload`` over ``warmup_s + window_s``: stationary start,
+    (``tuner.serving.level_schedule.level_workload`` over ``warmup_s + window_s``: stationary start,
     the spec's own warm-up removed), sends each later turn its think time after the answer
     it follows, measures the requests arriving in ``[warmup_s, warmup_s + window_s)`` and
-    cuts what is still in flight a drain after the window (``tuner.search.rate_search.drain_s``).
+    cuts what is still in flight a drain after the window (``tuner.serving.level_schedule.drain_s``).
     A closed workload (``rate_per_s`` None with closed arrivals) runs its batch whole.
     ``answer_times``: what the session population is planned with (``level_workload``).
     ``step_by_step``: see ``simulate_schedule`` (the same run, slower). ``texts``: what
@@ -232,7 +232,7 @@ def steady_run(
     request lifetime after the run started (from the window's start when the warm-up is
     longer), as ``tuner.serving.backlog.check_backlog`` judges a live level.
     """
-    from tuner.search.rate_search import drain_s, level_workload
+    from tuner.serving.level_schedule import drain_s, level_workload
 
     level = level_workload(
         spec, rate_per_s, warmup_s + window_s, answer_times, window=(warmup_s, window_s)

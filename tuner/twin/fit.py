@@ -31,9 +31,9 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.rundir import WINDOW_JSON, RunLayout
-from tuner.search.predict import Setup, simulate_schedule
 from tuner.serving.window import WindowOpening
 from tuner.sim.timing import TimingFactors
+from tuner.twin.prediction import Setup, simulate_schedule
 from tuner.vllm.memory import ServingParams
 from workloads.metrics import LoadResult, Percentiles, Slo
 from workloads.schedule import ScheduledRequest, read_records, read_schedule

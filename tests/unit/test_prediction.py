@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.search.predict import Setup, max_rate, predict
+from tuner.twin.prediction import Setup, max_rate, predict
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model

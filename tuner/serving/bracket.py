@@ -1,7 +1,7 @@
 """The rate bracket: which rates held, which broke, and the next rate to try.
 
 One rule for every search of a sustained rate, live (``tuner.search.rate_search``,
-with steps its evidence allows) or on the twin (``tuner.search.predict``, fixed
+with steps its evidence allows) or on the twin (``tuner.twin.prediction``, fixed
 steps): up from the best rate that held while none above it broke, down from the
 lowest that broke while none held, then the geometric middle of the bracket until
 its ends are within ``precision`` of each other.

@@ -1,6 +1,6 @@
 """The twin-guided search: the twin's landscape decides what the tune launches next.
 
-Before the first launch the twin screens the whole space (``tuner.search.landscape``),
+Before the first launch the twin screens the whole space (``tuner.twin.landscape``),
 in worker processes at the lowest CPU priority while vLLM's defaults are measured.
 After that, before each trial: the most promising untried settings of the landscape
 (one per group of settings that differ only in utilization, ``landscape.candidates``)
@@ -9,6 +9,10 @@ is launched when the twin puts it above the best setting measured, screened the 
 way (both predicted: a twin that is off by a constant share ranks the same).
 When no untried setting beats it, the sampler draws the rest, with every measured
 trial of the twin's choosing in its history.
+
+The tune's context reaches this module as ``ScreenContext``, the part of
+``tuner.search.context.TuneContext`` that the screen reads (the twin sits below the
+search and never imports it).
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
 
 from tuner.rundir import RunLayout
-from tuner.search.context import TuneContext
-from tuner.search.landscape import (
+from tuner.serving.level_schedule import plan_level_schedule
+from tuner.sim.timing import TimingFactors
+from tuner.twin.landscape import (
     Landscape,
     ScreenJob,
     ScreenRun,
@@ -27,9 +34,12 @@ from tuner.search.landscape import (
     read_landscape,
     screen_setting,
 )
-from tuner.search.rate_search import plan_level_schedule
-from tuner.search.space import TrialParams, per_gpu
-from tuner.sim.timing import TimingFactors
+from tuner.vllm.gpus import GpuSpec
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.models import ModelSpec
+from tuner.vllm.space import SearchSpace, TrialParams, per_gpu
+from tuner.vllm.versions import VllmVersion
+from workloads.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +50,44 @@ SCREEN_JOBS = 2  # worker processes
 RERANK = 6  # untried settings (one per group) screened again before each trial
 
 
+class LevelDurations(Protocol):
+    """What the screen reads of the tune's configuration: a level's window and warm-up
+    (seconds; None: planned from the workload)."""
+
+    @property
+    def level_duration_s(self) -> float | None: ...
+
+    @property
+    def level_warmup_s(self) -> float | None: ...
+
+
+class ScreenContext(Protocol):
+    """What the screen reads of the tune's context (``tuner.search.context.TuneContext``)."""
+
+    @property
+    def config(self) -> LevelDurations: ...
+
+    @property
+    def model(self) -> ModelSpec: ...
+
+    @property
+    def version(self) -> VllmVersion: ...
+
+    @property
+    def workload(self) -> WorkloadSpec: ...
+
+    @property
+    def space(self) -> SearchSpace: ...
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    @property
+    def twin(self) -> tuple[GpuSpec, ServingParams] | None: ...
+
+
 def screen_job(
-    ctx: TuneContext, factors: TimingFactors, base_rate_per_s: float
+    ctx: ScreenContext, factors: TimingFactors, base_rate_per_s: float
 ) -> ScreenJob | None:
     """The screen of ``ctx``'s space (None: no twin, or no arrival rate to search)."""
     if ctx.twin is None:
@@ -69,7 +115,7 @@ class TwinPick:
 class TwinSearch:
     """The landscape of one tune and the picks it makes (see the module's docstring)."""
 
-    def __init__(self, ctx: TuneContext, progress: Callable[[str], None]) -> None:
+    def __init__(self, ctx: ScreenContext, progress: Callable[[str], None]) -> None:
         self.ctx = ctx
         self.progress = progress
         self.path = RunLayout(ctx.run_dir).landscape_json

@@ -1,7 +1,7 @@
 """The twin's landscape: the steady-state goodput of every setting of the space, predicted
 on the virtual clock before anything is launched.
 
-Each setting's goodput is ``tuner.search.predict.steady_run``'s: the highest rate whose
+Each setting's goodput is ``tuner.twin.prediction.steady_run``'s: the highest rate whose
 run (a level's warm-up and window, the session population of that rate, the backlog
 guard) holds, on a ladder of rates ``LADDER_STEP`` apart (5 %: the precision the
 live search states), galloped to from a neighbour's rung and bisected. A ladder makes
@@ -35,12 +35,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
-from tuner.search.predict import Setup, answer_times_of, steady_run
-from tuner.search.space import Knob, SearchSpace, TrialParams, per_gpu
 from tuner.sim.timing import TimingFactors
+from tuner.twin.prediction import Setup, answer_times_of, steady_run
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import ServingParams, plan
 from tuner.vllm.models import ModelSpec
+from tuner.vllm.space import Knob, SearchSpace, TrialParams, per_gpu
 from tuner.vllm.versions import VllmVersion
 from workloads.spec import WorkloadSpec
 from workloads.stationary import AnswerTimes, nearest_in_rate
