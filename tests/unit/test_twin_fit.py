@@ -11,7 +11,7 @@ import pytest
 
 from tuner.serving.level_schedule import plan_level_schedule
 from tuner.sim.timing import TimingFactors
-from tuner.twin.fit import MAX_EVALUATIONS, MeasuredLevel, fit, twin_error
+from tuner.twin.fit import MAX_EVALUATIONS, MeasuredLevel, fit, twin_accuracy
 from tuner.twin.prediction import Setup, simulate_schedule
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
@@ -61,8 +61,8 @@ def levels() -> list[MeasuredLevel]:
 def test_the_paper_factors_are_far_from_an_engine_they_do_not_describe(
     levels: list[MeasuredLevel],
 ) -> None:
-    paper = twin_error(_setup(TimingFactors()), levels).median_share
-    own = twin_error(_setup(HIDDEN), levels).median_share
+    paper = twin_accuracy(_setup(TimingFactors()), levels).median_share
+    own = twin_accuracy(_setup(HIDDEN), levels).median_share
     assert paper is not None and paper > 0.2
     assert own is not None and own < 0.01  # the same engine replays the same schedule
 

@@ -80,8 +80,9 @@ class MeasuredLevel:
         return [r for r in self.schedule if r.send_s < self.end_s]
 
 
-class LevelError(BaseModel):
-    """The twin's percentiles against the measured ones on one level."""
+class LevelAccuracy(BaseModel):
+    """How close the twin came on one level: its percentiles beside the measured ones
+    (a record, not an exception)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -98,13 +99,14 @@ class LevelError(BaseModel):
         ]
 
 
-class TwinError(BaseModel):
+class TwinAccuracy(BaseModel):
     """How far the twin is from what was measured: per level, and as one figure (the
-    median absolute error of its percentiles, as a share: 0.1 is 10 % off)."""
+    median absolute error of its percentiles, as a share: 0.1 is 10 % off). A record,
+    not an exception."""
 
     model_config = ConfigDict(frozen=True)
 
-    levels: list[LevelError]
+    levels: list[LevelAccuracy]
 
     @property
     def median_share(self) -> float | None:
@@ -120,14 +122,15 @@ class TwinError(BaseModel):
 
 
 class TwinFit(BaseModel):
-    """One fit: the factors before and after, and the twin's error with each."""
+    """One fit: the factors before and after, and the twin's accuracy with each
+    (``error_before``, ``error_after``: the names ``TrialFit`` records them under)."""
 
     model_config = ConfigDict(frozen=True)
 
     before: TimingFactors
     after: TimingFactors
-    error_before: TwinError
-    error_after: TwinError
+    error_before: TwinAccuracy
+    error_after: TwinAccuracy
     evaluations: int
 
 
@@ -174,9 +177,9 @@ def read_level(level_dir: Path, *, time_scale: float = 1.0) -> MeasuredLevel | N
     )
 
 
-def twin_error(setup: Setup, levels: Sequence[MeasuredLevel]) -> TwinError:
+def twin_accuracy(setup: Setup, levels: Sequence[MeasuredLevel]) -> TwinAccuracy:
     """The twin (``setup``, its timing factors included) replaying each level."""
-    out: list[LevelError] = []
+    out: list[LevelAccuracy] = []
     for level in levels:
         measured = _figures(level.measured)
         own = setup if level.params is None else replace(setup, params=level.params)
@@ -189,8 +192,8 @@ def twin_error(setup: Setup, levels: Sequence[MeasuredLevel]) -> TwinError:
             if result is None
             else _figures({"ttft_ms": result.ttft_ms, "tpot_ms": result.tpot_ms})
         )
-        out.append(LevelError(level=level.name, measured=measured, predicted=predicted))
-    return TwinError(levels=out)
+        out.append(LevelAccuracy(level=level.name, measured=measured, predicted=predicted))
+    return TwinAccuracy(levels=out)
 
 
 def _figures(percentiles: dict[str, Percentiles]) -> dict[str, float]:
@@ -214,7 +217,7 @@ def fit(
     levels = list(levels)[-MAX_LEVELS:]
     start = setup.timing
     names = tuple(BOUNDS)
-    cache: dict[tuple[float, ...], TwinError] = {}
+    cache: dict[tuple[float, ...], TwinAccuracy] = {}
 
     def factors_at(x: Sequence[float]) -> TimingFactors:
         values = {
@@ -223,13 +226,13 @@ def fit(
         }
         return start.model_copy(update={**values, "source": FITTED})
 
-    def error_at(x: Sequence[float]) -> TwinError:
+    def accuracy_at(x: Sequence[float]) -> TwinAccuracy:
         key = tuple(round(v, 6) for v in x)
         if key not in cache:
-            cache[key] = twin_error(replace(setup, timing=factors_at(x)), levels)
+            cache[key] = twin_accuracy(replace(setup, timing=factors_at(x)), levels)
         return cache[key]
 
-    before = twin_error(setup, levels)
+    before = twin_accuracy(setup, levels)
     first = {n: getattr(start, n) for n in names}
     # The request overhead starts from the median gap between the measured and the
     # twin's TTFT p50 (what no step cost explains), where the twin is the faster.
@@ -242,11 +245,11 @@ def fit(
         first["request_overhead_s"] = max(statistics.median(gaps) / 1000.0, 0.0)
     x0 = [math.log(max(first[n], LOG_FLOOR.get(n, BOUNDS[n][0]))) for n in names]
     result = minimize(
-        lambda x: error_at(x).loss, x0, method="Nelder-Mead",
+        lambda x: accuracy_at(x).loss, x0, method="Nelder-Mead",
         options={"maxfev": max_evaluations, "xatol": 0.01, "fatol": 1e-4, "initial_simplex": _simplex(x0)},
     )  # fmt: skip
     best_x = list(result.x)
-    after = error_at(best_x)
+    after = accuracy_at(best_x)
     if after.loss >= before.loss:  # nothing better found: keep what there was
         return TwinFit(
             before=start, after=start, error_before=before, error_after=before,
