@@ -1,4 +1,5 @@
-"""Argument types for numeric flags: a bad number is one line naming it and what is accepted.
+"""The command's argument parser and the types of its numeric flags: a bad argument is one
+line naming it and what is accepted (``OneLineParser``).
 
 ``argparse`` reports a ``ArgumentTypeError`` as ``tuner trial: error: argument --rate:
 'nan' is not accepted; accepted: a finite number > 0`` with exit status 2, before the
@@ -9,6 +10,14 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import NoReturn
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as one line (no usage dump), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _number(text: str) -> float:

@@ -19,6 +19,8 @@ import sys
 from typing import Any
 
 from tuner import __version__
+from tuner.cli import tune
+from tuner.cli.args import OneLineParser
 from tuner.cli.tune import STORAGE_ENV
 from tuner.errors import ConfigError
 
@@ -66,16 +68,23 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=_cmd_k8s_job)
 
 
+def _tune_parser() -> argparse.ArgumentParser:
+    """``tuner tune``'s own parser (its registration, ``tuner.cli.tune.add_parser``), under
+    a ``tuner`` of its own: its errors read as the command's, one line, exit code 2."""
+    parser = OneLineParser(prog="tuner")
+    tune.add_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    return parser
+
+
 def _tune_args(args: argparse.Namespace) -> list[str]:
     """The workers' extra tune flags, checked here (every worker would fail on a flag
     `tuner tune` does not know), with the run directory on the shared cache volume."""
-    from tuner.cli.main import build_parser  # here: the CLI module imports this one
     from tuner.deploy import CACHE_MOUNT_PATH
 
     extra = list(args.tune_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
-    build_parser().parse_args(["tune", "--model", args.model, *extra])
+    _tune_parser().parse_args(["tune", "--model", args.model, *extra])
     if not any(a == "--run-dir" or a.startswith("--run-dir=") for a in extra):
         # Same path in every pod: each worker's trial evidence, the recommendation and the
         # report outlive the pods, and the finalizing worker reads every worker's trials.

@@ -10,9 +10,10 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from tuner.cli import bench, capacity, check, fetch, k8s, load_worker, report, serve, tune
+from tuner.cli.args import OneLineParser
 from tuner.errors import TunerError
 from tuner.serving.processes import Interrupted, interrupts_raised, raise_interrupted
 from tuner.sim import serve_cli, simulate_cli
@@ -21,14 +22,7 @@ from tuner.vllm.flags import add_memory_flags, params_from_args
 log = logging.getLogger(__name__)
 
 
-class _Parser(argparse.ArgumentParser):
-    """Argument errors as one line (no usage dump), exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _add_plan_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _add_plan_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p = sub.add_parser(
         "plan",
         help="predict vLLM's startup memory and KV cache without launching it",
@@ -77,7 +71,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="tuner",
         description="Tune vLLM for the most traffic within a latency SLO, find its "
         "out-of-memory edge, and report it.",
