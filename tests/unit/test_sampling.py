@@ -39,7 +39,7 @@ def test_a_resumed_study_with_the_same_seed_draws_new_settings(
     tmp_path: Path, objective: Objective
 ) -> None:
     """What `tuner tune --resume` does: a new sampler with the same --seed (here without the
-    seed mixing of tuner.search.study.sampler_seed, which alone does not prevent repeats)."""
+    seed mixing of tuner.search.study.opening.sampler_seed, which alone does not prevent repeats)."""
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = f"sqlite:///{tmp_path / 'study.db'}"

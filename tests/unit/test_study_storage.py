@@ -12,22 +12,20 @@ import pytest
 from tuner.errors import ConfigError
 from tuner.search import optuna_store
 from tuner.search.study import (
-    Claims,
     Duty,
     OpenStudy,
-    StudySettings,
     TrialRole,
     check_storage_url,
     fail_interrupted,
     foreign_message,
-    open_storage,
-    redact_text,
     redact_url,
-    sampler_seed,
-    settings_differences,
     storage_location,
     study_names,
 )
+from tuner.search.study.claims import Claims
+from tuner.search.study.opening import sampler_seed
+from tuner.search.study.settings import StudySettings, settings_differences
+from tuner.search.study.storage import open_storage, redact_text
 
 SECRET = "Zq7-s3cr"
 

@@ -10,7 +10,7 @@ import pytest
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, resolve
 from tuner.search.evaluate import Evaluation, Verdict, _evaluation
-from tuner.search.study import _did_not_serve
+from tuner.search.study.trial_lines import did_not_serve
 from tuner.serving.server import StartupResult, TrialOutcome
 from tuner.vllm.classify import (
     classify_failure,
@@ -201,12 +201,12 @@ def test_a_startup_failure_line_names_the_cause_in_vllms_words() -> None:
         outcome=TrialOutcome.INVALID_CONFIG,
         failure=failure,
     )
-    assert _did_not_serve(ev) == (
+    assert did_not_serve(ev) == (
         "did not start: model not found on the Hugging Face hub: Invalid repository ID or local "
         "directory specified: 'llama-3.1-8b'."
     )
     crashed = ev.model_copy(update={"failure": None, "outcome": TrialOutcome.CRASHED})
-    assert _did_not_serve(crashed).startswith("did not start: crashed, no cause in vLLM's log")
+    assert did_not_serve(crashed).startswith("did not start: crashed, no cause in vLLM's log")
 
 
 def test_a_trial_that_timed_out_or_died_says_what_the_harness_saw(tmp_path: Path) -> None:
@@ -229,7 +229,7 @@ def test_a_trial_that_timed_out_or_died_says_what_the_harness_saw(tmp_path: Path
     live = SimpleNamespace(gpu=None, time_scale=1.0)  # what _evaluation reads of the server
     ev = _evaluation(ctx, StudySetup(), TrialParams(), tmp_path, startup, None, live, None)  # type: ignore[arg-type]
     assert Evaluation.model_validate_json(ev.model_dump_json()).note == silent
-    assert _did_not_serve(ev) == (
+    assert did_not_serve(ev) == (
         f"did not start: startup_timeout: {silent} (see {tmp_path / 'server.log'})"
     )
     died = ev.model_copy(
@@ -238,5 +238,5 @@ def test_a_trial_that_timed_out_or_died_says_what_the_harness_saw(tmp_path: Path
             "failure": classify_failure(OOM), "note": "/health answered 503",
         }
     )  # fmt: skip
-    line = _did_not_serve(died)
+    line = did_not_serve(died)
     assert line.startswith("died under load: ") and line.endswith(" (/health answered 503)")

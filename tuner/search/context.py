@@ -10,7 +10,7 @@ bad value fails here with one line, before anything starts.
 Both types here are frozen. ``TuneContext`` is what ``resolve`` found and does not change
 for the run; what the study decides once it is open (the simulator's time scale, the
 share of requests streamed, the memory model's calibration) is a ``StudySetup``, which
-``tuner.search.study.TrialLoop.prepare`` returns and every launch is handed beside the
+``tuner.search.study.trial_loop.TrialLoop.prepare`` returns and every launch is handed beside the
 context (a calibrated one replaces it after the first real startup).
 """
 

@@ -5,7 +5,7 @@ seed, the same first random draws) or shared by workers seeded alike, and TPE in
 discrete space often proposes a point it has measured: each such trial spends one of a
 short budget's launches to learn nothing. ``DistinctSampler`` wraps the study's sampler
 (TPE, NSGA-II), draws each trial's settings at once and draws again while they repeat a
-trial's. ``tuner.search.study.sampler_seed`` also seeds a resumed sampler apart from the run
+trial's. ``tuner.search.study.opening.sampler_seed`` also seeds a resumed sampler apart from the run
 before it.
 """
 

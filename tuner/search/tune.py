@@ -19,7 +19,7 @@
 
 With several workers on one study (``--storage`` shared), every worker runs trials
 until the study has enough and waits for the other workers' last trials; the first
-to finish claims the edge search and the recommendation (``tuner.search.study.Claims``, once
+to finish claims the edge search and the recommendation (``tuner.search.study.claims.Claims``, once
 per study); the others wait for it to finish and then write the report into
 their own run directory (the same one for workers on one host sharing it).
 """

@@ -1,0 +1,615 @@
+"""The trial loop: each trial is one candidate launched, warmed up, loaded and scored
+(``TrialLoop``): vLLM's defaults first, then the twin's picks and the sampler's, within
+the time budget; the twin calibrated and fitted from what each trial measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from tuner.errors import ConfigError, LogParseError
+from tuner.rundir import RunLayout
+from tuner.search import optuna_store
+from tuner.search.budget import RECENT_LAUNCHES, LaunchKind, TimeBudget
+from tuner.search.compile_cache import CompileLaunches
+from tuner.search.context import StudySetup, TuneContext, auto_stream_fraction, auto_time_scale
+from tuner.search.evaluate import Evaluation, Verdict, evaluate
+from tuner.search.optuna_store import (
+    FrozenTrial,
+    Trial,
+    TrialState,
+)
+from tuner.search.rate_search import GoodputBound
+from tuner.search.study.claims import Duty
+from tuner.search.study.opening import OpenStudy, retry_trial
+from tuner.search.study.records import (
+    OTHERS_POLL_S,
+    Progress,
+    TrialRole,
+    best_trial,
+    load_evaluation,
+    objective_values,
+    record,
+)
+from tuner.search.study.settings import SETTINGS_ATTR
+from tuner.search.study.trial_lines import trial_line, twin_line
+from tuner.serving.level_schedule import level_workload, plan_level_schedule
+from tuner.serving.load import plan_schedule
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend, server_cache_root
+from tuner.serving.window import MIN_WINDOW_S
+from tuner.twin.fit import (
+    FITTED,
+    MAX_LEVELS,
+    MeasuredLevel,
+    TrialFit,
+    TwinRecord,
+    fit,
+    goodput_worse,
+    read_level,
+    read_twin,
+)
+from tuner.twin.prediction import Setup, SustainedRate, sustained_rate
+from tuner.twin.screen import TwinSearch
+from tuner.vllm.log import calibration_from_report
+from tuner.vllm.memory import Calibration
+from tuner.vllm.space import TrialParams, vllm_defaults
+from tuner.vllm.versions import VllmVersion, logged_disagreement, logged_version
+
+log = logging.getLogger(__name__)
+
+
+PREPARE_WAIT_S = 600.0
+
+
+class TrialLoop:
+    """Runs trials until the study has ``trials`` complete ones or the time is up."""
+
+    def __init__(
+        self,
+        ctx: TuneContext,
+        opened: OpenStudy,
+        registry: ChildRegistry,
+        *,
+        deadline_s: float,
+        progress: Progress,
+        budget: TimeBudget | None = None,
+        reserve_s: Callable[[], float] | None = None,
+    ) -> None:
+        """``deadline_s``: when the search stops starting trials (monotonic). With ``budget``
+        (the tune's, which counts every launch) and ``reserve_s`` (what the edge search and
+        the confirmations after it take, re-estimated from the launches measured), the
+        search stops at the budget's end less the reserve, re-read before every trial."""
+        self.ctx = ctx
+        # How every trial is measured: the study's own once prepare() has read it, then
+        # calibrated after the first real startup (each launch is given the one of now).
+        self.setup = StudySetup()
+        self.study = opened.study
+        self.storage = opened.storage
+        self.claims = opened.claims
+        self.settings = opened.settings
+        self.registry = registry
+        self.deadline_s = deadline_s
+        self.progress = progress
+        self.budget = budget
+        self.reserve_s = reserve_s
+        self.trial_estimate_s = 0.0
+        self.levels_estimate_s = 0.0  # what a trial measures once launched (wall seconds)
+        self.last_evaluation: Evaluation | None = None  # this worker's last trial's
+        self._launch_deadline_s = deadline_s  # what the next trial was checked against
+        self._predicted: dict[str, SustainedRate] = {}
+        self._current_trial: int | None = None
+        self._version_checked = False  # the first vLLM startup's log against the version read
+        self.twin = TwinSearch(ctx, progress)
+        # What each new (block size, KV dtype) costs: its first launch compiles.
+        self.compile_launches = CompileLaunches(server_cache_root(ctx.run_dir / "vllm-cache"))
+
+    # -- set-up shared by every worker --------------------------------------------------------
+
+    def prepare(self) -> StudySetup:
+        """Time scale, streamed share, calibration and the baseline trial, decided once per
+        study: the first worker claims the set-up (``Claims``), the others wait for it
+        and adopt what it chose. Returns the set-up (also kept as ``self.setup``)."""
+        attrs = self.study.user_attrs
+        if "time_scale" not in attrs:
+            if self.claims.take(Duty.PREPARE):
+                time_scale, fraction = self._choose_measurement()
+                for key, value in {
+                    SETTINGS_ATTR: self.settings.model_dump(mode="json"),
+                    "model": self.ctx.config.model,
+                    "gpu": self.ctx.gpu_name,
+                    "backend": self.ctx.backend.value,
+                    "vllm_version": str(self.ctx.version),
+                    "workload": self.ctx.workload.name,
+                    "objective": self.ctx.config.objective.value,
+                    "space": self.ctx.space.describe(),
+                    "stream_fraction": fraction,
+                }.items():
+                    self.study.set_user_attr(key, value)
+                if not self.study.trials:
+                    defaults = vllm_defaults(
+                        self.ctx.space, self.ctx.version, self.ctx.gpu_or_default
+                    )
+                    self.study.enqueue_trial(
+                        self.ctx.space.to_optuna(defaults),
+                        user_attrs={"role": TrialRole.DEFAULT.value},
+                    )
+                self.study.set_user_attr("time_scale", time_scale)  # last: set-up complete
+            else:
+                self.progress("another worker is setting this study up; waiting for it")
+                deadline = time.monotonic() + PREPARE_WAIT_S
+                while "time_scale" not in self.study.user_attrs:
+                    if time.monotonic() > deadline:
+                        raise ConfigError(
+                            f"study {self.study.study_name!r}: the worker setting it up did not "
+                            f"finish within {PREPARE_WAIT_S:.0f} s; accepted: start again with --resume"
+                        )
+                    time.sleep(1.0)
+            attrs = optuna_store.load_study(self.storage, self.study.study_name).user_attrs
+        calibration = self.setup.calibration
+        if "calibration" in attrs and calibration is None:
+            calibration = Calibration.model_validate(attrs["calibration"])
+        self.setup = StudySetup(
+            time_scale=float(attrs["time_scale"]),
+            stream_fraction=float(attrs.get("stream_fraction", 1.0)),
+            calibration=calibration,
+            timing=self._twin_record().factors,
+        )
+        return self.setup
+
+    def _twin_record(self) -> TwinRecord:
+        """The twin's record so far: this run's (a resumed run goes on from its last fit),
+        else the one ``--twin-from`` names, else the paper's factors."""
+        own = RunLayout(self.ctx.run_dir).twin_json
+        if own.is_file():
+            return read_twin(self.ctx.run_dir)
+        if self.ctx.config.twin_from is not None:
+            started = read_twin(self.ctx.config.twin_from)
+            return TwinRecord(factors=started.factors)
+        return TwinRecord()
+
+    def _choose_measurement(self) -> tuple[float, float]:
+        """The simulator's time scale and the share of requests streamed, so the load
+        generator keeps up with the busiest rate the search will offer."""
+        ctx = self.ctx
+        config = ctx.config
+        fraction = config.stream_fraction
+        if ctx.backend is not Backend.SIM and fraction is not None:
+            return 1.0, fraction
+        if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
+            return config.time_scale or 1.0, fraction or 1.0
+        defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu)
+        rate = self.predicted_max_rate(defaults, config.rate or ctx.workload.mean_rate_per_s)
+        if rate <= 0:
+            return config.time_scale or 1.0, fraction or 1.0
+        # What the busiest level offers: its schedule's requests and tokens per second.
+        busiest_s = config.level_duration_s or MIN_WINDOW_S
+        spec = level_workload(ctx.workload, rate * 1.3, busiest_s, window=(0.0, busiest_s))
+        schedule = [r for r in plan_schedule(spec) if not r.warmup]
+        requests_per_s = len(schedule) / busiest_s
+        tokens_per_s = sum(r.max_tokens for r in schedule) / busiest_s
+        if fraction is None:
+            fraction = auto_stream_fraction(
+                tokens_per_s, requests_per_s, config.max_events_per_s, config.min_stream_fraction
+            )
+        if ctx.backend is not Backend.SIM:
+            scale = 1.0
+        elif config.time_scale is not None:
+            scale = config.time_scale
+        else:
+            scale = auto_time_scale(tokens_per_s, requests_per_s, config.max_events_per_s, fraction)
+        self.progress(
+            f"the busiest level offers ~{requests_per_s:,.0f} requests/s and "
+            f"~{tokens_per_s:,.0f} tokens/s: streaming {fraction:.0%} of requests"
+            + (
+                f", the simulated GPU's clock {scale:g}x slower (results in its own time)"
+                if scale != 1.0
+                else ""
+            )
+        )
+        return scale, fraction
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def complete_trials(self) -> list[FrozenTrial]:
+        return optuna_store.trials_in(self.study, TrialState.COMPLETE)
+
+    def running_trials(self) -> list[FrozenTrial]:
+        return optuna_store.trials_in(self.study, TrialState.RUNNING)
+
+    def run(self) -> None:
+        """``_run_trials``; the twin's screen, where one is still under way, is stopped."""
+        try:
+            self._run_trials()
+        finally:
+            self.twin.stop()
+
+    def _run_trials(self) -> None:
+        """Run trials until the study has ``trials`` complete ones and none running.
+
+        Between its trials a worker runs none, so the RUNNING trials are other
+        workers': it starts another only while complete and running trials together
+        are fewer than wanted, and otherwise waits for them (until its deadline), so
+        the finalize sees every trial. A worker that died mid-trial stops sending
+        heartbeats: its trial is failed here and retried (the storage's callback
+        enqueues it with the same settings), and a waiting worker runs the retry.
+        """
+        wanted = self.ctx.config.trials
+        said_waiting = False
+        while True:
+            optuna_store.fail_stale(self.study)
+            done = len(self.complete_trials())
+            running = len(self.running_trials())
+            self._update_deadline()
+            left = self.deadline_s - time.monotonic()
+            if done >= wanted and running == 0:
+                return
+            if done + running >= wanted:
+                if left <= 0:
+                    self.progress(
+                        f"time budget spent: not waiting for the {running} trial(s) other "
+                        "workers are running"
+                    )
+                    return
+                if not said_waiting:
+                    self.progress(
+                        f"{done} trial(s) complete, {running} running on other workers: "
+                        "waiting for them"
+                    )
+                    said_waiting = True
+                time.sleep(OTHERS_POLL_S)
+                continue
+            said_waiting = False
+            if not self._next_trial_fits(done, left):
+                return
+            began = time.monotonic()
+            try:
+                self._twin_turn()
+                self.study.optimize(self._objective, n_trials=1, catch=())
+            except KeyboardInterrupt:  # SIGINT or SIGTERM: Optuna has failed the trial
+                self._retry_cut_off()
+                raise
+            took = time.monotonic() - began
+            self.trial_estimate_s = (
+                max(self.trial_estimate_s * 0.5, took) if self.trial_estimate_s else took
+            )
+
+    # -- the time budget ----------------------------------------------------------------------
+
+    def _update_deadline(self) -> None:
+        """The search's deadline: the budget's end less what the edge search and the
+        confirmations are now estimated to take (launches measured so far)."""
+        if self.budget is not None and self.reserve_s is not None:
+            self.deadline_s = self.budget.deadline_s - self.reserve_s()
+
+    def _next_trial_fits(self, done: int, left_s: float) -> bool:
+        """Whether the next trial's launch is started: the first one (vLLM's defaults, the
+        baseline) when its launch ends before the budget's end; the next ones when a whole
+        trial (a launch as measured, and what trials measured once launched) ends before
+        the search's deadline. Said when not."""
+        budget = self.budget
+        if budget is None:  # the trials' own wall time only
+            if done > 0 and left_s < self.trial_estimate_s:
+                self.progress(
+                    f"time budget: {left_s:.0f} s left, a trial takes ~{self.trial_estimate_s:.0f} s; "
+                    "stopping the search"
+                )
+                return False
+            return True
+        if done > 0 and self.levels_estimate_s == 0.0:
+            self.levels_estimate_s = self._levels_measured_before()  # a resumed study's
+        if done == 0 and self.levels_estimate_s == 0.0:
+            self._launch_deadline_s = budget.deadline_s
+            skip = budget.fits(LaunchKind.TRIAL, "the first trial", budget.launch_estimate_s())
+        else:
+            self._launch_deadline_s = self.deadline_s
+            need = budget.launch_estimate_s() + self.levels_estimate_s
+            reserve = max(0.0, budget.deadline_s - self.deadline_s)
+            skip = budget.fits(
+                LaunchKind.TRIAL, "the next trial", need, deadline_s=self.deadline_s,
+                note=f"{reserve:.0f} s kept for the OOM edge and the confirmations",
+            )  # fmt: skip
+        if skip is None:
+            return True
+        self.progress(f"time budget: {skip.text()}; stopping the search")
+        return False
+
+    def _levels_measured_before(self) -> float:
+        """What the study's last trials measured once launched (their levels), for a run
+        that resumes a study: the longest of the last ``RECENT_LAUNCHES``; 0 where none."""
+        measured = [
+            ev.levels_s
+            for trial in self.complete_trials()
+            if (ev := load_evaluation(trial)) is not None and ev.levels_s
+        ]
+        return max(measured[-RECENT_LAUNCHES:], default=0.0)
+
+    def _count_launch(self, number: int, ev: Evaluation) -> None:
+        """The trial's launch in the budget, and what its levels took in the estimate."""
+        self.last_evaluation = ev
+        if ev.launch_s is None:
+            return  # screened: nothing launched
+        levels = ev.levels_s or 0.0
+        self.levels_estimate_s = max(self.levels_estimate_s * 0.5, levels)
+        if self.budget is not None:
+            self.budget.record(
+                LaunchKind.TRIAL, f"trial {number}",
+                began_s=time.monotonic() - (ev.launch_s + levels + (ev.stop_s or 0.0)),
+                launch_s=ev.launch_s, measure_s=ev.levels_s, stop_s=ev.stop_s,
+                ready=ev.outcome is not None and ev.verdict is not Verdict.STARTUP_FAILED,
+                deadline_s=self._launch_deadline_s,
+            )  # fmt: skip
+        self._update_deadline()  # the reserve, with this launch measured
+
+    def _twin_turn(self) -> None:
+        """The twin's part before a trial: its screen started beside the first one (vLLM's
+        defaults, enqueued), and after that its best untried setting enqueued while it
+        predicts one above the best measured (``tuner.twin.screen``)."""
+        ctx = self.ctx
+        if not ctx.config.twin_search or self.twin.done:
+            return
+        if ctx.twin is None:
+            self.twin.done = True
+            return
+        if self.twin.landscape is None and ctx.config.trials - len(self.complete_trials()) < 2:
+            self.twin.done = True  # no trial after this one for the twin to choose
+            return
+        fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
+        defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu_or_default)
+        self.twin.start(
+            self.setup.timing, self.predicted_max_rate(defaults, fallback) or fallback or 1.0
+        )
+        if optuna_store.trials_in(self.study, TrialState.WAITING):
+            return  # enqueued first: vLLM's defaults, or a retry
+        trials = optuna_store.trials_in(self.study)
+        tried = [
+            ctx.space.from_optuna(t.params or t.system_attrs.get("fixed_params") or {})
+            for t in trials
+        ]
+        best = best_trial(self.study)
+        best_params = ctx.space.from_optuna(best.params) if best is not None else None
+        pick = self.twin.pick(tried, best_params, self.setup.timing)
+        if pick is None:
+            return
+        self.study.enqueue_trial(
+            ctx.space.to_optuna(pick.params),
+            user_attrs={
+                "role": TrialRole.TWIN.value,
+                "twin_rate_per_s": pick.predicted_rate_per_s,
+                "landscape_rate_per_s": pick.landscape_rate_per_s,
+            },
+        )
+        self.progress(
+            f"twin: next {pick.params.short()} (predicted {pick.predicted_rate_per_s:.2f}/s)"
+        )
+
+    def _retry_cut_off(self) -> None:
+        """The trial an interruption cut off runs again, with the same settings, on
+        ``--resume``: an interrupted trial measured nothing."""
+        number = self._current_trial
+        if number is None:
+            return
+        trial = optuna_store.trials_in(self.study)[number]
+        if trial.state is TrialState.FAIL:
+            retry_trial(self.study, trial)
+            log.info("trial %d was interrupted; --resume runs it again", number)
+
+    def _objective(self, trial: Trial) -> float | tuple[float, float]:
+        self._current_trial = trial.number
+        ctx = self.ctx
+        params = ctx.space.suggest(trial)
+        role = trial.user_attrs.get("role", TrialRole.SEARCH.value)
+        out_dir = RunLayout(ctx.run_dir).trial_dir(trial.number)
+        if out_dir.is_dir() and any(out_dir.iterdir()):
+            # Trial n of this study is the only writer of trials/<n>: what is there is
+            # another study's evidence (open_study refuses such a run directory up front).
+            raise ConfigError(
+                f"{out_dir} already holds another trial's evidence, which trial "
+                f"{trial.number} of study {self.study.study_name!r} would overwrite; "
+                "accepted: another --run-dir"
+            )
+        start = self.start_rate(params)
+        predicted = self.prediction(params)
+        compiled_before = self.compile_launches.entries()
+        evaluation = evaluate(
+            ctx, self.setup, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
+            predicted_rate_per_s=(predicted.rate_per_s or None) if predicted else None,
+            predicted_answer_times=predicted.answer_times if predicted else None,
+        )  # fmt: skip
+        self._count_launch(trial.number, evaluation)
+        self._calibrate(evaluation)
+        self._cross_check_version(evaluation)
+        self._learn(trial.number, params, evaluation, predicted)
+        record(trial, evaluation, role=role)
+        line = self._line(trial.number, evaluation)
+        compiled = self.compile_launches.launched(
+            params, evaluation.startup_s, before=compiled_before
+        )
+        self.progress(line if compiled is None else f"{line}\n{'':>9}{compiled}")
+        return objective_values(ctx.config.objective, evaluation)
+
+    def start_rate(self, params: TrialParams) -> float | None:
+        """The first rate to measure: 10% below the simulator's prediction for these
+        settings (so the first level usually holds and the next one brackets the edge),
+        else the best goodput so far, else the workload's own rate."""
+        ctx = self.ctx
+        fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
+        if not self._twin_places():
+            return fallback
+        predicted = self.predicted_max_rate(params, fallback)
+        return predicted * 0.9 if predicted > 0 else fallback
+
+    def prediction(self, params: TrialParams) -> SustainedRate | None:
+        """The twin's sustained rate for these settings and its answer times there, where
+        it can place one (``_twin_places``)."""
+        ctx = self.ctx
+        if not self._twin_places():
+            return None
+        fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
+        return self._sustained(params, fallback)
+
+    def _twin_places(self) -> bool:
+        """Whether the twin places the first rates and plans the sessions: on a GPU
+        profile from the start; on a device it has no published rates for (vLLM's CPU
+        build) once it has learned its step costs from a trial (or ``--twin-from``)."""
+        ctx = self.ctx
+        if ctx.twin is None:
+            return False
+        return ctx.gpu is not None or self.setup.timing.source == FITTED
+
+    def twin_setup(self, params: TrialParams) -> Setup:
+        """The twin's server for ``params`` with its step costs now."""
+        twin = self.ctx.twin
+        assert twin is not None
+        device, base = twin
+        return Setup(
+            self.ctx.model, device, self.ctx.version, params.serving(base), timing=self.setup.timing
+        )
+
+    def predicted_max_rate(self, params: TrialParams, start: float | None) -> float:
+        """The simulator's highest arrival rate it sustains in the steady state, a level's
+        warm-up and window long (``tuner.twin.prediction.sustained_rate``; cached per settings)."""
+        return self._sustained(params, start).rate_per_s
+
+    def _sustained(self, params: TrialParams, start: float | None) -> SustainedRate:
+        ctx = self.ctx
+        key = params.model_dump_json()
+        if key not in self._predicted:
+            setup = self.twin_setup(params)
+            rate = start or ctx.workload.mean_rate_per_s
+            _, plan, _ = plan_level_schedule(
+                ctx.workload, rate, window_s=ctx.config.level_duration_s,
+                warmup_s=ctx.config.level_warmup_s,
+            )  # fmt: skip
+            self._predicted[key] = sustained_rate(
+                setup, ctx.workload, warmup_s=plan.warmup_max_s, window_s=plan.window_s,
+                start_rate_per_s=start, precision=0.05, max_runs=10,
+            )  # fmt: skip
+        return self._predicted[key]
+
+    def _learn(
+        self, number: int, params: TrialParams, ev: Evaluation, predicted: SustainedRate | None
+    ) -> None:
+        """Fit the twin's step costs to the levels this trial measured
+        (``tuner.twin.fit``); its predictions from then on use them, and
+        ``twin.json`` records the fit with the twin's error before and after."""
+        ctx = self.ctx
+        if not ctx.config.twin_fit or ctx.twin is None:
+            return
+        levels = self._fit_levels(number, params, ev)
+        if not levels:
+            return
+        result = fit(self.twin_setup(params), levels)
+        kept = self.setup
+        self.setup = self.setup.learned(result.after)
+        self._predicted.clear()  # every prediction so far was made with the old factors
+        measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
+        after = self._sustained(params, measured or None).rate_per_s
+        before = predicted.rate_per_s if predicted else None
+        # Measurements decide: factors that fit the percentiles but put the goodput the
+        # trial measured further off are not taken (the levels measured something the
+        # step costs do not explain, e.g. a load generator that fell behind).
+        adopted = not goodput_worse(
+            before, after, measured, lower_bound=ev.goodput_bound is GoodputBound.LOWER_BOUND
+        )
+        if not adopted:
+            self.setup = kept
+            self._predicted.clear()
+        one = TrialFit(
+            trial=number, levels=[lv.name for lv in levels], before=result.before,
+            after=result.after, error_before=result.error_before.median_share,
+            error_after=result.error_after.median_share, evaluations=result.evaluations,
+            measured_rate_per_s=measured, predicted_rate_per_s=before,
+            predicted_after_per_s=after, adopted=adopted,
+        )  # fmt: skip
+        self._twin_record().with_fit(one).write(RunLayout(ctx.run_dir).twin_json)
+        line = twin_line(one)
+        log.info(line.strip())
+        self.progress(line)
+
+    def _held_levels(self, number: int, params: TrialParams, ev: Evaluation) -> list[MeasuredLevel]:
+        """A trial's levels that held, as the twin replays them (all of them where none
+        held: a backlog's percentiles are its queue's, which the smallest error in a
+        step's cost changes by seconds)."""
+        trial_dir = RunLayout(self.ctx.run_dir).trial_dir(number)
+        held = {Path(lv.dir).name for lv in ev.levels if lv.met}
+        paths = sorted(trial_dir.glob("level-*"))
+        paths = [p for p in paths if p.name in held] or paths
+        twin = self.ctx.twin
+        serving = params.serving(twin[1] if twin is not None else self.ctx.base)
+        return [
+            replace(level, params=serving)
+            for path in paths
+            if (level := read_level(path, time_scale=self.setup.time_scale)) is not None
+        ]
+
+    def _fit_levels(self, number: int, params: TrialParams, ev: Evaluation) -> list[MeasuredLevel]:
+        """What a fit after trial ``number`` replays: the busiest held level of each of the
+        latest earlier trials, and this trial's latest held levels, ``MAX_LEVELS`` in all."""
+        earlier: list[MeasuredLevel] = []
+        for t in reversed(self.complete_trials()):
+            if len(earlier) >= MAX_LEVELS - 1:
+                break
+            if t.number == number or (done := load_evaluation(t)) is None:
+                continue
+            theirs = self._held_levels(t.number, self.ctx.space.from_optuna(t.params), done)
+            if theirs:
+                earlier.append(theirs[-1])
+        own = self._held_levels(number, params, ev)
+        return [*reversed(earlier), *own[-(MAX_LEVELS - len(earlier)) :]] if own else []
+
+    def best_rate(self) -> float | None:
+        rates = [
+            float(t.user_attrs["rate_per_s"])
+            for t in self.complete_trials()
+            if t.user_attrs.get("verdict") == Verdict.MET and t.user_attrs.get("rate_per_s")
+        ]
+        return max(rates) if rates else None
+
+    def _calibrate(self, evaluation: Evaluation) -> None:
+        ctx = self.ctx
+        if self.setup.calibration is not None or evaluation.startup is None or ctx.gpu is None:
+            return
+        try:
+            calibration = calibration_from_report(
+                evaluation.startup, source=str(Path(evaluation.dir) / "server.log")
+            )
+        except LogParseError as exc:  # say once why the first startup cannot calibrate
+            if "calibration_skipped" not in self.study.user_attrs:
+                self.study.set_user_attr("calibration_skipped", str(exc))
+                self.progress(f"memory model not calibrated: {exc}")
+            return
+        except ConfigError:
+            return
+        except Exception:  # a log without the memory summary: keep the uncalibrated model
+            log.info("no calibration from %s", evaluation.dir, exc_info=True)
+            return
+        self.setup = self.setup.calibrated(calibration)
+        self.study.set_user_attr("calibration", calibration.model_dump(mode="json"))
+        (ctx.run_dir / "calibration.json").write_text(
+            calibration.model_dump_json(indent=2), encoding="utf-8"
+        )
+        self.progress(f"memory model calibrated from {calibration.source}")
+
+    def _cross_check_version(self, evaluation: Evaluation) -> None:
+        """After the first vLLM launch: one line when the release its startup log names is
+        not the one read from its packages before launching (or assumed, unread)."""
+        if self._version_checked or self.ctx.backend is not Backend.VLLM:
+            return
+        server_log = Path(evaluation.dir) / "server.log"
+        if evaluation.outcome is None or not server_log.is_file():
+            return  # screened, not launched
+        self._version_checked = True
+        logged = logged_version(server_log.read_text(encoding="utf-8", errors="replace"))
+        installed = self.ctx.installed_version
+        read = VllmVersion.read(installed) if installed else None
+        line = logged_disagreement(read, self.ctx.version, logged)
+        if line:
+            self.progress(line)
+
+    def _line(self, number: int, ev: Evaluation) -> str:
+        return trial_line(self.study, number, ev, deadline_s=self.deadline_s)
