@@ -33,7 +33,7 @@ from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
-from workloads.metrics import Slo
+from workloads.load_result import Slo
 from workloads.schedule import ScheduledRequest
 from workloads.spec import load_workload
 

@@ -92,7 +92,7 @@ from tuner.vllm.memory import ServingParams, plan
 from tuner.vllm.models import ModelSpec, resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
-from workloads.metrics import Slo
+from workloads.load_result import Slo
 from workloads.spec import SloMetric, WorkloadSpec, load_workload
 from workloads.traces import TraceRecord
 

@@ -21,7 +21,7 @@ from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import Quantization, resolve_model
 from tuner.vllm.versions import VllmVersion
-from workloads.metrics import Slo
+from workloads.load_result import Slo
 from workloads.traces import TraceRecord
 
 PUBLISHED = {"H100-80GB": 5777.0, "L40S-48GB": 1642.0}

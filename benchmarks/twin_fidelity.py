@@ -145,7 +145,7 @@ from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import ModelSpec, Quantization, resolve_model
 from tuner.vllm.versions import VllmVersion
-from workloads.metrics import Percentiles, Slo
+from workloads.load_result import Percentiles, Slo
 from workloads.traces import TraceRecord
 
 TARGETS = {"throughput": 0.10, "ttft": 0.20, "itl": 0.20}

@@ -67,7 +67,7 @@ from tuner.search.twin_fit import MAX_LEVELS, MeasuredLevel, fit
 from tuner.search.twin_search import RERANK, screen_job
 from tuner.sim.timing import TimingFactors
 from workloads.build import build_schedule
-from workloads.metrics import Slo
+from workloads.load_result import Slo
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"

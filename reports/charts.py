@@ -37,7 +37,7 @@ from tuner.vllm.gpus import GpuSpec, recorded_gpu
 from tuner.vllm.memory import Calibration, MemoryPlan, ServingParams, default_limits, plan
 from tuner.vllm.models import ModelSpec, resolve_model
 from tuner.vllm.versions import VllmVersion
-from workloads.metrics import BucketLatency
+from workloads.load_result import BucketLatency
 
 GIB = 1024**3
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"

@@ -75,7 +75,7 @@ from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTr
 from tuner.serving.gpu_sampler import AUTO_SOURCE
 from tuner.serving.server import TrialOutcome
 from tuner.serving.window import trace_part
-from workloads.metrics import BucketLatency, Percentiles
+from workloads.load_result import BucketLatency, Percentiles
 from workloads.spec import WorkloadSpec
 
 REPORT_NAME = REPORT_HTML

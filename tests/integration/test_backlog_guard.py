@@ -21,14 +21,20 @@ from tests.integration.simserver import live_sim
 from tuner.search.predict import Setup, simulate_schedule
 from tuner.search.rate_search import drain_s, level_met, level_workload, search_rate, stop_rule
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict
-from tuner.serving.live import AnyStop, BacklogStopRule, LiveServer, Measurement, loosest_ttft_ms
+from tuner.serving.live_server import (
+    AnyStop,
+    BacklogStopRule,
+    LiveServer,
+    Measurement,
+    loosest_ttft_ms,
+)
 from tuner.serving.load import plan_schedule, split_warmup
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
-from workloads.metrics import Slo
+from workloads.load_result import Slo
 from workloads.spec import WorkloadSpec, parse_workload
 
 pytestmark = pytest.mark.integration

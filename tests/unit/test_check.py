@@ -29,7 +29,7 @@ from tuner.errors import ConfigError
 from tuner.search.evaluate import Verdict
 from tuner.search.recommend import Measured, Recommendation, Variant
 from tuner.search.space import TrialParams
-from workloads.metrics import Percentiles
+from workloads.load_result import Percentiles
 
 GIB = 2**30
 

@@ -28,13 +28,13 @@ from tuner.search.edge import (
     kv_peaked,
 )
 from tuner.search.space import Knob, TrialParams
-from tuner.serving.live import Measurement, StopFactory
+from tuner.serving.live_server import Measurement, StopFactory
 from tuner.serving.load import LOCAL_LOAD, SloVerdict
-from tuner.serving.metrics import MetricsSample
 from tuner.serving.processes import ChildRegistry
+from tuner.serving.prometheus_scrape import MetricsSample
 from tuner.serving.server import StartupResult, TrialOutcome
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
-from workloads.metrics import LoadResult, Percentiles
+from workloads.load_result import LoadResult, Percentiles
 from workloads.schedule import RequestRecord, ScheduledRequest
 from workloads.spec import WorkloadSpec
 

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from workloads.load_errors import CAP_REACHED, TIMED_OUT, LoadConfigError, was_sent
-from workloads.metrics import LoadResult, Percentiles, Slo
+from workloads.load_result import LoadResult, Percentiles, Slo
 from workloads.runner import (
     WorkerStats,
     client_saturation,
@@ -370,7 +370,7 @@ class TestRunLoadInput:
 def test_runner_and_metrics_never_import_locust_or_gevent() -> None:
     """`import locust` monkey-patches the process: only the Locust subprocess may do it."""
     code = (
-        "import sys, workloads.runner, workloads.metrics, workloads.load_errors; "
+        "import sys, workloads.runner, workloads.load_result, workloads.load_errors; "
         "print(sorted(m for m in ('locust', 'gevent', 'geventhttpclient') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -15,7 +15,7 @@ from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
-from workloads.metrics import Slo
+from workloads.load_result import Slo
 from workloads.schedule import Api, ScheduledRequest
 from workloads.spec import SessionStart, WorkloadSpec, load_workload
 from workloads.traces import TraceRecord

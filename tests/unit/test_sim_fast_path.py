@@ -30,7 +30,7 @@ from tuner.vllm.memory import MemoryPlan, ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
-from workloads.metrics import Slo
+from workloads.load_result import Slo
 from workloads.spec import load_workload
 from workloads.traces import TraceRecord
 

@@ -29,13 +29,13 @@ from tuner.search.rate_search import (
 from tuner.search.recommend import capacity, combined_bound, config_hash, variant_params
 from tuner.search.space import Knob, TrialParams
 from tuner.search.study import redact_url
-from tuner.serving.live import Measurement, StopRule
+from tuner.serving.live_server import Measurement, StopRule
 from tuner.serving.load import SloVerdict
-from tuner.serving.metrics import ServerCounters
+from tuner.serving.prometheus_scrape import ServerCounters
 from tuner.serving.server import TrialOutcome
 from tuner.serving.window import WindowOpening
 from tuner.vllm.memory import Calibration
-from workloads.metrics import LoadResult, Percentiles
+from workloads.load_result import LoadResult, Percentiles
 from workloads.schedule import RequestRecord, ScheduledRequest
 from workloads.spec import WorkloadSpec, load_workload
 from workloads.stationary import TURN_MIX_FILE, AnswerTimes, TurnMix

@@ -10,7 +10,7 @@ import pytest
 from tuner.search.predict import REFERENCE_WINDOW_S, reference_window_s
 from tuner.search.rate_search import plan_level_schedule
 from tuner.serving.load import plan_schedule, split_warmup
-from tuner.serving.metrics import MetricsSample
+from tuner.serving.prometheus_scrape import MetricsSample
 from tuner.serving.window import (
     FAR_CORRELATIONS,
     MAX_WINDOW_REQUESTS,

@@ -42,10 +42,10 @@ from tuner.search.context import StudySetup, TuneContext
 from tuner.search.evaluate import Evaluation, live_server, predicted_plan
 from tuner.search.space import Knob, TrialParams
 from tuner.serving.gpu_sampler import GpuSummary, release_watch, wait_until_released
-from tuner.serving.live import Measurement, RecordTail, StopFactory
+from tuner.serving.live_server import Measurement, RecordTail, StopFactory
 from tuner.serving.load import LoadGenerators, plan_schedule
-from tuner.serving.metrics import read_metrics_csv
 from tuner.serving.processes import ChildRegistry
+from tuner.serving.prometheus_scrape import read_metrics_csv
 from tuner.serving.server import StartupResult, TrialOutcome
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
 from workloads.prompts import completion_text, prompt_builder_for
@@ -335,7 +335,7 @@ class BoundHold:
 
 
 class ProbeServer(Protocol):
-    """What a probe uses of a live server (``tuner.serving.live.LiveServer``)."""
+    """What a probe uses of a live server (``tuner.serving.live_server.LiveServer``)."""
 
     time_scale: float
     generators: LoadGenerators

@@ -22,14 +22,14 @@ from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit, RateSea
 from tuner.search.space import TrialParams
 from tuner.serving.backlog import BacklogCheck
 from tuner.serving.gpu_sampler import GpuSummary
-from tuner.serving.live import KvFill, LiveServer, Measurement
+from tuner.serving.live_server import KvFill, LiveServer, Measurement
 from tuner.serving.load import plan_schedule, split_warmup
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec, StartupResult, TrialOutcome
 from tuner.vllm.failures import StartupFailure
 from tuner.vllm.log import StartupReport
 from tuner.vllm.memory import MemoryPlan, plan
-from workloads.metrics import LoadResult
+from workloads.load_result import LoadResult
 from workloads.stationary import AnswerTimes
 
 log = logging.getLogger(__name__)

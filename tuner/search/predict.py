@@ -31,7 +31,7 @@ from tuner.vllm.memory import MemoryPlan, ServingParams
 from tuner.vllm.models import ModelSpec
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
-from workloads.metrics import Slo
+from workloads.load_result import Slo
 from workloads.prompts import RememberingWordPromptBuilder
 from workloads.replay import window_in_pass_s
 from workloads.schedule import ScheduledRequest

@@ -1,6 +1,6 @@
 """Goodput of one server: the highest request rate at which the workload's SLOs hold.
 
-On a live server (``tuner.serving.live.LiveServer``) the workload is sent at a first rate, then:
+On a live server (``tuner.serving.live_server.LiveServer``) the workload is sent at a first rate, then:
 
 * while every rate held, at a higher one, by a step the last level's evidence sets
   (``climb_step``): up to x2 while the latencies are far below their limits and the
@@ -22,9 +22,9 @@ Each level is one schedule at its own rate: a warm-up, then its window, which op
 only once the server is steady at that rate and lasts long enough for the SLO's
 percentiles (``tuner.serving.window``; multi-turn sessions are already under way from its
 first second, ``workloads.stationary``). A level whose SLO is already clearly broken
-stops early (``tuner.serving.live.StopRule``). A level that builds a backlog (its queue, KV usage
+stops early (``tuner.serving.live_server.StopRule``). A level that builds a backlog (its queue, KV usage
 or TTFT trends up through its window, ``tuner.serving.backlog``) is a miss whatever its
-percentiles say, and stops early once its queue clearly grows (``tuner.serving.live.WindowRule``).
+percentiles say, and stops early once its queue clearly grows (``tuner.serving.live_server.WindowRule``).
 Every level keeps its own directory with the load run's evidence (``window.json``,
 ``backlog.json``, ``turn_mix.json``, ``prompt_lengths.json``, ``metrics.csv``).
 
@@ -50,7 +50,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.search.bracket import RateBracket
 from tuner.search.level_evidence import write_level_evidence
-from tuner.serving.live import LevelChain, Measurement, StopFactory, StopRule
+from tuner.serving.live_server import LevelChain, Measurement, StopFactory, StopRule
 from tuner.serving.load import percentile_shares, plan_schedule, split_warmup
 from tuner.serving.server import LaunchSpec, TrialOutcome
 from tuner.serving.window import LevelPlan, plan_level
@@ -486,7 +486,7 @@ def descent_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
 
 
 class LevelServer(Protocol):
-    """What the search measures on: ``tuner.serving.live.LiveServer``, or a stand-in in tests."""
+    """What the search measures on: ``tuner.serving.live_server.LiveServer``, or a stand-in in tests."""
 
     launch: LaunchSpec
     time_scale: float

@@ -52,7 +52,7 @@ from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
 from tuner.warmup import DEFAULT_MAX_REQUESTS, WarmupPlan, warmup_plan, warmup_script
-from workloads.metrics import Percentiles
+from workloads.load_result import Percentiles
 from workloads.spec import WorkloadSpec
 
 HARNESS_VERSION = "0.1.0"

@@ -35,7 +35,7 @@ from tuner.search.predict import Setup, simulate_schedule
 from tuner.serving.window import WindowOpening
 from tuner.sim.timing import TimingFactors
 from tuner.vllm.memory import ServingParams
-from workloads.metrics import LoadResult, Percentiles, Slo
+from workloads.load_result import LoadResult, Percentiles, Slo
 from workloads.schedule import ScheduledRequest, read_records, read_schedule
 
 FIT_QUANTILES = ("p50", "p90")

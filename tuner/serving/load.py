@@ -23,7 +23,7 @@ from tuner.errors import ConfigError, WorkloadLoadError
 from tuner.serving.processes import ChildRegistry
 from workloads.build import build_schedule
 from workloads.load_errors import LoadConfigError, LoadGeneratorError
-from workloads.metrics import LoadResult, Slo
+from workloads.load_result import LoadResult, Slo
 from workloads.prompts import prompt_builder_for
 from workloads.runner import (
     GeneratorNames,

@@ -107,7 +107,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from tuner.vllm.models import resolve_model
     from tuner.vllm.versions import VllmVersion
     from workloads.arrivals import replay_trace
-    from workloads.metrics import Slo
+    from workloads.load_result import Slo
     from workloads.traces import TraceError, load_trace, resolve_trace
 
     _check_values(args)

@@ -58,14 +58,14 @@ from tuner.serving.load import (
     split_warmup,
     summarise_records,
 )
-from tuner.serving.metrics import (
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.prometheus_scrape import (
     KvUsageWatcher,
     MetricsSample,
     ServerCounters,
     read_metrics_csv,
     scrape,
 )
-from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
 from tuner.serving.window import (
     WINDOW_FILE,
@@ -78,7 +78,7 @@ from tuner.serving.window import (
 )
 from workloads.chain import LoadChain, Snapshot
 from workloads.load_errors import LoadConfigError, LoadGeneratorError
-from workloads.metrics import LoadResult
+from workloads.load_result import LoadResult
 from workloads.runner import client_saturation
 from workloads.schedule import (
     RequestRecord,
