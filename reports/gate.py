@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tuner.errors import ConfigError
 from tuner.rundir import RunLayout, evaluation_json
 from tuner.search.evaluate import Evaluation, Verdict
-from tuner.search.recommend import HARNESS_VERSION, Measured, Recommendation, measured_of
+from tuner.search.recommend import HARNESS_VERSION, ConfirmationResult, Recommendation, measured_of
 from tuner.serving.server import Backend
 from tuner.vllm.versions import VllmVersion
 
@@ -94,7 +94,7 @@ class Metric(StrEnum):
             return f"{value:.2f}"
         return f"{value:.1f}"
 
-    def of(self, measured: Measured) -> float | None:
+    def of(self, measured: ConfirmationResult) -> float | None:
         """This metric of one confirmation measurement (None when it was not measured)."""
         if self is Metric.GOODPUT:
             return measured.goodput
@@ -442,7 +442,9 @@ def load_run(run_dir: Path) -> RunFigures:
     )
 
 
-def _repeat_measurements(run_dir: Path, variant: str, measured: Measured) -> list[Measured] | None:
+def _repeat_measurements(
+    run_dir: Path, variant: str, measured: ConfirmationResult
+) -> list[ConfirmationResult] | None:
     """Each confirmation repeat's measurement, from its evaluation.json (layout of
     ``tuner.search.recommend.confirm``: ``confirm/<variant>`` for one run, ``<variant>-<i>`` for
     several); None unless every repeat is there and agrees with the recommendation."""
@@ -450,7 +452,7 @@ def _repeat_measurements(run_dir: Path, variant: str, measured: Measured) -> lis
     if n == 0:
         return None
     names = [variant] if n == 1 else [f"{variant}-{i}" for i in range(n)]
-    out: list[Measured] = []
+    out: list[ConfirmationResult] = []
     for name, goodput in zip(names, measured.goodput_runs, strict=True):
         path = evaluation_json(RunLayout(run_dir).confirm_dir / name)
         try:

@@ -25,7 +25,7 @@ from tuner.serving.live_server import (
     AnyStop,
     BacklogStopRule,
     LiveServer,
-    Measurement,
+    LoadMeasurement,
     loosest_ttft_ms,
 )
 from tuner.serving.load import plan_schedule, split_warmup
@@ -83,7 +83,7 @@ def long_run_throughput(spec: WorkloadSpec, rate: float) -> float:
 
 def level(
     live: LiveServer, spec: WorkloadSpec, rate: float, name: str, *, guard: bool
-) -> Measurement:
+) -> LoadMeasurement:
     """One level as the rate search sends it; ``guard``: with the backlog's early stop."""
     level_spec = level_workload(spec, rate, WINDOW_S)
     _, schedule = split_warmup(plan_schedule(level_spec, max_model_len=PARAMS.max_model_len))

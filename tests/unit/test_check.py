@@ -27,7 +27,7 @@ from reports.gate import (
 from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.search.evaluate import Verdict
-from tuner.search.recommend import Measured, Recommendation, Variant
+from tuner.search.recommend import ConfirmationResult, Recommendation, Variant
 from tuner.search.space import TrialParams
 from workloads.load_result import Percentiles
 
@@ -277,9 +277,11 @@ def test_bad_baseline_files(tmp_path: Path, content: str | None, says: str) -> N
         load_baseline(path)
 
 
-def measured(goodputs: list[float], *, ttft_p99: float = 900.0, dir: str = "d") -> Measured:
+def measured(
+    goodputs: list[float], *, ttft_p99: float = 900.0, dir: str = "d"
+) -> ConfirmationResult:
     lat = Percentiles(p50=1.0, p90=2.0, p99=ttft_p99)
-    return Measured(
+    return ConfirmationResult(
         verdict=Verdict.MET if all(g > 0 for g in goodputs) else Verdict.SLO_MISSED,
         goodput=sum(goodputs) / len(goodputs),
         goodput_runs=goodputs,
@@ -295,7 +297,7 @@ def measured(goodputs: list[float], *, ttft_p99: float = 900.0, dir: str = "d") 
     )
 
 
-def write_recommendation(run_dir: Path, m: Measured | None) -> None:
+def write_recommendation(run_dir: Path, m: ConfirmationResult | None) -> None:
     variant = Variant(
         name="recommended",
         flags={"max-num-seqs": 32},

@@ -28,7 +28,7 @@ from tuner.search.edge import (
     kv_peaked,
 )
 from tuner.search.space import Knob, TrialParams
-from tuner.serving.live_server import Measurement, StopFactory
+from tuner.serving.live_server import LoadMeasurement, StopFactory
 from tuner.serving.load import LOCAL_LOAD, SloVerdict
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.prometheus_scrape import MetricsSample
@@ -125,7 +125,7 @@ class StandIn:
         *,
         out_dir: Path,
         stop_when: StopFactory | None = None,
-    ) -> Measurement:
+    ) -> LoadMeasurement:
         b = self.behaviour
         death = None
         if b.death is not None:
@@ -133,7 +133,7 @@ class StandIn:
                 outcome=TrialOutcome.ENGINE_DIED, failure=b.death, log_path="server.log",
                 command=[], base_url="http://127.0.0.1:9",
             )  # fmt: skip
-        return Measurement(
+        return LoadMeasurement(
             out_dir=str(out_dir),
             outcome=TrialOutcome.ENGINE_DIED if death else TrialOutcome.READY,
             load=_load(len(schedule), b.request_errors),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.capacity.calibration import MeasuredRun, Provenance, TwinFor, twin_for
+from tuner.capacity.calibration import CalibrationRun, Provenance, TwinFor, twin_for
 from tuner.capacity.fleet import FleetSize, fleet_size, pareto_front
 from tuner.capacity.option import (
     FINAL_PRECISION,
@@ -159,7 +159,7 @@ def _rank_key(option: PlanOption) -> tuple[float, float, float]:
     return cost, float(low.gpus), -per_gpu
 
 
-def _measured_replica(run: MeasuredRun) -> tuple[TrialParams, ReplicaRun] | None:
+def _measured_replica(run: CalibrationRun) -> tuple[TrialParams, ReplicaRun] | None:
     rec = run.recommendation
     if rec is None or rec.recommended.measured is None:
         return None
@@ -182,7 +182,7 @@ def _option(
     start: Start,
     price: float | None,
     measured: tuple[TrialParams, ReplicaRun] | None,
-    source: MeasuredRun | None,
+    source: CalibrationRun | None,
 ) -> tuple[PlanOption, int]:
     """One option screened (the measured settings where a run confirmed them)."""
     screened: Screened = screen_option(
@@ -248,7 +248,7 @@ def make_plan(
     peak: float,
     headroom: float,
     prices: dict[str, float],
-    runs: list[MeasuredRun],
+    runs: list[CalibrationRun],
     progress: Callable[[str], None] = lambda _: None,
 ) -> CapacityPlan:
     """Screen every option, size its fleet, rank (the module's docstring)."""

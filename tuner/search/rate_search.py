@@ -50,7 +50,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.search.bracket import RateBracket
 from tuner.search.level_evidence import write_level_evidence
-from tuner.serving.live_server import LevelChain, Measurement, StopFactory, StopRule
+from tuner.serving.live_server import LevelChain, LoadMeasurement, StopFactory, StopRule
 from tuner.serving.load import percentile_shares, plan_schedule, split_warmup
 from tuner.serving.server import LaunchSpec, TrialOutcome
 from tuner.serving.window import LevelPlan, plan_level
@@ -147,13 +147,13 @@ class Goodput(BaseModel):
         )
 
 
-class Level(BaseModel):
+class RateLevel(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     index: int
     rate_per_s: float  # the workload's arrival rate at this level
     met: bool
-    measurement: Measurement
+    measurement: LoadMeasurement
 
 
 class RateSearch(BaseModel):
@@ -161,8 +161,8 @@ class RateSearch(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    levels: tuple[Level, ...]
-    best: Level | None  # the highest rate whose SLOs held
+    levels: tuple[RateLevel, ...]
+    best: RateLevel | None  # the highest rate whose SLOs held
     broken_rate_per_s: float | None  # the lowest rate whose SLOs broke
     died: bool  # the engine died under load
 
@@ -256,13 +256,13 @@ def level_workload(
     return level.model_copy(update=update)
 
 
-def measured_answer_times(m: Measurement) -> AnswerTimes | None:
+def measured_answer_times(m: LoadMeasurement) -> AnswerTimes | None:
     """The mean TTFT and TPOT a level measured (the schedule's seconds)."""
     return AnswerTimes.of_means(m.load.ttft_ms.mean, m.load.tpot_ms.mean)
 
 
 def nearest_answer_times(
-    levels: list[Level], rate_per_s: float | None, fallback: AnswerTimes | None
+    levels: list[RateLevel], rate_per_s: float | None, fallback: AnswerTimes | None
 ) -> AnswerTimes | None:
     """The answer times to plan a level at ``rate_per_s`` with: those of the level that
     held nearest to it in rate (a level that broke measured a backlog's latencies), else
@@ -288,7 +288,7 @@ def stop_rule(spec: WorkloadSpec, expected_requests: int, time_scale: float) -> 
     )
 
 
-def correlation_floor(levels: list[Level], rate_per_s: float | None) -> float | None:
+def correlation_floor(levels: list[RateLevel], rate_per_s: float | None) -> float | None:
     """The longest correlation time of the server's state that a level which held at or
     below ``rate_per_s`` measured over its window (None: none has). Toward capacity the
     server's memory lengthens (its excursions grow and last), so a level above one that
@@ -415,7 +415,7 @@ def plan_level_schedule(
     return level_spec, plan, schedule
 
 
-def ends_clean(m: Measurement) -> bool:
+def ends_clean(m: LoadMeasurement) -> bool:
     """Whether a level leaves its server in the steady state of its rate, so the next
     level can carry on from it: not stopped early (a queue, the SLO clearly broken), no
     backlog built, the engine alive. Otherwise the next level starts a fresh run on a
@@ -426,13 +426,13 @@ def ends_clean(m: Measurement) -> bool:
     )
 
 
-def level_met(m: Measurement) -> bool:
+def level_met(m: LoadMeasurement) -> bool:
     """The SLOs held over the whole window, and the level ended clean (``ends_clean``: the
     engine lived and no backlog built up)."""
     return m.slo.met and ends_clean(m)
 
 
-def bracket(levels: list[Level]) -> tuple[Level | None, Level | None]:
+def bracket(levels: list[RateLevel]) -> tuple[RateLevel | None, RateLevel | None]:
     """The best level that held, and the lowest level above it that broke (or killed the
     engine); with no level held, the lowest level that broke (``RateBracket``'s ends)."""
     rates = _rates(levels, 0.0)
@@ -441,11 +441,11 @@ def bracket(levels: list[Level]) -> tuple[Level | None, Level | None]:
     return low, high
 
 
-def _rates(levels: list[Level], precision: float) -> RateBracket:
+def _rates(levels: list[RateLevel], precision: float) -> RateBracket:
     return RateBracket(precision, [(lv.rate_per_s, lv.met) for lv in levels])
 
 
-def climb_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
+def climb_step(spec: WorkloadSpec, m: LoadMeasurement, growth: float) -> float:
     """The factor from a level that held to the next rate while none has broken: what its
     evidence allows, between ``growth`` and ``max(MAX_STEP, growth)``.
 
@@ -466,7 +466,7 @@ def climb_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
     return min(top, max(growth, allowed))
 
 
-def descent_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
+def descent_step(spec: WorkloadSpec, m: LoadMeasurement, growth: float) -> float:
     """The factor down from a level that broke while none has held, between ``growth``
     (it barely missed) and ``max(MAX_STEP, growth)`` (halving):
 
@@ -501,7 +501,7 @@ class LevelServer(Protocol):
         drain_s: float | None = None,
         level: LevelPlan | None = None,
         chain: LevelChain | None = None,
-    ) -> Measurement: ...
+    ) -> LoadMeasurement: ...
 
 
 def search_rate(
@@ -542,7 +542,7 @@ def search_rate(
     a first level that breaks there steps down by ``growth`` only: the earlier hold puts
     the capacity near, and a collapse's share of failed requests (``descent_step``)
     would overstate how far below it lies. A second break steps by its own evidence."""
-    levels: list[Level] = []
+    levels: list[RateLevel] = []
     closed = spec.mean_rate_per_s is None
     rate: float | None = None
     if not closed:
@@ -614,7 +614,7 @@ class _ChainedRuns:
         self.sent_on_run: dict[str, ScheduledRequest] = {}
 
     def for_level(
-        self, index: int, levels: list[Level], rate: float | None
+        self, index: int, levels: list[RateLevel], rate: float | None
     ) -> tuple[LevelChain | None, CarryOn | None]:
         """The run level ``index`` goes on, and how it carries on from the level before
         (None: it opens the run, from an empty server)."""
@@ -655,11 +655,11 @@ class _ChainedRuns:
 def _record_level(
     index: int,
     rate: float | None,
-    m: Measurement,
+    m: LoadMeasurement,
     schedule: list[ScheduledRequest],
     level_spec: WorkloadSpec,
     model_dir: Path | None,
-) -> Level:
+) -> RateLevel:
     """A measured level, its evidence written to its directory: the requests its window
     measured (``schedule``: those it could have) against the workload's stationary mix."""
     measured = schedule
@@ -672,4 +672,4 @@ def _record_level(
     write_level_evidence(
         Path(m.out_dir), measured, level_spec, prompt_builder=prompt_builder_for(model_dir)
     )
-    return Level(index=index, rate_per_s=rate or 0.0, met=level_met(m), measurement=m)
+    return RateLevel(index=index, rate_per_s=rate or 0.0, met=level_met(m), measurement=m)
