@@ -46,6 +46,7 @@ from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.recommend import HARNESS_VERSION, ConfirmationResult, Recommendation, measured_of
 from tuner.serving.server import Backend
 from tuner.vllm.versions import VllmVersion
+from workloads.slo import SloAsTexts
 
 BASELINE_FORMAT = 1
 DEFAULT_TOLERANCE_PCT = 5.0
@@ -147,7 +148,7 @@ class RunFigures(BaseModel):
     simulated: bool
     vllm_version: str
     workload: str
-    slo: list[str]
+    slo: SloAsTexts  # recorded as its objectives' texts, e.g. "ttft p99 <= 2000 ms"
     flags: dict[str, object]
     version_hash: str
     repeats: int
@@ -285,8 +286,8 @@ def mismatches(baseline: RunFigures, run: RunFigures) -> list[str]:
         a, b = getattr(baseline, name), getattr(run, name)
         if a != b:
             out.append(f"{name} {b!r} (baseline: {a!r})")
-    if sorted(baseline.slo) != sorted(run.slo):
-        out.append(f"SLO {'; '.join(run.slo)!r} (baseline: {'; '.join(baseline.slo)!r})")
+    if baseline.slo != run.slo:  # the same objectives, however each run wrote them
+        out.append(f"SLO {run.slo.text()!r} (baseline: {baseline.slo.text()!r})")
     if baseline.simulated != run.simulated:
         kinds = {True: "the simulated engine", False: "real vLLM"}
         out.append(f"measured on {kinds[run.simulated]} (baseline: {kinds[baseline.simulated]})")
@@ -433,7 +434,7 @@ def load_run(run_dir: Path) -> RunFigures:
         simulated=rec.simulated,
         vllm_version=rec.vllm_version,
         workload=rec.workload,
-        slo=list(rec.slo),
+        slo=rec.slo,
         flags=dict(variant.flags),
         version_hash=rec.version_hash,
         repeats=max(1, len(measured.goodput_runs)),

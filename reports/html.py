@@ -1146,7 +1146,7 @@ def _how(data: RunData) -> dict[str, Any]:
             ("Sessions", _describe(w.sessions.model_dump(mode="json")) if w.sessions else "none"),
             ("Warm-up", _warmup(w)),
             ("Duration of the workload", f"{w.duration_s:g} s (each measured rate: {_level_text(c)})"),
-            ("SLO", "; ".join(f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms" for o in w.slo.objectives()) or "none"),
+            ("SLO", w.slo.text()),
         ]  # fmt: skip
     return {
         "rows": rows,
@@ -1261,14 +1261,11 @@ def _context(data: RunData) -> dict[str, Any]:
     trials = [_trial_view(t, data, winner.number if winner else None) for t in data.trials]
     tr = tradeoffs(data)
     imp = importances(data)
-    slo = []
+    slo: list[str] = []
     if data.recommendation is not None:
-        slo = list(data.recommendation.slo)
+        slo = data.recommendation.slo.texts()
     elif data.workload is not None:
-        slo = [
-            f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms"
-            for o in data.workload.slo.objectives()
-        ]
+        slo = data.workload.slo.texts()
     plotly_js = get_plotlyjs().replace("</script", "<\\/script")
     return {
         "title": f"Capacity review: {tune.model} on {tune.gpu or 'CPU'}",

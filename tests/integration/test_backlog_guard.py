@@ -34,7 +34,7 @@ from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
-from workloads.load_result import Slo
+from workloads.slo import Slo
 from workloads.spec import WorkloadSpec, parse_workload
 
 pytestmark = pytest.mark.integration
@@ -76,7 +76,7 @@ def long_run_throughput(spec: WorkloadSpec, rate: float) -> float:
     origin = min(r.send_s for r in schedule)
     schedule = [dataclasses.replace(r, send_s=r.send_s - origin) for r in schedule]
     setup = Setup(resolve_model("llama-3.1-8b"), get_gpu("L4"), VllmVersion.parse("0.33"), PARAMS)
-    _, result = simulate_schedule(setup, schedule, Slo(ttft_ms=5000.0))
+    _, result = simulate_schedule(setup, schedule, Slo.p99(ttft_ms=5000.0))
     assert result is not None
     return result.request_throughput
 

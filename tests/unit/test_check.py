@@ -20,6 +20,7 @@ from reports.gate import (
     format_table,
     load_baseline,
     load_run,
+    mismatches,
     spread_pct,
     write_baseline,
     write_job_summary,
@@ -204,6 +205,46 @@ def test_a_baseline_of_something_else_is_refused(field: str, value: object, says
         check(figures(**{field: value}), baseline, baseline_path=Path("b.json"), tolerance_pct=5)
     assert says in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        ["tpot p99 <= 100 ms", "ttft p99 <= 1000 ms"],  # reordered
+        ["ttft  p99 <= 1000.0 ms", "tpot p99 <=100 ms"],  # spaced and written otherwise
+        {"tpot": {"p99_ms": 100}, "ttft": {"p99_ms": 1000.0}},  # the mapping form
+    ],
+)
+def test_an_equal_slo_written_differently_is_the_same_slo(written: object) -> None:
+    baseline = as_baseline(figures())
+    run = figures(slo=written)
+    assert run.slo == baseline.slo
+    assert mismatches(baseline, run) == []
+    assert check(run, baseline, baseline_path=Path("b.json"), tolerance_pct=5.0).passed
+
+
+@pytest.mark.parametrize(
+    ("written", "says"),
+    [
+        (["ttft p99 <= 1000 ms", "tpot p90 <= 100 ms"], "tpot p90 <= 100 ms"),  # percentile
+        (["ttft p99 <= 1000 ms", "tpot p99 <= 101 ms"], "tpot p99 <= 101 ms"),  # limit
+        (["ttft p99 <= 1000 ms"], "SLO 'ttft p99 <= 1000 ms'"),  # one objective fewer
+        (["ttft p99 <= 1000 ms", "tpot p99 <= 100 ms", "e2e p99 <= 9000 ms"], "e2e p99"),
+    ],
+)
+def test_a_different_slo_is_flagged(written: list[str], says: str) -> None:
+    baseline = as_baseline(figures())
+    run = figures(slo=written)
+    different = mismatches(baseline, run)
+    assert len(different) == 1 and different[0].startswith("SLO ") and says in different[0]
+    assert "(baseline: 'ttft p99 <= 1000 ms; tpot p99 <= 100 ms')" in different[0]
+
+
+def test_a_baseline_keeps_its_slo_as_texts(tmp_path: Path) -> None:
+    baseline = as_baseline(figures(slo=["tpot p99 <= 100 ms", "ttft p99 <= 1000 ms"]))
+    data = json.loads(baseline.model_dump_json())
+    assert data["slo"] == ["ttft p99 <= 1000 ms", "tpot p99 <= 100 ms"]
+    assert Baseline.model_validate(data).slo == baseline.slo
 
 
 def test_other_vllm_patch_and_settings_are_compared_with_a_note() -> None:

@@ -42,6 +42,7 @@ from tuner.search.recommend import settings_hash
 from tuner.search.space import TrialParams
 from tuner.vllm.gpus import GpuSpec, node_product_label
 from tuner.warmup import warmup_plan, warmup_script
+from workloads.slo import SloAsTexts
 from workloads.spec import WorkloadSpec
 
 CAPACITY_JSON = "capacity.json"
@@ -109,7 +110,7 @@ class CapacityPlan(BaseModel):
 
     model: str
     workload: str
-    slo: list[str]
+    slo: SloAsTexts  # recorded as its objectives' texts, e.g. "ttft p99 <= 2000 ms"
     unit: str
     peak: float
     headroom: float
@@ -345,8 +346,7 @@ def make_plan(
     unit = GoodputUnit.of(space.workload).label  # the peak's unit, whether or not any option serves
     return CapacityPlan(
         model=space.model.name, workload=space.workload.name,
-        slo=[f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms"
-             for o in space.workload.slo.objectives()],
+        slo=space.workload.slo,
         unit=unit, peak=peak, headroom=headroom,
         vllm_version=str(space.version), prices_given=bool(prices),
         runs=[str(r.run_dir) for r in runs], options=[*final, *rest],

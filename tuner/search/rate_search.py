@@ -58,7 +58,8 @@ from workloads.chain import LoadChain
 from workloads.prompts import prompt_builder_for
 from workloads.replay import on_busiest_stretch, pass_s
 from workloads.schedule import ScheduledRequest, carries_on
-from workloads.spec import SessionStart, SloMetric, WarmupSpec, WorkloadSpec
+from workloads.slo import SloMetric
+from workloads.spec import SessionStart, WarmupSpec, WorkloadSpec
 from workloads.stationary import AnswerTimes, nearest_in_rate
 
 MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)

@@ -53,6 +53,7 @@ from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
 from tuner.warmup import DEFAULT_MAX_REQUESTS, WarmupPlan, warmup_plan, warmup_script
 from workloads.load_result import Percentiles
+from workloads.slo import SloAsTexts
 from workloads.spec import WorkloadSpec
 
 HARNESS_VERSION = "0.1.0"
@@ -169,7 +170,7 @@ class Recommendation(BaseModel):
     simulated: bool
     vllm_version: str
     workload: str
-    slo: list[str]
+    slo: SloAsTexts  # recorded as its objectives' texts, e.g. "ttft p99 <= 2000 ms"
     objective: str
     best_trial: int
     recommended: Variant
@@ -550,10 +551,7 @@ def recommend(
         simulated=ctx.backend is Backend.SIM,
         vllm_version=ctx.release,  # the release measured (installed), for the gate
         workload=ctx.workload.name,
-        slo=[
-            f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms"
-            for o in ctx.workload.slo.objectives()
-        ],
+        slo=ctx.workload.slo,
         objective=ctx.config.objective.value,
         best_trial=best_number,
         recommended=recommended,

@@ -89,7 +89,8 @@ from workloads.schedule import (
     write_records,
     write_schedule,
 )
-from workloads.spec import SloMetric, WarmupSpec, WorkloadSpec
+from workloads.slo import SloMetric
+from workloads.spec import WarmupSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
