@@ -50,8 +50,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tuner.serving.load import plan_schedule, resolve_workload, run_schedule
-from tuner.serving.metrics import scrape
 from tuner.serving.processes import ChildRegistry
+from tuner.serving.prometheus_scrape import scrape
 from tuner.serving.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
 from tuner.vllm.memory import ServingParams
 

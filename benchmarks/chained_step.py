@@ -28,7 +28,6 @@ from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
-from workloads.metrics import Slo
 from workloads.schedule import ScheduledRequest
 from workloads.spec import load_workload
 
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         schedule = sorted(low + renamed(extra, "B", args.settle), key=lambda r: r.send_s)
         _, result = simulate_schedule(
-            setup, schedule, Slo.of_workload(spec), stop_at_s=end_s,
+            setup, schedule, spec.slo, stop_at_s=end_s,
             measure_from_s=args.settle, measure_to_s=end_s, sample_every_s=1.0,
         )  # fmt: skip
         assert result is not None

@@ -51,7 +51,7 @@ import urllib.request
 from pathlib import Path
 
 from tuner.serving.server import free_port
-from workloads.metrics import LoadResult
+from workloads.load_result import LoadResult
 from workloads.runner import LoadRun, run_load
 from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_records
 

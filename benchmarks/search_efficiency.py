@@ -92,8 +92,8 @@ from tuner.vllm.space import Knob, SearchSpace, TrialParams, build_space, parse_
 from tuner.vllm.space import vllm_defaults as space_defaults
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
-from workloads.metrics import Slo
-from workloads.spec import SloMetric, WorkloadSpec, load_workload
+from workloads.slo import Slo, SloMetric
+from workloads.spec import WorkloadSpec, load_workload
 from workloads.traces import TraceRecord
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -321,7 +321,7 @@ def _load(case: Case, window_s: float, rung: int) -> _Load:
         encode_chat(r.messages, vocab) if r.messages is not None else encode(r.prompt or "", vocab)
         for r in schedule
     ]
-    slo = Slo.of_workload(spec)
+    slo = spec.slo
     return _Load(spec, records, ids, slo)
 
 

@@ -57,7 +57,7 @@ from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
-from workloads.metrics import Slo
+from workloads.slo import Slo
 from workloads.spec import load_workload
 from workloads.traces import TraceRecord, read_trace
 
@@ -65,7 +65,7 @@ AZURE = (
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-inference-2023-code.csv"
 )
 
-DEFAULT_SLO = Slo(ttft_ms=2000.0, tpot_ms=100.0)  # the simulator's own defaults (2 s, 100 ms)
+DEFAULT_SLO = Slo.p99(ttft_ms=2000.0, tpot_ms=100.0)  # the simulator's own defaults (2 s, 100 ms)
 CHAT_RATE = 5.75  # conversations/s: near what llama-3.1-8b on an H100 sustains
 CHAT_WINDOW_S = 600.0
 

@@ -21,13 +21,13 @@ from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import Quantization, resolve_model
 from tuner.vllm.versions import VllmVersion
-from workloads.metrics import Slo
+from workloads.slo import Slo
 from workloads.traces import TraceRecord
 
 PUBLISHED = {"H100-80GB": 5777.0, "L40S-48GB": 1642.0}
 PROMPT_MEAN, OUTPUT_MEAN, REQUESTS = 778, 73, 3000
 
-DEFAULT_SLO = Slo(ttft_ms=2000.0, tpot_ms=100.0)  # the simulator's own defaults (2 s, 100 ms)
+DEFAULT_SLO = Slo.p99(ttft_ms=2000.0, tpot_ms=100.0)  # the simulator's own defaults (2 s, 100 ms)
 
 
 def offline_records(seed: int = 0) -> list[TraceRecord]:

@@ -145,11 +145,12 @@ from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import ModelSpec, Quantization, resolve_model
 from tuner.vllm.versions import VllmVersion
-from workloads.metrics import Percentiles, Slo
+from workloads.load_result import Percentiles
+from workloads.slo import Slo
 from workloads.traces import TraceRecord
 
 TARGETS = {"throughput": 0.10, "ttft": 0.20, "itl": 0.20}
-SLO = Slo(ttft_ms=2000.0, tpot_ms=100.0)  # goodput only; no figure here depends on it
+SLO = Slo.p99(ttft_ms=2000.0, tpot_ms=100.0)  # goodput only; no figure here depends on it
 
 Metric = Literal["output_tok_s", "req_s", "ttft", "itl", "tpot"]
 Stat = Literal["mean", "p50", "p90", "p99"]

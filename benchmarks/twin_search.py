@@ -68,7 +68,6 @@ from tuner.twin.prediction import Setup, simulate_schedule
 from tuner.twin.screen import RERANK, screen_job
 from tuner.vllm.space import Knob, SearchSpace, TrialParams, clamp, vllm_defaults
 from workloads.build import build_schedule
-from workloads.metrics import Slo
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -216,7 +215,7 @@ def measured_level(
     schedule = build_schedule(level)
     setup = Setup(job.model, job.gpu, job.version, params.serving(job.base), timing=hidden)
     _, result = simulate_schedule(
-        setup, schedule, Slo.of_workload(level), stop_at_s=job.warmup_s + job.window_s + drain_s(level),
+        setup, schedule, level.slo, stop_at_s=job.warmup_s + job.window_s + drain_s(level),
         measure_from_s=job.warmup_s, measure_to_s=job.warmup_s + job.window_s,
     )  # fmt: skip
     if result is None or not result.ttft_ms.count:

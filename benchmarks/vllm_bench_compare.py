@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from tuner.serving.metrics import scrape
 from tuner.serving.processes import ChildRegistry
+from tuner.serving.prometheus_scrape import scrape
 from tuner.serving.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
 from tuner.vllm.memory import ServingParams
 

@@ -113,7 +113,7 @@ def render_capacity_report(plan: CapacityPlan) -> str:
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <title>Capacity plan: {_e(plan.model)}, {_e(plan.workload)}</title><style>{_CSS}</style></head><body>
 <h1>Capacity plan: {_e(plan.model)} for a peak of {plan.peak:g} {_e(plan.unit)}</h1>
-<p>Workload <b>{_e(plan.workload)}</b>, SLO {_e("; ".join(plan.slo))}; headroom {plan.headroom:.0%};
+<p>Workload <b>{_e(plan.workload)}</b>, SLO {_e(plan.slo.text())}; headroom {plan.headroom:.0%};
 vLLM {_e(plan.vllm_version)}. Each option's goodput is one replica's steady-state rate at the SLO:
 <span class="meas">measured</span> where a run confirmed it, else <span class="pred">predicted</span>
 by the twin, with a range as wide as the twin has been measured to be off. Fleets are sized at the

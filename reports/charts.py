@@ -37,7 +37,7 @@ from tuner.vllm.memory import Calibration, MemoryPlan, ServingParams, default_li
 from tuner.vllm.models import ModelSpec, resolve_model
 from tuner.vllm.space import Knob, TrialParams
 from tuner.vllm.versions import VllmVersion
-from workloads.metrics import BucketLatency
+from workloads.load_result import BucketLatency
 
 GIB = 1024**3
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"

@@ -43,9 +43,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tuner.errors import ConfigError
 from tuner.rundir import RunLayout, evaluation_json
 from tuner.search.evaluate import Evaluation, Verdict
-from tuner.search.recommend import HARNESS_VERSION, Measured, Recommendation, measured_of
+from tuner.search.recommend import HARNESS_VERSION, ConfirmationResult, Recommendation, measured_of
 from tuner.serving.server import Backend
 from tuner.vllm.versions import VllmVersion
+from workloads.slo import SloAsTexts
 
 BASELINE_FORMAT = 1
 DEFAULT_TOLERANCE_PCT = 5.0
@@ -94,7 +95,7 @@ class Metric(StrEnum):
             return f"{value:.2f}"
         return f"{value:.1f}"
 
-    def of(self, measured: Measured) -> float | None:
+    def of(self, measured: ConfirmationResult) -> float | None:
         """This metric of one confirmation measurement (None when it was not measured)."""
         if self is Metric.GOODPUT:
             return measured.goodput
@@ -147,7 +148,7 @@ class RunFigures(BaseModel):
     simulated: bool
     vllm_version: str
     workload: str
-    slo: list[str]
+    slo: SloAsTexts  # recorded as its objectives' texts, e.g. "ttft p99 <= 2000 ms"
     flags: dict[str, object]
     version_hash: str
     repeats: int
@@ -285,8 +286,8 @@ def mismatches(baseline: RunFigures, run: RunFigures) -> list[str]:
         a, b = getattr(baseline, name), getattr(run, name)
         if a != b:
             out.append(f"{name} {b!r} (baseline: {a!r})")
-    if sorted(baseline.slo) != sorted(run.slo):
-        out.append(f"SLO {'; '.join(run.slo)!r} (baseline: {'; '.join(baseline.slo)!r})")
+    if baseline.slo != run.slo:  # the same objectives, however each run wrote them
+        out.append(f"SLO {run.slo.text()!r} (baseline: {baseline.slo.text()!r})")
     if baseline.simulated != run.simulated:
         kinds = {True: "the simulated engine", False: "real vLLM"}
         out.append(f"measured on {kinds[run.simulated]} (baseline: {kinds[baseline.simulated]})")
@@ -433,7 +434,7 @@ def load_run(run_dir: Path) -> RunFigures:
         simulated=rec.simulated,
         vllm_version=rec.vllm_version,
         workload=rec.workload,
-        slo=list(rec.slo),
+        slo=rec.slo,
         flags=dict(variant.flags),
         version_hash=rec.version_hash,
         repeats=max(1, len(measured.goodput_runs)),
@@ -442,7 +443,9 @@ def load_run(run_dir: Path) -> RunFigures:
     )
 
 
-def _repeat_measurements(run_dir: Path, variant: str, measured: Measured) -> list[Measured] | None:
+def _repeat_measurements(
+    run_dir: Path, variant: str, measured: ConfirmationResult
+) -> list[ConfirmationResult] | None:
     """Each confirmation repeat's measurement, from its evaluation.json (layout of
     ``tuner.search.recommend.confirm``: ``confirm/<variant>`` for one run, ``<variant>-<i>`` for
     several); None unless every repeat is there and agrees with the recommendation."""
@@ -450,7 +453,7 @@ def _repeat_measurements(run_dir: Path, variant: str, measured: Measured) -> lis
     if n == 0:
         return None
     names = [variant] if n == 1 else [f"{variant}-{i}" for i in range(n)]
-    out: list[Measured] = []
+    out: list[ConfirmationResult] = []
     for name, goodput in zip(names, measured.goodput_runs, strict=True):
         path = evaluation_json(RunLayout(run_dir).confirm_dir / name)
         try:

@@ -59,13 +59,13 @@ from tuner.errors import ReportError
 from tuner.rundir import REPORT_HTML, RunLayout
 from tuner.search.config import TuneConfig
 from tuner.search.edge import KnobEdge
-from tuner.search.evaluate import Evaluation, LevelSummary, Verdict
+from tuner.search.evaluate import Evaluation, LevelRecord, Verdict
 from tuner.search.parallelism import Source, read_parallelism
 from tuner.search.rate_search import Goodput, GoodputUnit
 from tuner.search.recommend import (
     HARNESS_VERSION,
     Capacity,
-    Measured,
+    ConfirmationResult,
     Recommendation,
     Variant,
     measured_of,
@@ -75,7 +75,7 @@ from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTr
 from tuner.serving.gpu_sampler import AUTO_SOURCE
 from tuner.serving.server import TrialOutcome
 from tuner.serving.window import trace_part
-from workloads.metrics import BucketLatency, Percentiles
+from workloads.load_result import BucketLatency, Percentiles
 from workloads.spec import WorkloadSpec
 
 REPORT_NAME = REPORT_HTML
@@ -210,7 +210,7 @@ def _change(
     return f"{rel:+.0%}", (rel > 0) == higher_is_better
 
 
-def _at_least(m: Measured | None, text: str = "≥") -> str:
+def _at_least(m: ConfirmationResult | None, text: str = "≥") -> str:
     """``text`` before a goodput that is only a lower bound (no measured rate broke)."""
     return text if m is not None and m.goodput_bound.is_lower_bound else ""
 
@@ -233,7 +233,9 @@ def _latency(lat: Percentiles | None, pct: str) -> float | None:
     return None if lat is None else getattr(lat, pct)
 
 
-def _compare_rows(rec: Measured | None, default: Measured | None) -> list[CompareRow]:
+def _compare_rows(
+    rec: ConfirmationResult | None, default: ConfirmationResult | None
+) -> list[CompareRow]:
     rows: list[CompareRow] = []
 
     def add(label: str, r: float | None, d: float | None, fmt: Any, higher: bool) -> None:
@@ -426,7 +428,7 @@ class _Side:
     """One column of the comparison: what it is called, what it measured, its flags."""
 
     label: str
-    measured: Measured | None
+    measured: ConfirmationResult | None
     flags: dict[str, object]
 
 
@@ -511,7 +513,7 @@ def _status(data: RunData) -> str:
     return "No recommendation was written (the run did not finalize); the best trial is shown."
 
 
-def _free_bytes(measured: Measured | None) -> int | None:
+def _free_bytes(measured: ConfirmationResult | None) -> int | None:
     """GPU memory still free at the measured peak; None when either figure is unknown."""
     if measured is not None and measured.peak_used_bytes and measured.total_bytes:
         return measured.total_bytes - measured.peak_used_bytes
@@ -519,7 +521,7 @@ def _free_bytes(measured: Measured | None) -> int | None:
 
 
 def _headroom_lines(
-    data: RunData, rec_measured: Measured | None, free_bytes: int | None
+    data: RunData, rec_measured: ConfirmationResult | None, free_bytes: int | None
 ) -> list[str]:
     """The headroom to the OOM edge: kept below it, where each knob's edge is, memory free."""
     lines: list[str] = []
@@ -564,7 +566,7 @@ def _seqs_edge_line(e: KnobEdge) -> str:
     )
 
 
-def _capacity_plan(data: RunData, rec_measured: Measured | None) -> _CapacityPlan:
+def _capacity_plan(data: RunData, rec_measured: ConfirmationResult | None) -> _CapacityPlan:
     """The replicas for the target peak, else one replica's share of the peak, else unknown."""
     rec = data.recommendation
     if rec is not None and rec.capacity is not None:
@@ -602,7 +604,7 @@ def _capacity_for_peak(c: Capacity) -> _CapacityPlan:
     )
 
 
-def _capacity_per_replica(measured: Measured, headroom_fraction: float) -> _CapacityPlan:
+def _capacity_per_replica(measured: ConfirmationResult, headroom_fraction: float) -> _CapacityPlan:
     """No target peak: how much peak traffic to plan one replica for, headroom kept."""
     g = measured.stated_goodput
     u = g.unit.label
@@ -629,7 +631,7 @@ def _variants_one_rate(rec: Recommendation | None) -> bool:
     )
 
 
-def _noise_note(measured: Measured | None) -> str:
+def _noise_note(measured: ConfirmationResult | None) -> str:
     """The run-to-run spread of goodput over the confirmation runs; "" with one run."""
     if measured is not None and len(measured.goodput_runs) > 1:
         return (
@@ -641,8 +643,8 @@ def _noise_note(measured: Measured | None) -> str:
 
 def _kpis(
     data: RunData,
-    rec: Measured | None,
-    default: Measured | None,
+    rec: ConfirmationResult | None,
+    default: ConfirmationResult | None,
     util_edge: KnobEdge | None,
     free_bytes: int | None,
     recommendation: Recommendation | None,
@@ -792,7 +794,7 @@ def _latency_section(data: RunData) -> dict[str, Any]:
     def add(label: str, color: str, ev: Evaluation | None, base: Path) -> None:
         if ev is None:
             return
-        level: LevelSummary | None = ev.best or (ev.levels[-1] if ev.levels else None)
+        level: LevelRecord | None = ev.best or (ev.levels[-1] if ev.levels else None)
         if level is None:
             notes.append(f"{label}: no measured level")
             return
@@ -1059,7 +1061,7 @@ def _prompt_part(level: LevelEvidence) -> EvidencePart:
     return EvidencePart("Prompt lengths", text, tone, details)
 
 
-def _level_verdict(lv: LevelSummary) -> tuple[str, str]:
+def _level_verdict(lv: LevelRecord) -> tuple[str, str]:
     if lv.met:
         return "met the SLOs", VERDICT_COLORS[Verdict.MET]
     if lv.failed_by_backlog:
@@ -1144,7 +1146,7 @@ def _how(data: RunData) -> dict[str, Any]:
             ("Sessions", _describe(w.sessions.model_dump(mode="json")) if w.sessions else "none"),
             ("Warm-up", _warmup(w)),
             ("Duration of the workload", f"{w.duration_s:g} s (each measured rate: {_level_text(c)})"),
-            ("SLO", "; ".join(f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms" for o in w.slo.objectives()) or "none"),
+            ("SLO", w.slo.text()),
         ]  # fmt: skip
     return {
         "rows": rows,
@@ -1259,14 +1261,11 @@ def _context(data: RunData) -> dict[str, Any]:
     trials = [_trial_view(t, data, winner.number if winner else None) for t in data.trials]
     tr = tradeoffs(data)
     imp = importances(data)
-    slo = []
+    slo: list[str] = []
     if data.recommendation is not None:
-        slo = list(data.recommendation.slo)
+        slo = data.recommendation.slo.texts()
     elif data.workload is not None:
-        slo = [
-            f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms"
-            for o in data.workload.slo.objectives()
-        ]
+        slo = data.workload.slo.texts()
     plotly_js = get_plotlyjs().replace("</script", "<\\/script")
     return {
         "title": f"Capacity review: {tune.model} on {tune.gpu or 'CPU'}",

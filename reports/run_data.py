@@ -46,7 +46,7 @@ from tuner.search.study import TrialRole
 from tuner.search.tune import TuneSummary
 from tuner.serving.backlog import BacklogCheck
 from tuner.serving.gpu_sampler import GpuSample, read_timeline
-from tuner.serving.metrics import MetricsSample
+from tuner.serving.prometheus_scrape import MetricsSample
 from tuner.serving.server import Backend
 from tuner.vllm.gpus import GpuSpec, recorded_gpu
 from tuner.vllm.memory import Calibration

@@ -24,7 +24,7 @@ BETWEEN_COLOR = "#cfd8dc"
 
 
 @dataclass
-class MeasuredPoint:
+class TrialVsTwin:
     """One measured trial beside the twin's prediction for its settings."""
 
     trial: int
@@ -59,7 +59,7 @@ class TwinSection:
     absent: str | None = None
     chart: Chart | None = None
     screened: str | None = None
-    points: list[MeasuredPoint] = field(default_factory=list)
+    points: list[TrialVsTwin] = field(default_factory=list)
     fits: list[FitRow] = field(default_factory=list)
 
 
@@ -110,10 +110,10 @@ def twin_section(data: RunData) -> TwinSection:
 
 def _measured_points(
     data: RunData, landscape: Landscape | None, fits: dict[int, TrialFit]
-) -> list[MeasuredPoint]:
+) -> list[TrialVsTwin]:
     ranked = landscape.ranked() if landscape is not None else []
     rank_of = {p.params.model_dump_json(): i + 1 for i, p in enumerate(ranked)}
-    out: list[MeasuredPoint] = []
+    out: list[TrialVsTwin] = []
     for t in data.trials:
         ev = t.evaluation
         if ev is None:
@@ -122,7 +122,7 @@ def _measured_points(
         fit = fits.get(t.number)
         measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
         out.append(
-            MeasuredPoint(
+            TrialVsTwin(
                 trial=t.number,
                 settings=ev.params.short(),
                 rank=rank_of.get(ev.params.model_dump_json()),
@@ -154,7 +154,7 @@ def _fit_row(f: TrialFit) -> FitRow:
     )
 
 
-def _landscape_chart(landscape: Landscape, points: list[MeasuredPoint]) -> Chart:
+def _landscape_chart(landscape: Landscape, points: list[TrialVsTwin]) -> Chart:
     ranked = [p for p in landscape.ranked() if p.method is not ScreenMethod.NOT_STARTING]
     if not ranked:
         return Chart("twin-landscape", None, "no setting of the space starts, by the memory model")

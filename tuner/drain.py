@@ -14,7 +14,7 @@ The program (run as ``python3 drain.py [--url URL] [--bound-s S] [--settle-s S]
 for the endpoints controller to drop the pod (no new requests after that), then polls
 ``/metrics`` until vLLM's ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``
 (gauges labelled ``model_name`` and ``engine``, summed over their label sets: vLLM's
-``vllm/v1/metrics/loggers.py``, and ``tuner/sim/metrics.py`` for the simulator) are
+``vllm/v1/metrics/loggers.py``, and ``tuner/sim/prometheus.py`` for the simulator) are
 both 0 on two polls in a row, or ``--bound-s`` seconds after it started. It says what
 it waited for in the pod's log (``/proc/1/fd/1``: a hook's own output is not in
 ``kubectl logs``) and exits 0 either way.

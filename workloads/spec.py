@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import types
 import typing
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -41,6 +40,7 @@ from pydantic import (
 )
 
 from workloads.schedule import Api
+from workloads.slo import Slo
 from workloads.traces import (
     TraceError,
     TraceRecord,
@@ -343,58 +343,6 @@ class WarmupSpec(_Model):
     max_s: PositiveFloat = 60.0
 
 
-# --- SLO ------------------------------------------------------------------------------
-
-
-class SloMetric(StrEnum):
-    TTFT = "ttft"
-    ITL = "itl"
-    TPOT = "tpot"
-    E2E = "e2e"
-
-
-@dataclass(frozen=True, kw_only=True)
-class SloObjective:
-    """One objective: the metric's `percentile`-th percentile must be at most limit_ms."""
-
-    metric: SloMetric
-    percentile: int  # 50, 90 or 99
-    limit_ms: float
-
-
-class PercentileLimits(_Model):
-    p50_ms: PositiveFloat | None = None
-    p90_ms: PositiveFloat | None = None
-    p99_ms: PositiveFloat | None = None
-
-    @model_validator(mode="after")
-    def _one_at_least(self) -> Self:
-        if self.p50_ms is None and self.p90_ms is None and self.p99_ms is None:
-            raise ValueError("give at least one of p50_ms, p90_ms, p99_ms")
-        return self
-
-
-class SloSpec(_Model):
-    """Latency objectives, e.g. ``ttft: {p99_ms: 2000}``; every one must hold."""
-
-    ttft: PercentileLimits | None = None
-    itl: PercentileLimits | None = None
-    tpot: PercentileLimits | None = None
-    e2e: PercentileLimits | None = None
-
-    def objectives(self) -> list[SloObjective]:
-        out: list[SloObjective] = []
-        for metric in SloMetric:
-            limits: PercentileLimits | None = getattr(self, metric.value)
-            if limits is None:
-                continue
-            for percentile in (50, 90, 99):
-                limit = getattr(limits, f"p{percentile}_ms")
-                if limit is not None:
-                    out.append(SloObjective(metric=metric, percentile=percentile, limit_ms=limit))
-        return out
-
-
 # --- the spec -------------------------------------------------------------------------
 
 
@@ -414,7 +362,7 @@ class WorkloadSpec(_Model):
     warmup: WarmupSpec = WarmupSpec()
     duration_s: PositiveFloat = 60.0  # the measured window (a closed workload ignores it)
     seed: NonNegativeInt = 0
-    slo: SloSpec = SloSpec()
+    slo: Slo = Slo()
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

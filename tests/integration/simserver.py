@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tuner.serving.live import LiveServer
+from tuner.serving.live_server import LiveServer
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec, free_port
 from tuner.vllm.memory import ServingParams

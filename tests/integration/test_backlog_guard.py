@@ -21,7 +21,13 @@ from tests.integration.simserver import live_sim
 from tuner.search.rate_search import level_met, search_rate, stop_rule
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict
 from tuner.serving.level_schedule import drain_s, level_workload
-from tuner.serving.live import AnyStop, BacklogStopRule, LiveServer, Measurement, loosest_ttft_ms
+from tuner.serving.live_server import (
+    AnyStop,
+    BacklogStopRule,
+    LiveServer,
+    LoadMeasurement,
+    loosest_ttft_ms,
+)
 from tuner.serving.load import plan_schedule, split_warmup
 from tuner.twin.prediction import Setup, simulate_schedule
 from tuner.vllm.gpus import get_gpu
@@ -29,7 +35,7 @@ from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
-from workloads.metrics import Slo
+from workloads.slo import Slo
 from workloads.spec import WorkloadSpec, parse_workload
 
 pytestmark = pytest.mark.integration
@@ -71,14 +77,14 @@ def long_run_throughput(spec: WorkloadSpec, rate: float) -> float:
     origin = min(r.send_s for r in schedule)
     schedule = [dataclasses.replace(r, send_s=r.send_s - origin) for r in schedule]
     setup = Setup(resolve_model("llama-3.1-8b"), get_gpu("L4"), VllmVersion.parse("0.33"), PARAMS)
-    _, result = simulate_schedule(setup, schedule, Slo(ttft_ms=5000.0))
+    _, result = simulate_schedule(setup, schedule, Slo.p99(ttft_ms=5000.0))
     assert result is not None
     return result.request_throughput
 
 
 def level(
     live: LiveServer, spec: WorkloadSpec, rate: float, name: str, *, guard: bool
-) -> Measurement:
+) -> LoadMeasurement:
     """One level as the rate search sends it; ``guard``: with the backlog's early stop."""
     level_spec = level_workload(spec, rate, WINDOW_S)
     _, schedule = split_warmup(plan_schedule(level_spec, max_model_len=PARAMS.max_model_len))

@@ -1,7 +1,7 @@
 """A trial's levels chained on one load run (issue 16, cost): the server is not drained
 between rates, the conversations under way carry on into the next rate (thinned when it
 is lower), the earlier rate's new arrivals stop at the handoff, and what is in flight when
-a level ends is measured as far as it got (workloads.chain, tuner.serving.live,
+a level ends is measured as far as it got (workloads.chain, tuner.serving.live_server,
 tuner.search.rate_search).
 
 The server is `tuner sim-serve` (Llama 3.1 8B on an L4) behind ``LiveServer``, loaded by
@@ -22,8 +22,8 @@ import pytest
 
 from tests.integration.simserver import live_sim
 from tuner.search.rate_search import search_rate
-from tuner.serving.live import LiveServer
-from tuner.serving.metrics import read_metrics_csv
+from tuner.serving.live_server import LiveServer
+from tuner.serving.prometheus_scrape import read_metrics_csv
 from tuner.serving.window import WindowOpening
 from tuner.vllm.memory import ServingParams
 from workloads.build import build_schedule

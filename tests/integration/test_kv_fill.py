@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.serving.live import run_trial
+from tuner.serving.live_server import run_trial
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec
 from tuner.vllm.memory import ServingParams

@@ -15,7 +15,7 @@ import pytest
 from tests.integration.simserver import SimServer
 from tests.integration.simserver import start_sim as start_simserver
 from workloads.load_errors import CAP_REACHED
-from workloads.metrics import LoadResult
+from workloads.load_result import LoadResult
 from workloads.runner import LoadRun, run_load
 from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_records
 

@@ -31,7 +31,7 @@ from tests.integration.test_locust_load import (
 )
 from tuner.serving.processes import group_alive
 from tuner.serving.server import free_port
-from workloads.metrics import LoadResult
+from workloads.load_result import LoadResult
 from workloads.runner import connected_workers_path, run_load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timing, pytest.mark.timeout(120)]

@@ -33,7 +33,7 @@ from tuner.search.evaluate import Evaluation
 from tuner.search.recommend import Recommendation
 from tuner.search.tune import TuneSummary
 from tuner.vllm.memory import Calibration
-from workloads.metrics import LoadResult
+from workloads.load_result import LoadResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the shared tune takes minutes
 

@@ -28,7 +28,7 @@ from reports.html import (
     write_report,
 )
 from reports.run_data import NOT_RECORDED, level_evidence, rebase
-from tuner.search.evaluate import Evaluation, LevelSummary
+from tuner.search.evaluate import Evaluation, LevelRecord
 from tuner.search.level_evidence import PROMPT_LENGTHS_FILE, PromptLengthMix, write_level_evidence
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
 from workloads.build import build_schedule
@@ -208,7 +208,7 @@ def test_a_run_from_before_the_evidence_still_reports(
 
 
 def _evaluation(level_dir: Path, **level: object) -> Evaluation:
-    summary = LevelSummary.model_construct(
+    summary = LevelRecord.model_construct(
         rate_per_s=RATE_PER_S, met=True, stopped_early=False, dir=str(level_dir), backlog=None,
         stopped_by_backlog=False, **level,
     )  # fmt: skip

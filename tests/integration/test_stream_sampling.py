@@ -9,7 +9,7 @@ import pytest
 
 from tests.integration.simserver import SimServer
 from tests.integration.test_locust_load import MODEL, OUTPUT_TOKENS, poisson_schedule, start_sim
-from workloads.metrics import LoadResult
+from workloads.load_result import LoadResult
 from workloads.runner import run_load
 from workloads.schedule import read_records, sample_streams
 

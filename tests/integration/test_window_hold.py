@@ -1,5 +1,5 @@
 """A sized window is held on while its SLO verdict is near the limit, and closes at its
-shortest where it is far from it (tuner.serving.window, tuner.serving.live.WindowRule).
+shortest where it is far from it (tuner.serving.window, tuner.serving.live_server.WindowRule).
 
 The server is `tuner sim-serve` (Llama 3.1 8B on an L4, ``--max-num-seqs 16``) behind
 ``LiveServer``, loaded by Locust over real sockets, one level of the rate search at a
@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.simserver import live_sim
 from tuner.search.rate_search import search_rate
-from tuner.serving.live import LiveServer, Measurement
+from tuner.serving.live_server import LiveServer, LoadMeasurement
 from tuner.serving.window import FAR_CORRELATIONS, WindowClose, WindowOpening
 from tuner.vllm.memory import ServingParams
 from workloads.spec import WorkloadSpec, parse_workload
@@ -55,7 +55,7 @@ def _with_limit(limit_ms: float) -> WorkloadSpec:
 def _one_level(
     live: LiveServer, spec: WorkloadSpec, out: Path, *, level_duration_s: float | None = None,
     warmup_s: float | None = None, level_max_duration_s: float | None = None,
-) -> tuple[WindowOpening, Measurement]:  # fmt: skip
+) -> tuple[WindowOpening, LoadMeasurement]:  # fmt: skip
     search = search_rate(
         live, spec, start_rate_per_s=RATE, out_dir=out, max_levels=1,
         level_duration_s=level_duration_s, warmup_s=warmup_s,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tuner.serving.backlog import BacklogVerdict, Signal, check_backlog, clearly_growing, trend
-from tuner.serving.metrics import MetricsSample
+from tuner.serving.prometheus_scrape import MetricsSample
 from workloads.load_errors import ABORTED
 from workloads.schedule import RequestRecord
 

@@ -20,6 +20,7 @@ from reports.gate import (
     format_table,
     load_baseline,
     load_run,
+    mismatches,
     spread_pct,
     write_baseline,
     write_job_summary,
@@ -27,9 +28,9 @@ from reports.gate import (
 from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.search.evaluate import Verdict
-from tuner.search.recommend import Measured, Recommendation, Variant
+from tuner.search.recommend import ConfirmationResult, Recommendation, Variant
 from tuner.vllm.space import TrialParams
-from workloads.metrics import Percentiles
+from workloads.load_result import Percentiles
 
 GIB = 2**30
 
@@ -206,6 +207,46 @@ def test_a_baseline_of_something_else_is_refused(field: str, value: object, says
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "written",
+    [
+        ["tpot p99 <= 100 ms", "ttft p99 <= 1000 ms"],  # reordered
+        ["ttft  p99 <= 1000.0 ms", "tpot p99 <=100 ms"],  # spaced and written otherwise
+        {"tpot": {"p99_ms": 100}, "ttft": {"p99_ms": 1000.0}},  # the mapping form
+    ],
+)
+def test_an_equal_slo_written_differently_is_the_same_slo(written: object) -> None:
+    baseline = as_baseline(figures())
+    run = figures(slo=written)
+    assert run.slo == baseline.slo
+    assert mismatches(baseline, run) == []
+    assert check(run, baseline, baseline_path=Path("b.json"), tolerance_pct=5.0).passed
+
+
+@pytest.mark.parametrize(
+    ("written", "says"),
+    [
+        (["ttft p99 <= 1000 ms", "tpot p90 <= 100 ms"], "tpot p90 <= 100 ms"),  # percentile
+        (["ttft p99 <= 1000 ms", "tpot p99 <= 101 ms"], "tpot p99 <= 101 ms"),  # limit
+        (["ttft p99 <= 1000 ms"], "SLO 'ttft p99 <= 1000 ms'"),  # one objective fewer
+        (["ttft p99 <= 1000 ms", "tpot p99 <= 100 ms", "e2e p99 <= 9000 ms"], "e2e p99"),
+    ],
+)
+def test_a_different_slo_is_flagged(written: list[str], says: str) -> None:
+    baseline = as_baseline(figures())
+    run = figures(slo=written)
+    different = mismatches(baseline, run)
+    assert len(different) == 1 and different[0].startswith("SLO ") and says in different[0]
+    assert "(baseline: 'ttft p99 <= 1000 ms; tpot p99 <= 100 ms')" in different[0]
+
+
+def test_a_baseline_keeps_its_slo_as_texts(tmp_path: Path) -> None:
+    baseline = as_baseline(figures(slo=["tpot p99 <= 100 ms", "ttft p99 <= 1000 ms"]))
+    data = json.loads(baseline.model_dump_json())
+    assert data["slo"] == ["ttft p99 <= 1000 ms", "tpot p99 <= 100 ms"]
+    assert Baseline.model_validate(data).slo == baseline.slo
+
+
 def test_other_vllm_patch_and_settings_are_compared_with_a_note() -> None:
     baseline = as_baseline(figures(vllm_version="0.33.0"))
     run = figures(vllm_version="0.33.1", version_hash="def", flags={"max-num-seqs": 16})
@@ -277,9 +318,11 @@ def test_bad_baseline_files(tmp_path: Path, content: str | None, says: str) -> N
         load_baseline(path)
 
 
-def measured(goodputs: list[float], *, ttft_p99: float = 900.0, dir: str = "d") -> Measured:
+def measured(
+    goodputs: list[float], *, ttft_p99: float = 900.0, dir: str = "d"
+) -> ConfirmationResult:
     lat = Percentiles(p50=1.0, p90=2.0, p99=ttft_p99)
-    return Measured(
+    return ConfirmationResult(
         verdict=Verdict.MET if all(g > 0 for g in goodputs) else Verdict.SLO_MISSED,
         goodput=sum(goodputs) / len(goodputs),
         goodput_runs=goodputs,
@@ -295,7 +338,7 @@ def measured(goodputs: list[float], *, ttft_p99: float = 900.0, dir: str = "d") 
     )
 
 
-def write_recommendation(run_dir: Path, m: Measured | None) -> None:
+def write_recommendation(run_dir: Path, m: ConfirmationResult | None) -> None:
     variant = Variant(
         name="recommended",
         flags={"max-num-seqs": 32},

@@ -28,9 +28,9 @@ from tuner.drain import (
     drain_timing,
 )
 from tuner.errors import ConfigError
-from tuner.serving.metrics import parse_prometheus
+from tuner.serving.prometheus_scrape import parse_prometheus
 from tuner.serving.server import free_port
-from tuner.sim.metrics import EngineSnapshot, ServerMetrics
+from tuner.sim.prometheus import EngineSnapshot, ServerMetrics
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"

@@ -27,14 +27,14 @@ from tuner.search.edge import (
     WorstCaseHold,
     kv_peaked,
 )
-from tuner.serving.live import Measurement, StopFactory
+from tuner.serving.live_server import LoadMeasurement, StopFactory
 from tuner.serving.load import LOCAL_LOAD, SloVerdict
-from tuner.serving.metrics import MetricsSample
 from tuner.serving.processes import ChildRegistry
+from tuner.serving.prometheus_scrape import MetricsSample
 from tuner.serving.server import StartupResult, TrialOutcome
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
 from tuner.vllm.space import Knob, TrialParams
-from workloads.metrics import LoadResult, Percentiles
+from workloads.load_result import LoadResult, Percentiles
 from workloads.schedule import RequestRecord, ScheduledRequest
 from workloads.spec import WorkloadSpec
 
@@ -125,7 +125,7 @@ class StandIn:
         *,
         out_dir: Path,
         stop_when: StopFactory | None = None,
-    ) -> Measurement:
+    ) -> LoadMeasurement:
         b = self.behaviour
         death = None
         if b.death is not None:
@@ -133,7 +133,7 @@ class StandIn:
                 outcome=TrialOutcome.ENGINE_DIED, failure=b.death, log_path="server.log",
                 command=[], base_url="http://127.0.0.1:9",
             )  # fmt: skip
-        return Measurement(
+        return LoadMeasurement(
             out_dir=str(out_dir),
             outcome=TrialOutcome.ENGINE_DIED if death else TrialOutcome.READY,
             load=_load(len(schedule), b.request_errors),

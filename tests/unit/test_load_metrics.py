@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from workloads.load_errors import CAP_REACHED, TIMED_OUT, LoadConfigError, was_sent
-from workloads.metrics import LoadResult, Percentiles, Slo
+from workloads.load_result import LoadResult, Percentiles
 from workloads.runner import (
     WorkerStats,
     client_saturation,
@@ -19,6 +19,7 @@ from workloads.runner import (
     worker_stats_path,
 )
 from workloads.schedule import Api, RequestRecord, ScheduledRequest
+from workloads.slo import Slo
 
 T0 = 1_700_000_000.0
 MS = 1e-3
@@ -141,7 +142,7 @@ class TestRatesAndThroughput:
 
 class TestGoodput:
     def test_ttft_slo(self) -> None:
-        result = LoadResult.from_records(ten_requests(), slo=Slo(ttft_ms=550.0))
+        result = LoadResult.from_records(ten_requests(), slo=Slo.p99(ttft_ms=550.0))
         assert result.num_good == 5
         assert result.goodput == approx(5 / 10.085)
 
@@ -150,14 +151,14 @@ class TestGoodput:
             *ten_requests(),
             ok_record(10, ttft_ms=100.0, itl_ms=50.0),  # TPOT 50 ms
         ]
-        result = LoadResult.from_records(records, slo=Slo(ttft_ms=350.0, tpot_ms=30.0))
+        result = LoadResult.from_records(records, slo=Slo.p99(ttft_ms=350.0, tpot_ms=30.0))
         assert result.num_good == 3  # TTFT 100, 200, 300; the slow decoder misses TPOT
-        result = LoadResult.from_records(records, slo=Slo(e2e_ms=400.0))
+        result = LoadResult.from_records(records, slo=Slo.p99(e2e_ms=400.0))
         assert result.num_good == 4  # e2e 185, 285, 385 and the slow decoder's 305
 
     def test_one_token_output_meets_the_tpot_objective(self) -> None:
         result = LoadResult.from_records(
-            [ok_record(0, ttft_ms=10.0, events=1)], slo=Slo(tpot_ms=1.0)
+            [ok_record(0, ttft_ms=10.0, events=1)], slo=Slo.p99(tpot_ms=1.0)
         )
         assert result.num_good == 1
 
@@ -168,7 +169,7 @@ class TestGoodput:
 
     def test_objectives_must_be_positive(self) -> None:
         with pytest.raises(ValidationError):
-            Slo(ttft_ms=0)
+            Slo.p99(ttft_ms=0)
 
 
 class TestWarmupAndErrors:
@@ -370,7 +371,7 @@ class TestRunLoadInput:
 def test_runner_and_metrics_never_import_locust_or_gevent() -> None:
     """`import locust` monkey-patches the process: only the Locust subprocess may do it."""
     code = (
-        "import sys, workloads.runner, workloads.metrics, workloads.load_errors; "
+        "import sys, workloads.runner, workloads.load_result, workloads.load_errors; "
         "print(sorted(m for m in ('locust', 'gevent', 'geventhttpclient') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -15,13 +15,13 @@ from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
-from workloads.metrics import Slo
 from workloads.schedule import Api, ScheduledRequest
+from workloads.slo import Slo
 from workloads.spec import SessionStart, WorkloadSpec, load_workload
 from workloads.traces import TraceRecord
 
 LLAMA = resolve_model("llama-3.1-8b")
-SLO = Slo(ttft_ms=60_000.0, tpot_ms=1000.0)
+SLO = Slo.p99(ttft_ms=60_000.0, tpot_ms=1000.0)
 
 
 def _setup(gpu: str = "H100-80GB", **params: Any) -> Setup:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.serving.metrics import parse_prometheus
+from tuner.serving.prometheus_scrape import parse_prometheus
 
 EXPOSITION = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -43,7 +43,7 @@ def test_a_truncated_scrape_gives_what_was_read_before_it() -> None:
 
 
 def test_the_simulators_exposition_reads_whole() -> None:
-    from tuner.sim.metrics import EngineSnapshot, ServerMetrics
+    from tuner.sim.prometheus import EngineSnapshot, ServerMetrics
 
     metrics = ServerMetrics('llama "3" 8b, test')
     snapshot = EngineSnapshot(

@@ -30,12 +30,12 @@ from tuner.vllm.memory import MemoryPlan, ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
-from workloads.metrics import Slo
+from workloads.slo import Slo
 from workloads.spec import load_workload
 from workloads.traces import TraceRecord
 
 LLAMA = resolve_model("llama-3.1-8b")
-SLO = Slo(ttft_ms=2000.0, tpot_ms=100.0)
+SLO = Slo.p99(ttft_ms=2000.0, tpot_ms=100.0)
 PERCENTILES = [
     (metric, q)
     for metric in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
@@ -164,7 +164,7 @@ def _schedule_both(
     runs = []
     for step_by_step in (True, False):
         _, result = simulate_schedule(
-            setup, schedule, Slo.of_workload(level), step_by_step=step_by_step, **kwargs
+            setup, schedule, level.slo, step_by_step=step_by_step, **kwargs
         )
         assert result is not None
         runs.append(_Run(result, engines[-1]))

@@ -19,7 +19,7 @@ from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.arrivals import plan_arrivals, replay_trace, trace_arrivals
-from workloads.metrics import Slo
+from workloads.slo import Slo
 from workloads.spec import TraceArrival, WarmupSpec, read_trace_ref
 from workloads.traces import TraceRecord, load_trace, resolve_trace
 

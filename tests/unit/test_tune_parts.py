@@ -18,7 +18,7 @@ from tuner.search.rate_search import (
     Goodput,
     GoodputBound,
     GoodputUnit,
-    Level,
+    RateLevel,
     RateSearch,
     climb_step,
     descent_step,
@@ -28,14 +28,14 @@ from tuner.search.rate_search import (
 )
 from tuner.search.recommend import capacity, combined_bound, config_hash, variant_params
 from tuner.search.study import redact_url
-from tuner.serving.live import Measurement, StopRule
+from tuner.serving.live_server import LoadMeasurement, StopRule
 from tuner.serving.load import SloVerdict
-from tuner.serving.metrics import ServerCounters
+from tuner.serving.prometheus_scrape import ServerCounters
 from tuner.serving.server import TrialOutcome
 from tuner.serving.window import WindowOpening
 from tuner.vllm.memory import Calibration
 from tuner.vllm.space import Knob, TrialParams
-from workloads.metrics import LoadResult, Percentiles
+from workloads.load_result import LoadResult, Percentiles
 from workloads.schedule import RequestRecord, ScheduledRequest
 from workloads.spec import WorkloadSpec, load_workload
 from workloads.stationary import TURN_MIX_FILE, AnswerTimes, TurnMix
@@ -247,7 +247,7 @@ def _measurement(
     ttft_p99_ms: float,
     tpot_p99_ms: float = 20.0,
     server: ServerCounters | None = None,
-) -> Measurement:
+) -> LoadMeasurement:
     load = LoadResult(
         num_requests=100, num_completed=100, num_errors=0, num_not_sent=0, error_rate=0.0,
         window_s=10.0, duration_s=10.0, offered_rate=rate, achieved_rate=rate,
@@ -258,7 +258,7 @@ def _measurement(
         send_lag_ms=Percentiles(), prompt_buckets=(),
     )  # fmt: skip
     violations = [] if met else [f"ttft p99 {ttft_p99_ms:.1f} ms > 2000 ms"]
-    return Measurement(
+    return LoadMeasurement(
         out_dir=str(out_dir), outcome=TrialOutcome.READY, load=load,
         slo=SloVerdict(met=met, violations=violations), server=server,
     )  # fmt: skip
@@ -288,7 +288,7 @@ class _KnownCapacity:
         stop_on_backlog: bool = False,
         level: object = None,
         chain: object = None,
-    ) -> Measurement:
+    ) -> LoadMeasurement:
         rate = workload.mean_rate_per_s
         assert rate is not None
         self.rates.append(rate)
@@ -348,7 +348,7 @@ class _Collapsing(_KnownCapacity):
     """Past its capacity the server collapses: 60 % of the requests fail (time out in the
     queue), which alone would put the capacity at 40 % of the rate."""
 
-    def measure(self, workload: WorkloadSpec, schedule: list[ScheduledRequest], **kw: object) -> Measurement:  # fmt: skip
+    def measure(self, workload: WorkloadSpec, schedule: list[ScheduledRequest], **kw: object) -> LoadMeasurement:  # fmt: skip
         m = super().measure(workload, schedule, **kw)  # type: ignore[arg-type]
         if m.slo.met:
             return m
@@ -489,10 +489,10 @@ def test_a_chat_search_states_goodput_in_conversations_per_s(tmp_path: Path) -> 
     its goodput is 2 conversations/s, 7 req/s, and the output tokens/s it served."""
     chat = load_workload("chat")
 
-    def level(index: int, sessions_per_s: float, *, met: bool) -> Level:
+    def level(index: int, sessions_per_s: float, *, met: bool) -> RateLevel:
         m = _measurement(tmp_path / f"level-{index}", 3.5 * sessions_per_s, met=met,
                          ttft_p99_ms=100.0 if met else 5000.0)  # fmt: skip
-        return Level(index=index, rate_per_s=sessions_per_s, met=met, measurement=m)
+        return RateLevel(index=index, rate_per_s=sessions_per_s, met=met, measurement=m)
 
     held, broke = level(0, 2.0, met=True), level(1, 4.0, met=False)
     search = RateSearch(levels=(held, broke), best=held, broken_rate_per_s=4.0, died=False)
@@ -521,7 +521,7 @@ def test_a_trace_replays_goodput_is_its_mean_rate_not_its_busiest_stretchs(tmp_p
         warmup_min_s=3.0, warmup_max_s=13.0, opened_at_s=3.0, steady_at_open=True, test="t",
         window_s=600.0, needed_requests=200, trace_pass_s=2632.0,
     )  # fmt: skip
-    held = Level(index=0, rate_per_s=0.38, met=True,
+    held = RateLevel(index=0, rate_per_s=0.38, met=True,
                  measurement=m.model_copy(update={"window": opening}))  # fmt: skip
     search = RateSearch(levels=(held,), best=held, broken_rate_per_s=None, died=False)
     goodput = search.goodput_of(code)
@@ -544,7 +544,7 @@ class _AnswersInMs(_KnownCapacity):
 
     def measure(
         self, workload: WorkloadSpec, schedule: list[ScheduledRequest], **kw: object
-    ) -> Measurement:  # type: ignore[override]
+    ) -> LoadMeasurement:  # type: ignore[override]
         assert workload.sessions is not None and workload.mean_rate_per_s is not None
         self.planned.append((workload.sessions.expected_ttft_s, workload.sessions.expected_tpot_s))
         m = super().measure(workload, schedule, **kw)  # type: ignore[arg-type]

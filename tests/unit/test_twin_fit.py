@@ -17,7 +17,7 @@ from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
-from workloads.metrics import Slo
+from workloads.slo import Slo
 from workloads.spec import load_workload
 
 # An engine slower than the paper says: two thirds of the bandwidth, three times the overhead.

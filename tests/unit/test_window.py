@@ -9,7 +9,7 @@ import pytest
 
 from tuner.serving.level_schedule import plan_level_schedule
 from tuner.serving.load import plan_schedule, split_warmup
-from tuner.serving.metrics import MetricsSample
+from tuner.serving.prometheus_scrape import MetricsSample
 from tuner.serving.window import (
     FAR_CORRELATIONS,
     MAX_WINDOW_REQUESTS,
@@ -304,12 +304,12 @@ def test_a_lower_rates_memory_holds_a_quickly_forgetting_window_on() -> None:
 
 
 def test_the_floor_is_the_longest_memory_of_a_level_that_held_at_or_below_the_rate() -> None:
-    from tuner.search.rate_search import Level, correlation_floor
+    from tuner.search.rate_search import RateLevel, correlation_floor
 
-    def level(rate: float, met: bool, tau: float | None) -> Level:
+    def level(rate: float, met: bool, tau: float | None) -> RateLevel:
         window = _opening(AUTO).model_copy(update={"correlation_s": tau})
         m = SimpleNamespace(window=window)  # only its window is read
-        return Level.model_construct(index=0, rate_per_s=rate, met=met, measurement=m)
+        return RateLevel.model_construct(index=0, rate_per_s=rate, met=met, measurement=m)
 
     levels = [level(1.0, True, 2.0), level(2.0, True, 6.0), level(3.0, False, 30.0),
               level(4.0, True, None)]  # fmt: skip

@@ -10,13 +10,12 @@ import yaml
 
 from workloads.build import build_schedule
 from workloads.schedule import Api
+from workloads.slo import SloMetric, SloObjective
 from workloads.spec import (
     ClosedArrival,
     DiurnalArrival,
     PoissonArrival,
     RampArrival,
-    SloMetric,
-    SloObjective,
     TraceArrival,
     WorkloadError,
     WorkloadSpec,

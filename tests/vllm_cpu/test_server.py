@@ -30,8 +30,8 @@ from tests.vllm_cpu.conftest import (
     write_workload,
 )
 from tuner.serving.gpu_sampler import process_tree
-from tuner.serving.metrics import scrape
 from tuner.serving.processes import ChildRegistry, group_alive
+from tuner.serving.prometheus_scrape import scrape
 from tuner.serving.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
 from tuner.serving.vllm_install import is_cpu_build
 from tuner.vllm.memory import ServingParams

@@ -64,7 +64,7 @@ class Provenance(StrEnum):
 
 
 @dataclass(frozen=True)
-class MeasuredRun:
+class CalibrationRun:
     """One ``--from`` run, as the plan uses it."""
 
     run_dir: Path
@@ -104,7 +104,7 @@ class MeasuredRun:
         return self.model == model and ours == theirs
 
 
-def read_run(run_dir: Path) -> MeasuredRun:
+def read_run(run_dir: Path) -> CalibrationRun:
     """A ``--from`` run directory; ConfigError of one line when it is not one."""
     layout = RunLayout(run_dir)
     accepted = "accepted: the run directory of a `tuner tune` (it holds tune.json and twin.json)"
@@ -140,7 +140,7 @@ def read_run(run_dir: Path) -> MeasuredRun:
     fitted = twin is not None and any(f.adopted for f in twin.fits)
     # A tune that searched the tensor-parallel size recommends one of its own
     searched = rec.recommended.params.tensor_parallel_size if rec is not None else None
-    return MeasuredRun(
+    return CalibrationRun(
         run_dir=run_dir, model=str(tune.get("model", "")), gpu=gpu,
         simulated=tune.get("backend") == "sim",
         tensor_parallel_size=searched or int(config.get("tensor_parallel_size") or 1),
@@ -158,7 +158,7 @@ class TwinFor:
     provenance: Provenance
     error: float  # the range's half-width, as a share of the goodput
     source: str  # which run, or "paper"
-    run: MeasuredRun | None = None  # the run that calibrated this GPU type
+    run: CalibrationRun | None = None  # the run that calibrated this GPU type
 
     def error_at(self, tensor_parallel_size: int) -> float:
         """The range at a tensor-parallel size: a calibration at another size adds the
@@ -168,7 +168,7 @@ class TwinFor:
         return math.hypot(self.error, TENSOR_PARALLEL_ERROR)
 
 
-def twin_for(gpu: GpuSpec, runs: list[MeasuredRun]) -> TwinFor:
+def twin_for(gpu: GpuSpec, runs: list[CalibrationRun]) -> TwinFor:
     """The factors and range for ``gpu`` from ``runs`` (the module's docstring)."""
     fitted = [r for r in runs if r.factors is not None]
     own = [r for r in fitted if r.gpu.name == gpu.name]

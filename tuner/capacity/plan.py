@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.capacity.calibration import MeasuredRun, Provenance, TwinFor, twin_for
+from tuner.capacity.calibration import CalibrationRun, Provenance, TwinFor, twin_for
 from tuner.capacity.fleet import FleetSize, fleet_size, pareto_front
 from tuner.capacity.option import (
     FINAL_PRECISION,
@@ -42,6 +42,7 @@ from tuner.search.recommend import settings_hash
 from tuner.vllm.gpus import GpuSpec, node_product_label
 from tuner.vllm.space import TrialParams
 from tuner.warmup import warmup_plan, warmup_script
+from workloads.slo import SloAsTexts
 from workloads.spec import WorkloadSpec
 
 CAPACITY_JSON = "capacity.json"
@@ -109,7 +110,7 @@ class CapacityPlan(BaseModel):
 
     model: str
     workload: str
-    slo: list[str]
+    slo: SloAsTexts  # recorded as its objectives' texts, e.g. "ttft p99 <= 2000 ms"
     unit: str
     peak: float
     headroom: float
@@ -159,7 +160,7 @@ def _rank_key(option: PlanOption) -> tuple[float, float, float]:
     return cost, float(low.gpus), -per_gpu
 
 
-def _measured_replica(run: MeasuredRun) -> tuple[TrialParams, ReplicaRun] | None:
+def _measured_replica(run: CalibrationRun) -> tuple[TrialParams, ReplicaRun] | None:
     rec = run.recommendation
     if rec is None or rec.recommended.measured is None:
         return None
@@ -182,7 +183,7 @@ def _option(
     start: Start,
     price: float | None,
     measured: tuple[TrialParams, ReplicaRun] | None,
-    source: MeasuredRun | None,
+    source: CalibrationRun | None,
 ) -> tuple[PlanOption, int]:
     """One option screened (the measured settings where a run confirmed them)."""
     screened: Screened = screen_option(
@@ -248,7 +249,7 @@ def make_plan(
     peak: float,
     headroom: float,
     prices: dict[str, float],
-    runs: list[MeasuredRun],
+    runs: list[CalibrationRun],
     progress: Callable[[str], None] = lambda _: None,
 ) -> CapacityPlan:
     """Screen every option, size its fleet, rank (the module's docstring)."""
@@ -345,8 +346,7 @@ def make_plan(
     unit = GoodputUnit.of(space.workload).label  # the peak's unit, whether or not any option serves
     return CapacityPlan(
         model=space.model.name, workload=space.workload.name,
-        slo=[f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms"
-             for o in space.workload.slo.objectives()],
+        slo=space.workload.slo,
         unit=unit, peak=peak, headroom=headroom,
         vllm_version=str(space.version), prices_given=bool(prices),
         runs=[str(r.run_dir) for r in runs], options=[*final, *rest],

@@ -30,7 +30,7 @@ def _row(option: PlanOption) -> str:
 
 def format_plan(plan: CapacityPlan) -> str:
     lines = [
-        f"capacity plan: {plan.model}, workload {plan.workload} ({'; '.join(plan.slo)}), "
+        f"capacity plan: {plan.model}, workload {plan.workload} ({plan.slo.text()}), "
         f"peak {plan.peak:g} {plan.unit}, headroom {plan.headroom:.0%}, vLLM {plan.vllm_version}",
         "",
         f"  {'#':>3} {'option (GPU x TP)':<20} {'goodput per replica (range)':<26} "

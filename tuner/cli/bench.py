@@ -126,7 +126,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_trial(args: argparse.Namespace) -> int:
     from tuner.serving.gpu_sampler import check_gpu_source
-    from tuner.serving.live import run_trial
+    from tuner.serving.live_server import run_trial
     from tuner.serving.load import resolve_workload
     from tuner.serving.processes import ChildRegistry, writable_dir
     from tuner.serving.server import Backend, LaunchSpec, TrialOutcome

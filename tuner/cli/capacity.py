@@ -81,7 +81,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     from tuner.vllm.gpus import get_gpu
     from tuner.vllm.models import resolve_model
     from tuner.vllm.versions import VllmVersion
-    from workloads.spec import PercentileLimits
+    from workloads.slo import Slo
 
     # Every value checked before anything runs.
     if not (math.isfinite(args.peak) and args.peak > 0):
@@ -121,14 +121,11 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
         canonical.update({a.lower(): g.name for a in g.aliases})
     prices = parse_prices(args.price, canonical)
     workload = resolve_workload(args.workload, rate_per_s=None, duration_s=None)
-    slo = workload.slo
-    for flag, value, field in (("--slo-ttft-ms", args.slo_ttft_ms, "ttft"),
-                               ("--slo-itl-ms", args.slo_itl_ms, "itl")):  # fmt: skip
-        if value is not None:
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"{flag} {value:g} is not accepted; accepted: milliseconds > 0")
-            slo = slo.model_copy(update={field: PercentileLimits(p99_ms=value)})
-    workload = workload.model_copy(update={"slo": slo})
+    for flag, value in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-itl-ms", args.slo_itl_ms)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{flag} {value:g} is not accepted; accepted: milliseconds > 0")
+    overrides = Slo.p99(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms)
+    workload = workload.model_copy(update={"slo": workload.slo.overridden_by(overrides)})
     if workload.mean_rate_per_s is None:
         raise ConfigError(
             f"--workload {args.workload!r} is a closed batch: it has no arrival rate to plan "

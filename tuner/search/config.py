@@ -32,6 +32,7 @@ from tuner.errors import ConfigError
 from tuner.search.sampling import Objective
 from tuner.serving.load import LoadGenerators
 from tuner.sim.timing import TimingFactors
+from workloads.slo import Slo
 
 # A study's name names its run directory (runs/<study>) and its rows in a shared storage.
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -140,6 +141,11 @@ class TuneConfig(BaseModel):
     def _absolute(cls, value: Path | None) -> Path | None:
         # Child processes run in other directories: paths are absolute from here on.
         return None if value is None else value.absolute()
+
+    def slo_overrides(self) -> Slo:
+        """The objectives ``slo_ttft_ms`` and ``slo_itl_ms`` set (p99), which replace the
+        workload's own on those metrics (empty when neither is set)."""
+        return Slo.p99(ttft_ms=self.slo_ttft_ms, itl_ms=self.slo_itl_ms)
 
     def load_generators(self) -> LoadGenerators:
         """Who sends the load (ConfigError when the three settings do not go together)."""

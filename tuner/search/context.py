@@ -48,7 +48,7 @@ from tuner.vllm.space import (
     parse_range,
 )
 from tuner.vllm.versions import OLDEST_SUPPORTED, ReleaseFit, VllmVersion, assumed_release
-from workloads.spec import PercentileLimits, WorkloadSpec
+from workloads.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -229,12 +229,9 @@ def resolve_backend(config: TuneConfig, gpu_name: str | None) -> tuple[Backend, 
 
 
 def with_slo_overrides(spec: WorkloadSpec, config: TuneConfig) -> WorkloadSpec:
-    slo = spec.slo
-    if config.slo_ttft_ms is not None:
-        slo = slo.model_copy(update={"ttft": PercentileLimits(p99_ms=config.slo_ttft_ms)})
-    if config.slo_itl_ms is not None:
-        slo = slo.model_copy(update={"itl": PercentileLimits(p99_ms=config.slo_itl_ms)})
-    return spec.model_copy(update={"slo": slo})
+    """The workload with the SLO of ``--slo-ttft-ms`` / ``--slo-itl-ms`` in place of its own
+    objectives on those metrics."""
+    return spec.model_copy(update={"slo": spec.slo.overridden_by(config.slo_overrides())})
 
 
 def resolve(config: TuneConfig) -> TuneContext:

@@ -41,10 +41,10 @@ from tuner.search.budget import LaunchKind, TimeBudget
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.evaluate import Evaluation, live_server, predicted_plan
 from tuner.serving.gpu_sampler import GpuSummary, release_watch, wait_until_released
-from tuner.serving.live import Measurement, RecordTail, StopFactory
+from tuner.serving.live_server import LoadMeasurement, RecordTail, StopFactory
 from tuner.serving.load import LoadGenerators, plan_schedule
-from tuner.serving.metrics import read_metrics_csv
 from tuner.serving.processes import ChildRegistry
+from tuner.serving.prometheus_scrape import read_metrics_csv
 from tuner.serving.server import StartupResult, TrialOutcome
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
 from tuner.vllm.space import Knob, TrialParams
@@ -335,7 +335,7 @@ class BoundHold:
 
 
 class ProbeServer(Protocol):
-    """What a probe uses of a live server (``tuner.serving.live.LiveServer``)."""
+    """What a probe uses of a live server (``tuner.serving.live_server.LiveServer``)."""
 
     time_scale: float
     generators: LoadGenerators
@@ -365,7 +365,7 @@ class ProbeServer(Protocol):
         *,
         out_dir: Path,
         stop_when: StopFactory | None = None,
-    ) -> Measurement: ...
+    ) -> LoadMeasurement: ...
 
     def memory_released(self) -> bool | None:
         """After the stop: whether the device memory came back (None: not watched)."""
@@ -422,7 +422,7 @@ class LiveProbeServer:
         *,
         out_dir: Path,
         stop_when: StopFactory | None = None,
-    ) -> Measurement:
+    ) -> LoadMeasurement:
         return self.live.measure(workload, schedule, out_dir=out_dir, stop_when=stop_when)
 
     def memory_released(self) -> bool | None:
@@ -560,7 +560,7 @@ class EdgeSearch:
         began = time.monotonic()
         live = self.launcher(params, out)
         self._previous = live
-        measurement: Measurement | None = None
+        measurement: LoadMeasurement | None = None
         hold: WorstCaseHold | None = None
         launched = held_at = began
         with live:
@@ -639,7 +639,7 @@ class EdgeSearch:
         attempt: int,
         predicted_fits: bool | None,
         startup: StartupResult,
-        measurement: Measurement | None,
+        measurement: LoadMeasurement | None,
         hold: WorstCaseHold | None,
         gpu: GpuSummary | None,
         wall_s: float,

@@ -21,7 +21,7 @@ from tuner.search.context import StudySetup, TuneContext
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit, RateSearch, search_rate
 from tuner.serving.backlog import BacklogCheck
 from tuner.serving.gpu_sampler import GpuSummary
-from tuner.serving.live import KvFill, LiveServer, Measurement
+from tuner.serving.live_server import KvFill, LiveServer, LoadMeasurement
 from tuner.serving.load import plan_schedule, split_warmup
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec, StartupResult, TrialOutcome
@@ -29,7 +29,7 @@ from tuner.vllm.failures import StartupFailure
 from tuner.vllm.log import StartupReport
 from tuner.vllm.memory import MemoryPlan, plan
 from tuner.vllm.space import TrialParams
-from workloads.metrics import LoadResult
+from workloads.load_result import LoadResult
 from workloads.stationary import AnswerTimes
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class Verdict(StrEnum):
         return self is Verdict.MET
 
 
-class LevelSummary(BaseModel):
+class LevelRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     rate_per_s: float
@@ -96,8 +96,8 @@ class Evaluation(BaseModel):
     # The same goodput stated whole: in the workload's unit, requests/s, output tokens/s
     # (None in an evaluation.json written before it was: ``stated_goodput`` rebuilds it)
     goodput_figures: Goodput | None = None
-    best: LevelSummary | None = None
-    levels: list[LevelSummary] = []
+    best: LevelRecord | None = None
+    levels: list[LevelRecord] = []
     gpu: GpuSummary | None = None
     kv_fill: KvFill | None = None
     client_saturated: bool = False
@@ -333,8 +333,8 @@ def _evaluation(
     )
 
 
-def _summary(rate: float, met: bool, m: Measurement) -> LevelSummary:
-    return LevelSummary(
+def _summary(rate: float, met: bool, m: LoadMeasurement) -> LevelRecord:
+    return LevelRecord(
         rate_per_s=rate,
         met=met,
         stopped_early=m.stopped_early,

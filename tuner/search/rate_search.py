@@ -1,6 +1,6 @@
 """Goodput of one server: the highest request rate at which the workload's SLOs hold.
 
-On a live server (``tuner.serving.live.LiveServer``) the workload is sent at a first rate, then:
+On a live server (``tuner.serving.live_server.LiveServer``) the workload is sent at a first rate, then:
 
 * while every rate held, at a higher one, by a step the last level's evidence sets
   (``climb_step``): up to x2 while the latencies are far below their limits and the
@@ -22,9 +22,9 @@ Each level is one schedule at its own rate: a warm-up, then its window, which op
 only once the server is steady at that rate and lasts long enough for the SLO's
 percentiles (``tuner.serving.window``; multi-turn sessions are already under way from its
 first second, ``workloads.stationary``). A level whose SLO is already clearly broken
-stops early (``tuner.serving.live.StopRule``). A level that builds a backlog (its queue, KV usage
+stops early (``tuner.serving.live_server.StopRule``). A level that builds a backlog (its queue, KV usage
 or TTFT trends up through its window, ``tuner.serving.backlog``) is a miss whatever its
-percentiles say, and stops early once its queue clearly grows (``tuner.serving.live.WindowRule``).
+percentiles say, and stops early once its queue clearly grows (``tuner.serving.live_server.WindowRule``).
 Every level keeps its own directory with the load run's evidence (``window.json``,
 ``backlog.json``, ``turn_mix.json``, ``prompt_lengths.json``, ``metrics.csv``).
 
@@ -51,14 +51,15 @@ from pydantic import BaseModel, ConfigDict
 from tuner.search.level_evidence import write_level_evidence
 from tuner.serving.bracket import RateBracket
 from tuner.serving.level_schedule import CarryOn, drain_s, plan_level_schedule
-from tuner.serving.live import LevelChain, Measurement, StopFactory, StopRule
+from tuner.serving.live_server import LevelChain, LoadMeasurement, StopFactory, StopRule
 from tuner.serving.load import percentile_shares
 from tuner.serving.server import LaunchSpec, TrialOutcome
 from tuner.serving.window import LevelPlan
 from workloads.chain import LoadChain
 from workloads.prompts import prompt_builder_for
 from workloads.schedule import ScheduledRequest
-from workloads.spec import SloMetric, WorkloadSpec
+from workloads.slo import SloMetric
+from workloads.spec import WorkloadSpec
 from workloads.stationary import AnswerTimes, nearest_in_rate
 
 MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
@@ -146,13 +147,13 @@ class Goodput(BaseModel):
         )
 
 
-class Level(BaseModel):
+class RateLevel(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     index: int
     rate_per_s: float  # the workload's arrival rate at this level
     met: bool
-    measurement: Measurement
+    measurement: LoadMeasurement
 
 
 class RateSearch(BaseModel):
@@ -160,8 +161,8 @@ class RateSearch(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    levels: tuple[Level, ...]
-    best: Level | None  # the highest rate whose SLOs held
+    levels: tuple[RateLevel, ...]
+    best: RateLevel | None  # the highest rate whose SLOs held
     broken_rate_per_s: float | None  # the lowest rate whose SLOs broke
     died: bool  # the engine died under load
 
@@ -227,13 +228,13 @@ def goodput_text(goodput: float, bound: GoodputBound, unit: str = "req/s") -> st
     return f"{goodput:.2f} {unit}"
 
 
-def measured_answer_times(m: Measurement) -> AnswerTimes | None:
+def measured_answer_times(m: LoadMeasurement) -> AnswerTimes | None:
     """The mean TTFT and TPOT a level measured (the schedule's seconds)."""
     return AnswerTimes.of_means(m.load.ttft_ms.mean, m.load.tpot_ms.mean)
 
 
 def nearest_answer_times(
-    levels: list[Level], rate_per_s: float | None, fallback: AnswerTimes | None
+    levels: list[RateLevel], rate_per_s: float | None, fallback: AnswerTimes | None
 ) -> AnswerTimes | None:
     """The answer times to plan a level at ``rate_per_s`` with: those of the level that
     held nearest to it in rate (a level that broke measured a backlog's latencies), else
@@ -259,7 +260,7 @@ def stop_rule(spec: WorkloadSpec, expected_requests: int, time_scale: float) -> 
     )
 
 
-def correlation_floor(levels: list[Level], rate_per_s: float | None) -> float | None:
+def correlation_floor(levels: list[RateLevel], rate_per_s: float | None) -> float | None:
     """The longest correlation time of the server's state that a level which held at or
     below ``rate_per_s`` measured over its window (None: none has). Toward capacity the
     server's memory lengthens (its excursions grow and last), so a level above one that
@@ -290,7 +291,7 @@ def planned_requests(plan: LevelPlan, schedule: list[ScheduledRequest]) -> int:
     return max(own, math.ceil(plan.requests_per_s * until_s))
 
 
-def ends_clean(m: Measurement) -> bool:
+def ends_clean(m: LoadMeasurement) -> bool:
     """Whether a level leaves its server in the steady state of its rate, so the next
     level can carry on from it: not stopped early (a queue, the SLO clearly broken), no
     backlog built, the engine alive. Otherwise the next level starts a fresh run on a
@@ -301,13 +302,13 @@ def ends_clean(m: Measurement) -> bool:
     )
 
 
-def level_met(m: Measurement) -> bool:
+def level_met(m: LoadMeasurement) -> bool:
     """The SLOs held over the whole window, and the level ended clean (``ends_clean``: the
     engine lived and no backlog built up)."""
     return m.slo.met and ends_clean(m)
 
 
-def bracket(levels: list[Level]) -> tuple[Level | None, Level | None]:
+def bracket(levels: list[RateLevel]) -> tuple[RateLevel | None, RateLevel | None]:
     """The best level that held, and the lowest level above it that broke (or killed the
     engine); with no level held, the lowest level that broke (``RateBracket``'s ends)."""
     rates = _rates(levels, 0.0)
@@ -316,11 +317,11 @@ def bracket(levels: list[Level]) -> tuple[Level | None, Level | None]:
     return low, high
 
 
-def _rates(levels: list[Level], precision: float) -> RateBracket:
+def _rates(levels: list[RateLevel], precision: float) -> RateBracket:
     return RateBracket(precision, [(lv.rate_per_s, lv.met) for lv in levels])
 
 
-def climb_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
+def climb_step(spec: WorkloadSpec, m: LoadMeasurement, growth: float) -> float:
     """The factor from a level that held to the next rate while none has broken: what its
     evidence allows, between ``growth`` and ``max(MAX_STEP, growth)``.
 
@@ -341,7 +342,7 @@ def climb_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
     return min(top, max(growth, allowed))
 
 
-def descent_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
+def descent_step(spec: WorkloadSpec, m: LoadMeasurement, growth: float) -> float:
     """The factor down from a level that broke while none has held, between ``growth``
     (it barely missed) and ``max(MAX_STEP, growth)`` (halving):
 
@@ -361,7 +362,7 @@ def descent_step(spec: WorkloadSpec, m: Measurement, growth: float) -> float:
 
 
 class LevelServer(Protocol):
-    """What the search measures on: ``tuner.serving.live.LiveServer``, or a stand-in in tests."""
+    """What the search measures on: ``tuner.serving.live_server.LiveServer``, or a stand-in in tests."""
 
     launch: LaunchSpec
     time_scale: float
@@ -376,7 +377,7 @@ class LevelServer(Protocol):
         drain_s: float | None = None,
         level: LevelPlan | None = None,
         chain: LevelChain | None = None,
-    ) -> Measurement: ...
+    ) -> LoadMeasurement: ...
 
 
 def search_rate(
@@ -417,7 +418,7 @@ def search_rate(
     a first level that breaks there steps down by ``growth`` only: the earlier hold puts
     the capacity near, and a collapse's share of failed requests (``descent_step``)
     would overstate how far below it lies. A second break steps by its own evidence."""
-    levels: list[Level] = []
+    levels: list[RateLevel] = []
     closed = spec.mean_rate_per_s is None
     rate: float | None = None
     if not closed:
@@ -489,7 +490,7 @@ class _ChainedRuns:
         self.sent_on_run: dict[str, ScheduledRequest] = {}
 
     def for_level(
-        self, index: int, levels: list[Level], rate: float | None
+        self, index: int, levels: list[RateLevel], rate: float | None
     ) -> tuple[LevelChain | None, CarryOn | None]:
         """The run level ``index`` goes on, and how it carries on from the level before
         (None: it opens the run, from an empty server)."""
@@ -530,11 +531,11 @@ class _ChainedRuns:
 def _record_level(
     index: int,
     rate: float | None,
-    m: Measurement,
+    m: LoadMeasurement,
     schedule: list[ScheduledRequest],
     level_spec: WorkloadSpec,
     model_dir: Path | None,
-) -> Level:
+) -> RateLevel:
     """A measured level, its evidence written to its directory: the requests its window
     measured (``schedule``: those it could have) against the workload's stationary mix."""
     measured = schedule
@@ -547,4 +548,4 @@ def _record_level(
     write_level_evidence(
         Path(m.out_dir), measured, level_spec, prompt_builder=prompt_builder_for(model_dir)
     )
-    return Level(index=index, rate_per_s=rate or 0.0, met=level_met(m), measurement=m)
+    return RateLevel(index=index, rate_per_s=rate or 0.0, met=level_met(m), measurement=m)

@@ -52,14 +52,15 @@ from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
 from tuner.vllm.space import Knob, TrialParams, clamp
 from tuner.warmup import DEFAULT_MAX_REQUESTS, WarmupPlan, warmup_plan, warmup_script
-from workloads.metrics import Percentiles
+from workloads.load_result import Percentiles
+from workloads.slo import SloAsTexts
 from workloads.spec import WorkloadSpec
 
 HARNESS_VERSION = "0.1.0"
 WARMUP_MAX_REQUESTS_TO_FILL = 1000  # a warm-up to a KV-cache fill stops at the fill first
 
 
-class Measured(BaseModel):
+class ConfirmationResult(BaseModel):
     """What one variant's confirmation run measured (emulated time on the simulator)."""
 
     model_config = ConfigDict(frozen=True)
@@ -116,7 +117,7 @@ class Variant(BaseModel):
     flags: dict[str, object]
     params: TrialParams
     utilization_headroom: float | None  # utilization kept below the edge
-    measured: Measured | None
+    measured: ConfirmationResult | None
     command: str
     config_hash: str
 
@@ -169,7 +170,7 @@ class Recommendation(BaseModel):
     simulated: bool
     vllm_version: str
     workload: str
-    slo: list[str]
+    slo: SloAsTexts  # recorded as its objectives' texts, e.g. "ttft p99 <= 2000 ms"
     objective: str
     best_trial: int
     recommended: Variant
@@ -299,7 +300,7 @@ def variant_params(
     }
 
 
-def measured_of(runs: list[Evaluation]) -> Measured:
+def measured_of(runs: list[Evaluation]) -> ConfirmationResult:
     """The confirmation runs of one variant; latencies at the rate goodput was measured at,
     or, when no rate met the SLOs, at the last rate measured (how far it missed)."""
     last = runs[-1]
@@ -310,7 +311,7 @@ def measured_of(runs: list[Evaluation]) -> Measured:
         return None if best is None else cast(Percentiles, getattr(best, name))
 
     goodputs = [r.goodput for r in runs]
-    return Measured(
+    return ConfirmationResult(
         goodput_figures=Goodput.mean([r.stated_goodput for r in runs]),
         verdict=last.verdict,
         goodput=statistics.fmean(goodputs),
@@ -353,7 +354,7 @@ def confirm(
     deadline_s: float | None = None,
     level_s: float = 0.0,
     skipped: list[str] | None = None,
-) -> Measured | None:
+) -> ConfirmationResult | None:
     """``repeats`` runs of ``params`` from ``start_rate_per_s``; ``start_held``: a trial of
     these settings held there or above (``search_rate``). With ``budget``, a run is
     launched only when its launch (as measured) and ``max_levels`` levels of ``level_s``
@@ -398,7 +399,7 @@ def make_variant(
     ctx: TuneContext,
     name: str,
     params: TrialParams,
-    measured: Measured | None,
+    measured: ConfirmationResult | None,
     edge: EdgeResult | None,
 ) -> Variant:
     cfg = deployment(ctx, params)
@@ -488,7 +489,7 @@ def recommend(
             value = getattr(params, r.knob.field)
             if value is not None and r.knob is not Knob.GPU_MEMORY_UTILIZATION:
                 params = params.model_copy(update={r.knob.field: clamp(r, value)})
-        measured: Measured | None = None
+        measured: ConfirmationResult | None = None
         if ctx.config.confirm:
             repeats = ctx.config.repeats if name == "recommended" else 1
             # The recommendation starts where the best trial held (or lower, if the
@@ -550,10 +551,7 @@ def recommend(
         simulated=ctx.backend is Backend.SIM,
         vllm_version=ctx.release,  # the release measured (installed), for the gate
         workload=ctx.workload.name,
-        slo=[
-            f"{o.metric.value} p{o.percentile} <= {o.limit_ms:g} ms"
-            for o in ctx.workload.slo.objectives()
-        ],
+        slo=ctx.workload.slo,
         objective=ctx.config.objective.value,
         best_trial=best_number,
         recommended=recommended,

@@ -484,7 +484,7 @@ def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) 
     for line in r.command.splitlines():
         progress(f"  {line}")
     if r.measured is not None:
-        progress(f"  goodput {r.measured.stated_goodput.text()} within {'; '.join(rec.slo)}")
+        progress(f"  goodput {r.measured.stated_goodput.text()} within {rec.slo.text()}")
     if rec.default is not None and rec.default.measured is not None:
         progress(f"  vLLM defaults: goodput {rec.default.measured.stated_goodput.text()}")
     if rec.edge is not None and rec.edge.utilization is not None and not rec.edge.probes:

@@ -2,8 +2,8 @@
 
 The server's lifecycle for both backends (``server``), the registry that stops every
 child on exit and after a crash (``processes``), the NVML sampler (``gpu_sampler``),
-``/metrics`` scraping (``metrics``), load runs through the Locust runner (``load``),
-the live server of one trial and its levels (``live``), and the steady-state tests a
+``/metrics`` scraping (``prometheus_scrape``), load runs through the Locust runner (``load``),
+the live server of one trial and its levels (``live_server``), and the steady-state tests a
 level's window is judged by (``window``: when it opens; ``backlog``: whether a queue
 builds), a level's workload and schedule (``level_schedule``) and the rate bracket
 (``bracket``), both shared by the live rate search and the twin.

@@ -6,7 +6,7 @@ percentiles say (a few seconds above capacity still meet a generous TTFT objecti
 while the queue grows without bound). This module decides it from what a level left
 behind, and nothing else (pure: no processes, no I/O):
 
-- the /metrics timeline (``tuner.serving.metrics.MetricsSample``): ``waiting`` requests and
+- the /metrics timeline (``tuner.serving.prometheus_scrape.MetricsSample``): ``waiting`` requests and
   ``kv_usage`` (fraction of the KV cache in use) against time;
 - the request records (``workloads.schedule.RequestRecord``): each streamed request's
   TTFT, from its intended send time, against that send time. A request cut off before
@@ -52,7 +52,7 @@ from enum import StrEnum
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from tuner.serving.metrics import MetricsSample
+from tuner.serving.prometheus_scrape import MetricsSample
 from workloads.load_errors import ABORTED
 from workloads.schedule import RequestRecord
 

@@ -17,7 +17,8 @@ from tuner.serving.load import plan_schedule, split_warmup
 from tuner.serving.window import LevelPlan, plan_level
 from workloads.replay import on_busiest_stretch, pass_s
 from workloads.schedule import ScheduledRequest, carries_on
-from workloads.spec import SessionStart, SloMetric, WarmupSpec, WorkloadSpec
+from workloads.slo import SloMetric
+from workloads.spec import SessionStart, WarmupSpec, WorkloadSpec
 from workloads.stationary import AnswerTimes
 
 PROVISIONAL_S = 30.0  # a level's first schedule, to read its request rate from

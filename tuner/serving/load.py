@@ -23,7 +23,7 @@ from tuner.errors import ConfigError, WorkloadLoadError
 from tuner.serving.processes import ChildRegistry
 from workloads.build import build_schedule
 from workloads.load_errors import LoadConfigError, LoadGeneratorError
-from workloads.metrics import LoadResult, Slo
+from workloads.load_result import LoadResult
 from workloads.prompts import prompt_builder_for
 from workloads.runner import (
     GeneratorNames,
@@ -236,7 +236,6 @@ def run_schedule(
     as they got (``LoadResult.from_records``).
     """
     schedule = scaled_schedule(schedule, time_scale)
-    slo = Slo.of_workload(spec)
     # A session's later turn waits for the answer it extends; one that would then go out
     # after the window (the builder plans none at or after its end, duration_s from the
     # schedule's start) is not sent.
@@ -251,11 +250,7 @@ def run_schedule(
         )  # fmt: skip
     except (LoadConfigError, LoadGeneratorError) as exc:
         raise WorkloadLoadError(f"load run failed: {exc}") from exc
-    wall_slo = Slo(
-        ttft_ms=None if slo.ttft_ms is None else slo.ttft_ms * time_scale,
-        tpot_ms=None if slo.tpot_ms is None else slo.tpot_ms * time_scale,
-        e2e_ms=None if slo.e2e_ms is None else slo.e2e_ms * time_scale,
-    )
+    wall_slo = spec.slo.scaled(time_scale)
     window_s = spec.duration_s * time_scale
     result = LoadResult.from_file(
         run.records_path, slo=wall_slo, window_s=window_s, cut_short=cut_short
@@ -298,14 +293,8 @@ def summarise_records(
 ) -> tuple[LoadResult, SloVerdict]:
     """Some records of a run (e.g. one level's measured window, ``window_s`` emulated
     seconds) against the workload's SLOs, in the emulated GPU's time (see run_schedule)."""
-    slo = Slo.of_workload(spec)
     k = time_scale
-    wall_slo = Slo(
-        ttft_ms=None if slo.ttft_ms is None else slo.ttft_ms * k,
-        tpot_ms=None if slo.tpot_ms is None else slo.tpot_ms * k,
-        e2e_ms=None if slo.e2e_ms is None else slo.e2e_ms * k,
-    )
     result = LoadResult.from_records(
-        records, slo=wall_slo, window_s=window_s * k, cut_short=cut_short
+        records, slo=spec.slo.scaled(k), window_s=window_s * k, cut_short=cut_short
     ).in_virtual_time(k)
     return result, slo_verdict(spec, result)

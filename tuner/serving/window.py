@@ -89,7 +89,7 @@ from tuner.serving.backlog import (
     trend,
 )
 from tuner.serving.correlation import correlation_time_s
-from tuner.serving.metrics import MetricsSample
+from tuner.serving.prometheus_scrape import MetricsSample
 from workloads.replay import pass_s, window_in_pass_s
 from workloads.schedule import ScheduledRequest
 from workloads.spec import WorkloadSpec

@@ -30,8 +30,6 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.sim.driver import EngineDriver, EngineFailure, RequestStream, Token
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
-from tuner.sim.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from tuner.sim.metrics import ServerMetrics
 from tuner.sim.openai_format import (
     DONE_EVENT,
     ApiError,
@@ -44,6 +42,8 @@ from tuner.sim.openai_format import (
     parse_generation,
     sse_event,
 )
+from tuner.sim.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from tuner.sim.prometheus import ServerMetrics
 from tuner.sim.serve_log import (
     ENGINE_DEAD_TEXT,
     IntervalStats,

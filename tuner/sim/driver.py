@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuner.sim.engine import EngineDead, FinishReason, SimEngine, SimRequest
-from tuner.sim.metrics import EngineSnapshot, FinishedRequest, ServerMetrics
+from tuner.sim.prometheus import EngineSnapshot, FinishedRequest, ServerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.sim.deferred import DeferredStepper, StepOutcome
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.openai_format import EMPTY_PROMPT_MESSAGE, context_length_message
-from workloads.metrics import Percentiles, Slo
+from workloads.load_result import Percentiles
+from workloads.slo import Slo
 from workloads.traces import TraceRecord, prefix_free_digits
 
 

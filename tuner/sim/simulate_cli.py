@@ -107,7 +107,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from tuner.vllm.models import resolve_model
     from tuner.vllm.versions import VllmVersion
     from workloads.arrivals import replay_trace
-    from workloads.metrics import Slo
+    from workloads.slo import Slo
     from workloads.traces import TraceError, load_trace, resolve_trace
 
     _check_values(args)
@@ -142,7 +142,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     chosen = policies if args.compare_eviction else [args.prefix_cache_eviction]
-    slo = Slo(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
+    slo = Slo.p99(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
     results = {}
     for policy in chosen:
         options = SimOptions(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tuner.sim.simulate import FailedRequests, SimulationResult
-from workloads.metrics import Percentiles
+from workloads.load_result import Percentiles
 
 
 def _ms(value: float | None) -> str:

@@ -35,8 +35,9 @@ from tuner.serving.window import WindowOpening
 from tuner.sim.timing import TimingFactors
 from tuner.twin.prediction import Setup, simulate_schedule
 from tuner.vllm.memory import ServingParams
-from workloads.metrics import LoadResult, Percentiles, Slo
+from workloads.load_result import LoadResult, Percentiles
 from workloads.schedule import ScheduledRequest, read_records, read_schedule
+from workloads.slo import Slo
 
 FIT_QUANTILES = ("p50", "p90")
 FIT_METRICS = ("ttft_ms", "tpot_ms")

@@ -31,11 +31,11 @@ from tuner.vllm.memory import MemoryPlan, ServingParams
 from tuner.vllm.models import ModelSpec
 from tuner.vllm.versions import VllmVersion
 from workloads.build import build_schedule
-from workloads.metrics import Slo
 from workloads.prompts import RememberingWordPromptBuilder
 from workloads.replay import window_in_pass_s
 from workloads.schedule import ScheduledRequest
-from workloads.spec import SloMetric, WorkloadSpec
+from workloads.slo import Slo, SloMetric
+from workloads.spec import WorkloadSpec
 from workloads.stationary import AnswerTimes, expected_turns, lookback_s, nearest_in_rate
 from workloads.traces import TraceRecord
 
@@ -164,7 +164,7 @@ def predict(setup: Setup, spec: WorkloadSpec, rate_per_s: float | None = None) -
     origin = min((r.send_s for r in schedule), default=0.0)
     schedule = [_shift(r, origin) for r in schedule]
     limits = {o.metric: o.limit_ms for o in spec.slo.objectives()}
-    slo = Slo.of_workload(spec)
+    slo = spec.slo
     # Cut where a measured level is cut (tuner.serving.level_schedule.drain_s), not at the last answer.
     drain = max(4.0, 1.5 * limits.get(SloMetric.TTFT, 0.0) / 1000.0)
     plan, result = simulate_schedule(
@@ -244,7 +244,7 @@ def steady_run(
         schedule = [_shift(r, origin) for r in schedule]
     start, end = (None, None) if closed else (warmup_s, warmup_s + window_s)
     plan, result = simulate_schedule(
-        setup, schedule, Slo.of_workload(level),
+        setup, schedule, level.slo,
         stop_at_s=None if closed else warmup_s + window_s + drain_s(level),
         measure_from_s=start, measure_to_s=end, sample_every_s=SAMPLE_EVERY_S,
         step_by_step=step_by_step,

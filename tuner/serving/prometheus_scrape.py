@@ -81,7 +81,7 @@ class KvUsageWatcher:
     value) and a timeline of usage, running and waiting requests and preemptions.
 
     With ``csv_path`` each sample is also appended to that CSV as it is taken, so a rule
-    that reads the run's directory (``tuner.serving.live.BacklogStopRule``) sees the timeline so far."""
+    that reads the run's directory (``tuner.serving.live_server.BacklogStopRule``) sees the timeline so far."""
 
     def __init__(
         self, base_url: str, interval_s: float = 0.5, *, csv_path: Path | None = None

@@ -31,11 +31,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from workloads.load_errors import ABORTED, was_sent
 from workloads.schedule import RequestRecord, read_records
-from workloads.spec import SloMetric, WorkloadSpec
+from workloads.slo import Slo, SloMetric
 
 DEFAULT_PROMPT_BUCKETS: tuple[int, ...] = (0, 512, 2048, 4096, 8192)
 
@@ -80,40 +80,6 @@ class Percentiles(BaseModel):
         )
 
 
-class Slo(BaseModel):
-    """Latency objectives a request must all meet to count towards goodput (None: no limit).
-
-    The one per-request SLO of the project: a live run's records and the simulated
-    engine's requests are counted against it alike."""
-
-    model_config = ConfigDict(frozen=True)
-
-    ttft_ms: float | None = Field(default=None, gt=0)
-    tpot_ms: float | None = Field(default=None, gt=0)
-    e2e_ms: float | None = Field(default=None, gt=0)
-
-    @classmethod
-    def of_workload(cls, spec: WorkloadSpec) -> Slo:
-        """A workload's per-request limits: the tightest one given for each of TTFT, TPOT
-        and end-to-end latency (an ITL objective is a percentile over tokens, not a
-        per-request limit)."""
-        keys = {SloMetric.TTFT: "ttft_ms", SloMetric.TPOT: "tpot_ms", SloMetric.E2E: "e2e_ms"}
-        limits: dict[str, float] = {}
-        for objective in spec.slo.objectives():
-            key = keys.get(objective.metric)
-            if key is not None:
-                limits[key] = min(limits.get(key, objective.limit_ms), objective.limit_ms)
-        return cls(**limits)
-
-    def met_by(self, *, ttft_ms: float, tpot_ms: float, e2e_ms: float) -> bool:
-        """Whether one request's latencies meet every limit."""
-        return (
-            (self.ttft_ms is None or ttft_ms <= self.ttft_ms)
-            and (self.tpot_ms is None or tpot_ms <= self.tpot_ms)
-            and (self.e2e_ms is None or e2e_ms <= self.e2e_ms)
-        )
-
-
 class BucketLatency(BaseModel):
     """Latency of the requests whose prompt length falls in [min_prompt_tokens, max_prompt_tokens)."""
 
@@ -146,8 +112,8 @@ class LoadResult(BaseModel):
     output_token_throughput: float
     output_tokens: int
     prompt_tokens: int
-    slo: Slo | None
-    num_good: int  # completed requests that met every objective of the SLO
+    slo: Slo | None  # what goodput counted requests against (its per-request limits)
+    num_good: int  # completed requests that met every per-request limit of the SLO
     goodput: float
     ttft_ms: Percentiles
     itl_ms: Percentiles
@@ -161,6 +127,18 @@ class LoadResult(BaseModel):
     # Streamed requests cut off in flight when a run was stopped after its window
     # (``cut_short``): counted in the latencies with the timings they had.
     num_truncated: int = 0
+
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _slo_recorded_before(cls, value: object) -> object:
+        """A load result written before ``Slo`` was one type kept only the per-request
+        limits goodput used (``{"ttft_ms": 2000, "tpot_ms": 100, "e2e_ms": null}``): read
+        each as a p99 objective, the percentile every built-in workload and the
+        ``--slo-*-ms`` flags set (which one it was is not recorded)."""
+        legacy = {"ttft_ms", "tpot_ms", "e2e_ms"}
+        if isinstance(value, dict) and value and set(value) <= legacy:
+            return Slo.p99(**value)
+        return value
 
     @classmethod
     def from_records(
@@ -199,13 +177,16 @@ class LoadResult(BaseModel):
             window_s = _inferred_window_s(frame["scheduled_s"])
         duration_s = _duration_s(frame)
         good = timed["ok"].copy()
-        if slo is not None:
-            if slo.ttft_ms is not None:
-                good &= (1000 * ttft_s) <= slo.ttft_ms
-            if slo.tpot_ms is not None:  # one-token outputs have no TPOT: they meet it
-                good &= (1000 * tpot_s).reindex(timed.index, fill_value=0.0) <= slo.tpot_ms
-            if slo.e2e_ms is not None:
-                good &= (1000 * e2e_s.reindex(timed.index)) <= slo.e2e_ms
+        if slo is not None:  # each request against the SLO's per-request limits
+            ttft_limit = slo.request_limit_ms(SloMetric.TTFT)
+            tpot_limit = slo.request_limit_ms(SloMetric.TPOT)
+            e2e_limit = slo.request_limit_ms(SloMetric.E2E)
+            if ttft_limit is not None:
+                good &= (1000 * ttft_s) <= ttft_limit
+            if tpot_limit is not None:  # one-token outputs have no TPOT: they meet it
+                good &= (1000 * tpot_s).reindex(timed.index, fill_value=0.0) <= tpot_limit
+            if e2e_limit is not None:
+                good &= (1000 * e2e_s.reindex(timed.index)) <= e2e_limit
         num_good = int(good.sum())
         if len(timed) < len(ok):  # sampled streams: the sample's share of good ones
             num_good = round(num_good / len(timed) * num_completed) if len(timed) else 0
@@ -265,13 +246,7 @@ class LoadResult(BaseModel):
                 "request_throughput": self.request_throughput / k,
                 "output_token_throughput": self.output_token_throughput / k,
                 "goodput": self.goodput / k,
-                "slo": None
-                if self.slo is None
-                else Slo(
-                    ttft_ms=None if self.slo.ttft_ms is None else self.slo.ttft_ms * k,
-                    tpot_ms=None if self.slo.tpot_ms is None else self.slo.tpot_ms * k,
-                    e2e_ms=None if self.slo.e2e_ms is None else self.slo.e2e_ms * k,
-                ),
+                "slo": None if self.slo is None else self.slo.scaled(k),
                 "ttft_ms": self.ttft_ms.scaled(k),
                 "itl_ms": self.itl_ms.scaled(k),
                 "tpot_ms": self.tpot_ms.scaled(k),

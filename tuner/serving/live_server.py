@@ -58,14 +58,14 @@ from tuner.serving.load import (
     split_warmup,
     summarise_records,
 )
-from tuner.serving.metrics import (
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.prometheus_scrape import (
     KvUsageWatcher,
     MetricsSample,
     ServerCounters,
     read_metrics_csv,
     scrape,
 )
-from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec, ServerProcess, StartupResult, TrialOutcome
 from tuner.serving.window import (
     WINDOW_FILE,
@@ -78,7 +78,7 @@ from tuner.serving.window import (
 )
 from workloads.chain import LoadChain, Snapshot
 from workloads.load_errors import LoadConfigError, LoadGeneratorError
-from workloads.metrics import LoadResult
+from workloads.load_result import LoadResult
 from workloads.runner import client_saturation
 from workloads.schedule import (
     RequestRecord,
@@ -89,7 +89,8 @@ from workloads.schedule import (
     write_records,
     write_schedule,
 )
-from workloads.spec import SloMetric, WarmupSpec, WorkloadSpec
+from workloads.slo import SloMetric
+from workloads.spec import WarmupSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ SEGMENT_LEAD_S = 0.5
 SEGMENT_READ_BYTES_PER_S = 50e6
 
 
-class Measurement(BaseModel):
+class LoadMeasurement(BaseModel):
     """One measured load run on a live server, in the emulated GPU's time."""
 
     model_config = ConfigDict(frozen=True)
@@ -355,7 +356,7 @@ class LiveServer:
         drain_s: float | None = None,
         level: LevelPlan | None = None,
         chain: LevelChain | None = None,
-    ) -> Measurement:
+    ) -> LoadMeasurement:
         """One measured load run; /metrics deltas over exactly its window.
 
         ``chain`` (with ``level``): the level is the next segment of a rate search's
@@ -450,7 +451,7 @@ class LiveServer:
         stop_when: StopFactory | None,
         drain_s: float,
         level: LevelPlan,
-    ) -> Measurement:
+    ) -> LoadMeasurement:
         """A level as the next segment of the search's chained run: the server is not
         drained between levels, and the conversations under way carry on into it
         (``workloads.chain``). Its window is measured as ``measure``'s is, from the run's
@@ -520,7 +521,7 @@ class LiveServer:
         watcher: KvUsageWatcher,
         peak_kv: float | None,
         window_rule: _BoundWindowRule | None,
-    ) -> Measurement:
+    ) -> LoadMeasurement:
         """A load run's measurement: its window's records against the SLO, the backlog
         guard's verdict (``backlog.json``), /metrics deltas, whether the engine died."""
         after = scrape(self.server.base_url)
@@ -560,7 +561,7 @@ class LiveServer:
             # (the window's few seconds after it may read steady once the load is cut).
             backlog = window_rule.check
         (out_dir / BACKLOG_JSON).write_text(backlog.model_dump_json(indent=2), "utf-8")
-        return Measurement(
+        return LoadMeasurement(
             out_dir=str(out_dir),
             outcome=died.outcome if died is not None else TrialOutcome.READY,
             load=load,
