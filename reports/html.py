@@ -41,22 +41,20 @@ from reports.charts import (
     probe_memory,
     tradeoffs,
 )
-from reports.run_data import (
+from reports.run_data import RunData, TrialRow, load_run
+from reports.twin import twin_section
+from tuner.errors import ReportError
+from tuner.run.layout import REPORT_HTML, RunLayout
+from tuner.run.levels import (
     NOT_RECORDED,
     LatencySamples,
     LevelEvidence,
-    RunData,
-    TrialRow,
     WindowRecord,
     level_evidence,
     level_latencies,
-    load_run,
     rebase,
     timeline,
 )
-from reports.twin import twin_section
-from tuner.errors import ReportError
-from tuner.rundir import REPORT_HTML, RunLayout
 from tuner.search.config import TuneConfig
 from tuner.search.edge import KnobEdge
 from tuner.search.evaluate import Evaluation, LevelSummary, Verdict

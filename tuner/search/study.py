@@ -15,7 +15,6 @@ Optuna itself is reached through ``tuner.search.optuna_store`` only.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -35,8 +34,9 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
 
-from tuner.errors import ConfigError, LogParseError
-from tuner.rundir import RunLayout, evaluation_json
+from tuner.errors import ConfigError, LogParseError, RunFileError
+from tuner.run.files import read_document
+from tuner.run.layout import RunLayout, evaluation_json
 from tuner.search import optuna_store
 from tuner.search.budget import RECENT_LAUNCHES, LaunchKind, TimeBudget
 from tuner.search.compile_cache import CompileLaunches
@@ -581,14 +581,16 @@ def check_run_dir(run_dir: Path, settings: StudySettings) -> None:
     if not path.is_file():
         return
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        doc = read_document(path)
+    except RunFileError as exc:
+        if exc.cause is None:  # JSON, but not an object
+            raise ConfigError(
+                f"run directory {run_dir}: its tune.json is not a tune run's record"
+            ) from None
         raise ConfigError(
-            f"run directory {run_dir} holds a tune.json that cannot be read ({exc}), so which "
-            "study it belongs to is unknown; accepted: another --run-dir"
+            f"run directory {run_dir} holds a tune.json that cannot be read ({exc.cause}), so "
+            "which study it belongs to is unknown; accepted: another --run-dir"
         ) from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"run directory {run_dir}: its tune.json is not a tune run's record")
     recorded = recorded_settings(doc)
     _refuse_other_settings(
         f"run directory {run_dir}", str(recorded.get("study", "?")), recorded, settings.flat()
@@ -1240,7 +1242,7 @@ class TrialLoop:
             return
         self.setup = self.setup.calibrated(calibration)
         self.study.set_user_attr("calibration", calibration.model_dump(mode="json"))
-        (ctx.run_dir / "calibration.json").write_text(
+        RunLayout(ctx.run_dir).calibration_json.write_text(
             calibration.model_dump_json(indent=2), encoding="utf-8"
         )
         self.progress(f"memory model calibrated from {calibration.source}")

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from tuner.rundir import RunLayout
+from tuner.run.layout import RunLayout
 from tuner.search.context import TuneContext
 from tuner.search.landscape import (
     Landscape,
