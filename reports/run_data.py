@@ -1,12 +1,12 @@
-"""A finished (or partial) tune run read back from its directory, for the report.
+"""The report's view of a finished (or partial) tune run, read through ``tuner.run``.
 
-Everything comes from what ``tuner tune`` left on disk (see ``tuner.search.tune`` for the
-layout), loaded with the models that wrote it: ``tune.json`` (``TuneRecord`` below),
+Everything comes from what ``tuner tune`` left on disk (``tuner.run.layout``), read by
+``tuner.run.reader.RunReader`` with the models that wrote it: ``tune.json`` (``TuneRecord``),
 ``summary.json`` (``TuneSummary``), ``study.db`` (the Optuna study: trial states,
 roles), ``trials/<n>/evaluation.json`` (``Evaluation``), ``edge/edge.json``
 (``EdgeResult``), ``confirm/<variant>/evaluation.json`` and
 ``recommendation/recommendation.json`` (``Recommendation``); per measured level, its
-steady-state evidence (``level_evidence``: ``window.json``, ``backlog.json``,
+steady-state evidence (``tuner.run.levels``: ``window.json``, ``backlog.json``,
 ``turn_mix.json``, ``prompt_lengths.json``, ``metrics.csv``). Paths recorded inside
 those files are absolute paths of the machine that ran the tune; they are rebased onto
 the run directory as it is now, so a copied or moved run still reports.
