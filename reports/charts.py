@@ -20,15 +20,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from reports.run_data import (
-    NOT_RECORDED,
-    LatencySamples,
-    LevelEvidence,
-    RunData,
-    Timeline,
-    TrialRow,
-)
+from reports.run_data import RunData, TrialRow
 from tuner.errors import TunerError
+from tuner.run.levels import NOT_RECORDED, LatencySamples, LevelEvidence, Timeline
 from tuner.search.edge import EdgeProbe, ProbeVerdict
 from tuner.search.evaluate import Evaluation, Verdict
 from tuner.serving.server import TrialOutcome

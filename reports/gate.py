@@ -40,10 +40,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tuner.errors import ConfigError
-from tuner.rundir import RunLayout, evaluation_json
-from tuner.search.evaluate import Evaluation, Verdict
-from tuner.search.recommend import HARNESS_VERSION, ConfirmationResult, Recommendation, measured_of
+from tuner.errors import ConfigError, RunFileError
+from tuner.run.reader import RunReader
+from tuner.search.evaluate import Verdict
+from tuner.search.recommend import HARNESS_VERSION, ConfirmationResult, measured_of
 from tuner.serving.server import Backend
 from tuner.vllm.versions import VllmVersion
 from workloads.slo import SloAsTexts
@@ -378,7 +378,8 @@ def _flags(flags: dict[str, object]) -> str:
 
 def load_run(run_dir: Path) -> RunFigures:
     """The figures of a finished `tuner tune` run's recommendation."""
-    path = RunLayout(run_dir).recommendation_json
+    reader = RunReader(run_dir)
+    path = reader.layout.recommendation_json
     if not run_dir.is_dir():
         raise ConfigError(
             f"run directory {str(run_dir)!r} does not exist; accepted: the run directory of a "
@@ -390,9 +391,12 @@ def load_run(run_dir: Path) -> RunFigures:
             "directory of a `tuner tune` that finished with a recommendation"
         )
     try:
-        rec = Recommendation.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError) as exc:
-        raise ConfigError(f"{str(path)!r} is not a readable recommendation: {_first(exc)}") from exc
+        rec = reader.recommendation()
+    except RunFileError as exc:
+        raise ConfigError(
+            f"{str(path)!r} is not a readable recommendation: {_first(exc.cause or exc)}"
+        ) from exc
+    assert rec is not None  # the file is there
     variant = rec.recommended
     measured = variant.measured
     if measured is None:
@@ -401,7 +405,7 @@ def load_run(run_dir: Path) -> RunFigures:
             "accepted: a run whose recommendation was confirmed"
         )
     notes: list[str] = []
-    repeats = _repeat_measurements(run_dir, variant.name, measured)
+    repeats = _repeat_measurements(reader, variant.name, measured)
     if repeats is None:
         repeats = [measured]
         if len(measured.goodput_runs) > 1:
@@ -444,7 +448,7 @@ def load_run(run_dir: Path) -> RunFigures:
 
 
 def _repeat_measurements(
-    run_dir: Path, variant: str, measured: ConfirmationResult
+    reader: RunReader, variant: str, measured: ConfirmationResult
 ) -> list[ConfirmationResult] | None:
     """Each confirmation repeat's measurement, from its evaluation.json (layout of
     ``tuner.search.recommend.confirm``: ``confirm/<variant>`` for one run, ``<variant>-<i>`` for
@@ -452,13 +456,14 @@ def _repeat_measurements(
     n = len(measured.goodput_runs)
     if n == 0:
         return None
-    names = [variant] if n == 1 else [f"{variant}-{i}" for i in range(n)]
+    repeats: list[int | None] = [None] if n == 1 else list(range(n))
     out: list[ConfirmationResult] = []
-    for name, goodput in zip(names, measured.goodput_runs, strict=True):
-        path = evaluation_json(RunLayout(run_dir).confirm_dir / name)
+    for repeat, goodput in zip(repeats, measured.goodput_runs, strict=True):
         try:
-            evaluation = Evaluation.model_validate_json(path.read_bytes())
-        except (OSError, ValidationError):
+            evaluation = reader.evaluation(reader.confirmation_dir(variant, repeat))
+        except RunFileError:
+            return None
+        if evaluation is None:
             return None
         one = measured_of([evaluation])
         if not math.isclose(one.goodput, goodput, rel_tol=1e-9, abs_tol=1e-12):

@@ -41,22 +41,20 @@ from reports.charts import (
     probe_memory,
     tradeoffs,
 )
-from reports.run_data import (
+from reports.run_data import RunData, TrialRow, load_run
+from reports.twin import twin_section
+from tuner.errors import ReportError
+from tuner.run.layout import REPORT_HTML, RunLayout
+from tuner.run.levels import (
     NOT_RECORDED,
     LatencySamples,
     LevelEvidence,
-    RunData,
-    TrialRow,
     WindowRecord,
     level_evidence,
     level_latencies,
-    load_run,
     rebase,
     timeline,
 )
-from reports.twin import twin_section
-from tuner.errors import ReportError
-from tuner.rundir import REPORT_HTML, RunLayout
 from tuner.search.config import TuneConfig
 from tuner.search.edge import KnobEdge
 from tuner.search.evaluate import Evaluation, LevelRecord, Verdict
@@ -1113,7 +1111,7 @@ def _how(data: RunData) -> dict[str, Any]:
         ("Objective", c.objective.value),
         ("Trials asked / budget", f"{c.trials} trials within {c.budget_min:g} min"),
         ("Seed", str(c.seed)),
-        ("Measured rates per trial", f"up to {c.max_levels}, {_level_text(c)}"),
+        ("ConfirmationResult rates per trial", f"up to {c.max_levels}, {_level_text(c)}"),
         ("Screening by the memory model", "on" if c.screen else "off"),
         ("OOM-edge search", f"up to {c.max_edge_launches} + {c.seqs_edge_launches} launches, "
          f"the worst case held at most {c.edge_load_s:g} s each, resolution {c.edge_resolution:g}"

@@ -21,6 +21,8 @@ Third-party exceptions are wrapped where they enter (``raise ... from exc``).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class TunerError(Exception):
     """Root of the tuner's own errors; shown to the user as one line."""
@@ -60,6 +62,17 @@ class ReportError(TunerError):
 
 class RunDirError(TunerError):
     """A run (or trial) directory cannot be created or written."""
+
+
+class RunFileError(TunerError):
+    """A run's file cannot be read or is not what its name says (``tuner.run.files``):
+    ``path``, and ``reason`` in one line (``cause``: the OSError or ValidationError)."""
+
+    def __init__(self, path: Path, reason: str, cause: Exception | None = None) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+        self.cause = cause
 
 
 class WorkloadLoadError(TunerError):

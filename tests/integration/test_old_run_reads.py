@@ -11,7 +11,7 @@ import pytest
 
 from reports.html import write_report_noting
 from reports.run_data import load_run
-from tuner.rundir import RunLayout, evaluation_json
+from tuner.run.layout import RunLayout, evaluation_json
 
 pytestmark = pytest.mark.integration
 

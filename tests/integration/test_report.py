@@ -26,8 +26,8 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from reports.html import write_report
-from reports.run_data import TuneRecord
 from tuner.errors import ReportError
+from tuner.run.records import TuneRecord
 from tuner.search.edge import EdgeResult
 from tuner.search.evaluate import Evaluation
 from tuner.search.recommend import Recommendation
@@ -612,7 +612,7 @@ def test_pareto_front_keeps_only_undominated_points() -> None:
 def test_gpu_timeline_is_placed_on_the_metrics_clock_only_when_it_fits(tmp_path: Path) -> None:
     import os
 
-    from reports.run_data import timeline
+    from tuner.run.levels import timeline
     from tuner.serving.gpu_sampler import TIMELINE_COLUMNS
 
     level = tmp_path / "level-0"

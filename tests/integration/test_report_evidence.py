@@ -27,7 +27,7 @@ from reports.html import (
     _window_part,
     write_report,
 )
-from reports.run_data import NOT_RECORDED, level_evidence, rebase
+from tuner.run.levels import NOT_RECORDED, level_evidence, rebase
 from tuner.search.evaluate import Evaluation, LevelRecord
 from tuner.search.level_evidence import PROMPT_LENGTHS_FILE, PromptLengthMix, write_level_evidence
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend

@@ -22,7 +22,7 @@ from reports.charts import memory_context
 from reports.html import write_report_noting
 from reports.run_data import load_run
 from tuner.capacity.calibration import read_run
-from tuner.rundir import RunLayout
+from tuner.run.layout import RunLayout
 from tuner.search.config import load_config
 from tuner.search.context import resolve
 from tuner.search.tune import describe

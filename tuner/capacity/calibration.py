@@ -22,15 +22,14 @@ multi-GPU error to the range (its all-reduces are not what that run calibrated).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import ConfigError
-from tuner.rundir import RunLayout
+from tuner.errors import ConfigError, RunFileError
+from tuner.run.reader import RunReader
 from tuner.search.recommend import Recommendation
 from tuner.sim.timing import TimingFactors
 from tuner.twin.fit import GOODPUT_TOLERANCE, TrialFit, read_twin
@@ -106,15 +105,22 @@ class CalibrationRun:
 
 def read_run(run_dir: Path) -> CalibrationRun:
     """A ``--from`` run directory; ConfigError of one line when it is not one."""
-    layout = RunLayout(run_dir)
+    reader = RunReader(run_dir)
+    layout = reader.layout
     accepted = "accepted: the run directory of a `tuner tune` (it holds tune.json and twin.json)"
-    if not layout.tune_json.is_file():
+    if not reader.is_run():
         raise ConfigError(f"--from {str(run_dir)!r} has no tune.json; {accepted}")
     try:
-        tune = json.loads(layout.tune_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--from {str(run_dir)!r}: tune.json cannot be read ({exc}); {accepted}") from exc  # fmt: skip
-    if not isinstance(tune, dict) or not tune.get("gpu"):
+        tune = reader.tune_document()
+    except RunFileError as exc:
+        if not isinstance(exc.cause, OSError | ValueError):  # a document, not an object
+            raise ConfigError(
+                f"--from {str(run_dir)!r} was tuned on no GPU type (vLLM's CPU build): its step "
+                "costs are a CPU's; accepted: a tune on a GPU (real, or the simulated engine's "
+                "profile of one)"
+            ) from exc
+        raise ConfigError(f"--from {str(run_dir)!r}: tune.json cannot be read ({exc.cause}); {accepted}") from exc  # fmt: skip
+    if not tune.get("gpu"):
         raise ConfigError(
             f"--from {str(run_dir)!r} was tuned on no GPU type (vLLM's CPU build): its step "
             "costs are a CPU's; accepted: a tune on a GPU (real, or the simulated engine's "
@@ -122,13 +128,10 @@ def read_run(run_dir: Path) -> CalibrationRun:
         )
     gpu = recorded_gpu(str(tune["gpu"]), tune.get("gpu_profile"))  # as the run planned
     twin = read_twin(run_dir) if layout.twin_json.is_file() else None
-    rec: Recommendation | None = None
-    rec_path = layout.recommendation_dir / "recommendation.json"
-    if rec_path.is_file():
-        try:
-            rec = Recommendation.model_validate_json(rec_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            rec = None  # an older or damaged recommendation: its factors still count
+    try:
+        rec = reader.recommendation()
+    except RunFileError:
+        rec = None  # an older or damaged recommendation: its factors still count
     if twin is None and rec is None:
         raise ConfigError(
             f"--from {str(run_dir)!r} has neither twin.json nor a recommendation; "

@@ -36,7 +36,7 @@ from typing import Any, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from tuner.rundir import RunLayout
+from tuner.run.layout import RunLayout
 from tuner.search.budget import LaunchKind, TimeBudget
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.evaluate import Evaluation, live_server, predicted_plan
@@ -907,5 +907,5 @@ def find_edge(
         ),
     )
     search.out_dir.mkdir(parents=True, exist_ok=True)
-    (search.out_dir / "edge.json").write_text(result.model_dump_json(indent=2), encoding="utf-8")
+    RunLayout(ctx.run_dir).edge_json.write_text(result.model_dump_json(indent=2), encoding="utf-8")
     return result

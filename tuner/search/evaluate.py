@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.rundir import evaluation_json
+from tuner.run.layout import evaluation_json
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit, RateSearch, search_rate
 from tuner.serving.backlog import BacklogCheck

@@ -41,7 +41,7 @@ from tuner.deploy import (
     warmup_plan_of,
 )
 from tuner.drain import drain_timing
-from tuner.rundir import RECOMMENDATION_JSON, RunLayout
+from tuner.run.layout import RECOMMENDATION_JSON, RunLayout
 from tuner.search.budget import LaunchKind, TimeBudget
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.edge import EdgeResult

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError, TunerError
-from tuner.rundir import RunLayout
+from tuner.run.layout import RunLayout
 from tuner.search import optuna_store
 from tuner.search.budget import FINISH_S, TimeBudget, launch_prior_s
 from tuner.search.config import TuneConfig

@@ -36,7 +36,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.errors import WorkloadLoadError
-from tuner.rundir import BACKLOG_JSON
+from tuner.run.layout import BACKLOG_JSON
 from tuner.serving.backlog import BacklogCheck, check_backlog, clearly_growing
 from tuner.serving.gpu_sampler import (
     GpuSampler,

@@ -77,7 +77,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.rundir import WINDOW_JSON
+from tuner.run.layout import WINDOW_JSON
 from tuner.serving.backlog import (
     KV_MARGIN,
     MIN_POINTS,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError, TraceReadError
-from tuner.rundir import RunLayout
+from tuner.run.layout import RunLayout
 from tuner.sim import flag_values as check
 from tuner.sim.timing import TimingFactors
 from tuner.vllm.flags import add_memory_flags, params_from_args

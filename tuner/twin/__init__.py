@@ -7,7 +7,7 @@ picks the twin-guided search makes from that landscape (``screen``) and the step
 fitted to the levels a tune measured, with the twin's accuracy on them (``fit``).
 
 May import ``tuner.sim``, ``tuner.serving`` (a level's schedule, the steady-state and
-backlog tests), ``tuner.vllm``, ``tuner.errors``, ``tuner.rundir`` and ``workloads``;
+backlog tests), ``tuner.vllm``, ``tuner.errors``, ``tuner.run.layout`` and ``workloads``;
 never ``tuner.search``, ``tuner.capacity``, ``tuner.cli`` or ``reports``: the search and
 capacity import the twin, not the other way round.
 """

@@ -30,7 +30,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
-from tuner.rundir import WINDOW_JSON, RunLayout
+from tuner.run.layout import WINDOW_JSON, RunLayout
 from tuner.serving.window import WindowOpening
 from tuner.sim.timing import TimingFactors
 from tuner.twin.prediction import Setup, simulate_schedule

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from tuner.rundir import RunLayout
+from tuner.run.layout import RunLayout
 from tuner.serving.level_schedule import plan_level_schedule
 from tuner.sim.timing import TimingFactors
 from tuner.twin.landscape import (

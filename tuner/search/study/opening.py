@@ -6,7 +6,6 @@ running failed and retried with the same settings.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import zlib
@@ -14,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import ConfigError
-from tuner.rundir import RunLayout
+from tuner.errors import ConfigError, RunFileError
+from tuner.run.files import read_document
+from tuner.run.layout import RunLayout
 from tuner.search import optuna_store
 from tuner.search.context import TuneContext
 from tuner.search.optuna_store import (
@@ -56,14 +56,16 @@ def check_run_dir(run_dir: Path, settings: StudySettings) -> None:
     if not path.is_file():
         return
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        doc = read_document(path)
+    except RunFileError as exc:
+        if exc.cause is None:  # JSON, but not an object
+            raise ConfigError(
+                f"run directory {run_dir}: its tune.json is not a tune run's record"
+            ) from None
         raise ConfigError(
-            f"run directory {run_dir} holds a tune.json that cannot be read ({exc}), so which "
-            "study it belongs to is unknown; accepted: another --run-dir"
+            f"run directory {run_dir} holds a tune.json that cannot be read ({exc.cause}), so "
+            "which study it belongs to is unknown; accepted: another --run-dir"
         ) from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"run directory {run_dir}: its tune.json is not a tune run's record")
     recorded = recorded_settings(doc)
     refuse_other_settings(
         f"run directory {run_dir}", str(recorded.get("study", "?")), recorded, settings.flat()

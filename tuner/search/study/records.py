@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from tuner.rundir import evaluation_json
+from tuner.run.layout import evaluation_json
 from tuner.search import optuna_store
 from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.optuna_store import (

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tuner.errors import ConfigError, LogParseError
-from tuner.rundir import RunLayout
+from tuner.run.layout import RunLayout
 from tuner.search import optuna_store
 from tuner.search.budget import RECENT_LAUNCHES, LaunchKind, TimeBudget
 from tuner.search.compile_cache import CompileLaunches
@@ -590,7 +590,7 @@ class TrialLoop:
             return
         self.setup = self.setup.calibrated(calibration)
         self.study.set_user_attr("calibration", calibration.model_dump(mode="json"))
-        (ctx.run_dir / "calibration.json").write_text(
+        RunLayout(ctx.run_dir).calibration_json.write_text(
             calibration.model_dump_json(indent=2), encoding="utf-8"
         )
         self.progress(f"memory model calibrated from {calibration.source}")

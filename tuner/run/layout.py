@@ -16,8 +16,10 @@ read what an older one wrote. ``RunLayout`` names each path once::
     <run>/recommendation/               recommendation.json and the deployable configs
     <run>/twin.json                     the twin's timing factors, fitted to the measured levels
     <run>/budget.json                   the time budget: every launch's seconds, every launch skipped
+    <run>/calibration.json              the memory model calibrated by the first launch's log
 
-Pure: no I/O beyond ``Path`` arithmetic; imports nothing of the tuner.
+Pure: no I/O beyond ``Path`` arithmetic; imports nothing of the tuner. Nothing outside
+``tuner.run`` spells one of these names (``tests/unit/test_run_names.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ BACKLOG_JSON = "backlog.json"  # in a level's directory: the backlog guard's ver
 TWIN_JSON = "twin.json"  # the twin's timing factors and every fit that led to them
 LANDSCAPE_JSON = "landscape.json"  # the twin's goodput for every setting of the space
 BUDGET_JSON = "budget.json"  # every launch's seconds and every launch skipped for time
+CALIBRATION_JSON = "calibration.json"  # the memory model calibrated by the first launch's log
 
 
 def level_name(index: int) -> str:
@@ -91,6 +94,10 @@ class RunLayout:
     @property
     def budget_json(self) -> Path:
         return self.root / BUDGET_JSON
+
+    @property
+    def calibration_json(self) -> Path:
+        return self.root / CALIBRATION_JSON
 
     @property
     def trials_dir(self) -> Path:
