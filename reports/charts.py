@@ -26,10 +26,9 @@ from tuner.run.levels import NOT_RECORDED, LatencySamples, LevelEvidence, Timeli
 from tuner.search.edge import EdgeProbe, ProbeVerdict
 from tuner.search.evaluate import Evaluation, Verdict
 from tuner.serving.server import TrialOutcome
-from tuner.vllm.gpus import GpuSpec, recorded_gpu
-from tuner.vllm.memory import Calibration, MemoryPlan, ServingParams, default_limits, plan
-from tuner.vllm.models import ModelSpec, resolve_model
-from tuner.vllm.space import Knob, TrialParams
+from tuner.vllm.gpus import GpuSpec
+from tuner.vllm.memory import default_limits
+from tuner.vllm.space import Knob
 from tuner.vllm.versions import VllmVersion
 from workloads.load_result import BucketLatency
 
@@ -96,58 +95,16 @@ def _layout(fig: go.Figure, *, height: int, **extra: Any) -> go.Figure:
     return fig
 
 
-# --- the memory model ---------------------------------------------------------------------
+# --- the memory model, as the run recorded it --------------------------------------------
 
 
-@dataclass
-class MemoryContext:
-    model: ModelSpec
-    gpu: GpuSpec
-    version: VllmVersion
-    base: ServingParams
-    reference: TrialParams  # the other knobs' values, held while the map varies these
-    calibration: Calibration | None
-
-    def plan_for(self, params: TrialParams) -> MemoryPlan:
-        return plan(self.model, self.gpu, params.serving(self.base), self.version, self.calibration)
-
-
-def memory_context(data: RunData) -> tuple[MemoryContext | None, str | None]:
-    """The memory model of the run's model, GPU and vLLM release, with its calibration."""
-    tune = data.tune
-    if tune.gpu is None:
-        return None, "no GPU profile (vLLM's CPU build): there is no device-memory boundary"
-    try:
-        gpu = recorded_gpu(tune.gpu, tune.gpu_profile)
-        version = VllmVersion.parse(tune.vllm_version)
-    except TunerError as exc:
-        return None, f"the memory model cannot be rebuilt: {exc}"
-    model: ModelSpec | None = None
-    problem = ""
-    for name in (tune.config.model, tune.model):
-        try:
-            model = resolve_model(name)
-            break
-        except TunerError as exc:
-            problem = str(exc)
-    if model is None:
-        return None, f"the memory model cannot be rebuilt here: {problem}"
-    ref_row = data.best_trial or data.default_trial
-    ref_eval = ref_row.evaluation if ref_row is not None else None
-    if ref_eval is None:
-        ref_eval = next((t.evaluation for t in data.trials if t.evaluation is not None), None)
-    reference = ref_eval.params if ref_eval is not None else TrialParams()
-    max_model_len = tune.config.max_model_len
-    if max_model_len is None and ref_eval is not None and ref_eval.predicted is not None:
-        max_model_len = ref_eval.predicted.max_model_len
-    base = ServingParams(
-        max_model_len=max_model_len, tensor_parallel_size=tune.config.tensor_parallel_size
-    )
-    ctx = MemoryContext(
-        model=model, gpu=gpu, version=version, base=base, reference=reference,
-        calibration=data.calibration,
-    )  # fmt: skip
-    return ctx, None
+def boundary_note(data: RunData) -> str | None:
+    """Why the map has no predicted boundary (None: it has one)."""
+    if data.tune.gpu is None:
+        return "no GPU profile (vLLM's CPU build): there is no device-memory boundary"
+    if data.memory_boundary is None:
+        return "this run did not record one (a run from before the tuner recorded it)"
+    return None
 
 
 def _resolved(
@@ -247,9 +204,9 @@ class MapPoint:
     failure: str | None
 
 
-def map_points(data: RunData, ctx: MemoryContext | None) -> list[MapPoint]:
-    version = ctx.version if ctx else _version(data)
-    gpu = ctx.gpu if ctx else _gpu(data)
+def map_points(data: RunData) -> list[MapPoint]:
+    version = _version(data)
+    gpu = _gpu(data)
     points: list[MapPoint] = []
     for row in data.trials:
         ev = row.evaluation
@@ -302,42 +259,10 @@ def _gpu(data: RunData) -> GpuSpec | None:
         return None
 
 
-def _seqs_grid(low: int, high: int) -> list[int]:
-    low = max(1, low)
-    high = max(high, low + 1)
-    n = 28
-    ratio = (high / low) ** (1 / (n - 1))
-    return sorted({max(1, round(low * ratio**i)) for i in range(n)})
-
-
-def predicted_band(
-    ctx: MemoryContext, dtype: str, seqs_values: Sequence[int]
-) -> list[tuple[int, float, float]]:
-    """(max-num-seqs, lowest, highest utilization that starts) per value, 0.01 apart."""
-    utils = [round(u / 100, 2) for u in range(5, 101)]
-    band: list[tuple[int, float, float]] = []
-    for seqs in seqs_values:
-        params = ctx.reference.model_copy(update={"max_num_seqs": seqs, "kv_cache_dtype": dtype})
-        if params.max_num_batched_tokens is not None and params.max_num_batched_tokens < seqs:
-            params = params.model_copy(update={"max_num_batched_tokens": seqs})
-
-        def fits(u: float, params: TrialParams = params) -> bool:
-            try:
-                return ctx.plan_for(params.model_copy(update={"gpu_memory_utilization": u})).fits
-            except TunerError:
-                return False
-
-        low = next((u for u in utils if fits(u)), None)
-        if low is None:
-            continue
-        high = next(u for u in reversed(utils) if u >= low and (u == low or fits(u)))
-        band.append((seqs, low, high))
-    return band
-
-
 def edge_map(data: RunData) -> tuple[Chart, list[MapPoint]]:
-    ctx, ctx_note = memory_context(data)
-    points = map_points(data, ctx)
+    ctx_note = boundary_note(data)
+    boundary = data.memory_boundary
+    points = map_points(data)
     if not points:
         return Chart("edge-map", None, "no launched or screened settings to place on the map"), []
     dtypes = sorted({p.dtype for p in points})
@@ -355,9 +280,14 @@ def edge_map(data: RunData) -> tuple[Chart, list[MapPoint]]:
         notes.append(f"predicted boundary not drawn: {ctx_note}")
     shown: set[EdgeCategory] = set()
     for col, dtype in enumerate(dtypes, start=1):
-        if ctx is not None:
-            band = predicted_band(ctx, dtype, _seqs_grid(low_seqs, high_seqs))
-            if band:
+        if boundary is not None:
+            band = [
+                (r.max_num_seqs, r.lowest_utilization, r.highest_utilization)
+                for r in boundary.rows_by_dtype.get(dtype, ())
+            ]
+            if dtype not in boundary.rows_by_dtype:
+                notes.append(f"kv-cache-dtype {dtype}: the run recorded no boundary for it")
+            elif band:
                 xs = [lo for _, lo, _ in band] + [hi for _, _, hi in reversed(band)] + [band[0][1]]
                 ys = [s for s, _, _ in band] + [s for s, _, _ in reversed(band)] + [band[0][0]]
                 fig.add_trace(
@@ -399,11 +329,7 @@ def edge_map(data: RunData) -> tuple[Chart, list[MapPoint]]:
     rec = data.recommendation
     if rec is not None:
         params = rec.recommended.params
-        util, seqs = _resolved(
-            ctx.version if ctx else _version(data),
-            ctx.gpu if ctx else _gpu(data),
-            dict(rec.recommended.flags),
-        )
+        util, seqs = _resolved(_version(data), _gpu(data), dict(rec.recommended.flags))
         dtype = params.kv_cache_dtype
         if util is not None and seqs is not None and dtype in dtypes:
             fig.add_trace(

@@ -39,6 +39,7 @@ from tuner.search.recommend import Recommendation
 from tuner.search.study import TrialRole
 from tuner.search.tune import TuneSummary
 from tuner.vllm.memory import Calibration
+from tuner.vllm.memory_boundary import MemoryBoundary
 from workloads.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,9 @@ class RunData:
     importances: Importances
     study_note: str | None  # why the study could not be read, when it could not
     missing: list[str] = field(default_factory=list)
+    # The memory model's start boundary as the tune recorded it (None: an older run, or
+    # no GPU profile); the report draws it and does not run the memory model again.
+    memory_boundary: MemoryBoundary | None = None
 
     @property
     def time_scale(self) -> float:
@@ -217,6 +221,11 @@ def load_run(run_dir: Path, storage: str | None = None) -> RunData:
     study, study_note = _open_study(run_dir, tune, names[0] if names else None, storage)
     trials = _trials(reader, study, rec, missing)
     calibration = _calibration(reader, study, rec)
+    try:  # absent from a run before it was recorded: the map says so, nothing is missing
+        boundary = _read(reader.memory_boundary, MemoryBoundary)
+    except ReportError as exc:
+        missing.append(f"the memory model's boundary: {exc}")
+        boundary = None
     importances = _importances(study, study_note)
     if not trials:
         missing.append("trials: no trial has finished (trials/ is empty)")
@@ -226,7 +235,7 @@ def load_run(run_dir: Path, storage: str | None = None) -> RunData:
         tune=tune, workload=workload, workload_error=workload_error,
         summary=summary, trials=trials, edge=edge, recommendation=rec, confirm=confirm,
         calibration=calibration, importances=importances, study_note=study_note,
-        missing=missing,
+        missing=missing, memory_boundary=boundary,
     )  # fmt: skip
 
 

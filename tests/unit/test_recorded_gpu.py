@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from reports.charts import memory_context
 from reports.html import write_report_noting
 from reports.run_data import load_run
 from tuner.capacity.calibration import read_run
@@ -27,6 +26,11 @@ from tuner.search.config import load_config
 from tuner.search.context import resolve
 from tuner.search.tune import describe
 from tuner.vllm.gpus import GpuSpec, MiB, MigShare, get_gpu, gpu_from_nvml
+from tuner.vllm.memory import ServingParams
+from tuner.vllm.memory_boundary import memory_boundary, seqs_grid
+from tuner.vllm.models import resolve_model
+from tuner.vllm.space import TrialParams
+from tuner.vllm.versions import VllmVersion
 
 OLD_RUN = Path(__file__).parents[1] / "fixtures" / "old_runs" / "chat-before-layout"
 
@@ -81,12 +85,22 @@ def test_the_report_rebuilds_the_memory_model_of_a_derived_profile(
     tmp_path: Path, gpu: GpuSpec
 ) -> None:
     run = _run_on(tmp_path, gpu)
-    data = load_run(run)
-    ctx, note = memory_context(data)
-    assert note is None and ctx is not None
-    assert ctx.gpu == gpu
+    assert load_run(run).tune.gpu_spec() == gpu
+    html = write_report_noting(run).path.read_text(encoding="utf-8")
+    # the fixture's run is from before the boundary was recorded: the map says so
+    assert "predicted boundary not drawn: this run did not record one" in html
+    # as a tune on this profile records it: the report draws it, without the memory model
+    model, version = resolve_model("llama-3.1-8b"), VllmVersion.parse("0.11.0")
+    boundary = memory_boundary(
+        model, gpu, version, ServingParams(max_model_len=8192), TrialParams(), None,
+        ["auto"], seqs_grid([64, 256]),
+    )  # fmt: skip
+    assert boundary.rows_by_dtype["auto"], "the memory model starts nothing on this profile"
+    RunLayout(run).memory_boundary_json.write_text(boundary.model_dump_json(), encoding="utf-8")
+    assert load_run(run).memory_boundary == boundary
     html = write_report_noting(run).path.read_text(encoding="utf-8")
     assert "cannot be rebuilt" not in html and "predicted boundary not drawn" not in html
+    assert "memory model: starts inside this boundary" in html
 
 
 @DERIVED
@@ -109,13 +123,11 @@ def test_a_run_written_before_profiles_were_recorded_reads_by_its_name(tmp_path:
     shutil.copytree(OLD_RUN, run)
     assert "gpu_profile" not in json.loads(RunLayout(run).tune_json.read_text(encoding="utf-8"))
     preset = get_gpu("H100-80GB")
-    ctx, note = memory_context(load_run(run))
-    assert note is None and ctx is not None and ctx.gpu == preset
+    assert load_run(run).tune.gpu_spec() == preset
     assert read_run(run).gpu == preset
     # a profile that does not read (a later tuner's, a damaged file) leaves the name's
     path = RunLayout(run).tune_json
     tune = json.loads(path.read_text(encoding="utf-8"))
     path.write_text(json.dumps({**tune, "gpu_profile": {"name": "H100-80GB"}}), encoding="utf-8")
-    ctx, note = memory_context(load_run(run))
-    assert note is None and ctx is not None and ctx.gpu == preset
+    assert load_run(run).tune.gpu_spec() == preset
     assert read_run(run).gpu == preset

@@ -17,6 +17,7 @@ read what an older one wrote. ``RunLayout`` names each path once::
     <run>/twin.json                     the twin's timing factors, fitted to the measured levels
     <run>/budget.json                   the time budget: every launch's seconds, every launch skipped
     <run>/calibration.json              the memory model calibrated by the first launch's log
+    <run>/memory_boundary.json          the memory model's predicted start boundary, for the report's map
 
 Pure: no I/O beyond ``Path`` arithmetic; imports nothing of the tuner. Nothing outside
 ``tuner.run`` spells one of these names (``tests/unit/test_run_names.py``).
@@ -45,6 +46,7 @@ TWIN_JSON = "twin.json"  # the twin's timing factors and every fit that led to t
 LANDSCAPE_JSON = "landscape.json"  # the twin's goodput for every setting of the space
 BUDGET_JSON = "budget.json"  # every launch's seconds and every launch skipped for time
 CALIBRATION_JSON = "calibration.json"  # the memory model calibrated by the first launch's log
+MEMORY_BOUNDARY_JSON = "memory_boundary.json"  # where the memory model says vLLM starts
 
 
 def level_name(index: int) -> str:
@@ -98,6 +100,10 @@ class RunLayout:
     @property
     def calibration_json(self) -> Path:
         return self.root / CALIBRATION_JSON
+
+    @property
+    def memory_boundary_json(self) -> Path:
+        return self.root / MEMORY_BOUNDARY_JSON
 
     @property
     def trials_dir(self) -> Path:

@@ -2,7 +2,7 @@
 gate read a run through ``RunReader`` (the tuning loop resumes through ``tuner.run.files``).
 
 Each file is read with the model that wrote it (``Evaluation``, ``EdgeResult``,
-``Recommendation``, ``TuneSummary``, ``BudgetRecord``, ``Calibration``) or, for
+``Recommendation``, ``TuneSummary``, ``BudgetRecord``, ``Calibration``, ``MemoryBoundary``) or, for
 ``tune.json``, with ``TuneRecord`` (``tuner.run.records``). A file that is not there
 reads as None; one that cannot be read, or is not what its name says, is a
 ``RunFileError`` naming it: what a missing or damaged file means is the caller's to say.
@@ -22,6 +22,7 @@ from tuner.search.evaluate import Evaluation
 from tuner.search.recommend import Recommendation
 from tuner.search.tune import TuneSummary
 from tuner.vllm.memory import Calibration
+from tuner.vllm.memory_boundary import MemoryBoundary
 
 
 class RunReader:
@@ -61,6 +62,10 @@ class RunReader:
 
     def calibration(self) -> Calibration | None:
         return read_optional(self.layout.calibration_json, Calibration)
+
+    def memory_boundary(self) -> MemoryBoundary | None:
+        """The memory model's boundary the tune recorded (None: a run from before it was)."""
+        return read_optional(self.layout.memory_boundary_json, MemoryBoundary)
 
     # -- trials and confirmation runs -------------------------------------------------------
 

@@ -67,7 +67,9 @@ from tuner.serving.level_schedule import drain_s, plan_level_schedule
 from tuner.serving.processes import ChildRegistry
 from tuner.twin.fit import TrialFit, read_twin
 from tuner.twin.landscape import Landscape, read_landscape
-from tuner.vllm.space import TrialParams
+from tuner.vllm.memory import default_limits
+from tuner.vllm.memory_boundary import memory_boundary, seqs_grid
+from tuner.vllm.space import Knob, TrialParams
 
 log = logging.getLogger(__name__)
 
@@ -340,6 +342,7 @@ def _run(
                 "waiting for it to finish, then writing the report here"
             )
             wait_finalized(study, deadline_s=deadline + FINALIZE_GRACE_S, progress=progress)
+        _record_memory_boundary(ctx, setup, best or default_trial(study), complete)
         report = _report(ctx, progress, write_report) if write_report is not None else None
     best_bound = _bound_of(best)
     best_figures = _figures_of(best)
@@ -366,6 +369,33 @@ def _run(
     if finalized:
         mark_finalized(study, ctx.run_dir)
     return summary
+
+
+def _record_memory_boundary(
+    ctx: TuneContext,
+    setup: StudySetup,
+    reference: FrozenTrial | None,
+    complete: list[FrozenTrial],
+) -> None:
+    """The memory model's start boundary around what was measured, with the calibration the
+    run's startups gave it, written for the report's map (``memory_boundary.json``): the
+    report draws it as recorded (no GPU profile, vLLM's CPU build: none)."""
+    if ctx.gpu is None:
+        return
+    evaluations = [e for e in (load_evaluation(t) for t in complete) if e is not None]
+    ref = load_evaluation(reference) if reference is not None else None
+    params = ref.params if ref is not None else TrialParams()
+    default_seqs = default_limits(ctx.gpu, ctx.version)[0]
+    seqs = [e.params.max_num_seqs or default_seqs for e in evaluations] or [default_seqs]
+    dtypes = {params.kv_cache_dtype, *(e.params.kv_cache_dtype for e in evaluations)}
+    dtype_range = ctx.space.range_of(Knob.KV_CACHE_DTYPE)
+    if dtype_range is not None and dtype_range.choices:
+        dtypes |= {str(c) for c in dtype_range.choices}
+    boundary = memory_boundary(
+        ctx.model, ctx.gpu, ctx.version, ctx.base, params, setup.calibration,
+        sorted(dtypes), seqs_grid(seqs),
+    )  # fmt: skip
+    _write_atomic(RunLayout(ctx.run_dir).memory_boundary_json, boundary.model_dump_json(indent=2))
 
 
 def _parallelism(
