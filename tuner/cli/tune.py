@@ -67,7 +67,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--chain-levels", dest="chain_levels", action="store_true", default=None,
                    help="carry the load and the conversations under way on from one measured "
                         "rate to the next instead of starting each from an empty server "
-                        "(cheaper; optimistic near a bistable capacity, see the README)")  # fmt: skip
+                        "(cheaper; optimistic near a bistable capacity, see docs/design/measurement.md)")  # fmt: skip
     p.add_argument("--no-twin-fit", dest="twin_fit", action="store_false", default=None,
                    help="keep the twin's step costs as they are instead of fitting them to "
                         "each trial's measured levels")  # fmt: skip

@@ -81,7 +81,7 @@ class TuneConfig(BaseModel):
     # A trial's levels follow one another on one load run, the conversations under way
     # carrying on from each to the next (workloads.chain); False: each from an empty server
     # (the default: near capacity a chained level sees the healthy state of a bistable
-    # server, which tips minutes later; see the README).
+    # server, which tips minutes later; see docs/design/measurement.md).
     chain_levels: bool = False
     # The twin's step costs fitted to each trial's levels (tuner.twin.fit), from the
     # paper's factors or those a run recorded (twin_from: its run directory).

@@ -2,8 +2,8 @@
 
 Only behaviour the tuner depends on is recorded: how startup memory is
 accounted and logged, which flags exist, and the defaults the OpenAI server
-applies. Each boundary was read in the released vLLM wheels (see the README's
-design notes); where a change landed between two releases that were not both
+applies. Each boundary was read in the released vLLM wheels (each entry below names
+its source); where a change landed between two releases that were not both
 read, the later one is given.
 """
 
