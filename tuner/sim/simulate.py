@@ -51,6 +51,24 @@ class FailedRequests(BaseModel):
 
 
 @dataclass(frozen=True)
+class RequestOutcome:
+    """What became of one record of a run (``run(keep_requests=True)``), virtual seconds:
+    answered (``finish_s``), still in flight where the run stopped (neither ``finish_s``
+    nor ``failure``: the tokens it had), or failed (``failure``, with the server's words)."""
+
+    index: int  # the record's position in the run's records
+    arrival_s: float
+    first_token_s: float | None
+    finish_s: float | None
+    token_times_s: tuple[float, ...]
+    prompt_tokens: int
+    output_tokens: int
+    failure: FailureReason | None = None
+    message: str | None = None
+    http_status: int | None = None
+
+
+@dataclass(frozen=True)
 class EngineSample:
     """The engine's state at the start of one step (virtual seconds)."""
 
@@ -85,6 +103,12 @@ class SimulationResult(BaseModel):
     # Left out of ``model_dump``: the JSON a run prints is its summary.
     arrivals_s: tuple[float | None, ...] = Field(default=(), exclude=True)
     samples: tuple[EngineSample, ...] = Field(default=(), exclude=True)
+    # Every record that arrived, as it ended (``run(keep_requests=True)``), in record order;
+    # and the engine's counters at the end of the run (both left out of ``model_dump``).
+    requests: tuple[RequestOutcome, ...] = Field(default=(), exclude=True)
+    prompt_tokens_total: int = Field(default=0, exclude=True)
+    prefix_queries_tokens: int = Field(default=0, exclude=True)
+    prefix_hits_tokens: int = Field(default=0, exclude=True)
 
 
 def synthetic_arrivals(
@@ -250,6 +274,7 @@ def run(
     measure_to_s: float | None = None,
     sample_every_s: float | None = None,
     step_by_step: bool = False,
+    keep_requests: bool = False,
 ) -> SimulationResult:
     """Feed the arrivals to the engine on a virtual clock until every request is done.
 
@@ -271,6 +296,11 @@ def run(
     where the run ended when ``measure_to_s`` is not given. A request never sent counts
     at its planned ``arrival_s``. ``sample_every_s``: keep the engine's state at one
     step in every so many virtual seconds (``SimulationResult.samples``).
+
+    ``keep_requests``: keep what became of each record that arrived
+    (``SimulationResult.requests``: its timings and tokens, or its failure) and the engine's
+    counters, for a caller that turns the run into a load generator's records
+    (``tuner.twin.virtual_server``).
 
     The engine's plain decodes are written down late (``tuner.sim.deferred``), which
     gives the same run as ``step_by_step`` (``SimEngine.step`` for every step, each
@@ -374,10 +404,52 @@ def run(
             measure_from_s if measure_from_s is not None else -math.inf,
             measure_to_s if measure_to_s is not None else math.inf,
         )
-    return _summarise(
+    summary = _summarise(
         engine, records, finished, failures, now, steps, peak_usage, slo, died, partial,
         arrivals=arrivals.at, window=window, samples=samples,
     )  # fmt: skip
+    if not keep_requests:
+        return summary
+    in_flight = [*engine.running, *engine.waiting] if died is None else []
+    kept = _outcomes(records, [*finished, *in_flight], index_of, failures, arrivals.at)
+    return summary.model_copy(
+        update={
+            "requests": kept,
+            "prompt_tokens_total": sum(
+                records[index_of[r.request_id]].prompt_tokens for r in [*finished, *in_flight]
+            ),
+            "prefix_queries_tokens": engine.prefix_queries_tokens,
+            "prefix_hits_tokens": engine.prefix_hits_tokens,
+        }
+    )
+
+
+def _outcomes(
+    records: Sequence[TraceRecord],
+    served: Sequence[SimRequest],
+    index_of: dict[str, int],
+    failures: _Failures,
+    arrivals: Sequence[float | None],
+) -> tuple[RequestOutcome, ...]:
+    """What became of every record that arrived (``run``'s ``keep_requests``), in record order."""
+    first = failures.first
+    kept: dict[int, RequestOutcome] = {}
+    for request in served:
+        j = index_of[request.request_id]
+        kept[j] = RequestOutcome(
+            index=j, arrival_s=request.arrival_s, first_token_s=request.first_token_s,
+            finish_s=request.finish_s, token_times_s=tuple(request.token_times_s),
+            prompt_tokens=records[j].prompt_tokens, output_tokens=len(request.output_token_ids),
+        )  # fmt: skip
+    for j, reason in failures.by_index.items():
+        at = arrivals[j] if j < len(arrivals) else None
+        message, status = first[reason]
+        kept[j] = RequestOutcome(
+            index=j, arrival_s=records[j].arrival_s if at is None else at, first_token_s=None,
+            finish_s=None, token_times_s=(), prompt_tokens=records[j].prompt_tokens,
+            output_tokens=0, failure=reason, message=message, http_status=status,
+        )  # fmt: skip
+    return tuple(kept[j] for j in sorted(kept))
 
 
 class _Failures:
