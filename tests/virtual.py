@@ -12,7 +12,10 @@ Locust, wall time) stays with the real-time tunes.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,3 +71,39 @@ def virtual_tune(
         server_factory=VirtualServer,
     )  # fmt: skip
     return VirtualRun(summary=summary, lines=lines, run_dir=run_dir)
+
+
+@dataclass(frozen=True)
+class Done:
+    """A command's exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def tuner_cli(*args: str | Path) -> Done:
+    """`tuner ARGS` in this process, through the command line's own entry point
+    (``tuner.cli.main.main``): its exit code, stdout and stderr. For commands that refuse
+    before anything is launched; one that goes on launches what the command would."""
+    from tuner.cli.main import _TerminalFormatter, main
+
+    out, err = io.StringIO(), io.StringIO()
+    # What the command's own terminal handler would print (``_log_to_terminal``: pytest's
+    # handlers on the root logger leave its ``basicConfig`` without effect here).
+    terminal = logging.StreamHandler(err)
+    terminal.setLevel(logging.WARNING)
+    terminal.setFormatter(_TerminalFormatter("tuner: %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(terminal)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        root.removeHandler(terminal)
+    return Done(code, out.getvalue(), err.getvalue())
+
+
+def tune_cli(run_dir: Path, *extra: str) -> Done:
+    """`tuner tune` with the small tune's arguments (``tune_args``), in this process."""
+    return tuner_cli(*tune_args(run_dir, *extra))

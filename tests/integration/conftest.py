@@ -11,15 +11,20 @@ import pytest
 from tests.integration.tune_run import small_tune
 from tests.virtual import virtual_tune
 
+# Session fixtures too slow to build in each xdist worker: every test using one runs in one
+# worker (the shared virtual tune, ``tuned_run``, takes seconds and is built where needed).
+REAL_TIME_FIXTURES = frozenset({"real_tuned_run"})
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) every test of the
-    shared tune runs in one worker, so that the tune runs once. First of the hooks:
-    xdist's own reads the group marks into the test ids, and after it a mark is ignored."""
+    """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) every test of a
+    real-time shared tune runs in one worker, so that the tune runs once. First of the
+    hooks: xdist's own reads the group marks into the test ids, and after it a mark is
+    ignored."""
     for item in items:
-        if {"tuned_run", "real_tuned_run"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("tuned_run"))
+        for name in sorted(REAL_TIME_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.xdist_group(name))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
