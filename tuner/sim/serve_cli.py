@@ -19,9 +19,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
