@@ -76,6 +76,11 @@ class EngineSample:
     waiting: int
     running: int
     kv_usage: float  # fraction of the KV cache in use
+    # The engine's counters so far, as /metrics has them (vllm:num_preemptions_total,
+    # vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total).
+    preemptions_total: int = 0
+    prefix_queries_tokens: int = 0
+    prefix_hits_tokens: int = 0
 
 
 class SimulationResult(BaseModel):
@@ -103,12 +108,9 @@ class SimulationResult(BaseModel):
     # Left out of ``model_dump``: the JSON a run prints is its summary.
     arrivals_s: tuple[float | None, ...] = Field(default=(), exclude=True)
     samples: tuple[EngineSample, ...] = Field(default=(), exclude=True)
-    # Every record that arrived, as it ended (``run(keep_requests=True)``), in record order;
-    # and the engine's counters at the end of the run (both left out of ``model_dump``).
+    # Every record that arrived, as it ended (``run(keep_requests=True)``), in record order
+    # (left out of ``model_dump``).
     requests: tuple[RequestOutcome, ...] = Field(default=(), exclude=True)
-    prompt_tokens_total: int = Field(default=0, exclude=True)
-    prefix_queries_tokens: int = Field(default=0, exclude=True)
-    prefix_hits_tokens: int = Field(default=0, exclude=True)
 
 
 def synthetic_arrivals(
@@ -298,9 +300,8 @@ def run(
     step in every so many virtual seconds (``SimulationResult.samples``).
 
     ``keep_requests``: keep what became of each record that arrived
-    (``SimulationResult.requests``: its timings and tokens, or its failure) and the engine's
-    counters, for a caller that turns the run into a load generator's records
-    (``tuner.twin.virtual_server``).
+    (``SimulationResult.requests``: its timings and tokens, or its failure), for a caller
+    that turns the run into a load generator's records (``tuner.twin.virtual_server``).
 
     The engine's plain decodes are written down late (``tuner.sim.deferred``), which
     gives the same run as ``step_by_step`` (``SimEngine.step`` for every step, each
@@ -362,7 +363,10 @@ def run(
         steps += 1
         peak_usage = max(peak_usage, result.kv_usage)
         if sample_every_s is not None and now >= next_sample_s:
-            sample = EngineSample(now, result.num_waiting, result.num_running, result.kv_usage)
+            sample = EngineSample(
+                now, result.num_waiting, result.num_running, result.kv_usage,
+                engine.num_preemptions, engine.prefix_queries_tokens, engine.prefix_hits_tokens,
+            )  # fmt: skip
             samples.append(sample)
             next_sample_s = now + sample_every_s
         for request in result.finished:
@@ -412,16 +416,7 @@ def run(
         return summary
     in_flight = [*engine.running, *engine.waiting] if died is None else []
     kept = _outcomes(records, [*finished, *in_flight], index_of, failures, arrivals.at)
-    return summary.model_copy(
-        update={
-            "requests": kept,
-            "prompt_tokens_total": sum(
-                records[index_of[r.request_id]].prompt_tokens for r in [*finished, *in_flight]
-            ),
-            "prefix_queries_tokens": engine.prefix_queries_tokens,
-            "prefix_hits_tokens": engine.prefix_hits_tokens,
-        }
-    )
+    return summary.model_copy(update={"requests": kept})
 
 
 def _outcomes(

@@ -42,6 +42,7 @@ startup's ``note``, ``server.log``'s first line, the GPU summary's ``note``):
 
 from __future__ import annotations
 
+import bisect
 import csv
 import dataclasses
 import logging
@@ -53,6 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import overload
 
 from tuner.errors import ConfigError
 from tuner.rundir import BACKLOG_JSON
@@ -107,7 +109,13 @@ from tuner.sim.api import process_used_bytes
 from tuner.sim.build import build_engine
 from tuner.sim.serve_cli import OfflineStart, start_offline
 from tuner.sim.serve_log import VllmLog, log_engine_dead
-from tuner.sim.simulate import RequestOutcome, SimulationResult, run
+from tuner.sim.simulate import (
+    EngineSample,
+    FailureReason,
+    RequestOutcome,
+    SimulationResult,
+    run,
+)
 from tuner.sim.tokenizer import ChatEncoder, encode
 from tuner.vllm.classify import classify_failure, engine_death_failure, log_excerpt
 from tuner.vllm.failures import StartupFailure
@@ -337,12 +345,7 @@ class VirtualServer:
             )
             for r in schedule
         ]
-        ids = [
-            chats.encode_chat(r.messages)
-            if r.messages is not None
-            else encode(r.prompt or "", vocab)
-            for r in schedule
-        ]
+        ids = _PromptIds(schedule, chats, vocab)
         index = {r.request_id: i for i, r in enumerate(schedule)}
         follows = [index.get(r.follows) if r.follows is not None else None for r in schedule]
         return run(
@@ -360,7 +363,8 @@ class VirtualServer:
         return [
             MetricsSample(
                 unix_s=start_unix_s + s.t_s * k, kv_cache_usage=s.kv_usage,
-                running=float(s.running), waiting=float(s.waiting), preemptions_total=None,
+                running=float(s.running), waiting=float(s.waiting),
+                preemptions_total=float(s.preemptions_total),
             )
             for s in result.samples
             if s.t_s <= stop_s
@@ -486,14 +490,22 @@ class VirtualServer:
         hold = _hold_of(stop_when)
         if hold is not None and horizon is None:
             horizon = max(0.0, hold.cap_s - self.generators.startup_lead_s) / k
-        result = self._simulate(sent, horizon)
-        ended = self._replay(
-            workload, sent, result, start, out_dir=out_dir, stop_when=stop_when,
-            drain_s=drain_s, level=level, horizon_s=horizon, hold=hold,
-        )  # fmt: skip
+        # A level's window closes long before its longest: simulated to its shortest first,
+        # then twice as far until a rule stops it (the run up to a time is the same run).
+        reach = horizon
+        if level is not None and horizon is not None:
+            shortest_s = level.warmup_max_s + level.window_s + (drain_s or 0.0)
+            reach = min(horizon, shortest_s + 2 * WINDOW_CHECK_S / k)
+        while True:
+            result = self._simulate(sent, reach)
+            ended = self._replay(
+                workload, sent, result, start, out_dir=out_dir, stop_when=stop_when,
+                drain_s=drain_s, level=level, horizon_s=reach, hold=hold,
+            )  # fmt: skip
+            if ended.fired or reach is None or horizon is None or reach >= horizon - 1e-9:
+                break
+            reach = min(horizon, 2 * reach)
         stopped_by_caller = bool(ended.fired)
-        if stopped_by_caller and horizon is not None and ended.stop_s < horizon - 1e-9:
-            result = self._simulate(sent, ended.stop_s)  # the same run, up to the stop
         cut = stopped_by_caller or (drain_s is not None)
         records = self._records(sent, result, start, ended.stop_s, cut=cut)
         write_records(out_dir / "requests.jsonl", records)
@@ -538,7 +550,7 @@ class VirtualServer:
             load=load,
             slo=verdict,
             window=opening,
-            server=self._counters(result, records, samples),
+            server=_counters(records, samples, result.samples, ended.stop_s),
             death=died,
             stopped_early=stopped_by_caller and "slo" in ended.fired,
             backlog=backlog,
@@ -554,23 +566,9 @@ class VirtualServer:
             ttft_limit_ms=loosest_ttft_ms(workload), samples=lambda: samples, workload=workload,
         )  # fmt: skip
 
-    def _counters(
-        self, result: SimulationResult, records: list[RequestRecord], samples: list[MetricsSample]
-    ) -> ServerCounters:
-        queries = result.prefix_queries_tokens
-        return ServerCounters(
-            generation_tokens=sum(r.output_tokens for r in records),
-            prompt_tokens=result.prompt_tokens_total,
-            num_preemptions=result.num_preemptions,
-            prefix_cache_queries=queries,
-            prefix_cache_hits=result.prefix_hits_tokens,
-            prefix_cache_hit_rate=result.prefix_hits_tokens / queries if queries > 0 else None,
-            max_kv_cache_usage=max((s.kv_cache_usage for s in samples), default=None),
-        )
-
     def _death(self, result: SimulationResult, stop_s: float) -> StartupResult | None:
         """How the engine died during the run (sim-serve's words in ``server.log``), or None."""
-        if result.engine_died is None:
+        if result.engine_died is None or _died_at_s(result) > stop_s:
             return None
         offline = self._offline
         assert offline is not None and offline.launch is not None
@@ -610,12 +608,19 @@ class VirtualServer:
         k = self.time_scale
         end_s = _run_end_s(result.requests)
         last_s = horizon_s if horizon_s is not None else end_s
-        known = sorted(((_known_at_s(o), o) for o in result.requests), key=lambda pair: pair[0])
+        died_at_s = _died_at_s(result)
+        known = sorted(
+            ((_known_at_s(o, died_at_s), o) for o in result.requests), key=lambda pair: pair[0]
+        )
         slo_rules = [r for r in _rules(stop_when) if isinstance(r, StopRule)]
         window = _WindowReplay(
             self._window_rule(workload, level, [], drain_s or 0.0), start_unix_s, out_dir
         ) if level is not None else None  # fmt: skip
         samples_all = self._samples(result, start_unix_s, math.inf)
+        sample_times = [s.unix_s for s in samples_all]
+        known_times = [at for at, _ in known]
+        known_all = [o for _, o in known]
+        slo_counts = [_SloCount(rule, sent, k) for rule in slo_rules]
         if hold is not None:
             bound = hold.bind(out_dir)
             if hold.deadline_s is not None and hold.deadline_s <= time.monotonic():
@@ -625,11 +630,11 @@ class VirtualServer:
         t = 0.0
         while t <= last_s + 1e-9:
             now_unix = start_unix_s + t * k
-            samples = [s for s in samples_all if s.unix_s <= now_unix]
-            written = [o for at, o in known if at <= t]
-            if slo_rules and _on_beat(t, STOP_CHECK_S / k):
-                for rule in slo_rules:
-                    if _slo_broken(rule, written, sent, k):
+            samples = samples_all[: bisect.bisect_right(sample_times, now_unix)]
+            written = known_all[: bisect.bisect_right(known_times, t)]
+            if slo_counts and _on_beat(t, STOP_CHECK_S / k):
+                for count in slo_counts:
+                    if count.broken(written):
                         return _Ended(
                             stop_s=t, fired=("slo",), opening=window.opening if window else None
                         )
@@ -747,6 +752,38 @@ class _WindowReplay:
         return self._shares
 
 
+class _PromptIds(Sequence[list[int]]):
+    """Each request's prompt token ids, encoded when the engine first takes the request
+    (``run`` reads them then): a level stopped early never encodes the rest."""
+
+    def __init__(self, schedule: Sequence[ScheduledRequest], chats: ChatEncoder, vocab: int):
+        self.schedule = schedule
+        self.chats = chats
+        self.vocab = vocab
+        self._ids: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.schedule)
+
+    @overload
+    def __getitem__(self, index: int) -> list[int]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[list[int]]: ...
+
+    def __getitem__(self, index: int | slice) -> list[int] | Sequence[list[int]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index not in self._ids:
+            r = self.schedule[index]
+            self._ids[index] = (
+                self.chats.encode_chat(r.messages)
+                if r.messages is not None
+                else encode(r.prompt or "", self.vocab)
+            )
+        return self._ids[index]
+
+
 def _rules(stop_when: StopFactory | None) -> list[StopFactory]:
     """The rules of a stop factory (``AnyStop``'s, or itself)."""
     if stop_when is None:
@@ -772,14 +809,27 @@ def last_send_of(sent: Sequence[ScheduledRequest]) -> float:
     return max((r.send_s for r in sent), default=0.0)
 
 
-def _known_at_s(o: RequestOutcome) -> float:
+def _known_at_s(o: RequestOutcome, died_at_s: float) -> float:
     """When the load generator writes a request's record: at its answer, at once for a
-    refusal, never before the stop for one still in flight."""
+    refusal, at the engine's death for one it took down, never before the stop for one
+    still in flight."""
     if o.finish_s is not None:
         return o.finish_s
+    if o.failure is FailureReason.ENGINE_DIED:
+        return max(o.arrival_s, died_at_s)
     if o.failure is not None:
         return o.arrival_s
     return math.inf
+
+
+def _died_at_s(result: SimulationResult) -> float:
+    """When the engine died in a run (virtual seconds; inf: it did not): its last step
+    (the run ends there), as far as its samples and answers place it."""
+    if result.engine_died is None:
+        return math.inf
+    times = [s.t_s for s in result.samples]
+    times += [o.finish_s for o in result.requests if o.finish_s is not None]
+    return max(times, default=0.0)
 
 
 def _run_end_s(outcomes: Sequence[RequestOutcome]) -> float:
@@ -812,21 +862,30 @@ def _written_records(
     return out
 
 
-def _slo_broken(
-    rule: StopRule, written: Sequence[RequestOutcome], sent: Sequence[ScheduledRequest], k: float
-) -> bool:
-    """``StopRule``'s check over the records written so far (warm-up left out; a request
-    sent whole has no first token in its record: only its failure counts)."""
-    bad = seen = 0
-    for o in written:
-        if sent[o.index].warmup:
-            continue
-        seen += 1
-        if o.failure is not None or o.first_token_s is None or not sent[o.index].stream:
-            bad += o.failure is not None
-        elif (o.first_token_s - o.arrival_s) * k > rule.ttft_limit_s:
-            bad += 1
-    return bad > max(rule.max_bad, math.ceil(rule.bad_fraction * seen) + 2)
+class _SloCount:
+    """``StopRule``'s check over the records written so far, counted on as they come
+    (warm-up left out; a request sent whole has no first token in its record: only its
+    failure counts)."""
+
+    def __init__(self, rule: StopRule, sent: Sequence[ScheduledRequest], k: float) -> None:
+        self.rule = rule
+        self.sent = sent
+        self.k = k
+        self.read = self.bad = self.seen = 0
+
+    def broken(self, written: Sequence[RequestOutcome]) -> bool:
+        for o in written[self.read :]:
+            request = self.sent[o.index]
+            if request.warmup:
+                continue
+            self.seen += 1
+            if o.failure is not None or o.first_token_s is None or not request.stream:
+                self.bad += o.failure is not None
+            elif (o.first_token_s - o.arrival_s) * self.k > self.rule.ttft_limit_s:
+                self.bad += 1
+        self.read = len(written)
+        rule = self.rule
+        return self.bad > max(rule.max_bad, math.ceil(rule.bad_fraction * self.seen) + 2)
 
 
 def _held(
@@ -844,6 +903,29 @@ def _held(
     readings = [s.kv_cache_usage for s in samples if s.unix_s <= start_unix_s + t_s * k]
     if readings:
         bound.peak_usage = max(readings)
+
+
+def _counters(
+    records: Sequence[RequestRecord],
+    samples: Sequence[MetricsSample],
+    engine_samples: Sequence[EngineSample],
+    stop_s: float,
+) -> ServerCounters:
+    """What the server counted over a run, as ``ServerCounters.between`` reads /metrics
+    before and after it: tokens from the records, the engine's counters at its last sample
+    before the stop (a fresh engine counts from 0)."""
+    last = next((e for e in reversed(engine_samples) if e.t_s <= stop_s), None)
+    queries = last.prefix_queries_tokens if last is not None else 0
+    hits = last.prefix_hits_tokens if last is not None else 0
+    return ServerCounters(
+        generation_tokens=sum(r.output_tokens for r in records),
+        prompt_tokens=sum(r.prompt_tokens for r in records if r.status != 0),
+        num_preemptions=last.preemptions_total if last is not None else 0,
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        prefix_cache_hit_rate=hits / queries if queries > 0 else None,
+        max_kv_cache_usage=max((s.kv_cache_usage for s in samples), default=None),
+    )
 
 
 def _write_metrics_csv(path: Path, samples: Sequence[MetricsSample]) -> None:
