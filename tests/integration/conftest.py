@@ -1,4 +1,6 @@
-"""Fixtures for the integration tests: one finished small tune shared by a session."""
+"""Fixtures for the integration tests: one finished small tune shared by a session (on the
+twin's virtual clock, tests/virtual.py), and one real-time `tuner tune` for the tests of
+what only processes show."""
 
 from __future__ import annotations
 
@@ -7,16 +9,22 @@ from pathlib import Path
 import pytest
 
 from tests.integration.tune_run import small_tune
+from tests.virtual import virtual_tune
+
+# Session fixtures too slow to build in each xdist worker: every test using one runs in one
+# worker (the shared virtual tune, ``tuned_run``, takes seconds and is built where needed).
+REAL_TIME_FIXTURES = frozenset({"real_tuned_run"})
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) every test of the
-    shared tune runs in one worker, so that the tune runs once. First of the hooks:
-    xdist's own reads the group marks into the test ids, and after it a mark is ignored."""
+    """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) every test of a
+    real-time shared tune runs in one worker, so that the tune runs once. First of the
+    hooks: xdist's own reads the group marks into the test ids, and after it a mark is
+    ignored."""
     for item in items:
-        if "tuned_run" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("tuned_run"))
+        for name in sorted(REAL_TIME_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.xdist_group(name))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -38,7 +46,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def tuned_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run directory left by a complete `tuner tune` on the simulated engine (about 2 min)."""
+    """A run directory left by the small tune (tests/integration/tune_run.py's
+    ``SMALL_TUNE_ARGS``) run whole, report included, on the twin's virtual clock
+    (tests/virtual.py: seconds, not minutes). Tests of what a launched process does use
+    ``real_tuned_run``."""
     run_dir = tmp_path_factory.mktemp("tuned") / "run"
+    done = virtual_tune(run_dir)
+    assert done.summary.best_trial is not None, done.output  # as `tuner tune` exits 0
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def real_tuned_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory left by a complete `tuner tune` on the simulated engine in real time:
+    sim-serve processes loaded by Locust (about 2 min)."""
+    run_dir = tmp_path_factory.mktemp("real-tuned") / "run"
     small_tune(run_dir)
     return run_dir

@@ -3,16 +3,18 @@ fails, and noise within the spread the repeats measured does not fail it.
 
 One finished small tune is shared with the other tests (``tuned_run``). The runs
 compared here re-run only its recommendation's confirmation (``tuner.search.recommend.confirm``
-with the tune's own context), about half a minute each against three minutes for a
-tune, and are laid out as `tuner tune` leaves a run, so `tuner check` reads them as it
-reads any run. They start at 0.6 of the rate the tune confirmed at: the tune confirms
-at the edge of the SLO, where one slow moment of this machine turns a met SLO into a
-missed one (goodput 33 or 0 req/s between runs of the same settings); here the SLO
-holds with room, so the figures compared move only with the machine's noise.
+with the tune's own context) and are laid out as `tuner tune` leaves a run, so `tuner
+check` reads them as it reads any run. They start at 0.6 of the rate the tune confirmed
+at: the tune confirms at the edge of the SLO, where one slow moment of this machine turns
+a met SLO into a missed one (goodput 33 or 0 req/s between runs of the same settings);
+here the SLO holds with room, so the figures compared move only with the machine's noise.
 
-Four repeats of the unchanged settings are made at once and split: repeats 0 and 1
-are the baseline, 2 and 3 the unchanged run, and single repeats the runs without
-measured noise.
+The gate's decisions are tested on the twin's virtual clock (``VirtualServer``, seconds
+for a confirmation): four repeats of the unchanged settings are made at once and split
+(repeats 0 and 1 the baseline, 2 and 3 the unchanged run, and single repeats the runs
+without measured noise), and a worse setting. Noise needs real measurements (the virtual
+clock measures the same settings alike every time): two repeats in real time, sim-serve
+loaded by Locust, make the noisy baseline and its single runs.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from unittest import mock
 
@@ -44,7 +46,9 @@ from tuner.search.recommend import (
     make_variant,
     measured_of,
 )
+from tuner.serving.live_server import ServerFactory
 from tuner.serving.processes import ChildRegistry
+from tuner.twin.virtual_server import VirtualServer
 from tuner.vllm.memory import Calibration
 
 pytestmark = pytest.mark.integration
@@ -100,15 +104,17 @@ def reconfirm(
     repeats: int,
     rate_fraction: float,
     max_levels: int = 3,
+    server_factory: ServerFactory | None = VirtualServer,
     **settings: object,
 ) -> Path:
     """A run directory whose recommendation is ``tuned``'s with ``settings`` changed,
-    measured afresh by the confirmation alone, as `tuner tune --repeats N` measures it."""
+    measured afresh by the confirmation alone, as `tuner tune --repeats N` measures it;
+    on the twin's virtual clock unless ``server_factory`` is None (launched servers)."""
     described = json.loads((tuned / "tune.json").read_text())
     config = TuneConfig.model_validate(
         {**described["config"], "run_dir": str(out), "repeats": repeats}
     )
-    ctx = resolve(config)
+    ctx = replace(resolve(config), server_factory=server_factory)
     calibration = tuned / "calibration.json"
     setup = StudySetup(
         time_scale=float(described["time_scale"]),
@@ -156,10 +162,22 @@ def subset_run(multi: Path, indices: list[int], out: Path) -> Path:
 # built again each time that worker came back to this module (5 minutes each).
 @pytest.fixture(scope="session")
 def repeats(tuned_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tuned run's recommendation confirmed four more times, unchanged (about 2 min)."""
+    """The tuned run's recommendation confirmed four more times, unchanged, on the twin's
+    virtual clock (seconds)."""
     return reconfirm(
         tuned_run, tmp_path_factory.mktemp("repeats") / "run", repeats=4,
         rate_fraction=RATE_FRACTION,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def real_repeats(tuned_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tuned run's recommendation confirmed twice more, unchanged, on launched
+    sim-serve processes loaded by Locust: what this machine's noise makes of the same
+    settings (about a minute)."""
+    return reconfirm(
+        tuned_run, tmp_path_factory.mktemp("real-repeats") / "run", repeats=2,
+        rate_fraction=RATE_FRACTION, server_factory=None,
     )  # fmt: skip
 
 
@@ -184,6 +202,16 @@ def split(repeats: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     }
     for i in range(4):
         runs[f"single-{i}"] = subset_run(repeats, [i], root / f"single-{i}")
+    return runs
+
+
+@pytest.fixture(scope="session")
+def real_split(real_repeats: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The real-time repeats: both as the baseline, and each alone."""
+    root = tmp_path_factory.mktemp("real-split")
+    runs = {"baseline": subset_run(real_repeats, [0, 1], root / "baseline")}
+    for i in range(2):
+        runs[f"single-{i}"] = subset_run(real_repeats, [i], root / f"single-{i}")
     return runs
 
 
@@ -276,8 +304,9 @@ def test_a_worse_setting_fails(
 
 @pytest.mark.timeout(900)
 def test_noise_within_the_measured_spread_does_not_fail(
-    split: dict[str, Path], tmp_path: Path
+    real_split: dict[str, Path], tmp_path: Path
 ) -> None:
+    split = real_split  # measured in real time: the virtual clock measures alike every time
     noisy = write_baseline(split["baseline"], tmp_path / "noisy.json")
     spreads = {m: f["spread_pct"] for m, f in json.loads(noisy.read_text())["metrics"].items()}
     assert any(s > 0 for s in spreads.values()), f"two runs measured exactly alike: {spreads}"

@@ -10,8 +10,9 @@ import pytest
 
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
-from tuner.search.edge import EdgeProbe, EdgeSearch, HoldEnd, ProbeVerdict
+from tuner.search.edge import EdgeProbe, EdgeSearch, ProbeVerdict
 from tuner.serving.processes import ChildRegistry
+from tuner.serving.worst_case_hold import HoldEnd
 from tuner.vllm.space import Knob, TrialParams
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,4 +1,11 @@
-"""`tuner tune` end to end on the simulated engine: real servers, real Locust, a real Optuna study."""
+"""`tuner tune` on the simulated engine: its study, trials, edge and recommendation.
+
+The shared tune (``tuned_run``) and the resumed tunes run on the twin's virtual clock
+(tests/virtual.py); the refusals run the command line in this process (nothing is
+launched before them). What only processes show stays in real time: one whole `tuner
+tune` on the simulated backend (``real_tuned_run``: sim-serve processes loaded by Locust,
+none left behind), and the harness killed with SIGKILL in the middle of a trial.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +25,8 @@ import yaml
 from kubernetes_validate import validate
 from kubernetes_validate.utils import latest_version
 
-from tests.integration.tune_run import SMALL_TUNE_ARGS, tune
+from tests.integration.tune_run import SMALL_TUNE_ARGS
+from tests.virtual import Done, tune_cli, tuner_cli, virtual_tune
 from tuner.search.edge import EdgeResult
 from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.rate_search import GoodputBound, GoodputUnit
@@ -206,11 +214,17 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_no_server_or_load_generator_outlives_the_tune(tuned_run: Path) -> None:
+def test_no_server_or_load_generator_outlives_the_tune(real_tuned_run: Path) -> None:
+    """The one real-time `tuner tune` on the simulated backend: sim-serve processes loaded by
+    Locust, end to end (``real_tuned_run``)."""
+    summary = json.loads((real_tuned_run / "summary.json").read_text())
+    assert summary["trials"] == 3 and summary["best_trial"] is not None
+    assert (real_tuned_run / "recommendation" / "recommendation.json").exists()
+    assert (real_tuned_run / "report.html").exists()
     # Every server got VLLM_CACHE_ROOT under the run directory (the simulated engine keeps
     # its compiled graphs there as vLLM does), every Locust its records path.
-    assert any((tuned_run / "vllm-cache" / "torch_compile_cache").iterdir())
-    assert _processes_mentioning(str(tuned_run)) == []
+    assert any((real_tuned_run / "vllm-cache" / "torch_compile_cache").iterdir())
+    assert _processes_mentioning(str(real_tuned_run)) == []
 
 
 @pytest.mark.parametrize(
@@ -228,7 +242,7 @@ def test_bad_input_is_one_line_before_any_launch(
     tmp_path: Path, extra: tuple[str, ...], expected: str
 ) -> None:
     run_dir = tmp_path / "run"
-    done = tune(run_dir, *extra, timeout_s=120)
+    done = tune_cli(run_dir, *extra)
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("tuner: error:") and expected in lines[0]
@@ -265,12 +279,14 @@ def test_existing_study_needs_resume_a_killed_trial_is_retried_and_no_draw_is_re
     assert [t.number for t in running] == [1]
     cut_params = running[0].params
 
-    again = tune(run_dir, *fast, timeout_s=120)
+    # What follows the kill is the tune's logic: refused without --resume, then resumed
+    # (on the twin's virtual clock, tests/virtual.py).
+    again = tune_cli(run_dir, *fast)
     assert again.returncode == 2 and "--resume" in again.stderr
 
-    resumed = tune(run_dir, *fast, "--resume", timeout_s=600)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "marked failed and retried" in resumed.stdout
+    resumed = virtual_tune(run_dir, *fast, "--resume", report=False)
+    assert resumed.summary.best_trial is not None, resumed.output  # `tuner tune` exits 0
+    assert "marked failed and retried" in resumed.output
     study = _study_by_name(run_dir)
     failed = study.get_trials(states=(optuna.trial.TrialState.FAIL,))
     complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
@@ -282,8 +298,10 @@ def test_existing_study_needs_resume_a_killed_trial_is_retried_and_no_draw_is_re
 
     # Resumed once more, the sampler (seeded alike, in a new process) draws new settings:
     # it does not replay the draw of trial 1 (the first random draw of the first run).
-    more = tune(run_dir, "--no-edge", "--no-confirm", "--trials", "3", "--resume", timeout_s=600)
-    assert more.returncode == 0, more.stdout + more.stderr
+    more = virtual_tune(
+        run_dir, "--no-edge", "--no-confirm", "--trials", "3", "--resume", report=False
+    )
+    assert more.summary.best_trial is not None, more.output  # `tuner tune` exits 0
     trials = _study_by_name(run_dir).get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(trials) == 3
     assert trials[-1].params not in [t.params for t in trials[:-1]], [t.params for t in trials]
@@ -304,7 +322,7 @@ def _snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+def _one_error_line(done: Done | subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 2, done.stdout + done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("tuner: error:"), done.stderr
@@ -317,45 +335,43 @@ def test_a_run_directory_belongs_to_one_study(tuned_run: Path, tmp_path: Path) -
     run_dir = tmp_path / "run"
     shutil.copytree(tuned_run, run_dir, ignore=shutil.ignore_patterns("vllm-cache"))
     before = _snapshot(run_dir)
-    line = _one_error_line(tune(run_dir, "--workload", "rag", "--resume", timeout_s=120))
+    line = _one_error_line(tune_cli(run_dir, "--workload", "rag", "--resume"))
     assert "--workload" in line and "'tiny'" in line and "'rag'" in line
-    line = _one_error_line(tune(run_dir, "--slo-ttft-ms", "250", "--resume", timeout_s=120))
+    line = _one_error_line(tune_cli(run_dir, "--slo-ttft-ms", "250", "--resume"))
     assert "--slo-ttft-ms" in line and "1000.0" in line and "250.0" in line
-    line = _one_error_line(tune(run_dir, "--space", "block-size=8,16", "--resume", timeout_s=120))
+    line = _one_error_line(tune_cli(run_dir, "--space", "block-size=8,16", "--resume"))
     assert "--space block-size" in line
-    line = _one_error_line(tune(run_dir, "--study", "another", "--resume", timeout_s=120))
+    line = _one_error_line(tune_cli(run_dir, "--study", "another", "--resume"))
     assert "'another'" in line and "belongs to study" in line
     # Its trials were measured on one clock and streamed share: other values are refused.
-    line = _one_error_line(tune(run_dir, "--time-scale", "7.25", "--resume", timeout_s=120))
+    line = _one_error_line(tune_cli(run_dir, "--time-scale", "7.25", "--resume"))
     assert "--time-scale 7.25" in line and "measured every trial with --time-scale" in line
-    line = _one_error_line(tune(run_dir, "--stream-fraction", "0.33", "--resume", timeout_s=120))
+    line = _one_error_line(tune_cli(run_dir, "--stream-fraction", "0.33", "--resume"))
     assert "--stream-fraction 0.33" in line
     assert _snapshot(run_dir) == before
 
     # Without tune.json the study.db still tells whose directory it is.
     (run_dir / "tune.json").unlink()
-    line = _one_error_line(tune(run_dir, "--study", "another", "--resume", timeout_s=120))
+    line = _one_error_line(tune_cli(run_dir, "--study", "another", "--resume"))
     assert "study.db" in line and "'another'" in line
     # Trials the study did not write (its study.db lost, or trials from elsewhere) are
     # never overwritten by new trials.
     shutil.copytree(run_dir / "trials" / "000", run_dir / "trials" / "007")
-    line = _one_error_line(tune(run_dir, "--resume", timeout_s=120))
+    line = _one_error_line(tune_cli(run_dir, "--resume"))
     assert "trials/007" in line
     shutil.rmtree(run_dir / "trials" / "007")
     (run_dir / "study.db").unlink()
-    line = _one_error_line(tune(run_dir, "--resume", timeout_s=120))
+    line = _one_error_line(tune_cli(run_dir, "--resume"))
     assert "no study.db" in line
     assert not (run_dir / "study.db").exists()
 
 
-def test_a_study_name_is_a_name_not_a_path(tmp_path: Path) -> None:
+def test_a_study_name_is_a_name_not_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cwd = tmp_path / "a" / "b"
     cwd.mkdir(parents=True)
+    monkeypatch.chdir(cwd)
     for name in ("../../x", "x/y", ".hidden", "a b"):
-        done = subprocess.run(
-            [sys.executable, "-m", "tuner.cli", "tune", *SMALL_TUNE_ARGS, "--study", name],
-            capture_output=True, text=True, timeout=120, cwd=cwd,
-        )  # fmt: skip
+        done = tuner_cli("tune", *SMALL_TUNE_ARGS, "--study", name)
         line = _one_error_line(done)
         assert repr(name) in line and "study name" in line
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b"]  # nothing was written
@@ -373,7 +389,7 @@ def test_a_storage_password_is_never_shown(tmp_path: Path) -> None:
         f"postgresql+psycopg://tuner:{secret}@half@127.0.0.1:1/tuning",
     ):
         run_dir = tmp_path / "run"
-        line = _one_error_line(tune(run_dir, "--storage", url, timeout_s=120))
+        line = _one_error_line(tune_cli(run_dir, "--storage", url))
         assert secret not in line and secret.replace("-", "%2D") not in line, line
         assert "half" not in line and "Background on this error" not in line, line
         assert "127.0.0.1" in line

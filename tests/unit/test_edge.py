@@ -18,20 +18,13 @@ import pytest
 
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
-from tuner.search.edge import (
-    EdgeProbe,
-    EdgeSearch,
-    HoldEnd,
-    KnobEdge,
-    ProbeVerdict,
-    WorstCaseHold,
-    kv_peaked,
-)
+from tuner.search.edge import EdgeProbe, EdgeSearch, KnobEdge, ProbeVerdict
 from tuner.serving.live_server import LoadMeasurement, StopFactory
 from tuner.serving.load import LOCAL_LOAD, SloVerdict
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.prometheus_scrape import MetricsSample
 from tuner.serving.server import StartupResult, TrialOutcome
+from tuner.serving.worst_case_hold import HoldEnd, WorstCaseHold, kv_peaked
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
 from tuner.vllm.space import Knob, TrialParams
 from workloads.load_result import LoadResult, Percentiles

@@ -22,6 +22,7 @@ import os
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuner.errors import ConfigError, TunerError, UnknownModelError
 from tuner.search.config import TuneConfig
@@ -49,6 +50,9 @@ from tuner.vllm.space import (
 )
 from tuner.vllm.versions import OLDEST_SUPPORTED, ReleaseFit, VllmVersion, assumed_release
 from workloads.spec import WorkloadSpec
+
+if TYPE_CHECKING:
+    from tuner.serving.live_server import ServerFactory
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +88,9 @@ class TuneContext:
     # The vLLM release as its launcher's packages spell it ("0.10.1.1"; None: the simulated
     # engine, or unreadable); ``version`` is the release whose behaviour is assumed.
     installed_version: str | None = None
+    # What makes the server of every launch (``tuner.search.evaluate.live_server``): None,
+    # ``LiveServer``; a test's stand-in (``run_tune(server_factory=)``), never the CLI's.
+    server_factory: ServerFactory | None = None
 
     @property
     def release(self) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
@@ -41,11 +41,14 @@ from tuner.search.budget import LaunchKind, TimeBudget
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.evaluate import Evaluation, live_server, predicted_plan
 from tuner.serving.gpu_sampler import GpuSummary, release_watch, wait_until_released
-from tuner.serving.live_server import LoadMeasurement, RecordTail, StopFactory
+from tuner.serving.live_server import LoadMeasurement, StopFactory
 from tuner.serving.load import LoadGenerators, plan_schedule
 from tuner.serving.processes import ChildRegistry
-from tuner.serving.prometheus_scrape import read_metrics_csv
 from tuner.serving.server import StartupResult, TrialOutcome
+from tuner.serving.worst_case_hold import (
+    HoldEnd,
+    WorstCaseHold,
+)
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
 from tuner.vllm.space import Knob, TrialParams
 from workloads.prompts import completion_text, prompt_builder_for
@@ -56,14 +59,6 @@ log = logging.getLogger(__name__)
 
 UTILIZATION_CEILING = 1.0  # vLLM accepts 0 < utilization <= 1
 SEQS_CEILING = 8192
-# The KV cache has peaked once it reads full and stays so this long (wall seconds: the
-# biggest batch's steps run, the GPU sampler sees them), or once it has fallen from its
-# peak by DRAIN_SHARE of it (at least DRAIN_MIN_USAGE) as the first answers finish.
-FULL_KV_USAGE = 0.99
-FULL_HOLD_S = 2.0
-DRAIN_SHARE = 0.1
-DRAIN_MIN_USAGE = 0.02
-HOLD_CHECK_EVERY_S = 0.5
 # A retry waits this long (beyond the stop's own wait) for the previous server's memory.
 RELEASE_RETRY_S = 120.0
 # Before any probe measured a hold: twice the best trial's longest answer (its p99 TTFT
@@ -77,21 +72,6 @@ class ProbeVerdict(StrEnum):
     HELD = "held"  # started and survived the worst case
     OUT_OF_MEMORY = "out_of_memory"  # failed to start, or died, for memory: brackets the edge
     INCONCLUSIVE = "inconclusive"  # failed not by memory (twice): the bracket does not move
-
-
-class HoldEnd(StrEnum):
-    """How a probe's worst-case load ended."""
-
-    OUTPUTS_FINISHED = "outputs_finished"
-    KV_PEAKED = "kv_peaked"
-    CAP = "cap"  # edge_load_s passed before the KV cache peaked
-    DEADLINE = "deadline"  # the time budget's deadline came before the KV cache peaked
-    ENGINE_DIED = "engine_died"
-
-    @property
-    def startup_only(self) -> bool:
-        """Cut short before the KV cache peaked: the probe measured a startup edge only."""
-        return self in (HoldEnd.CAP, HoldEnd.DEADLINE)
 
 
 class WorstCase(BaseModel):
@@ -253,85 +233,6 @@ def probe_verdict(
     if outcome is TrialOutcome.READY and request_errors == 0:
         return ProbeVerdict.HELD
     return ProbeVerdict.INCONCLUSIVE
-
-
-def kv_peaked(readings: Sequence[tuple[float, float]]) -> bool:
-    """Whether the KV cache has peaked, from (unix seconds, usage) readings: it read full
-    and stayed so ``FULL_HOLD_S``, or it has fallen from its peak (see the constants)."""
-    if not readings:
-        return False
-    peak_at, peak = max(readings, key=lambda r: (r[1], -r[0]))
-    if peak <= 0.0:
-        return False
-    if peak >= FULL_KV_USAGE:
-        return readings[-1][0] - peak_at >= FULL_HOLD_S
-    return readings[-1][1] <= peak - max(DRAIN_MIN_USAGE, DRAIN_SHARE * peak)
-
-
-class WorstCaseHold:
-    """The stop rule of a probe's worst case (a ``StopFactory``): stops the run once the KV
-    cache has peaked (from the /metrics timeline the run's watcher appends to
-    ``metrics.csv``), or at ``until_s`` (monotonic: the cap, or the deadline when sooner);
-    counts the requests that failed before it stopped. A run that ends by itself ended
-    with every output finished."""
-
-    reason = "hold"
-
-    def __init__(self, *, cap_s: float, deadline_s: float | None) -> None:
-        self.cap_s = cap_s  # wall seconds from the bind, the load generator's lead included
-        self.deadline_s = deadline_s
-        self.bound: BoundHold | None = None
-
-    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> BoundHold:
-        cap_at = time.monotonic() + self.cap_s
-        if self.deadline_s is not None and self.deadline_s < cap_at:
-            until, end = self.deadline_s, HoldEnd.DEADLINE
-        else:
-            until, end = cap_at, HoldEnd.CAP
-        self.bound = BoundHold(out_dir, until_s=until, cut=end)
-        return self.bound
-
-
-class BoundHold:
-    reason = "hold"
-
-    def __init__(self, out_dir: Path, *, until_s: float, cut: HoldEnd) -> None:
-        self.out_dir = out_dir
-        self.until_s = until_s
-        self.cut = cut
-        self.tail = RecordTail(out_dir)
-        self.ended: HoldEnd | None = None
-        self.errors = 0
-        self.peak_usage: float | None = None
-        self._last_check = 0.0
-
-    def __call__(self) -> bool:
-        now = time.monotonic()
-        if self.ended is not None:
-            return True
-        if now >= self.until_s:
-            self._count()
-            self.ended = self.cut
-            return True
-        if now - self._last_check < HOLD_CHECK_EVERY_S:
-            return False
-        self._last_check = now
-        try:
-            samples = read_metrics_csv(self.out_dir / "metrics.csv")
-        except (OSError, ValueError, KeyError, TypeError):
-            return False  # not written yet, or a row being written
-        readings = [(s.unix_s, s.kv_cache_usage) for s in samples]
-        if readings:
-            self.peak_usage = max(u for _, u in readings)
-        if kv_peaked(readings):
-            self._count()
-            self.ended = HoldEnd.KV_PEAKED
-            return True
-        return False
-
-    def _count(self) -> None:
-        """The requests that failed before the stop (those it cuts off are not counted)."""
-        self.errors += sum(1 for r in self.tail.read() if not r.ok)
 
 
 class ProbeServer(Protocol):

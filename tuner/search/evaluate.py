@@ -21,7 +21,13 @@ from tuner.search.context import StudySetup, TuneContext
 from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit, RateSearch, search_rate
 from tuner.serving.backlog import BacklogCheck
 from tuner.serving.gpu_sampler import GpuSummary
-from tuner.serving.live_server import KvFill, LiveServer, LoadMeasurement
+from tuner.serving.live_server import (
+    KvFill,
+    LiveServer,
+    LoadMeasurement,
+    ServerFactory,
+    TrialServer,
+)
 from tuner.serving.load import plan_schedule, split_warmup
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec, StartupResult, TrialOutcome
@@ -197,10 +203,13 @@ def live_server(
     params: TrialParams,
     out_dir: Path,
     registry: ChildRegistry,
-) -> LiveServer:
+) -> TrialServer:
     """The live server of a candidate, as every launch of a tune makes it (a trial, an edge
-    probe, a confirmation): the context's GPU source, load generators and streamed share."""
-    return LiveServer(
+    probe, a confirmation): the context's GPU source, load generators and streamed share;
+    made by the context's server factory (``TuneContext.server_factory``, default
+    ``LiveServer``)."""
+    make: ServerFactory = ctx.server_factory or LiveServer
+    return make(
         launch_spec(ctx, setup, params), trial_dir=out_dir, registry=registry,
         gpu_source=ctx.gpu_source, generators=ctx.config.load_generators(),
         stream_fraction=setup.stream_fraction,
@@ -280,7 +289,7 @@ def _evaluation(
     out_dir: Path,
     startup: StartupResult,
     search: RateSearch | None,
-    live: LiveServer,
+    live: TrialServer,
     kv_fill: KvFill | None,
 ) -> Evaluation:
     levels = [_summary(level.rate_per_s, level.met, level.measurement) for level in search.levels] if search else []  # fmt: skip

@@ -31,6 +31,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -64,6 +65,7 @@ from tuner.search.study import (
     wait_finalized,
 )
 from tuner.serving.level_schedule import drain_s, plan_level_schedule
+from tuner.serving.live_server import ServerFactory
 from tuner.serving.processes import ChildRegistry
 from tuner.twin.fit import TrialFit, read_twin
 from tuner.twin.landscape import Landscape, read_landscape
@@ -262,11 +264,23 @@ def _log_to(path: Path) -> logging.Handler:
 
 
 def run_tune(
-    config: TuneConfig, progress: Progress, write_report: ReportWriter | None = None
+    config: TuneConfig,
+    progress: Progress,
+    write_report: ReportWriter | None = None,
+    *,
+    server_factory: ServerFactory | None = None,
 ) -> TuneSummary:
-    """The tuning job end to end; ``write_report``: the report writer (None: no report)."""
+    """The tuning job end to end; ``write_report``: the report writer (None: no report);
+    ``server_factory``: what makes the server of every launch (None: ``LiveServer``, as the
+    command line always runs; tests pass ``tuner.twin.virtual_server.VirtualServer``, and
+    the run's notes then say what its measurements were taken on)."""
     began = time.monotonic()
     ctx = resolve(config)  # every bad value fails here, before anything is launched
+    if server_factory is not None:
+        measured_on = getattr(server_factory, "MEASURED_ON", None) or repr(server_factory)
+        ctx = replace(
+            ctx, server_factory=server_factory, notes=(*ctx.notes, f"measured on {measured_on}")
+        )
     # A run directory or a study of another study (or other settings) is refused here,
     # before anything is written into it.
     opened = open_study(ctx)

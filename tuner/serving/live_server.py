@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -170,6 +170,79 @@ class _ServerPids:
         if self.tree is None and self.server.pid is not None:
             self.tree = ProcessTree(self.server.pid)
         return self.tree() if self.tree is not None else frozenset()
+
+
+class ReleaseWatch(Protocol):
+    """What a server's stop saw of its device memory (``ServerProcess``)."""
+
+    @property
+    def memory_released(self) -> bool | None: ...
+
+    @property
+    def baseline_used_bytes(self) -> dict[int, int]: ...
+
+
+class TrialServer(Protocol):
+    """What every launch of a tune (a trial, an edge probe, a confirmation) measures on:
+    ``LiveServer``, or a stand-in with its behaviour (``tuner.twin.virtual_server.VirtualServer``,
+    the simulated engine on the twin's virtual clock)."""
+
+    launch: LaunchSpec
+    time_scale: float
+    generators: LoadGenerators
+    source_kind: GpuSourceKind
+    startup: StartupResult | None
+    gpu: GpuSummary | None
+
+    @property
+    def server(self) -> ReleaseWatch: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    def fill_kv_cache(self, workload: WorkloadSpec, warmup: WarmupSpec) -> KvFill | None: ...
+
+    def warm_up(self, workload: WorkloadSpec, warm: list[ScheduledRequest]) -> None: ...
+
+    def chain(self, out_dir: Path) -> LoadChain | None: ...
+
+    def measure(
+        self,
+        workload: WorkloadSpec,
+        schedule: list[ScheduledRequest],
+        *,
+        out_dir: Path,
+        stop_when: StopFactory | None = None,
+        drain_s: float | None = None,
+        level: LevelPlan | None = None,
+        chain: LevelChain | None = None,
+    ) -> LoadMeasurement: ...
+
+
+class ServerFactory(Protocol):
+    """Makes the server of one launch of a tune (``tuner.search.evaluate.live_server``):
+    ``LiveServer`` (the default, what the command line always uses), or another
+    ``TrialServer`` with the same arguments."""
+
+    def __call__(
+        self,
+        launch: LaunchSpec,
+        *,
+        trial_dir: Path,
+        registry: ChildRegistry,
+        gpu_source: str = ...,
+        generators: LoadGenerators = ...,
+        stream_fraction: float = ...,
+    ) -> TrialServer: ...
 
 
 def settings_of(spec: LaunchSpec) -> dict[str, object]:

@@ -19,12 +19,13 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import partial
 from typing import Any
 
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, TunerError
 from tuner.sim import flag_values as check
 from tuner.sim.blocks import EvictionPolicy
 from tuner.sim.build import SimOptions, build_engine
@@ -366,8 +367,48 @@ async def _pause(stop: asyncio.Event, seconds: float) -> None:
     raise _Stopped
 
 
+@dataclass(frozen=True)
+class OfflineStart:
+    """``sim-serve``'s startup without its pauses or its socket (``start_offline``)."""
+
+    exit_code: int | None  # None: it would serve; else what sim-serve would exit with
+    plan: MemoryPlan | None
+    engine: SimEngine | None
+    launch: _Launch | None  # None: its flags were refused
+
+
+def start_offline(
+    argv: Sequence[str], vllm_log: VllmLog, environ: Mapping[str, str] | None = None
+) -> OfflineStart:
+    """What ``tuner sim-serve argv`` prints up to serving, and its engine, with no pause
+    (``--startup-delay``, ``--compile-delay`` as 0) and no socket: the same flags'
+    refusals (exit 2), startup lines, failures (exit 1) and compile cache (in
+    ``environ``'s ``VLLM_CACHE_ROOT``), for a server on the twin's virtual clock
+    (``tuner.twin.virtual_server``). ``argv``: sim-serve's flags, without the command."""
+    parser = argparse.ArgumentParser(prog="tuner")
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["sim-serve", *argv])
+    version = VllmVersion.parse(args.vllm_version) if args.vllm_version else VllmVersion.current()
+    try:
+        launch = _resolve(args, version)
+    except _VllmArgumentError as exc:
+        vllm_log.emit(Process.API_SERVER, str(exc), stderr=True)
+        return OfflineStart(exit_code=2, plan=None, engine=None, launch=None)
+    except TunerError as exc:  # as the tuner's command line says one (tuner.cli.main)
+        vllm_log.emit(Process.API_SERVER, f"tuner: error: {exc}", stderr=True)
+        return OfflineStart(exit_code=2, plan=None, engine=None, launch=None)
+    launch = dataclasses.replace(launch, startup_delay_s=0.0, compile_delay_s=0.0)
+    plan, engine = asyncio.run(_start_engine(launch, vllm_log, asyncio.Event(), environ))
+    return OfflineStart(
+        exit_code=None if engine is not None else 1, plan=plan, engine=engine, launch=launch
+    )
+
+
 async def _start_engine(
-    launch: _Launch, vllm_log: VllmLog, stop: asyncio.Event
+    launch: _Launch,
+    vllm_log: VllmLog,
+    stop: asyncio.Event,
+    environ: Mapping[str, str] | None = None,
 ) -> tuple[MemoryPlan, SimEngine | None]:
     """Print vLLM's startup lines up to "init engine"; the engine, or None after a failure."""
     who = launch.identity
@@ -394,7 +435,7 @@ async def _start_engine(
     log_model_loading(vllm_log, plan, time.monotonic() - started)
     compile_s = 0.0
     if not launch.params.enforce_eager:
-        compile_s = await _torch_compile(launch, plan, vllm_log, stop)
+        compile_s = await _torch_compile(launch, plan, vllm_log, stop, environ)
     await _pause(stop, launch.startup_delay_s - load_s)
     log_profile_result(vllm_log, plan, launch.params.kv_cache_memory_bytes)
     if failure is not None and stage is _Stage.PROFILING:
@@ -411,11 +452,15 @@ async def _start_engine(
 
 
 async def _torch_compile(
-    launch: _Launch, plan: MemoryPlan, vllm_log: VllmLog, stop: asyncio.Event
+    launch: _Launch,
+    plan: MemoryPlan,
+    vllm_log: VllmLog,
+    stop: asyncio.Event,
+    environ: Mapping[str, str] | None = None,
 ) -> float:
     """vLLM's torch.compile: cold, it compiles for ``compile_delay_s`` and keeps the graphs
     in $VLLM_CACHE_ROOT/torch_compile_cache/<hash>/; warm, it loads them. Its seconds."""
-    cache = CompileCache.of(launch.identity.model, launch.params, launch.version)
+    cache = CompileCache.of(launch.identity.model, launch.params, launch.version, environ)
     backbone = launch.version.at_least(COMPILE_BACKBONE_DIR)
     warm = cache.warm(backbone=backbone)
     share = WARM_COMPILE_SHARE if warm else 1.0

@@ -52,6 +52,24 @@ class FailedRequests(BaseModel):
 
 
 @dataclass(frozen=True)
+class RequestOutcome:
+    """What became of one record of a run (``run(keep_requests=True)``), virtual seconds:
+    answered (``finish_s``), still in flight where the run stopped (neither ``finish_s``
+    nor ``failure``: the tokens it had), or failed (``failure``, with the server's words)."""
+
+    index: int  # the record's position in the run's records
+    arrival_s: float
+    first_token_s: float | None
+    finish_s: float | None
+    token_times_s: tuple[float, ...]
+    prompt_tokens: int
+    output_tokens: int
+    failure: FailureReason | None = None
+    message: str | None = None
+    http_status: int | None = None
+
+
+@dataclass(frozen=True)
 class EngineSample:
     """The engine's state at the start of one step (virtual seconds)."""
 
@@ -59,6 +77,11 @@ class EngineSample:
     waiting: int
     running: int
     kv_usage: float  # fraction of the KV cache in use
+    # The engine's counters so far, as /metrics has them (vllm:num_preemptions_total,
+    # vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total).
+    preemptions_total: int = 0
+    prefix_queries_tokens: int = 0
+    prefix_hits_tokens: int = 0
 
 
 class SimulationResult(BaseModel):
@@ -86,6 +109,9 @@ class SimulationResult(BaseModel):
     # Left out of ``model_dump``: the JSON a run prints is its summary.
     arrivals_s: tuple[float | None, ...] = Field(default=(), exclude=True)
     samples: tuple[EngineSample, ...] = Field(default=(), exclude=True)
+    # Every record that arrived, as it ended (``run(keep_requests=True)``), in record order
+    # (left out of ``model_dump``).
+    requests: tuple[RequestOutcome, ...] = Field(default=(), exclude=True)
 
 
 def synthetic_arrivals(
@@ -251,6 +277,7 @@ def run(
     measure_to_s: float | None = None,
     sample_every_s: float | None = None,
     step_by_step: bool = False,
+    keep_requests: bool = False,
 ) -> SimulationResult:
     """Feed the arrivals to the engine on a virtual clock until every request is done.
 
@@ -272,6 +299,10 @@ def run(
     where the run ended when ``measure_to_s`` is not given. A request never sent counts
     at its planned ``arrival_s``. ``sample_every_s``: keep the engine's state at one
     step in every so many virtual seconds (``SimulationResult.samples``).
+
+    ``keep_requests``: keep what became of each record that arrived
+    (``SimulationResult.requests``: its timings and tokens, or its failure), for a caller
+    that turns the run into a load generator's records (``tuner.twin.virtual_server``).
 
     The engine's plain decodes are written down late (``tuner.sim.deferred``), which
     gives the same run as ``step_by_step`` (``SimEngine.step`` for every step, each
@@ -333,7 +364,10 @@ def run(
         steps += 1
         peak_usage = max(peak_usage, result.kv_usage)
         if sample_every_s is not None and now >= next_sample_s:
-            sample = EngineSample(now, result.num_waiting, result.num_running, result.kv_usage)
+            sample = EngineSample(
+                now, result.num_waiting, result.num_running, result.kv_usage,
+                engine.num_preemptions, engine.prefix_queries_tokens, engine.prefix_hits_tokens,
+            )  # fmt: skip
             samples.append(sample)
             next_sample_s = now + sample_every_s
         for request in result.finished:
@@ -375,10 +409,43 @@ def run(
             measure_from_s if measure_from_s is not None else -math.inf,
             measure_to_s if measure_to_s is not None else math.inf,
         )
-    return _summarise(
+    summary = _summarise(
         engine, records, finished, failures, now, steps, peak_usage, slo, died, partial,
         arrivals=arrivals.at, window=window, samples=samples,
     )  # fmt: skip
+    if not keep_requests:
+        return summary
+    in_flight = [*engine.running, *engine.waiting] if died is None else []
+    kept = _outcomes(records, [*finished, *in_flight], index_of, failures, arrivals.at)
+    return summary.model_copy(update={"requests": kept})
+
+
+def _outcomes(
+    records: Sequence[TraceRecord],
+    served: Sequence[SimRequest],
+    index_of: dict[str, int],
+    failures: _Failures,
+    arrivals: Sequence[float | None],
+) -> tuple[RequestOutcome, ...]:
+    """What became of every record that arrived (``run``'s ``keep_requests``), in record order."""
+    first = failures.first
+    kept: dict[int, RequestOutcome] = {}
+    for request in served:
+        j = index_of[request.request_id]
+        kept[j] = RequestOutcome(
+            index=j, arrival_s=request.arrival_s, first_token_s=request.first_token_s,
+            finish_s=request.finish_s, token_times_s=tuple(request.token_times_s),
+            prompt_tokens=records[j].prompt_tokens, output_tokens=len(request.output_token_ids),
+        )  # fmt: skip
+    for j, reason in failures.by_index.items():
+        at = arrivals[j] if j < len(arrivals) else None
+        message, status = first[reason]
+        kept[j] = RequestOutcome(
+            index=j, arrival_s=records[j].arrival_s if at is None else at, first_token_s=None,
+            finish_s=None, token_times_s=(), prompt_tokens=records[j].prompt_tokens,
+            output_tokens=0, failure=reason, message=message, http_status=status,
+        )  # fmt: skip
+    return tuple(kept[j] for j in sorted(kept))
 
 
 class _Failures:

@@ -1,0 +1,95 @@
+"""``VirtualServer`` (tuner.twin.virtual_server): the simulated engine as a tune's server on the
+twin's virtual clock starts and fails as sim-serve does, says it was not launched, and
+measures a level alike every time in well under a second."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.integration.tune_run import TINY_WORKLOAD
+from tuner.search.rate_search import plan_level_schedule
+from tuner.serving.live_server import LoadMeasurement
+from tuner.serving.load import resolve_workload
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend, LaunchSpec, TrialOutcome
+from tuner.twin.virtual_server import MEASURED_ON, VirtualServer
+from tuner.vllm.gpus import get_gpu
+from tuner.vllm.memory import ServingParams, plan
+from tuner.vllm.models import resolve_model
+from tuner.vllm.versions import VllmVersion
+
+
+def _launch(tmp_path: Path, **params: object) -> LaunchSpec:
+    return LaunchSpec(
+        backend=Backend.SIM, model="llama-3.1-8b", gpu="L4",
+        params=ServingParams(max_model_len=256, **params),
+        cache_dir=tmp_path / "vllm-cache",
+    )  # fmt: skip
+
+
+def test_a_plan_that_does_not_fit_fails_as_the_memory_model_says(tmp_path: Path) -> None:
+    launch = _launch(tmp_path, gpu_memory_utilization=0.5)
+    predicted = plan(
+        resolve_model("llama-3.1-8b"), get_gpu("L4"), launch.params, VllmVersion.current()
+    )
+    assert not predicted.fits and predicted.failure is not None
+    server = VirtualServer(launch, trial_dir=tmp_path / "t", registry=ChildRegistry(tmp_path))
+    with server:
+        assert not server.ready
+    startup = server.startup
+    assert startup is not None and startup.failure is not None
+    # vLLM's words in the log, classified as a launched server's are
+    assert startup.failure.kind is predicted.failure.kind
+    assert startup.outcome is TrialOutcome.of_failure(predicted.failure)
+    assert startup.exit_code == 1 and startup.report is None
+    log = (tmp_path / "t" / "server.log").read_text()
+    assert (
+        log.splitlines()[0].startswith("# tuner: not launched")
+        and "sim-serve" in log.splitlines()[0]
+    )
+    assert MEASURED_ON in (startup.note or "")
+    assert server.gpu is None  # as a launch that never got ready: no timeline
+
+
+def _level(server: VirtualServer, out: Path) -> tuple[LoadMeasurement, float]:
+    spec = resolve_workload(str(TINY_WORKLOAD), rate_per_s=None, duration_s=None)
+    level_spec, level_plan, schedule = plan_level_schedule(
+        spec, 4.0, window_s=3.0, warmup_s=1.0, max_model_len=256
+    )
+    began = time.monotonic()
+    m = server.measure(level_spec, schedule, out_dir=out, drain_s=4.0, level=level_plan)
+    return m, time.monotonic() - began
+
+
+def test_a_level_is_measured_alike_every_time_in_well_under_a_second(tmp_path: Path) -> None:
+    results = []
+    for i in range(2):
+        server = VirtualServer(
+            _launch(tmp_path), trial_dir=tmp_path / f"t{i}", registry=ChildRegistry(tmp_path)
+        )
+        with server:
+            assert server.ready and server.startup is not None
+            assert server.startup.report is not None and server.startup.report.kv_cache_tokens
+            assert server.chain(tmp_path) is None  # every level a run of its own
+            m, took_s = _level(server, tmp_path / f"t{i}" / "level-0")
+        assert took_s < 1.0
+        results.append(m)
+        out = tmp_path / f"t{i}" / "level-0"
+        for name in (
+            "schedule.jsonl",
+            "requests.jsonl",
+            "metrics.csv",
+            "window.json",
+            "backlog.json",
+        ):
+            assert (out / name).stat().st_size > 0, name
+        assert server.gpu is not None and server.gpu.peak_used_bytes and server.gpu.total_bytes
+        assert server.gpu.peak_used_bytes < server.gpu.total_bytes
+        assert (tmp_path / f"t{i}" / "gpu.csv").stat().st_size > 0
+        # the compile cache goes where a launched server's would (VLLM_CACHE_ROOT)
+        assert any((tmp_path / "vllm-cache" / "torch_compile_cache").iterdir())
+    first, second = results
+    assert first.load.num_requests > 0 and first.slo.met
+    assert first.load == second.load and first.slo == second.slo
+    assert first.window is not None and first.window == second.window
