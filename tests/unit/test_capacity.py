@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 
+from tests.tuner_command import tuner_in_process, tuner_process
 from tests.unit.test_configs import assert_valid_k8s, by_kind, docs_of
 from tuner.capacity.calibration import PAPER_ERROR, Provenance
 from tuner.capacity.fleet import fleet_size, pareto_front, parse_prices, replicas_for
@@ -72,37 +73,52 @@ def test_the_pareto_front_keeps_what_nothing_beats_on_both_axes() -> None:
     assert pareto_front(points) == [3, 1, 0]  # (70, 15) loses to (80, 20); (100, 5) to (100, 10)
 
 
-def _tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner.cli", "capacity", *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd,
-    )  # fmt: skip
+BAD_INPUT = [
+    (["--gpus", "H100-80GB,Z9000"], "unknown GPU 'Z9000'; known GPUs:"),
+    (["--tensor-parallel-size", "1,3"], "--tensor-parallel-size 3 does not divide"),
+    (["--tensor-parallel-size", "two"], "accepted: a comma list of integers"),
+    (["--tensor-parallel-size", "8,16"], "16 is more GPUs than one node's 8"),
+    (
+        ["--gpus", "H100-80GB", "--price", "A100-80GB=1.5"],
+        "not in the plan; accepted: H100-80GB",
+    ),
+    (["--peak", "0"], "--peak 0 is not accepted; accepted: a rate > 0"),
+    (["--peak", "nan"], "--peak nan is not accepted"),
+    (["--headroom", "1"], "--headroom 1 is not accepted"),
+    (["--from", "nowhere"], "--from 'nowhere"),
+]
 
 
-@pytest.mark.parametrize(
-    ("args", "says"),
-    [
-        (["--gpus", "H100-80GB,Z9000"], "unknown GPU 'Z9000'; known GPUs:"),
-        (["--tensor-parallel-size", "1,3"], "--tensor-parallel-size 3 does not divide"),
-        (["--tensor-parallel-size", "two"], "accepted: a comma list of integers"),
-        (["--tensor-parallel-size", "8,16"], "16 is more GPUs than one node's 8"),
-        (
-            ["--gpus", "H100-80GB", "--price", "A100-80GB=1.5"],
-            "not in the plan; accepted: H100-80GB",
-        ),
-        (["--peak", "0"], "--peak 0 is not accepted; accepted: a rate > 0"),
-        (["--peak", "nan"], "--peak nan is not accepted"),
-        (["--headroom", "1"], "--headroom 1 is not accepted"),
-        (["--from", "nowhere"], "--from 'nowhere"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
-    base = ["--model", "llama-3.1-8b", "--peak", "10", "--out", str(tmp_path / "plan")]
-    done = _tuner(*base, *args, cwd=tmp_path)
+def _bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], says: str, run: Callable[[list[str]], CompletedProcess[str]]
+) -> None:
+    base = ["capacity", "--model", "llama-3.1-8b", "--peak", "10", "--out", str(tmp_path / "plan")]
+    done = run([*base, *args])
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], done.stderr
     assert not (tmp_path / "plan").exists()  # nothing screened, nothing written
+
+
+def test_bad_input_in_a_process_of_its_own_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    args, says = BAD_INPUT[0]
+    _bad_input_is_one_line_and_exit_2(
+        tmp_path, args, says, lambda argv: tuner_process(argv, cwd=tmp_path)
+    )
+
+
+@pytest.mark.parametrize(("args", "says"), BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    says: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _bad_input_is_one_line_and_exit_2(
+        tmp_path, args, says, lambda argv: tuner_in_process(argv, capsys)
+    )
 
 
 def _tiny_space() -> OptionSpace:

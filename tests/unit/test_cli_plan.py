@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tuner_command import tuner_in_process
+
 PLAN_FIELDS = {
     "fits",
     "failure",
@@ -110,45 +112,58 @@ def test_sweep_max_model_len_table_marks_the_edge() -> None:
     assert "<- edge" in out.stdout and "largest --max-model-len that starts" in out.stdout
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["--model", "nope-9b", "--gpu", "h100"], "unknown model 'nope-9b'"),
-        (["--model", "llama-3.1-8b", "--gpu", "V100"], "unknown GPU 'V100'"),
-        (
-            ["--model", "llama-3.1-8b", "--gpu", "h100", "--gpu-memory-utilization", "1.2"],
-            "--gpu-memory-utilization 1.2 is out of range",
-        ),
-        (
-            ["--model", "llama-3.1-8b", "--gpu", "h100", "--max-num-seqs", "-4"],
-            "--max-num-seqs -4 is out of range",
-        ),
-        (
-            ["--model", "llama-3.1-8b", "--gpu", "h100", "--vllm-version", "0.4"],
-            "vLLM version '0.4' is not emulated",
-        ),
-        (
-            ["--model", "llama-3.1-8b", "--gpu", "h100", "--sweep", "temperature"],
-            "--sweep 'temperature' is not a knob",
-        ),
-        (
-            ["--model", "llama-3.1-8b", "--gpu", "h100", "--calibrate-from", "/nonexistent.log"],
-            "cannot read vLLM log",
-        ),
-        (
-            ["--model", "llama-3.1-8b", "--gpu", "h100", "--max-num-seqs", "many"],
-            "argument --max-num-seqs: invalid int value: 'many'",
-        ),
-        (["--gpu", "h100"], "the following arguments are required: --model"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_code_2(args: list[str], needle: str) -> None:
-    out = tuner("plan", *args)
+BAD_INPUT = [
+    (["--model", "nope-9b", "--gpu", "h100"], "unknown model 'nope-9b'"),
+    (["--model", "llama-3.1-8b", "--gpu", "V100"], "unknown GPU 'V100'"),
+    (
+        ["--model", "llama-3.1-8b", "--gpu", "h100", "--gpu-memory-utilization", "1.2"],
+        "--gpu-memory-utilization 1.2 is out of range",
+    ),
+    (
+        ["--model", "llama-3.1-8b", "--gpu", "h100", "--max-num-seqs", "-4"],
+        "--max-num-seqs -4 is out of range",
+    ),
+    (
+        ["--model", "llama-3.1-8b", "--gpu", "h100", "--vllm-version", "0.4"],
+        "vLLM version '0.4' is not emulated",
+    ),
+    (
+        ["--model", "llama-3.1-8b", "--gpu", "h100", "--sweep", "temperature"],
+        "--sweep 'temperature' is not a knob",
+    ),
+    (
+        ["--model", "llama-3.1-8b", "--gpu", "h100", "--calibrate-from", "/nonexistent.log"],
+        "cannot read vLLM log",
+    ),
+    (
+        ["--model", "llama-3.1-8b", "--gpu", "h100", "--max-num-seqs", "many"],
+        "argument --max-num-seqs: invalid int value: 'many'",
+    ),
+    (["--gpu", "h100"], "the following arguments are required: --model"),
+]
+
+
+def _bad_input_is_one_line_and_exit_code_2(
+    out: subprocess.CompletedProcess[str], needle: str
+) -> None:
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert needle in lines[0]
     assert out.stdout == ""
+
+
+def test_bad_input_in_a_process_of_its_own_is_one_line_and_exit_code_2() -> None:
+    for args, needle in (BAD_INPUT[0], BAD_INPUT[-1]):  # the tuner's check and argparse's
+        _bad_input_is_one_line_and_exit_code_2(tuner("plan", *args), needle)
+
+
+@pytest.mark.parametrize(("args", "needle"), BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_code_2(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In this process (tests/tuner_command.py): the same line and exit code."""
+    _bad_input_is_one_line_and_exit_code_2(tuner_in_process(["plan", *args], capsys), needle)
 
 
 def test_model_directory_without_config_json(tmp_path: Path) -> None:

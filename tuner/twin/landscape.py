@@ -35,6 +35,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
+from tuner.serving.processes import set_parent_death_signal
 from tuner.sim.timing import TimingFactors
 from tuner.twin.prediction import Setup, answer_times_of, steady_run
 from tuner.vllm.gpus import GpuSpec
@@ -334,8 +335,13 @@ def _screen_groups_job(args: tuple[ScreenJob, list[list[TrialParams]]]) -> list[
     return screen_groups(job, groups)
 
 
-def _lowest_priority() -> None:
-    """Beside a trial being measured, the screen takes only what is idle."""
+def _screen_worker(tune_pid: int) -> None:
+    """A screen worker's start: it dies with the tune, even a tune killed with SIGKILL (a
+    pool worker waits for its next task forever otherwise, and multiprocessing's resource
+    tracker with it), and beside a trial being measured it takes only what is idle."""
+    set_parent_death_signal()
+    if os.getppid() != tune_pid:  # the tune died before the signal was asked for
+        os._exit(0)
     if os.name == "posix":
         os.nice(19)
 
@@ -355,7 +361,8 @@ def _landscape(
 
 class ScreenRun:
     """A screen under way in worker processes (spawned, lowest CPU priority), so the
-    first trial is measured meanwhile; ``stop`` ends them (no process outlives the tune)."""
+    first trial is measured meanwhile; ``stop`` ends them, and they die with the tune if it
+    is killed (no process outlives the tune)."""
 
     def __init__(self, job: ScreenJob, space: SearchSpace, *, jobs: int = 1) -> None:
         self.job = job
@@ -365,7 +372,7 @@ class ScreenRun:
         jobs = max(1, min(jobs, len(runs)))
         chunks = [[g for run in runs[i::jobs] for g in run] for i in range(jobs)]
         context = multiprocessing.get_context("spawn")  # the tune's threads stay out of it
-        self._pool = context.Pool(len(chunks), initializer=_lowest_priority)
+        self._pool = context.Pool(len(chunks), initializer=_screen_worker, initargs=(os.getpid(),))
         self._async = self._pool.map_async(_screen_groups_job, [(job, c) for c in chunks])
         self._pool.close()
 
