@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,7 +84,7 @@ def test_a_tune_fits_the_twin_to_an_engine_it_has_not_seen(tmp_path: Path) -> No
     assert calibrated["A100-40GB"]["error"] == pytest.approx(PAPER_ERROR)
 
 
-def _capacity_options(out: Path, *extra: str) -> dict[str, dict[str, object]]:
+def _capacity_options(out: Path, *extra: str) -> dict[str, dict[str, Any]]:
     done = tuner_cli("capacity", "--model", "llama-3.1-8b", "--workload", TINY_WORKLOAD,
                      "--peak", "20", "--gpus", "L4,A100-40GB", "--tensor-parallel-size", "1",
                      "--no-report", "--out", out, *extra)  # fmt: skip
