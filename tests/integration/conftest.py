@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.tune_run import small_tune
+from tests.integration.tune_run import REAL_TUNE_ARGS, small_tune
 from tests.virtual import virtual_tune
 
 # Session fixtures too slow to build in each xdist worker: every test using one runs in one
@@ -59,7 +59,7 @@ def tuned_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def real_tuned_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory left by a complete `tuner tune` on the simulated engine in real time:
-    sim-serve processes loaded by Locust (about 2 min)."""
+    sim-serve processes loaded by Locust (``REAL_TUNE_ARGS``: about two minutes)."""
     run_dir = tmp_path_factory.mktemp("real-tuned") / "run"
-    small_tune(run_dir)
+    small_tune(run_dir, *REAL_TUNE_ARGS)
     return run_dir

@@ -1,6 +1,10 @@
 """Parallelism in the tune (issue 19): on a (virtual) host of two GPUs, `tuner tune`
 searches ``--tensor-parallel-size``, launches a server over both GPUs beside one on
-one, ranks them per GPU, states the comparison and deploys the winner's size."""
+one, ranks them per GPU, states the comparison and deploys the winner's size.
+
+The tune runs on the twin's virtual clock (tests/virtual.py: sim-serve's own startup of
+each server, its flags included, into the trial's server.log); the refusal runs the command
+line in this process."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.tune_run import tune
+from tests.virtual import tune_cli, virtual_tune
 from tuner.search.evaluate import Evaluation
 from tuner.search.parallelism import ParallelismComparison, Source
 
@@ -21,13 +25,13 @@ def test_a_tune_over_two_gpus_compares_one_server_of_two_with_two_of_one(
     tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
-    done = tune(
+    done = virtual_tune(
         run_dir, "--gpu-count", "2", "--space", "tensor-parallel-size=1,2",
         "--space", "max-num-seqs=16", "--knobs", "max-num-seqs,tensor-parallel-size",
         "--trials", "2", "--no-edge", "--no-confirm",
         twin_search=True,
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.summary.best_trial is not None, done.output  # `tuner tune` exits 0
     evaluations = {
         int(p.parent.name): Evaluation.model_validate_json(p.read_text())
         for p in (run_dir / "trials").glob("*/evaluation.json")
@@ -36,7 +40,7 @@ def test_a_tune_over_two_gpus_compares_one_server_of_two_with_two_of_one(
     assert sorted(sizes.values()) == [1, 2], sizes
     two = next(n for n, tp in sizes.items() if tp == 2)
     log = (run_dir / "trials" / f"{two:03d}" / "server.log").read_text()
-    assert "tensor_parallel_size=2" in log  # the server really ran over two GPUs
+    assert "tensor_parallel_size=2" in log  # the server was started over two GPUs
 
     goodput = {sizes[n]: ev.stated_goodput.arrival_rate_per_s for n, ev in evaluations.items()}
     assert all(g > 0 for g in goodput.values()), goodput
@@ -52,11 +56,9 @@ def test_a_tune_over_two_gpus_compares_one_server_of_two_with_two_of_one(
     per_gpu_best = max((1, 2), key=lambda tp: goodput[tp] / tp)
     assert comparison.best is not None
     assert comparison.best.tensor_parallel_size == per_gpu_best
-    assert "parallelism on 2 GPUs" in done.stdout
+    assert "parallelism on 2 GPUs" in done.output
     # the trial over two GPUs says what it holds per GPU, the one over one does not
-    trial_lines = {
-        int(line.split()[1]): line for line in done.stdout.splitlines() if line.startswith("trial ")
-    }
+    trial_lines = {int(line.split()[1]): line for line in done.lines if line.startswith("trial ")}
     assert f"({goodput[2] / 2:.2f} per GPU)" in trial_lines[two], trial_lines
     one = next(n for n in sizes if n != two)
     # a trial that met counts itself in the best so far, the first one too
@@ -82,7 +84,7 @@ def test_a_tune_over_two_gpus_compares_one_server_of_two_with_two_of_one(
 
 def test_more_gpus_than_the_host_has_is_one_line_before_any_launch(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    done = tune(run_dir, "--gpu-count", "2", "--space", "tensor-parallel-size=1,2,4")
+    done = tune_cli(run_dir, "--gpu-count", "2", "--space", "tensor-parallel-size=1,2,4")
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert "tensor-parallel-size value 4 is more GPUs than the 2 this host has" in line

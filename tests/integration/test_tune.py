@@ -25,7 +25,7 @@ import yaml
 from kubernetes_validate import validate
 from kubernetes_validate.utils import latest_version
 
-from tests.integration.tune_run import SMALL_TUNE_ARGS
+from tests.integration.tune_run import REAL_TUNE_TRIALS, SMALL_TUNE_ARGS
 from tests.virtual import Done, tune_cli, tuner_cli, virtual_tune
 from tuner.search.edge import EdgeResult
 from tuner.search.evaluate import Evaluation, Verdict
@@ -218,7 +218,7 @@ def test_no_server_or_load_generator_outlives_the_tune(real_tuned_run: Path) -> 
     """The one real-time `tuner tune` on the simulated backend: sim-serve processes loaded by
     Locust, end to end (``real_tuned_run``)."""
     summary = json.loads((real_tuned_run / "summary.json").read_text())
-    assert summary["trials"] == 3 and summary["best_trial"] is not None
+    assert summary["trials"] == REAL_TUNE_TRIALS and summary["best_trial"] is not None
     assert (real_tuned_run / "recommendation" / "recommendation.json").exists()
     assert (real_tuned_run / "report.html").exists()
     # Every server got VLLM_CACHE_ROOT under the run directory (the simulated engine keeps

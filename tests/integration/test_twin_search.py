@@ -1,7 +1,11 @@
 """The twin-guided search (issue 17): the twin screens the whole space before the first
 launch, the trial after vLLM's defaults goes to its best setting, the report shows the
 landscape with the measured trials and the twin's error at each; ``--dry-run`` says
-all that without launching; an interrupted screen leaves no process behind."""
+all that without launching; an interrupted screen leaves no process behind.
+
+The screened tune runs on the twin's virtual clock (tests/virtual.py) and the dry run in
+this process; the interrupted screen stays a real `tuner tune` process (it tests that
+SIGINT leaves none of its screen workers running)."""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.tune_run import SMALL_TUNE_ARGS, tune
+from tests.integration.tune_run import SMALL_TUNE_ARGS
+from tests.virtual import tune_args, tune_cli, tuner_cli, virtual_tune
 from tuner.twin.landscape import Landscape, ScreenMethod, candidates
 from tuner.twin.screen import RERANK
 from tuner.vllm.space import TrialParams
@@ -28,14 +33,16 @@ SPACE = ("--space", "gpu-memory-utilization=0.8..0.95/0.03")
 
 def test_the_twin_screens_the_space_and_picks_the_next_trial(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    done = tune(run_dir, *SPACE, "--trials", "3", "--no-edge", "--no-confirm", twin_search=True)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = virtual_tune(
+        run_dir, *SPACE, "--trials", "3", "--no-edge", "--no-confirm", twin_search=True
+    )
+    assert done.summary.best_trial is not None, done.output  # `tuner tune` exits 0
     landscape = Landscape.model_validate_json((run_dir / "landscape.json").read_text())
     assert len(landscape.points) == 96
     assert all(
         p.rate_per_s > 0 for p in landscape.points if p.method is not ScreenMethod.NOT_STARTING
     )
-    assert "96 settings screened" in done.stdout
+    assert "96 settings screened" in done.output
     assert "settings screened" in (run_dir / "tune.log").read_text()
 
     evaluations = [
@@ -46,23 +53,23 @@ def test_the_twin_screens_the_space_and_picks_the_next_trial(tmp_path: Path) -> 
     # Trial 1 is the twin's: one of its most promising settings, or, where it predicts
     # none above vLLM's defaults as measured (this tiny workload saturates every
     # setting with the most sequences), the sampler's draw, and it says so.
-    if "twin: next " in done.stdout:
+    if "twin: next " in done.output:
         top = candidates(landscape, [defaults], count=RERANK)
         assert second in [p.params for p in top], (second, [p.params for p in top])
-        assert "twin: next " + second.short() in done.stdout
+        assert "twin: next " + second.short() in done.output
     else:
-        assert "no untried setting predicted above the best measured" in done.stdout, done.stdout
+        assert "no untried setting predicted above the best measured" in done.output, done.output
     html = (run_dir / "report.html").read_text()
     table = html[html.index('id="twin-points"') :]
     assert "vLLM defaults" in table and ("twin&#39;s pick" in table) == (
-        "twin: next " in done.stdout
+        "twin: next " in done.output
     )
     assert html.count('<tr><td class="num">', html.index('id="twin-points"')) >= 2
 
 
 def test_dry_run_plans_without_launching(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    done = tune(run_dir, *SPACE, "--dry-run", twin_search=True)
+    done = tuner_cli(*tune_args(run_dir, *SPACE, "--dry-run", twin_search=True))
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "nothing is launched" in out
@@ -71,7 +78,7 @@ def test_dry_run_plans_without_launching(tmp_path: Path) -> None:
     assert "vLLM's defaults" in out and "the twin's pick" in out
     assert "estimated: ~" in out and "no GPU (simulated engine)" in out
     assert not run_dir.exists()
-    bad = tune(run_dir, "--dry-run", "--space", "max-num-seqs=0..4")
+    bad = tune_cli(run_dir, "--dry-run", "--space", "max-num-seqs=0..4")
     assert bad.returncode == 2 and "max-num-seqs" in bad.stderr
     assert not run_dir.exists()
 

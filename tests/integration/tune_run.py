@@ -32,6 +32,13 @@ SMALL_TUNE_ARGS = (
     "--seed", "7",
 )  # fmt: skip
 
+# The one real-time shared tune's flags over SMALL_TUNE_ARGS (the last of a flag wins;
+# tests/integration/conftest.py's ``real_tuned_run``): every kind of launch (trials, edge
+# probes, confirmations) at fewer launches; its test asserts processes, the run
+# directory's files and the trial count, not the tune's decisions (the virtual tunes do).
+REAL_TUNE_TRIALS = 2
+REAL_TUNE_ARGS = ("--trials", str(REAL_TUNE_TRIALS), "--max-edge-launches", "2")
+
 
 def tune(
     run_dir: Path, *extra: str, timeout_s: float = 600, twin_search: bool = False

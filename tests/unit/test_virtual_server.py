@@ -4,15 +4,19 @@ measures a level alike every time in well under a second."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 from tests.integration.tune_run import TINY_WORKLOAD
-from tuner.search.rate_search import plan_level_schedule
+from tuner.serving.level_schedule import plan_level_schedule
 from tuner.serving.live_server import LoadMeasurement
 from tuner.serving.load import resolve_workload
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec, TrialOutcome
+from tuner.sim.timing import TimingFactors
+from tuner.twin.fit import read_level, twin_accuracy
+from tuner.twin.prediction import Setup
 from tuner.twin.virtual_server import MEASURED_ON, VirtualServer
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams, plan
@@ -93,3 +97,34 @@ def test_a_level_is_measured_alike_every_time_in_well_under_a_second(tmp_path: P
     assert first.load.num_requests > 0 and first.slo.met
     assert first.load == second.load and first.slo == second.slo
     assert first.window is not None and first.window == second.window
+
+
+def test_the_engine_runs_at_the_step_costs_sim_serve_is_given(tmp_path: Path) -> None:
+    """``--sim-step-costs`` (sim-serve's ``--step-costs``) makes the engine one the twin has
+    not seen, as it does a launched sim-serve: the level is slower than at the paper's step
+    costs, and the twin at the hidden costs replays it exactly."""
+    hidden = "mfu=0.4,mbu=0.6,step_overhead_ms=3"
+    measured = {}
+    for name, costs in (("paper", None), ("hidden", hidden)):
+        launch = dataclasses.replace(_launch(tmp_path), sim_step_costs=costs)
+        server = VirtualServer(launch, trial_dir=tmp_path / name, registry=ChildRegistry(tmp_path))
+        with server:
+            assert server.ready
+            m, _ = _level(server, tmp_path / name / "level-0")
+        log = (tmp_path / name / "server.log").read_text().splitlines()[0]
+        assert ("--step-costs " + hidden in log) == (costs is not None)
+        measured[name] = m
+    paper_tpot = measured["paper"].load.tpot_ms.p50
+    hidden_tpot = measured["hidden"].load.tpot_ms.p50
+    assert paper_tpot is not None and hidden_tpot is not None and hidden_tpot > paper_tpot * 1.1
+    level = read_level(tmp_path / "hidden" / "level-0")
+    assert level is not None
+    setup = Setup(
+        resolve_model("llama-3.1-8b"), get_gpu("L4"), VllmVersion.current(),
+        _launch(tmp_path).params, timing=TimingFactors.parse(hidden),
+    )  # fmt: skip
+    at_hidden = twin_accuracy(setup, [level]).median_share
+    assert at_hidden is not None and at_hidden < 1e-3
+    paper = dataclasses.replace(setup, timing=TimingFactors())
+    at_paper = twin_accuracy(paper, [level]).median_share
+    assert at_paper is not None and at_paper > 0.05
