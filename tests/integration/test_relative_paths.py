@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -51,12 +50,9 @@ def test_trial_with_its_default_and_a_relative_out_directory(tmp_path: Path) -> 
     common = ("trial", "--model", "qwen2.5-7b", "--max-model-len", "4096",
               "--workload", str(TINY_WORKLOAD), "--duration", "2",
               "--sim-startup-delay", "0.1", "--json")  # fmt: skip
-    cases = (((), tmp_path / "runs" / "trial"),
-             (("--out", "runs/trial-1"), tmp_path / "runs" / "trial-1"))  # fmt: skip
-    # Both trials at once, from the same directory (their out directories differ).
-    with ThreadPoolExecutor(len(cases)) as pool:
-        runs = list(pool.map(lambda case: tuner_in(tmp_path, *common, *case[0]), cases))
-    for (_, out_dir), done in zip(cases, runs, strict=True):
+    for out_args, out_dir in (((), tmp_path / "runs" / "trial"),
+                              (("--out", "runs/trial-1"), tmp_path / "runs" / "trial-1")):  # fmt: skip
+        done = tuner_in(tmp_path, *common, *out_args)
         assert done.returncode == 0, done.stderr[-3000:]
         data = json.loads(done.stdout)
         assert data["outcome"] == "ready" and data["load"]["num_completed"] > 0
