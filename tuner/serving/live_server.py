@@ -355,16 +355,8 @@ class LiveServer:
         if warmup.kv_cache_fill is None:
             return None
         target = warmup.kv_cache_fill
-        spec = workload.model_copy(
-            update={
-                "duration_s": warmup.max_s,
-                "warmup": WarmupSpec(),
-                "seed": workload.seed + 7919,
-            }
-        )
-        schedule = plan_schedule(spec, max_model_len=self.launch.params.max_model_len)
-        schedule = sample_streams(
-            [dataclasses.replace(r, warmup=True) for r in schedule], self.stream_fraction
+        spec, schedule = fill_schedule(
+            workload, warmup, self.launch.params.max_model_len, self.stream_fraction
         )
         if not schedule:
             return KvFill(target=target, reached=None, seconds=0.0, requests_sent=0)
@@ -611,29 +603,20 @@ class LiveServer:
         if window_rule is None:
             assert load is not None and verdict is not None, "a run without a level sums itself"
         else:
-            opening = window_rule.final(watcher.samples, stopped_at)
+            opened = window_rule.final(watcher.samples, stopped_at)
+            opening, records, load, verdict = in_window(
+                workload, opened, records, start_unix_s=start, time_scale=k, out_dir=out_dir
+            )
             window_start = start + opening.opened_at_s * k
             window_end = window_start + opening.window_s * k
-            records = [
-                r for r in records if not r.warmup and window_start <= r.scheduled_s < window_end
-            ]
-            load, verdict = summarise_records(
-                workload, records, window_s=opening.window_s, time_scale=k, cut_short=True
-            )
-            opening = opening.model_copy(update={"requests": load.num_requests})
-            opening.write(out_dir)
-        backlog = check_backlog(
-            watcher.samples, records,
-            window_start_unix_s=window_start,
-            window_end_unix_s=min(window_end, stopped_at),
-            time_scale=k, ttft_limit_ms=loosest_ttft_ms(workload),
-        )  # fmt: skip
         fired = ended.fired
-        if window_rule is not None and window_rule.check is not None and "backlog" in fired:
-            # Stopped by the queue's growth: the check that decided it is the level's verdict
-            # (the window's few seconds after it may read steady once the load is cut).
-            backlog = window_rule.check
-        (out_dir / BACKLOG_JSON).write_text(backlog.model_dump_json(indent=2), "utf-8")
+        # Stopped by the queue's growth: the check that decided it is the level's verdict
+        # (the window's few seconds after it may read steady once the load is cut).
+        stopped_by = window_rule.check if window_rule is not None and "backlog" in fired else None
+        backlog = backlog_verdict(
+            workload, watcher.samples, records, window=(window_start, window_end),
+            stopped_unix_s=stopped_at, time_scale=k, stopped_by=stopped_by, out_dir=out_dir,
+        )  # fmt: skip
         return LoadMeasurement(
             out_dir=str(out_dir),
             outcome=died.outcome if died is not None else TrialOutcome.READY,
@@ -688,6 +671,68 @@ def chained_records(
         if since_unix_s <= record.scheduled_s < until_unix_s:
             done.setdefault(record.request_id, record)
     return sorted(done.values(), key=lambda r: (r.scheduled_s, r.request_id))
+
+
+def fill_schedule(
+    workload: WorkloadSpec, warmup: WarmupSpec, max_model_len: int | None, stream_fraction: float
+) -> tuple[WorkloadSpec, list[ScheduledRequest]]:
+    """What a warm-up by KV-cache fill sends (``fill_kv_cache``): the workload without its
+    own warm-up, for ``warmup.max_s``, on a seed of its own, and its schedule, every
+    request a warm-up one, its streamed share sampled."""
+    spec = workload.model_copy(
+        update={"duration_s": warmup.max_s, "warmup": WarmupSpec(), "seed": workload.seed + 7919}
+    )
+    schedule = plan_schedule(spec, max_model_len=max_model_len)
+    return spec, sample_streams(
+        [dataclasses.replace(r, warmup=True) for r in schedule], stream_fraction
+    )
+
+
+def in_window(
+    workload: WorkloadSpec,
+    opening: WindowOpening,
+    records: list[RequestRecord],
+    *,
+    start_unix_s: float,
+    time_scale: float,
+    out_dir: Path,
+) -> tuple[WindowOpening, list[RequestRecord], LoadResult, SloVerdict]:
+    """A level's records over the window its rule opened, judged against the SLO, and the
+    opening with the requests it measured (written to ``window.json``)."""
+    k = time_scale
+    window_start = start_unix_s + opening.opened_at_s * k
+    window_end = window_start + opening.window_s * k
+    kept = [r for r in records if not r.warmup and window_start <= r.scheduled_s < window_end]
+    load, verdict = summarise_records(
+        workload, kept, window_s=opening.window_s, time_scale=k, cut_short=True
+    )
+    opening = opening.model_copy(update={"requests": load.num_requests})
+    opening.write(out_dir)
+    return opening, kept, load, verdict
+
+
+def backlog_verdict(
+    workload: WorkloadSpec,
+    samples: list[MetricsSample],
+    records: list[RequestRecord],
+    *,
+    window: tuple[float, float],
+    stopped_unix_s: float,
+    time_scale: float,
+    stopped_by: BacklogCheck | None,
+    out_dir: Path,
+) -> BacklogCheck:
+    """The backlog guard's verdict on a run's window (unix seconds, cut at the stop),
+    written to ``backlog.json``; ``stopped_by``: the check that stopped the run for its
+    queue's growth, which is the verdict then."""
+    backlog = stopped_by or check_backlog(
+        samples, records,
+        window_start_unix_s=window[0],
+        window_end_unix_s=min(window[1], stopped_unix_s),
+        time_scale=time_scale, ttft_limit_ms=loosest_ttft_ms(workload),
+    )  # fmt: skip
+    (out_dir / BACKLOG_JSON).write_text(backlog.model_dump_json(indent=2), "utf-8")
+    return backlog
 
 
 def loosest_ttft_ms(workload: WorkloadSpec) -> float | None:

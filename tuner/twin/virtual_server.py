@@ -57,7 +57,6 @@ from types import TracebackType
 from typing import overload
 
 from tuner.errors import ConfigError
-from tuner.run.layout import BACKLOG_JSON
 from tuner.serving.backlog import BacklogCheck, check_backlog, clearly_growing
 from tuner.serving.gpu_sampler import (
     NOT_SAMPLED_NOTE,
@@ -76,13 +75,15 @@ from tuner.serving.live_server import (
     StopFactory,
     StopRule,
     WindowRule,
+    backlog_verdict,
+    fill_schedule,
+    in_window,
     loosest_ttft_ms,
 )
 from tuner.serving.load import (
     LOCAL_LOAD,
     LoadGenerators,
     percentile_shares,
-    plan_schedule,
     scaled_schedule,
     summarise_records,
 )
@@ -436,16 +437,8 @@ class VirtualServer:
         if warmup.kv_cache_fill is None:
             return None
         target = warmup.kv_cache_fill
-        spec = workload.model_copy(
-            update={
-                "duration_s": warmup.max_s,
-                "warmup": WarmupSpec(),
-                "seed": workload.seed + 7919,
-            }
-        )
-        schedule = plan_schedule(spec, max_model_len=self.launch.params.max_model_len)
-        schedule = sample_streams(
-            [dataclasses.replace(r, warmup=True) for r in schedule], self.stream_fraction
+        _, schedule = fill_schedule(
+            workload, warmup, self.launch.params.max_model_len, self.stream_fraction
         )
         if not schedule:
             return KvFill(target=target, reached=None, seconds=0.0, requests_sent=0)
@@ -530,25 +523,17 @@ class VirtualServer:
                 out_dir, start_unix_s=start
             )
             rule.opening = ended.opening
-            opening = rule.final(samples, stopped_unix)
+            opening, records, load, verdict = in_window(
+                workload, rule.final(samples, stopped_unix), records,
+                start_unix_s=start, time_scale=k, out_dir=out_dir,
+            )  # fmt: skip
             window_start = start + opening.opened_at_s * k
             window_end = window_start + opening.window_s * k
-            records = [
-                r for r in records if not r.warmup and window_start <= r.scheduled_s < window_end
-            ]
-            load, verdict = summarise_records(
-                workload, records, window_s=opening.window_s, time_scale=k, cut_short=True
-            )
-            opening = opening.model_copy(update={"requests": load.num_requests})
-            opening.write(out_dir)
-        backlog = check_backlog(
-            samples, records, window_start_unix_s=window_start,
-            window_end_unix_s=min(window_end, stopped_unix), time_scale=k,
-            ttft_limit_ms=loosest_ttft_ms(workload),
+        backlog = backlog_verdict(
+            workload, samples, records, window=(window_start, window_end),
+            stopped_unix_s=stopped_unix, time_scale=k,
+            stopped_by=ended.backlog if "backlog" in ended.fired else None, out_dir=out_dir,
         )  # fmt: skip
-        if ended.backlog is not None and "backlog" in ended.fired:
-            backlog = ended.backlog
-        (out_dir / BACKLOG_JSON).write_text(backlog.model_dump_json(indent=2), "utf-8")
         self._advance(start, ended.stop_s)
         return LoadMeasurement(
             out_dir=str(out_dir),
