@@ -46,12 +46,12 @@ vllm: install
 	$(UV) --python $(BIN)/python $(if $(VLLM_VERSION),'vllm==$(VLLM_VERSION)',-e '.[vllm]')
 	$(BIN)/python -c 'import importlib.metadata as m; print("vLLM", m.version("vllm"), "in $(VENV)")'
 
-# In 2 workers, then alone the tests that assert on send times (they need the cores to
+# In 4 workers, then alone the tests that assert on send times (they need the cores to
 # themselves). The suite against vLLM's CPU build (tests/vllm_cpu, ~10 min) has its own target.
 test: install
 	bash tools/install_browser.sh
 	bash tools/install_postgres.sh
-	$(BIN)/python -m pytest -m 'not vllm_cpu and not timing' -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -m 'not vllm_cpu and not timing' -n 4 --dist loadgroup
 	$(BIN)/python -m pytest -m 'timing and not vllm_cpu'
 
 test-vllm-cpu: install vllm-cpu

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reports.gate_settings import SUMMARY_ENV
 from tuner.errors import ConfigError, RunFileError
 from tuner.run.reader import RunReader
 from tuner.search.evaluate import Verdict
@@ -49,8 +50,6 @@ from tuner.vllm.versions import VllmVersion
 from workloads.slo import SloAsTexts
 
 BASELINE_FORMAT = 1
-DEFAULT_TOLERANCE_PCT = 5.0
-SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 SIMULATED_NOTE = (
     "SIMULATED: measured on the simulated engine, not on a GPU; for tests and "
     "demonstrations, never a gate for real vLLM"

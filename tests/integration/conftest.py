@@ -4,15 +4,19 @@ what only processes show."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.integration.tune_run import REAL_TUNE_ARGS, small_tune
+from tests.runtime_only import runtime_only_env
 from tests.virtual import virtual_tune
 
 # Session fixtures too slow to build in each xdist worker: every test using one runs in one
-# worker (the shared virtual tune, ``tuned_run``, takes seconds and is built where needed).
+# worker (the shared virtual tune, ``tuned_run``, is built once for all workers instead).
 REAL_TIME_FIXTURES = frozenset({"real_tuned_run"})
 
 
@@ -48,18 +52,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def tuned_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory left by the small tune (tests/integration/tune_run.py's
     ``SMALL_TUNE_ARGS``) run whole, report included, on the twin's virtual clock
-    (tests/virtual.py: seconds, not minutes). Tests of what a launched process does use
+    (tests/virtual.py: seconds, not minutes). Built once for the whole session: under
+    pytest-xdist the first worker to ask builds it in the workers' common temporary folder
+    while the others wait on its lock. Read-only to every test: a test that changes a run
+    changes a copy (``copy_run``). Tests of what a launched process does use
     ``real_tuned_run``."""
-    run_dir = tmp_path_factory.mktemp("tuned") / "run"
-    done = virtual_tune(run_dir)
-    assert done.summary.best_trial is not None, done.output  # as `tuner tune` exits 0
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    home = shared / "tuned-shared"
+    home.mkdir(exist_ok=True)
+    run_dir, built = home / "run", home / "built"
+    with (home / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not built.exists():
+            shutil.rmtree(run_dir, ignore_errors=True)  # a build that failed in another worker
+            done = virtual_tune(run_dir)
+            assert done.summary.best_trial is not None, done.output  # as `tuner tune` exits 0
+            built.touch()
     return run_dir
 
 
 @pytest.fixture(scope="session")
 def real_tuned_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory left by a complete `tuner tune` on the simulated engine in real time:
-    sim-serve processes loaded by Locust (``REAL_TUNE_ARGS``: about two minutes)."""
+    sim-serve processes loaded by Locust (``REAL_TUNE_ARGS``: about two minutes), run as on
+    an install without the dev extra (tests/runtime_only.py: the tune and every process it
+    starts; what they tried to import is logged beside the run directory)."""
     run_dir = tmp_path_factory.mktemp("real-tuned") / "run"
-    small_tune(run_dir, *REAL_TUNE_ARGS)
+    small_tune(run_dir, *REAL_TUNE_ARGS, env=runtime_only_env(run_dir.parent))
     return run_dir

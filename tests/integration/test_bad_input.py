@@ -13,6 +13,7 @@ import pytest
 
 from tests.integration.tune_run import SMALL_TUNE_ARGS
 from tests.models import small_llama_dir
+from tests.virtual import Done, tuner_cli
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ def tuner(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def _one_line(done: subprocess.CompletedProcess[str], *expected: str) -> str:
+def _one_line(done: subprocess.CompletedProcess[str] | Done, *expected: str) -> str:
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -69,8 +70,24 @@ TUNE_CASES = [
     ("flags", "expected"), TUNE_CASES, ids=[" ".join(c[0]) for c in TUNE_CASES]
 )
 def test_tune_refuses_bad_values_before_launching(
-    tmp_path: Path, flags: tuple[str, ...], expected: tuple[str, ...]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: tuple[str, ...],
+    expected: tuple[str, ...],
 ) -> None:
+    """Through the command line's own entry point in this process (tests/virtual.py's
+    ``tuner_cli``: its exit code, stdout and stderr); the first case also in a process of its
+    own, as a user's shell runs it (``test_a_bad_value_is_one_line_from_a_process_of_its_own``)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    run_dir = tmp_path / "run"
+    done = tuner_cli("tune", *SMALL_TUNE_ARGS, "--run-dir", str(run_dir), *flags)
+    _one_line(done, *expected)
+    assert not _launched(run_dir)
+
+
+def test_a_bad_value_is_one_line_from_a_process_of_its_own(tmp_path: Path) -> None:
+    flags, expected = TUNE_CASES[0]
     run_dir = tmp_path / "run"
     done = tuner(tmp_path, "tune", *SMALL_TUNE_ARGS, "--run-dir", str(run_dir), *flags)
     _one_line(done, *expected)

@@ -195,31 +195,44 @@ def test_two_processes_take_their_shares_of_each_segment(live: LiveServer, tmp_p
 
 def test_tune_chains_its_levels_when_asked(tmp_path: Path) -> None:
     """``tuner tune --chain-levels``: a trial's levels go on one load run (recorded in
-    tune.json and the study's settings); without the flag each level is a run of its own."""
+    tune.json and the study's settings). Without the flag each level is a run of its own:
+    ``test_without_the_flag_each_level_is_a_run_of_its_own``, on the real-time tune."""
     workload = tmp_path / "talk.yaml"
     workload.write_text(WORKLOAD)
-    base = [
+    run = tmp_path / "chained"
+    cmd = [
         sys.executable, "-m", "tuner.cli", "tune", "--backend", "sim", "--model", "llama-3.1-8b",
         "--gpu", "L4", "--workload", str(workload), "--trials", "1", "--no-edge", "--no-confirm",
         "--level-duration", "4", "--level-warmup", "2", "--max-levels", "2", "--rate", "3",
-        "--max-model-len", "4096", "--no-twin-search",
+        "--max-model-len", "4096", "--no-twin-search", "--run-dir", str(run), "--chain-levels",
     ]  # fmt: skip
-    for flag, chained in (("--chain-levels", True), (None, False)):
-        run = tmp_path / ("chained" if chained else "fresh")
-        cmd = [*base, "--run-dir", str(run), *([flag] if flag else [])]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
-        # 1: no trial met the SLOs (a short level on a small GPU may build a backlog)
-        assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
-        assert json.loads((run / "tune.json").read_text())["config"]["chain_levels"] is chained
-        (trial,) = run.glob("trials/000")
-        assert bool(list(trial.glob("chain-*"))) is chained
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    # 1: no trial met the SLOs (a short level on a small GPU may build a backlog)
+    assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads((run / "tune.json").read_text())["config"]["chain_levels"] is True
+    (trial,) = run.glob("trials/000")
+    levels = sorted(trial.glob("level-*"))
+    assert len(levels) == 2
+    carried = WindowOpening.model_validate_json((levels[1] / "window.json").read_text())
+    clean = first_level_clean(levels[0])
+    assert (carried.carried_on is not None) is clean
+    # One run for both levels, or a fresh one after a level that queued.
+    assert len(list(trial.glob("chain-*"))) == (1 if clean else 2)
+
+
+def test_without_the_flag_each_level_is_a_run_of_its_own(real_tuned_run: Path) -> None:
+    """The real-time tune (tests/integration/conftest.py), run without ``--chain-levels``:
+    recorded so, no chained load run, no level carried on from the one before."""
+    assert json.loads((real_tuned_run / "tune.json").read_text())["config"]["chain_levels"] is False
+    trials = sorted(real_tuned_run.glob("trials/*"))
+    assert trials
+    for trial in trials:
+        assert not list(trial.glob("chain-*")), trial
         levels = sorted(trial.glob("level-*"))
-        assert len(levels) == 2
-        carried = WindowOpening.model_validate_json((levels[1] / "window.json").read_text())
-        clean = first_level_clean(levels[0])
-        assert (carried.carried_on is not None) is (chained and clean)
-        if chained:  # one run for both levels, or a fresh one after a level that queued
-            assert len(list(trial.glob("chain-*"))) == (1 if clean else 2)
+        assert levels, trial
+        for level in levels:
+            opened = WindowOpening.model_validate_json((level / "window.json").read_text())
+            assert opened.carried_on is None, level
 
 
 def first_level_clean(level_dir: Path) -> bool:

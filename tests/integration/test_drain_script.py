@@ -142,9 +142,14 @@ def run_drain(tmp_path: Path) -> RunDrain:
 def test_returns_once_every_request_in_flight_finished(
     server: SimServer, run_drain: RunDrain
 ) -> None:
-    # Two run at a time: the third waits for the first to finish.
-    sent = send_in_background(server.url, (10, 30, 12))
-    wait_for(lambda: gauges(server) == (2, 1), "2 running and 1 waiting")
+    # Two run at a time: the third waits for the first to finish. Sent one at a time, each
+    # seen by the server before the next, so that they arrive in this order: the 20-token
+    # one ends first (~2.8 s), the 12-token one takes its place, and two run for ~1.7 s (a
+    # 0.2 s poll sees it) until the 12-token one ends, ~1 s before the 40-token one.
+    sent = []
+    for max_tokens, seen in ((20, (1, 0)), (40, (2, 0)), (12, (2, 1))):
+        sent += send_in_background(server.url, (max_tokens,))
+        wait_for(lambda seen=seen: gauges(server) == seen, f"{seen[0]} running, {seen[1]} waiting")
     drain = run_drain(server.url, "--settle-s", "0.5", "--poll-s", "0.2", "--bound-s", "30")
 
     for streamed, thread in sent:

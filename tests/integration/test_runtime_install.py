@@ -1,12 +1,14 @@
 """What a run imports is what a plain install (no dev extra) provides.
 
-Two checks: every import written in the shipped packages (``tuner``, ``workloads``,
-``reports``) belongs to a runtime dependency or one of its own dependencies; and the
-whole job (a tune to five complete trials, the OOM edge, the recommendation, the report
-with its parameter importances, then ``tuner report`` again) runs with the dev extra's
-packages hidden from it and every process it starts, and none of them even tries to
-import one. The second catches what a dependency imports on the tuner's behalf (Optuna's
-fANOVA imports scikit-learn), which no reading of the tuner's own files can.
+Three checks: every import written in the shipped packages (``tuner``, ``workloads``,
+``reports``) belongs to a runtime dependency or one of its own dependencies; the one
+real-time tune (``real_tuned_run``: sim-serve processes, Locust, the report) ran with the
+dev extra's packages hidden from it and from every process it started (tests/runtime_only.py),
+and none of them even tried to import one; and the whole job to five complete trials (the
+twin's screen, the OOM edge, the recommendation, the report with its parameter importances,
+then ``tuner report`` again), on the twin's virtual clock in a process of its own, likewise.
+The last two catch what a dependency imports on the tuner's behalf (Optuna's fANOVA imports
+scikit-learn), which no reading of the tuner's own files can.
 """
 
 from __future__ import annotations
@@ -14,55 +16,23 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import json
-import os
-import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
 
-from tests.integration.tune_run import SMALL_TUNE_ARGS
+from tests.runtime_only import (
+    EXTRA_IMPORTS,
+    REPO,
+    normalized,
+    runtime_closure,
+    runtime_only_env,
+    started_under_blocker,
+    unexpected_imports,
+)
 
-REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ("tuner", "workloads", "reports")
-RUNTIME_ONLY_SITE = REPO / "tests" / "fixtures" / "runtime_only"
-# Imports that only a named extra provides; the code imports them only on that path.
-EXTRA_IMPORTS = {"vllm": "vllm", "psycopg": "postgres"}
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _project() -> dict[str, object]:
-    project: dict[str, object] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return project
-
-
-def runtime_closure() -> frozenset[str]:
-    """The installed distributions a plain `pip install` of the project brings."""
-    project = _project()
-    todo = [Requirement(r) for r in project["dependencies"]]  # type: ignore[attr-defined]
-    seen = {_norm(str(project["name"]))}
-    while todo:
-        req = todo.pop()
-        name = _norm(req.name)
-        if name in seen:
-            continue
-        seen.add(name)
-        try:
-            requires = importlib.metadata.requires(req.name) or []
-        except importlib.metadata.PackageNotFoundError:
-            continue  # not installed here (a platform-specific dependency)
-        for line in requires:
-            sub = Requirement(line)
-            wanted = ["", *sorted(req.extras)]
-            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in wanted):
-                todo.append(sub)
-    return frozenset(seen)
 
 
 def _top_level_imports(path: Path) -> set[str]:
@@ -93,7 +63,7 @@ def test_every_import_of_the_shipped_code_is_a_runtime_dependency() -> None:
             for name in sorted(_top_level_imports(path)):
                 if name in sys.stdlib_module_names or name in SHIPPED or name in EXTRA_IMPORTS:
                     continue
-                dists = [_norm(d) for d in owners.get(name, [])]
+                dists = [normalized(d) for d in owners.get(name, [])]
                 if not dists:
                     missing.append(f"{path.relative_to(REPO)}: {name} (not installed at all)")
                 elif not any(d in closure for d in dists):
@@ -102,26 +72,20 @@ def test_every_import_of_the_shipped_code_is_a_runtime_dependency() -> None:
 
 
 def test_the_runtime_only_site_hides_a_dev_package(tmp_path: Path) -> None:
-    """The blocker itself: a dev-extra package installed here fails to import under it."""
-    log = tmp_path / "blocked.txt"
+    """The blocker itself: a dev-extra package installed here fails to import under it,
+    and the process says it ran under it."""
     done = subprocess.run(
         [sys.executable, "-c", "import selenium"],
-        env=_runtime_only_env(log),
+        env=runtime_only_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode != 0
     assert "runtime-only install" in done.stderr
-    assert log.read_text().startswith("selenium ")
-
-
-def _runtime_only_env(log: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(RUNTIME_ONLY_SITE), str(REPO)])
-    env["TUNER_RUNTIME_ONLY_DISTS"] = ",".join(sorted(runtime_closure()))
-    env["TUNER_RUNTIME_ONLY_LOG"] = str(log)
-    return env
+    assert unexpected_imports(tmp_path)[0].startswith("selenium ")
+    (started,) = started_under_blocker(tmp_path)
+    assert "import selenium" in started
 
 
 def _tuner(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -135,16 +99,41 @@ def _tuner(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Comple
     )
 
 
+def test_the_real_time_tune_and_its_processes_import_only_runtime_packages(
+    real_tuned_run: Path,
+) -> None:
+    """``real_tuned_run`` (tests/integration/conftest.py) ran under the blocker: the tune,
+    its simulated servers and its Locust processes, none of which tried a dev import."""
+    logs = real_tuned_run.parent
+    started = started_under_blocker(logs)
+    assert any(" tuner.cli tune " in line for line in started), started
+    assert any(" sim-serve " in line for line in started), started
+    assert any("locust" in line for line in started), started
+    unexpected = unexpected_imports(logs)
+    assert not unexpected, "the tune tried to import what a plain install lacks:\n" + "\n".join(
+        unexpected
+    )
+
+
+# The whole job on the twin's virtual clock (tests/virtual.py), in a process of its own
+# under the blocker: five trials, the screen's pool, the edge, the confirmations, the report.
+VIRTUAL_JOB = """
+import sys
+from pathlib import Path
+from tests.virtual import virtual_tune
+done = virtual_tune(Path(sys.argv[1]), "--trials", "5", "--budget-min", "12", twin_search=True)
+print(done.output)
+"""
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_whole_job_to_five_trials_on_a_runtime_only_install(tmp_path: Path) -> None:
-    blocked = tmp_path / "blocked-imports.txt"
-    env = _runtime_only_env(blocked)
-    trials = ["--trials", "5", "--budget-min", "12"]
-    args = list(SMALL_TUNE_ARGS)
-    at = args.index("--trials")
-    del args[at : at + 4]  # --trials 3 --budget-min 8
-    run = _tuner(["tune", *args, *trials, "--run-dir", "runs/five"], env, tmp_path)
+    env = runtime_only_env(tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c", VIRTUAL_JOB, "runs/five"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     assert "Traceback" not in out, out
@@ -160,6 +149,8 @@ def test_whole_job_to_five_trials_on_a_runtime_only_install(tmp_path: Path) -> N
     assert "Traceback" not in again.stderr, again.stderr
     assert "fANOVA over" in (run_dir / "report.html").read_text(encoding="utf-8")
 
-    attempts = blocked.read_text() if blocked.exists() else ""
-    unexpected = [line for line in attempts.splitlines() if line.split()[0] not in EXTRA_IMPORTS]
-    assert not unexpected, "the job tried to import what a plain install lacks:\n" + attempts
+    assert len(started_under_blocker(tmp_path)) >= 2  # the job and `tuner report`
+    unexpected = unexpected_imports(tmp_path)
+    assert not unexpected, "the job tried to import what a plain install lacks:\n" + "\n".join(
+        unexpected
+    )

@@ -253,7 +253,7 @@ def test_existing_study_needs_resume_a_killed_trial_is_retried_and_no_draw_is_re
     tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
-    fast = ("--no-edge", "--no-confirm", "--trials", "2")
+    fast = ("--no-edge", "--no-confirm", "--trials", "2", "--max-levels", "1")
     cmd = [
         sys.executable,
         "-m",
@@ -298,9 +298,7 @@ def test_existing_study_needs_resume_a_killed_trial_is_retried_and_no_draw_is_re
 
     # Resumed once more, the sampler (seeded alike, in a new process) draws new settings:
     # it does not replay the draw of trial 1 (the first random draw of the first run).
-    more = virtual_tune(
-        run_dir, "--no-edge", "--no-confirm", "--trials", "3", "--resume", report=False
-    )
+    more = virtual_tune(run_dir, *fast, "--trials", "3", "--resume", report=False)
     assert more.summary.best_trial is not None, more.output  # `tuner tune` exits 0
     trials = _study_by_name(run_dir).get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(trials) == 3

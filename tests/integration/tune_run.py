@@ -33,19 +33,25 @@ SMALL_TUNE_ARGS = (
 )  # fmt: skip
 
 # The one real-time shared tune's flags over SMALL_TUNE_ARGS (the last of a flag wins;
-# tests/integration/conftest.py's ``real_tuned_run``): every kind of launch (trials, edge
-# probes, confirmations) at fewer launches; its test asserts processes, the run
-# directory's files and the trial count, not the tune's decisions (the virtual tunes do).
-REAL_TUNE_TRIALS = 2
-REAL_TUNE_ARGS = ("--trials", str(REAL_TUNE_TRIALS), "--max-edge-launches", "2")
+# tests/integration/conftest.py's ``real_tuned_run``): every kind of launch (a trial, an
+# edge probe, confirmations), one of each that a kind needs; its tests assert processes,
+# the run directory's files and the trial count, not the tune's decisions (the virtual
+# tunes do).
+REAL_TUNE_TRIALS = 1
+REAL_TUNE_ARGS = ("--trials", str(REAL_TUNE_TRIALS), "--max-edge-launches", "1")
 
 
 def tune(
-    run_dir: Path, *extra: str, timeout_s: float = 600, twin_search: bool = False
+    run_dir: Path,
+    *extra: str,
+    timeout_s: float = 600,
+    twin_search: bool = False,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`tuner tune` as a user runs it, in its own process; output captured. The twin's
-    screen of the space is off unless ``twin_search`` (tests/integration/test_twin_search.py
-    covers it; the rest would each pay for a screen they do not look at)."""
+    """`tuner tune` as a user runs it, in its own process (``env``: its environment, None:
+    this one's); output captured. The twin's screen of the space is off unless
+    ``twin_search`` (tests/integration/test_twin_search.py covers it; the rest would each
+    pay for a screen they do not look at)."""
     return subprocess.run(
         [
             sys.executable,
@@ -62,12 +68,13 @@ def tune(
         text=True,
         timeout=timeout_s,
         cwd=run_dir.parent,
+        env=env,
     )
 
 
-def small_tune(run_dir: Path, *extra: str) -> dict[str, Any]:
+def small_tune(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the small tune and return its summary.json; fails loudly with the output."""
-    done = tune(run_dir, *extra)
+    done = tune(run_dir, *extra, env=env)
     assert done.returncode == 0, (
         f"tuner tune failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     )

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reports.gate import DEFAULT_TOLERANCE_PCT, SUMMARY_ENV
+from reports.gate_settings import DEFAULT_TOLERANCE_PCT, SUMMARY_ENV
 
 EXIT_PASSED = 0
 EXIT_REGRESSION = 1

@@ -15,7 +15,8 @@ Optuna itself is reached through ``tuner.search.optuna_store`` only.
 Split by job (as Optuna's ``optuna/study/``): where the study is stored and its URL's
 secrets (``storage``), who does a shared study's one-off jobs (``claims``), the settings
 a study was set up with (``settings``), opening or resuming it (``opening``), the trial
-loop (``trial_loop``, its terminal lines in ``trial_lines``) and what it records of each
+loop (``trial_loop``, its terminal lines in ``trial_lines``, the twin's predictions for
+each trial and its fits to what the trial measured in ``trial_twin``) and what it records of each
 trial and reads back (``records``). This package exports what the rest of the tuner
 and the reports use.
 """

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from tuner.errors import ConfigError, LogParseError
@@ -23,7 +22,6 @@ from tuner.search.optuna_store import (
     Trial,
     TrialState,
 )
-from tuner.search.rate_search import GoodputBound
 from tuner.search.study.claims import Duty
 from tuner.search.study.opening import OpenStudy, retry_trial
 from tuner.search.study.records import (
@@ -36,24 +34,13 @@ from tuner.search.study.records import (
     record,
 )
 from tuner.search.study.settings import SETTINGS_ATTR
-from tuner.search.study.trial_lines import trial_line, twin_line
-from tuner.serving.level_schedule import level_workload, plan_level_schedule
+from tuner.search.study.trial_lines import trial_line
+from tuner.search.study.trial_twin import TrialTwin
+from tuner.serving.level_schedule import level_workload
 from tuner.serving.load import plan_schedule
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, server_cache_root
 from tuner.serving.window import MIN_WINDOW_S
-from tuner.twin.fit import (
-    FITTED,
-    MAX_LEVELS,
-    MeasuredLevel,
-    TrialFit,
-    TwinRecord,
-    fit,
-    goodput_worse,
-    read_level,
-    read_twin,
-)
-from tuner.twin.prediction import Setup, SustainedRate, sustained_rate
 from tuner.twin.screen import TwinSearch
 from tuner.vllm.log import calibration_from_report
 from tuner.vllm.memory import Calibration
@@ -101,10 +88,10 @@ class TrialLoop:
         self.levels_estimate_s = 0.0  # what a trial measures once launched (wall seconds)
         self.last_evaluation: Evaluation | None = None  # this worker's last trial's
         self._launch_deadline_s = deadline_s  # what the next trial was checked against
-        self._predicted: dict[str, SustainedRate] = {}
         self._current_trial: int | None = None
         self._version_checked = False  # the first vLLM startup's log against the version read
-        self.twin = TwinSearch(ctx, progress)
+        self.twin = TwinSearch(ctx, progress)  # its screen of the space and its picks
+        self.trial_twin = TrialTwin(ctx, progress)  # its predictions for trials, its fits
         # What each new (block size, KV dtype) costs: its first launch compiles.
         self.compile_launches = CompileLaunches(server_cache_root(ctx.run_dir / "vllm-cache"))
 
@@ -157,20 +144,9 @@ class TrialLoop:
             time_scale=float(attrs["time_scale"]),
             stream_fraction=float(attrs.get("stream_fraction", 1.0)),
             calibration=calibration,
-            timing=self._twin_record().factors,
+            timing=self.trial_twin.record().factors,
         )
         return self.setup
-
-    def _twin_record(self) -> TwinRecord:
-        """The twin's record so far: this run's (a resumed run goes on from its last fit),
-        else the one ``--twin-from`` names, else the paper's factors."""
-        own = RunLayout(self.ctx.run_dir).twin_json
-        if own.is_file():
-            return read_twin(self.ctx.run_dir)
-        if self.ctx.config.twin_from is not None:
-            started = read_twin(self.ctx.config.twin_from)
-            return TwinRecord(factors=started.factors)
-        return TwinRecord()
 
     def _choose_measurement(self) -> tuple[float, float]:
         """The simulator's time scale and the share of requests streamed, so the load
@@ -183,7 +159,9 @@ class TrialLoop:
         if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
             return config.time_scale or 1.0, fraction or 1.0
         defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu)
-        rate = self.predicted_max_rate(defaults, config.rate or ctx.workload.mean_rate_per_s)
+        rate = self.trial_twin.predicted_max_rate(
+            defaults, self.setup, config.rate or ctx.workload.mean_rate_per_s
+        )
         if rate <= 0:
             return config.time_scale or 1.0, fraction or 1.0
         # What the busiest level offers: its schedule's requests and tokens per second.
@@ -358,10 +336,11 @@ class TrialLoop:
         if self.twin.landscape is None and ctx.config.trials - len(self.complete_trials()) < 2:
             self.twin.done = True  # no trial after this one for the twin to choose
             return
-        fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
+        fallback = self.fallback_rate()
         defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu_or_default)
         self.twin.start(
-            self.setup.timing, self.predicted_max_rate(defaults, fallback) or fallback or 1.0
+            self.setup.timing,
+            self.trial_twin.predicted_max_rate(defaults, self.setup, fallback) or fallback or 1.0,
         )
         if optuna_store.trials_in(self.study, TrialState.WAITING):
             return  # enqueued first: vLLM's defaults, or a retry
@@ -413,7 +392,7 @@ class TrialLoop:
                 "accepted: another --run-dir"
             )
         start = self.start_rate(params)
-        predicted = self.prediction(params)
+        predicted = self.trial_twin.prediction(params, self.setup, self.fallback_rate())
         compiled_before = self.compile_launches.entries()
         evaluation = evaluate(
             ctx, self.setup, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
@@ -423,7 +402,10 @@ class TrialLoop:
         self._count_launch(trial.number, evaluation)
         self._calibrate(evaluation)
         self._cross_check_version(evaluation)
-        self._learn(trial.number, params, evaluation, predicted)
+        self.setup = self.trial_twin.learn(
+            trial.number, params, evaluation, predicted, setup=self.setup,
+            complete=self.complete_trials(),
+        )  # fmt: skip
         record(trial, evaluation, role=role)
         line = self._line(trial.number, evaluation)
         compiled = self.compile_launches.launched(
@@ -433,134 +415,15 @@ class TrialLoop:
         return objective_values(ctx.config.objective, evaluation)
 
     def start_rate(self, params: TrialParams) -> float | None:
-        """The first rate to measure: 10% below the simulator's prediction for these
-        settings (so the first level usually holds and the next one brackets the edge),
-        else the best goodput so far, else the workload's own rate."""
+        """The first rate to measure for ``params``, with the twin's step costs of now
+        (``TrialTwin.start_rate``): the edge search and the confirmations start there too."""
+        return self.trial_twin.start_rate(params, self.setup, self.fallback_rate())
+
+    def fallback_rate(self) -> float | None:
+        """A trial's first rate where the twin places none: the best goodput so far, else
+        ``--rate``, else the workload's own rate."""
         ctx = self.ctx
-        fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
-        if not self._twin_places():
-            return fallback
-        predicted = self.predicted_max_rate(params, fallback)
-        return predicted * 0.9 if predicted > 0 else fallback
-
-    def prediction(self, params: TrialParams) -> SustainedRate | None:
-        """The twin's sustained rate for these settings and its answer times there, where
-        it can place one (``_twin_places``)."""
-        ctx = self.ctx
-        if not self._twin_places():
-            return None
-        fallback = self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
-        return self._sustained(params, fallback)
-
-    def _twin_places(self) -> bool:
-        """Whether the twin places the first rates and plans the sessions: on a GPU
-        profile from the start; on a device it has no published rates for (vLLM's CPU
-        build) once it has learned its step costs from a trial (or ``--twin-from``)."""
-        ctx = self.ctx
-        if ctx.twin is None:
-            return False
-        return ctx.gpu is not None or self.setup.timing.source == FITTED
-
-    def twin_setup(self, params: TrialParams) -> Setup:
-        """The twin's server for ``params`` with its step costs now."""
-        twin = self.ctx.twin
-        assert twin is not None
-        device, base = twin
-        return Setup(
-            self.ctx.model, device, self.ctx.version, params.serving(base), timing=self.setup.timing
-        )
-
-    def predicted_max_rate(self, params: TrialParams, start: float | None) -> float:
-        """The simulator's highest arrival rate it sustains in the steady state, a level's
-        warm-up and window long (``tuner.twin.prediction.sustained_rate``; cached per settings)."""
-        return self._sustained(params, start).rate_per_s
-
-    def _sustained(self, params: TrialParams, start: float | None) -> SustainedRate:
-        ctx = self.ctx
-        key = params.model_dump_json()
-        if key not in self._predicted:
-            setup = self.twin_setup(params)
-            rate = start or ctx.workload.mean_rate_per_s
-            _, plan, _ = plan_level_schedule(
-                ctx.workload, rate, window_s=ctx.config.level_duration_s,
-                warmup_s=ctx.config.level_warmup_s,
-            )  # fmt: skip
-            self._predicted[key] = sustained_rate(
-                setup, ctx.workload, warmup_s=plan.warmup_max_s, window_s=plan.window_s,
-                start_rate_per_s=start, precision=0.05, max_runs=10,
-            )  # fmt: skip
-        return self._predicted[key]
-
-    def _learn(
-        self, number: int, params: TrialParams, ev: Evaluation, predicted: SustainedRate | None
-    ) -> None:
-        """Fit the twin's step costs to the levels this trial measured
-        (``tuner.twin.fit``); its predictions from then on use them, and
-        ``twin.json`` records the fit with the twin's error before and after."""
-        ctx = self.ctx
-        if not ctx.config.twin_fit or ctx.twin is None:
-            return
-        levels = self._fit_levels(number, params, ev)
-        if not levels:
-            return
-        result = fit(self.twin_setup(params), levels)
-        kept = self.setup
-        self.setup = self.setup.learned(result.after)
-        self._predicted.clear()  # every prediction so far was made with the old factors
-        measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
-        after = self._sustained(params, measured or None).rate_per_s
-        before = predicted.rate_per_s if predicted else None
-        # Measurements decide: factors that fit the percentiles but put the goodput the
-        # trial measured further off are not taken (the levels measured something the
-        # step costs do not explain, e.g. a load generator that fell behind).
-        adopted = not goodput_worse(
-            before, after, measured, lower_bound=ev.goodput_bound is GoodputBound.LOWER_BOUND
-        )
-        if not adopted:
-            self.setup = kept
-            self._predicted.clear()
-        one = TrialFit(
-            trial=number, levels=[lv.name for lv in levels], before=result.before,
-            after=result.after, error_before=result.error_before.median_share,
-            error_after=result.error_after.median_share, evaluations=result.evaluations,
-            measured_rate_per_s=measured, predicted_rate_per_s=before,
-            predicted_after_per_s=after, adopted=adopted,
-        )  # fmt: skip
-        self._twin_record().with_fit(one).write(RunLayout(ctx.run_dir).twin_json)
-        line = twin_line(one)
-        log.info(line.strip())
-        self.progress(line)
-
-    def _held_levels(self, number: int, params: TrialParams, ev: Evaluation) -> list[MeasuredLevel]:
-        """A trial's levels that held, as the twin replays them (all of them where none
-        held: a backlog's percentiles are its queue's, which the smallest error in a
-        step's cost changes by seconds)."""
-        trial_dir = RunLayout(self.ctx.run_dir).trial_dir(number)
-        held = {Path(lv.dir).name for lv in ev.levels if lv.met}
-        paths = sorted(trial_dir.glob("level-*"))
-        paths = [p for p in paths if p.name in held] or paths
-        twin = self.ctx.twin
-        serving = params.serving(twin[1] if twin is not None else self.ctx.base)
-        return [
-            replace(level, params=serving)
-            for path in paths
-            if (level := read_level(path, time_scale=self.setup.time_scale)) is not None
-        ]
-
-    def _fit_levels(self, number: int, params: TrialParams, ev: Evaluation) -> list[MeasuredLevel]:
-        """What a fit after trial ``number`` replays: the busiest held level of each of the
-        latest earlier trials, and this trial's latest held levels, ``MAX_LEVELS`` in all."""
-        earlier: list[MeasuredLevel] = []
-        for t in reversed(self.complete_trials()):
-            if len(earlier) >= MAX_LEVELS - 1:
-                break
-            if t.number == number or (done := load_evaluation(t)) is None:
-                continue
-            theirs = self._held_levels(t.number, self.ctx.space.from_optuna(t.params), done)
-            if theirs:
-                earlier.append(theirs[-1])
-        own = self._held_levels(number, params, ev)
-        return [*reversed(earlier), *own[-(MAX_LEVELS - len(earlier)) :]] if own else []
+        return self.best_rate() or ctx.config.rate or ctx.workload.mean_rate_per_s
 
     def best_rate(self) -> float | None:
         rates = [

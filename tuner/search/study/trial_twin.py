@@ -1,0 +1,208 @@
+"""The twin's part in the trial loop (``TrialTwin``): where it places a trial's first rate,
+what it predicts for the trial's settings, and what it learns from each trial measured
+(its step costs fitted to the levels, recorded in ``twin.json`` with its error before and
+after). The loop (``tuner.search.study.trial_loop``) owns the study's set-up and passes
+the one of now to each call; a fit returns the set-up to measure with from then on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+from tuner.run.layout import RunLayout
+from tuner.search.context import StudySetup, TuneContext
+from tuner.search.evaluate import Evaluation, Verdict
+from tuner.search.optuna_store import FrozenTrial
+from tuner.search.rate_search import GoodputBound
+from tuner.search.study.records import Progress, load_evaluation
+from tuner.search.study.trial_lines import twin_line
+from tuner.serving.level_schedule import plan_level_schedule
+from tuner.twin.fit import (
+    FITTED,
+    MAX_LEVELS,
+    MeasuredLevel,
+    TrialFit,
+    TwinRecord,
+    fit,
+    goodput_worse,
+    read_level,
+    read_twin,
+)
+from tuner.twin.prediction import Setup, SustainedRate, sustained_rate
+from tuner.vllm.space import TrialParams
+
+log = logging.getLogger(__name__)
+
+
+class TrialTwin:
+    """The twin's predictions for the trials and its learning from them, for one worker
+    of a study; its predictions are cached per settings until a fit changes its costs."""
+
+    def __init__(self, ctx: TuneContext, progress: Progress) -> None:
+        self.ctx = ctx
+        self.progress = progress
+        self._predicted: dict[str, SustainedRate] = {}
+
+    def record(self) -> TwinRecord:
+        """The twin's record so far: this run's (a resumed run goes on from its last fit),
+        else the one ``--twin-from`` names, else the paper's factors."""
+        own = RunLayout(self.ctx.run_dir).twin_json
+        if own.is_file():
+            return read_twin(self.ctx.run_dir)
+        if self.ctx.config.twin_from is not None:
+            started = read_twin(self.ctx.config.twin_from)
+            return TwinRecord(factors=started.factors)
+        return TwinRecord()
+
+    def places(self, setup: StudySetup) -> bool:
+        """Whether the twin places the first rates and plans the sessions: on a GPU
+        profile from the start; on a device it has no published rates for (vLLM's CPU
+        build) once it has learned its step costs from a trial (or ``--twin-from``)."""
+        if self.ctx.twin is None:
+            return False
+        return self.ctx.gpu is not None or setup.timing.source == FITTED
+
+    def start_rate(
+        self, params: TrialParams, setup: StudySetup, fallback: float | None
+    ) -> float | None:
+        """The first rate to measure: 10% below the simulator's prediction for these
+        settings (so the first level usually holds and the next one brackets the edge),
+        else ``fallback`` (the best goodput so far, else the workload's own rate)."""
+        if not self.places(setup):
+            return fallback
+        predicted = self.predicted_max_rate(params, setup, fallback)
+        return predicted * 0.9 if predicted > 0 else fallback
+
+    def prediction(
+        self, params: TrialParams, setup: StudySetup, fallback: float | None
+    ) -> SustainedRate | None:
+        """The twin's sustained rate for these settings and its answer times there, where
+        it can place one (``places``)."""
+        if not self.places(setup):
+            return None
+        return self._sustained(params, setup, fallback)
+
+    def setup_for(self, params: TrialParams, setup: StudySetup) -> Setup:
+        """The twin's server for ``params`` with the step costs of ``setup``."""
+        twin = self.ctx.twin
+        assert twin is not None
+        device, base = twin
+        return Setup(
+            self.ctx.model, device, self.ctx.version, params.serving(base), timing=setup.timing
+        )
+
+    def predicted_max_rate(
+        self, params: TrialParams, setup: StudySetup, start: float | None
+    ) -> float:
+        """The simulator's highest arrival rate it sustains in the steady state, a level's
+        warm-up and window long (``tuner.twin.prediction.sustained_rate``; cached per settings)."""
+        return self._sustained(params, setup, start).rate_per_s
+
+    def _sustained(
+        self, params: TrialParams, setup: StudySetup, start: float | None
+    ) -> SustainedRate:
+        ctx = self.ctx
+        key = params.model_dump_json()
+        if key not in self._predicted:
+            rate = start or ctx.workload.mean_rate_per_s
+            _, plan, _ = plan_level_schedule(
+                ctx.workload, rate, window_s=ctx.config.level_duration_s,
+                warmup_s=ctx.config.level_warmup_s,
+            )  # fmt: skip
+            self._predicted[key] = sustained_rate(
+                self.setup_for(params, setup), ctx.workload, warmup_s=plan.warmup_max_s,
+                window_s=plan.window_s, start_rate_per_s=start, precision=0.05, max_runs=10,
+            )  # fmt: skip
+        return self._predicted[key]
+
+    def learn(
+        self,
+        number: int,
+        params: TrialParams,
+        ev: Evaluation,
+        predicted: SustainedRate | None,
+        *,
+        setup: StudySetup,
+        complete: list[FrozenTrial],
+    ) -> StudySetup:
+        """Fit the twin's step costs to the levels trial ``number`` measured (and the
+        busiest held level of the latest ``complete`` trials before it;
+        ``tuner.twin.fit``); ``twin.json`` records the fit with the twin's error before
+        and after. Returns the set-up to measure with from now: ``setup`` with the fitted
+        costs where they were adopted, else ``setup`` unchanged."""
+        ctx = self.ctx
+        if not ctx.config.twin_fit or ctx.twin is None:
+            return setup
+        levels = self._fit_levels(number, params, ev, setup, complete)
+        if not levels:
+            return setup
+        result = fit(self.setup_for(params, setup), levels)
+        learned = setup.learned(result.after)
+        self._predicted.clear()  # every prediction so far was made with the old factors
+        measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
+        after = self._sustained(params, learned, measured or None).rate_per_s
+        before = predicted.rate_per_s if predicted else None
+        # Measurements decide: factors that fit the percentiles but put the goodput the
+        # trial measured further off are not taken (the levels measured something the
+        # step costs do not explain, e.g. a load generator that fell behind).
+        adopted = not goodput_worse(
+            before, after, measured, lower_bound=ev.goodput_bound is GoodputBound.LOWER_BOUND
+        )
+        if not adopted:
+            learned = setup
+            self._predicted.clear()
+        one = TrialFit(
+            trial=number, levels=[lv.name for lv in levels], before=result.before,
+            after=result.after, error_before=result.error_before.median_share,
+            error_after=result.error_after.median_share, evaluations=result.evaluations,
+            measured_rate_per_s=measured, predicted_rate_per_s=before,
+            predicted_after_per_s=after, adopted=adopted,
+        )  # fmt: skip
+        self.record().with_fit(one).write(RunLayout(ctx.run_dir).twin_json)
+        line = twin_line(one)
+        log.info(line.strip())
+        self.progress(line)
+        return learned
+
+    def _held_levels(
+        self, number: int, params: TrialParams, ev: Evaluation, setup: StudySetup
+    ) -> list[MeasuredLevel]:
+        """A trial's levels that held, as the twin replays them (all of them where none
+        held: a backlog's percentiles are its queue's, which the smallest error in a
+        step's cost changes by seconds)."""
+        trial_dir = RunLayout(self.ctx.run_dir).trial_dir(number)
+        held = {Path(lv.dir).name for lv in ev.levels if lv.met}
+        paths = sorted(trial_dir.glob("level-*"))
+        paths = [p for p in paths if p.name in held] or paths
+        twin = self.ctx.twin
+        serving = params.serving(twin[1] if twin is not None else self.ctx.base)
+        return [
+            replace(level, params=serving)
+            for path in paths
+            if (level := read_level(path, time_scale=setup.time_scale)) is not None
+        ]
+
+    def _fit_levels(
+        self,
+        number: int,
+        params: TrialParams,
+        ev: Evaluation,
+        setup: StudySetup,
+        complete: list[FrozenTrial],
+    ) -> list[MeasuredLevel]:
+        """What a fit after trial ``number`` replays: the busiest held level of each of the
+        latest earlier trials, and this trial's latest held levels, ``MAX_LEVELS`` in all."""
+        earlier: list[MeasuredLevel] = []
+        for t in reversed(complete):
+            if len(earlier) >= MAX_LEVELS - 1:
+                break
+            if t.number == number or (done := load_evaluation(t)) is None:
+                continue
+            params_t = self.ctx.space.from_optuna(t.params)
+            theirs = self._held_levels(t.number, params_t, done, setup)
+            if theirs:
+                earlier.append(theirs[-1])
+        own = self._held_levels(number, params, ev, setup)
+        return [*reversed(earlier), *own[-(MAX_LEVELS - len(earlier)) :]] if own else []
