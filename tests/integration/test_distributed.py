@@ -42,7 +42,7 @@ __all__ = ["postgres_url"]  # the fixture (tests/integration/postgres.py), reque
 STUDY = "dist"
 TRIALS = 3
 WORKER_ARGS = (*SMALL_TUNE_ARGS, "--trials", str(TRIALS), "--budget-min", "12",
-               "--no-edge", "--no-confirm", "--max-levels", "1", "--study", STUDY, "--resume", "--json")  # fmt: skip
+               "--no-edge", "--no-confirm", "--study", STUDY, "--resume", "--json")  # fmt: skip
 LEVEL_DIR = re.compile(r"trials/(\d+)/level-\d+")
 
 

@@ -253,7 +253,7 @@ def test_existing_study_needs_resume_a_killed_trial_is_retried_and_no_draw_is_re
     tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
-    fast = ("--no-edge", "--no-confirm", "--trials", "2", "--max-levels", "1")
+    fast = ("--no-edge", "--no-confirm", "--trials", "2")
     cmd = [
         sys.executable,
         "-m",
