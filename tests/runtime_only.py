@@ -24,6 +24,7 @@ EXTRA_IMPORTS = {"vllm": "vllm", "psycopg": "postgres"}
 # Optional imports a runtime dependency tries and goes on without: urllib3, under Locust's
 # requests, tries PySocks for SOCKS proxies.
 LIBRARY_OPTIONAL_IMPORTS = frozenset({"socks"})
+EXPLAINED_IMPORTS = frozenset(EXTRA_IMPORTS) | LIBRARY_OPTIONAL_IMPORTS
 BLOCKED_LOG = "blocked-imports.txt"  # beside a run directory: what was refused
 STARTED_LOG = "runtime-only-processes.txt"  # beside it: every process started under the blocker
 
@@ -71,11 +72,7 @@ def unexpected_imports(logs_dir: Path) -> list[str]:
     optional import, explains."""
     log = logs_dir / BLOCKED_LOG
     attempts = log.read_text().splitlines() if log.exists() else []
-    return [
-        line
-        for line in attempts
-        if line.split()[0] not in EXTRA_IMPORTS and line.split()[0] not in LIBRARY_OPTIONAL_IMPORTS
-    ]
+    return [line for line in attempts if line.split()[0] not in EXPLAINED_IMPORTS]
 
 
 def started_under_blocker(logs_dir: Path) -> list[str]:

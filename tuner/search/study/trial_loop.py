@@ -391,8 +391,9 @@ class TrialLoop:
                 f"{trial.number} of study {self.study.study_name!r} would overwrite; "
                 "accepted: another --run-dir"
             )
-        start = self.start_rate(params)
-        predicted = self.trial_twin.prediction(params, self.setup, self.fallback_rate())
+        fallback = self.fallback_rate()  # reads the study's trials: once per trial
+        start = self.trial_twin.start_rate(params, self.setup, fallback)
+        predicted = self.trial_twin.prediction(params, self.setup, fallback)
         compiled_before = self.compile_launches.entries()
         evaluation = evaluate(
             ctx, self.setup, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
