@@ -33,6 +33,11 @@ Configuration (environment variables, read when a test starts, never at import):
     ``GET /v1/models`` before it, to warm its HTTP client up). Honoured by the first
     test of a process; later tests (web UI restarts) and an unset value start 1 s after
     the test starts.
+``TUNER_GO_FILE``
+    Set by the harness for local processes: once warmed up, the process writes its
+    ready mark (`workloads.runner.ready_path`) and waits for this file, which holds an
+    earlier offset 0, written once every process is ready; ``TUNER_START_AT`` stays the
+    latest start, kept if the file does not come.
 ``TUNER_REQUEST_TIMEOUT_S``
     A request not finished this long after its scheduled time is abandoned and recorded
     with a timeout error. Default 600.
@@ -142,6 +147,7 @@ from workloads.runner import (
     DEFAULT_REQUEST_TIMEOUT_S,
     WorkerStats,
     connected_workers_path,
+    ready_path,
     worker_records_path,
     worker_stats_path,
 )
@@ -179,6 +185,7 @@ FLUSH_S = 0.5
 SHARE_WAIT_S = 30.0
 DONE_WAIT_S = 30.0
 LATE_WARNING_S = 0.01
+GO_POLL_S = 0.01  # how often a ready process looks for TUNER_GO_FILE
 SEGMENT_POLL_S = 0.1  # a chained run: how often the dispatcher looks for segments and snapshots
 SEGMENT_LINES_AT_ONCE = 20  # a segment's schedule lines parsed between two yields
 _TIMESPEC = struct.Struct("@ll")  # struct timespec: tv_sec, tv_nsec
@@ -254,6 +261,7 @@ class LoadSettings:
     api_key: str | None
     turns_until_s: float | None = None  # TUNER_TURNS_UNTIL_S, an offset from start_at_s
     segments_dir: Path | None = None  # TUNER_SEGMENTS: a chained run's segments
+    go_path: Path | None = None  # TUNER_GO_FILE: an earlier offset 0, once every process is ready
 
     @classmethod
     def from_env(
@@ -285,6 +293,11 @@ class LoadSettings:
             api_key=environ.get("VLLM_API_KEY") or None,
             turns_until_s=turns_until_from_env(environ),
             segments_dir=Path(environ["TUNER_SEGMENTS"]) if environ.get("TUNER_SEGMENTS") else None,
+            go_path=(
+                Path(environ["TUNER_GO_FILE"])
+                if environ.get("TUNER_GO_FILE") and start_at and first_test
+                else None
+            ),
         )
 
     @classmethod
@@ -550,14 +563,31 @@ class Dispatcher:
         self.greenlet = gevent.spawn(self._run)
         self.greenlet.link_exception(self._crashed)
 
+    def _go(self, settings: LoadSettings) -> LoadSettings:
+        """With ``TUNER_GO_FILE``: say this process is ready, then take the offset 0 the
+        harness writes once every process is (earlier than ``TUNER_START_AT``, which stays
+        the start if it does not come in time)."""
+        if settings.go_path is None or settings.records_path is None:
+            return settings
+        mark = ready_path(settings.records_path, settings.worker_index)
+        mark.write_text(repr(self.started_s), encoding="utf-8")
+        while time.time() < settings.start_at_s:
+            try:
+                go_s = float(settings.go_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):  # not written yet (it is renamed into place whole)
+                gevent.sleep(GO_POLL_S)
+                continue
+            return replace(settings, start_at_s=min(go_s, settings.start_at_s))
+        return settings
+
     def _crashed(self, greenlet: gevent.Greenlet[Any, Any]) -> None:
         log.error("%s: dispatcher failed: %r", self.settings.worker, greenlet.exception)
         _give_up(self.environment)  # the quit fires test_stop: stop() records the rest
 
     def _run(self) -> None:
-        settings = self.settings
         self._warm_up()
         self.started_s = time.time()
+        settings = self.settings = self._go(self.settings)
         if self.started_s > settings.start_at_s:
             log.warning(
                 "%s: ready %.3f s after TUNER_START_AT; the first sends are late",

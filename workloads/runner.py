@@ -88,7 +88,10 @@ SATURATION_CPU_PERCENT = 75.0  # of one core, per Locust process
 SATURATION_LAG_P99_MS = 10.0
 SATURATION_COALESCED_PERCENT = 1.0  # of token events, whose gaps read as 0
 # Time from launch to offset 0 of the schedule: Locust imports (about 1 s), forks its
-# workers and connects them to the master before the test starts.
+# workers and connects them to the master before the test starts. The latest start: local
+# processes say when they are ready (`ready_path`), and once all have, offset 0 is moved
+# up to GO_MARGIN_S from then (`go_path`); on an idle machine one process is ready about
+# 0.5 s after its launch.
 STARTUP_LEAD_S = 3.0
 STARTUP_LEAD_PER_PROCESS_S = 0.5
 # With a master (--processes N > 1, or remote workers): its workers report ready, then
@@ -101,6 +104,10 @@ WORKERS_WAIT_S = 30.0  # how long the master waits for every worker to connect
 # After the last request's deadline: Locust stops, prints its summary and exits.
 SHUTDOWN_GRACE_S = 30.0
 KILL_GRACE_S = 5.0
+# From the moment every local process is ready to offset 0: time for each to read the go
+# file (it looks every 10 ms) and to encode its first request.
+GO_MARGIN_S = 0.3
+GO_POLL_S = 0.02  # how often the harness looks for the ready marks
 
 Spawn = Callable[[list[str], Path, dict[str, str]], "subprocess.Popen[bytes]"]
 
@@ -113,6 +120,16 @@ def worker_records_path(records_path: Path, index: int) -> Path:
 def worker_stats_path(records_path: Path, index: int) -> Path:
     """Where Locust process ``index`` writes its `WorkerStats` when its share is done."""
     return records_path.with_name(f"{records_path.name}.w{index}.stats.json")
+
+
+def ready_path(records_path: Path, index: int) -> Path:
+    """Where Locust process ``index`` marks that it is warmed up and waits for offset 0."""
+    return records_path.with_name(f"{records_path.name}.w{index}.ready")
+
+
+def go_path(records_path: Path) -> Path:
+    """Where the harness writes offset 0 (Unix time) once every local process is ready."""
+    return records_path.with_name(f"{records_path.name}.go")
 
 
 def connected_workers_path(records_path: Path) -> Path:
@@ -328,6 +345,9 @@ def run_load(
         bind=bind,
         workers_wait_s=workers_wait_s,
     )
+    # Offset 0 moves up once the local processes are ready; a chained run's (given) and a
+    # run with remote workers (whose shares the master sends at a fixed time) keep theirs.
+    adaptive = start_at_s is None and not remote_workers and segments_dir is None
     env = _locust_env(
         schedule_path=files.schedule_path,
         records_path=files.worker_base,
@@ -339,16 +359,20 @@ def run_load(
         request_timeout_s=request_timeout_s,
         turns_until_s=turns_until_s,
         segments_dir=segments_dir,
+        go_file=go_path(files.worker_base) if adaptive else None,
     )
     log.info(
-        "locust: %d requests, %d local process(es), %d remote worker(s), offset 0 at %.3f, log %s",
+        "locust: %d requests, %d local process(es), %d remote worker(s), offset 0 at %.3f%s, "
+        "log %s",
         num_scheduled,
         processes,
         remote_workers,
         clock.start_at_s,
+        " at the latest" if adaptive else "",
         files.log_path,
     )
-    ended = _run_locust(cmd, env, files, clock, generators.total, spawn, stop_when)
+    go = _Go(files.worker_base, processes, clock.start_at_s) if adaptive else None
+    ended = _run_locust(cmd, env, files, clock, generators.total, spawn, stop_when, go)
     return _collect(schedule, files, clock, ended, generators, num_scheduled=num_scheduled)
 
 
@@ -443,6 +467,7 @@ class _LocustEnd:
     exit_code: int | None  # Locust's; None when it had to be killed
     killed: bool  # past its deadline (or on stop_when), the group was killed
     stopped_by_caller: bool  # stop_when() returned True before the deadline
+    start_at_s: float  # Unix time of offset 0: the clock's, or the earlier one the go file gave
 
 
 def _run_locust(
@@ -453,13 +478,14 @@ def _run_locust(
     workers_total: int,
     spawn: Spawn | None,
     stop_when: Callable[[], bool] | None,
+    go: _Go | None = None,
 ) -> _LocustEnd:
     """Start Locust in its own process group, wait for it to end (or stop it), kill what is left."""
     proc = (spawn or _popen)(cmd, files.log_path, env)
     pgid = _own_group(proc, files.log_path)
     killed = False
     try:
-        killed = _wait(proc, files.worker_base, workers_total, clock.deadline_s, stop_when)
+        killed = _wait(proc, files.worker_base, workers_total, clock.deadline_s, stop_when, go)
     finally:
         # Also on success: nothing of the group (forked workers) may outlive the run.
         _stop_group(proc, pgid)
@@ -469,6 +495,7 @@ def _run_locust(
         exit_code=None if killed else proc.returncode,
         killed=killed,
         stopped_by_caller=killed and stop_when is not None and time.time() < clock.deadline_s,
+        start_at_s=go.start_at_s if go is not None else clock.start_at_s,
     )
 
 
@@ -499,7 +526,7 @@ def _collect(
         records_path=files.merged_path,
         log_path=files.log_path,
         processes=generators.processes,
-        start_at_s=clock.start_at_s,
+        start_at_s=ended.start_at_s,
         wall_s=ended.wall_s,
         num_scheduled=num_scheduled,
         num_records=len(records),
@@ -796,6 +823,7 @@ def _locust_env(
     remote_workers: int = 0,
     turns_until_s: float | None = None,
     segments_dir: Path | None = None,
+    go_file: Path | None = None,
 ) -> dict[str, str]:
     env = locust_base_env()
     env.update(
@@ -811,6 +839,8 @@ def _locust_env(
         env["TUNER_TURNS_UNTIL_S"] = repr(turns_until_s)
     if segments_dir is not None:
         env["TUNER_SEGMENTS"] = str(segments_dir.absolute())
+    if go_file is not None:
+        env["TUNER_GO_FILE"] = str(go_file.absolute())
     # With several processes Locust forks the workers; each takes its index from the master.
     env.pop("TUNER_WORKER_INDEX", None)
     if processes == 1 and not remote_workers:
@@ -868,10 +898,16 @@ def _wait(
     workers: int,
     deadline_s: float,
     stop_when: Callable[[], bool] | None = None,
+    go: _Go | None = None,
 ) -> bool:
-    """Wait for Locust to exit; True when it ran past the deadline (or stop_when) and was stopped."""
+    """Wait for Locust to exit; True when it ran past the deadline (or stop_when) and was
+    stopped. ``go``: offset 0 is moved up once every local process is ready."""
     done_grace_until: float | None = None
     while proc.poll() is None:
+        if go is not None and not go.settled:
+            go.poll()
+            time.sleep(GO_POLL_S)
+            continue
         now = time.time()
         if now > deadline_s:
             log.warning("Locust still running past its deadline; stopping its process group")
@@ -889,6 +925,33 @@ def _wait(
             return False
         time.sleep(0.1)
     return False
+
+
+@dataclass
+class _Go:
+    """Offset 0 moved up: once every local process wrote its ready mark, ``go_path`` gets
+    ``GO_MARGIN_S`` from now, if that is before the clock's (the latest) start."""
+
+    worker_base: Path
+    processes: int
+    start_at_s: float  # the latest start, then the one written
+    settled: bool = False
+
+    def poll(self) -> None:
+        now = time.time()
+        if now + GO_MARGIN_S >= self.start_at_s:
+            self.settled = True  # too late to move it up: every process keeps the latest
+            return
+        if not all(ready_path(self.worker_base, i).exists() for i in range(self.processes)):
+            return
+        start_s = now + GO_MARGIN_S
+        path = go_path(self.worker_base)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(repr(start_s), encoding="utf-8")
+        partial.replace(path)  # whole, never half-written
+        self.start_at_s = start_s
+        self.settled = True
+        log.debug("every Locust process ready: offset 0 moved up to %.3f", start_s)
 
 
 def _stop_group(proc: subprocess.Popen[bytes], pgid: int | None) -> None:
