@@ -78,7 +78,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.search.sampling import Objective, make_sampler
+from tuner.run.config import Objective
+from tuner.search.sampling import make_sampler
 from tuner.sim.blocks import BlockPool, EvictionPolicy
 from tuner.sim.build import build_engine
 from tuner.sim.engine import EngineDead, SimEngine, StepResult

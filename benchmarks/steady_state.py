@@ -55,7 +55,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.search.rate_search import GoodputUnit
+from tuner.run.goodput import GoodputUnit
 from tuner.serving.level_schedule import level_workload
 from tuner.sim.build import build_engine
 from tuner.twin.prediction import Setup, max_rate, predict, reference_rate

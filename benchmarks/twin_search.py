@@ -48,10 +48,10 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from tuner.search.config import TuneConfig
+from tuner.run.config import Objective, TuneConfig
+from tuner.run.goodput import GoodputUnit
 from tuner.search.context import TuneContext, resolve
-from tuner.search.rate_search import GoodputUnit
-from tuner.search.sampling import Objective, make_sampler
+from tuner.search.sampling import make_sampler
 from tuner.serving.level_schedule import drain_s, level_workload
 from tuner.sim.timing import TimingFactors
 from tuner.twin.fit import MAX_LEVELS, MeasuredLevel, fit

@@ -22,9 +22,9 @@ from plotly.subplots import make_subplots
 
 from reports.run_data import RunData, TrialRow
 from tuner.errors import TunerError
+from tuner.run.edge import EdgeProbe, ProbeVerdict
+from tuner.run.evaluation import Evaluation, Verdict
 from tuner.run.levels import NOT_RECORDED, LatencySamples, LevelEvidence, Timeline
-from tuner.search.edge import EdgeProbe, ProbeVerdict
-from tuner.search.evaluate import Evaluation, Verdict
 from tuner.serving.server import TrialOutcome
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import default_limits

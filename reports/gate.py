@@ -42,9 +42,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reports.gate_settings import SUMMARY_ENV
 from tuner.errors import ConfigError, RunFileError
+from tuner.run.evaluation import Verdict
 from tuner.run.reader import RunReader
-from tuner.search.evaluate import Verdict
-from tuner.search.recommend import HARNESS_VERSION, ConfirmationResult, measured_of
+from tuner.run.recommendation import ConfirmationResult
+from tuner.search.recommend import HARNESS_VERSION, measured_of
 from tuner.serving.server import Backend
 from tuner.vllm.versions import VllmVersion
 from workloads.slo import SloAsTexts

@@ -44,6 +44,10 @@ from reports.charts import (
 from reports.run_data import RunData, TrialRow, load_run
 from reports.twin import twin_section
 from tuner.errors import ReportError
+from tuner.run.config import TuneConfig
+from tuner.run.edge import KnobEdge
+from tuner.run.evaluation import Evaluation, LevelRecord, Verdict
+from tuner.run.goodput import Goodput, GoodputUnit
 from tuner.run.layout import REPORT_HTML, RunLayout
 from tuner.run.levels import (
     NOT_RECORDED,
@@ -55,19 +59,9 @@ from tuner.run.levels import (
     rebase,
     timeline,
 )
-from tuner.search.config import TuneConfig
-from tuner.search.edge import KnobEdge
-from tuner.search.evaluate import Evaluation, LevelRecord, Verdict
-from tuner.search.parallelism import Source, read_parallelism
-from tuner.search.rate_search import Goodput, GoodputUnit
-from tuner.search.recommend import (
-    HARNESS_VERSION,
-    Capacity,
-    ConfirmationResult,
-    Recommendation,
-    Variant,
-    measured_of,
-)
+from tuner.run.parallelism import Source, read_parallelism
+from tuner.run.recommendation import Capacity, ConfirmationResult, Recommendation, Variant
+from tuner.search.recommend import HARNESS_VERSION, measured_of
 from tuner.search.study import TrialRole
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
 from tuner.serving.gpu_sampler import AUTO_SOURCE

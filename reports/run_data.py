@@ -29,15 +29,15 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from tuner.errors import ReportError, RunFileError
+from tuner.run.edge import EdgeResult
+from tuner.run.evaluation import Evaluation, Verdict
 from tuner.run.files import first_error
 from tuner.run.levels import rebase
 from tuner.run.reader import RunReader
+from tuner.run.recommendation import Recommendation
 from tuner.run.records import TuneRecord
-from tuner.search.edge import EdgeResult
-from tuner.search.evaluate import Evaluation, Verdict
-from tuner.search.recommend import Recommendation
+from tuner.run.summary import TuneSummary
 from tuner.search.study import TrialRole
-from tuner.search.tune import TuneSummary
 from tuner.vllm.memory import Calibration
 from tuner.vllm.memory_boundary import MemoryBoundary
 from workloads.spec import WorkloadSpec

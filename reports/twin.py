@@ -12,9 +12,10 @@ import plotly.graph_objects as go
 from reports.charts import RECOMMENDED_COLOR, Chart, _figure, _layout, esc
 from reports.run_data import RunData, TrialRow
 from tuner.errors import ConfigError
+from tuner.run.evaluation import Verdict
 from tuner.run.layout import RunLayout
-from tuner.search.evaluate import Verdict
-from tuner.twin.fit import TrialFit, TwinRecord, read_twin
+from tuner.run.twin_record import TrialFit, TwinRecord
+from tuner.twin.fit import read_twin
 from tuner.twin.landscape import Landscape, ScreenMethod, read_landscape
 
 log = logging.getLogger(__name__)

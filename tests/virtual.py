@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.tune_run import SMALL_TUNE_ARGS
-from tuner.search.tune import TuneSummary
+from tuner.run.summary import TuneSummary
 
 
 @dataclass(frozen=True)

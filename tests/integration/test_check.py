@@ -35,17 +35,11 @@ import pytest
 
 from reports.gate import Metric, RowVerdict
 from tuner.cli.main import main
-from tuner.search.config import TuneConfig
+from tuner.run.config import TuneConfig
+from tuner.run.evaluation import Evaluation, Verdict
+from tuner.run.recommendation import Recommendation, Variant
 from tuner.search.context import StudySetup, resolve
-from tuner.search.evaluate import Evaluation, Verdict
-from tuner.search.recommend import (
-    Recommendation,
-    Variant,
-    config_hash,
-    confirm,
-    make_variant,
-    measured_of,
-)
+from tuner.search.recommend import config_hash, confirm, make_variant, measured_of
 from tuner.serving.live_server import ServerFactory
 from tuner.serving.processes import ChildRegistry
 from tuner.twin.virtual_server import VirtualServer

@@ -30,7 +30,7 @@ from optuna.trial import TrialState
 
 from tests.integration.postgres import PASSWORD, postgres_url
 from tests.integration.tune_run import SMALL_TUNE_ARGS
-from tuner.search.evaluate import Evaluation
+from tuner.run.evaluation import Evaluation
 from tuner.search.study import load_evaluation
 from tuner.search.study.claims import CLAIMS_TABLE
 from tuner.serving.processes import REGISTRY_FILE, ChildRegistry, group_alive, process_id

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tuner.run.edge import EdgeProbe, ProbeVerdict
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
-from tuner.search.edge import EdgeProbe, EdgeSearch, ProbeVerdict
+from tuner.search.edge import EdgeSearch
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.worst_case_hold import HoldEnd
 from tuner.vllm.space import Knob, TrialParams

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from tests.virtual import tune_cli, virtual_tune
-from tuner.search.evaluate import Evaluation
-from tuner.search.parallelism import ParallelismComparison, Source
+from tuner.run.evaluation import Evaluation
+from tuner.run.parallelism import ParallelismComparison, Source
 
 pytestmark = pytest.mark.integration
 

@@ -27,11 +27,11 @@ from pydantic import BaseModel, ValidationError
 
 from reports.html import write_report
 from tuner.errors import ReportError
+from tuner.run.edge import EdgeResult
+from tuner.run.evaluation import Evaluation
+from tuner.run.recommendation import Recommendation
 from tuner.run.records import TuneRecord
-from tuner.search.edge import EdgeResult
-from tuner.search.evaluate import Evaluation
-from tuner.search.recommend import Recommendation
-from tuner.search.tune import TuneSummary
+from tuner.run.summary import TuneSummary
 from tuner.vllm.memory import Calibration
 from workloads.load_result import LoadResult
 

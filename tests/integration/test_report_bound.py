@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reports.html import write_report
-from tuner.search.rate_search import GoodputBound
+from tuner.run.goodput import GoodputBound
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the shared tune takes minutes
 

@@ -27,9 +27,11 @@ from reports.html import (
     _window_part,
     write_report,
 )
+from tuner.run.evaluation import Evaluation, LevelRecord
+from tuner.run.layout import PROMPT_LENGTHS_FILE
 from tuner.run.levels import NOT_RECORDED, level_evidence, rebase
-from tuner.search.evaluate import Evaluation, LevelRecord
-from tuner.search.level_evidence import PROMPT_LENGTHS_FILE, PromptLengthMix, write_level_evidence
+from tuner.run.prompt_lengths import PromptLengthMix
+from tuner.search.level_evidence import write_level_evidence
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
 from workloads.build import build_schedule
 from workloads.schedule import write_schedule

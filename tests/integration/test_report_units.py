@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from reports.html import write_report
-from tuner.search.rate_search import GoodputUnit
-from tuner.search.recommend import Recommendation
+from tuner.run.goodput import GoodputUnit
+from tuner.run.recommendation import Recommendation
 from workloads.spec import load_workload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the shared tune takes minutes

@@ -27,10 +27,10 @@ from kubernetes_validate.utils import latest_version
 
 from tests.integration.tune_run import REAL_TUNE_TRIALS, SMALL_TUNE_ARGS
 from tests.virtual import Done, tune_cli, tuner_cli, virtual_tune
-from tuner.search.edge import EdgeResult
-from tuner.search.evaluate import Evaluation, Verdict
-from tuner.search.rate_search import GoodputBound, GoodputUnit
-from tuner.search.recommend import Recommendation
+from tuner.run.edge import EdgeResult
+from tuner.run.evaluation import Evaluation, Verdict
+from tuner.run.goodput import GoodputBound, GoodputUnit
+from tuner.run.recommendation import Recommendation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the shared tune takes minutes
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tuner.run.budget import LaunchKind
 from tuner.search.budget import (
     SIM_LAUNCH_OVERHEAD_S,
     VLLM_LAUNCH_PRIOR_S,
-    LaunchKind,
     TimeBudget,
     launch_prior_s,
 )

@@ -27,8 +27,8 @@ from reports.gate import (
 )
 from tuner.cli.main import main
 from tuner.errors import ConfigError
-from tuner.search.evaluate import Verdict
-from tuner.search.recommend import ConfirmationResult, Recommendation, Variant
+from tuner.run.evaluation import Verdict
+from tuner.run.recommendation import ConfirmationResult, Recommendation, Variant
 from tuner.vllm.space import TrialParams
 from workloads.load_result import Percentiles
 

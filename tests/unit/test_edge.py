@@ -16,9 +16,10 @@ from types import TracebackType
 
 import pytest
 
+from tuner.run.edge import EdgeProbe, KnobEdge, ProbeVerdict
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
-from tuner.search.edge import EdgeProbe, EdgeSearch, KnobEdge, ProbeVerdict
+from tuner.search.edge import EdgeSearch
 from tuner.serving.live_server import LoadMeasurement, StopFactory
 from tuner.serving.load import LOCAL_LOAD, SloVerdict
 from tuner.serving.processes import ChildRegistry

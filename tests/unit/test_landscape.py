@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.search.config import TuneConfig
+from tuner.run.config import TuneConfig
 from tuner.search.context import resolve
 from tuner.sim.timing import TimingFactors
 from tuner.twin.landscape import (

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tuner.run.layout import PROMPT_LENGTHS_FILE
+from tuner.run.prompt_lengths import PromptLengthMix
 from tuner.search.level_evidence import (
-    PROMPT_LENGTHS_FILE,
     REFERENCE_MAX_REQUESTS,
-    PromptLengthMix,
     ks_sf,
     ks_two_sample,
     prompt_lengths,

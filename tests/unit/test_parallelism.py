@@ -15,10 +15,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tests.unit.test_landscape import _landscape
 from tuner.errors import ConfigError
+from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
+from tuner.run.parallelism import Source, read_parallelism
 from tuner.search.config import load_config
 from tuner.search.context import resolve
-from tuner.search.parallelism import Source, compare, read_parallelism
-from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
+from tuner.search.parallelism import compare
 from tuner.search.recommend import capacity, config_hash, deployment
 from tuner.search.study import best_trial
 from tuner.twin.landscape import ScreenedPoint, ScreenMethod

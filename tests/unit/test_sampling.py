@@ -11,7 +11,8 @@ from typing import Any
 import optuna
 import pytest
 
-from tuner.search.sampling import Objective, make_sampler
+from tuner.run.config import Objective
+from tuner.search.sampling import make_sampler
 
 DEFAULTS = {"gpu-memory-utilization": 0.92, "max-num-seqs": 8, "block-size": 16}
 

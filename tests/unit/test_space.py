@@ -203,7 +203,8 @@ def test_vllm_defaults_take_vllms_max_num_batched_tokens(gpu, batched) -> None: 
 def test_stepped_floats_are_stored_as_their_step_writes_them(objective: str) -> None:
     """The study (and so the report and the recommended command lines) holds 0.87, not
     0.8700000000000001, for a utilization drawn on a 0.01 grid, whichever sampler draws it."""
-    from tuner.search.sampling import Objective, make_sampler
+    from tuner.run.config import Objective
+    from tuner.search.sampling import make_sampler
 
     space = SearchSpace(
         ranges=(

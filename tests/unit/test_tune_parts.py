@@ -11,13 +11,11 @@ from types import SimpleNamespace
 import pytest
 
 from tuner.errors import ConfigError
+from tuner.run.edge import EdgeResult, KnobEdge
+from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, auto_time_scale, resolve
-from tuner.search.edge import EdgeResult, KnobEdge
 from tuner.search.rate_search import (
-    Goodput,
-    GoodputBound,
-    GoodputUnit,
     RateLevel,
     RateSearch,
     climb_step,

@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from tuner.run.evaluation import Evaluation, Verdict
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, resolve
-from tuner.search.evaluate import Evaluation, Verdict, _evaluation
+from tuner.search.evaluate import _evaluation
 from tuner.search.study.trial_lines import did_not_serve
 from tuner.serving.server import StartupResult, TrialOutcome
 from tuner.vllm.classify import (

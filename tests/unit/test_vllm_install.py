@@ -25,7 +25,8 @@ import tuner.search.context as context
 from tests.gpuhost.hub_standin import HubStandin
 from tuner.cli.main import main
 from tuner.errors import ConfigError
-from tuner.search.config import TuneConfig, load_config
+from tuner.run.config import TuneConfig
+from tuner.search.config import load_config
 from tuner.search.recommend import deployment
 from tuner.search.tune import describe
 from tuner.serving.vllm_install import (

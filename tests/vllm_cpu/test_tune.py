@@ -21,7 +21,7 @@ import optuna
 import pytest
 
 from tests.vllm_cpu.conftest import BLOCK_SIZE, TINY_MODEL, VLLM_CMD_TEXT, TinyModel
-from tuner.search.evaluate import Evaluation
+from tuner.run.evaluation import Evaluation
 
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.integration, pytest.mark.timeout(1500)]
 

@@ -30,9 +30,10 @@ from typing import Any
 
 from tuner.errors import ConfigError, RunFileError
 from tuner.run.reader import RunReader
-from tuner.search.recommend import Recommendation
+from tuner.run.recommendation import Recommendation
+from tuner.run.twin_record import TrialFit
 from tuner.sim.timing import TimingFactors
-from tuner.twin.fit import GOODPUT_TOLERANCE, TrialFit, read_twin
+from tuner.twin.fit import GOODPUT_TOLERANCE, read_twin
 from tuner.vllm.gpus import GpuSpec, recorded_gpu
 from workloads.spec import WorkloadSpec
 

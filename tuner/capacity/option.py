@@ -26,7 +26,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
+from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.serving.bracket import FLOOR_PER_S, search
 from tuner.serving.window import needed_requests
 from tuner.sim.timing import TimingFactors

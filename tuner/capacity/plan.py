@@ -37,7 +37,7 @@ from tuner.deploy import (
     vllm_config_yaml,
 )
 from tuner.drain import drain_timing
-from tuner.search.rate_search import GoodputUnit
+from tuner.run.goodput import GoodputUnit
 from tuner.search.recommend import settings_hash
 from tuner.vllm.gpus import GpuSpec, node_product_label
 from tuner.vllm.space import TrialParams

@@ -18,6 +18,7 @@ read what an older one wrote. ``RunLayout`` names each path once::
     <run>/budget.json                   the time budget: every launch's seconds, every launch skipped
     <run>/calibration.json              the memory model calibrated by the first launch's log
     <run>/memory_boundary.json          the memory model's predicted start boundary, for the report's map
+    <run>/parallelism.json              each tensor-parallel size's best server, per GPU (where searched)
 
 Pure: no I/O beyond ``Path`` arithmetic; imports nothing of the tuner. Nothing outside
 ``tuner.run`` spells one of these names (``tests/unit/test_run_names.py``).
@@ -42,11 +43,13 @@ RECOMMENDATION_DIR = "recommendation"
 RECOMMENDATION_JSON = "recommendation.json"
 WINDOW_JSON = "window.json"  # in a level's directory: when its window opened
 BACKLOG_JSON = "backlog.json"  # in a level's directory: the backlog guard's verdict
+PROMPT_LENGTHS_FILE = "prompt_lengths.json"  # in a level's directory: against the stationary ones
 TWIN_JSON = "twin.json"  # the twin's timing factors and every fit that led to them
 LANDSCAPE_JSON = "landscape.json"  # the twin's goodput for every setting of the space
 BUDGET_JSON = "budget.json"  # every launch's seconds and every launch skipped for time
 CALIBRATION_JSON = "calibration.json"  # the memory model calibrated by the first launch's log
 MEMORY_BOUNDARY_JSON = "memory_boundary.json"  # where the memory model says vLLM starts
+PARALLELISM_JSON = "parallelism.json"  # each tensor-parallel size's best server, per GPU
 
 
 def level_name(index: int) -> str:
@@ -104,6 +107,10 @@ class RunLayout:
     @property
     def memory_boundary_json(self) -> Path:
         return self.root / MEMORY_BOUNDARY_JSON
+
+    @property
+    def parallelism_json(self) -> Path:
+        return self.root / PARALLELISM_JSON
 
     @property
     def trials_dir(self) -> Path:

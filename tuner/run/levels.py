@@ -21,10 +21,10 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tuner.errors import GpuTimelineError
+from tuner.run.evaluation import Evaluation
 from tuner.run.files import first_error
-from tuner.run.layout import BACKLOG_JSON, WINDOW_JSON
-from tuner.search.evaluate import Evaluation
-from tuner.search.level_evidence import PROMPT_LENGTHS_FILE, PromptLengthMix
+from tuner.run.layout import BACKLOG_JSON, PROMPT_LENGTHS_FILE, WINDOW_JSON
+from tuner.run.prompt_lengths import PromptLengthMix
 from tuner.serving.backlog import BacklogCheck
 from tuner.serving.gpu_sampler import GpuSample, read_timeline
 from tuner.serving.prometheus_scrape import MetricsSample

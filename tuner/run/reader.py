@@ -13,14 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tuner.run.budget import BudgetRecord
+from tuner.run.edge import EdgeResult
+from tuner.run.evaluation import Evaluation
 from tuner.run.files import read_document, read_model, read_optional
 from tuner.run.layout import RunLayout, evaluation_json
+from tuner.run.recommendation import Recommendation
 from tuner.run.records import TuneRecord
-from tuner.search.budget import BudgetRecord
-from tuner.search.edge import EdgeResult
-from tuner.search.evaluate import Evaluation
-from tuner.search.recommend import Recommendation
-from tuner.search.tune import TuneSummary
+from tuner.run.summary import TuneSummary
 from tuner.vllm.memory import Calibration
 from tuner.vllm.memory_boundary import MemoryBoundary
 

@@ -3,7 +3,8 @@
 ``tune.json`` is written by ``tuner.search.tune.describe`` as a document; ``TuneRecord``
 reads it back (fields an older run lacks take their defaults, those a newer one adds are
 ignored). The files the loop writes from a model are read with that model (``Evaluation``,
-``EdgeResult``, ``Recommendation``, ``TuneSummary``, ``BudgetRecord``: ``tuner.run.reader``).
+``EdgeResult``, ``Recommendation``, ``TuneSummary``, ``BudgetRecord``, each in its own
+module of ``tuner.run``: ``tuner.run.reader``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pydantic import (
     field_validator,
 )
 
-from tuner.search.config import TuneConfig
+from tuner.run.config import TuneConfig
 from tuner.serving.server import Backend
 from tuner.vllm.gpus import GpuSpec, recorded_gpu
 from tuner.vllm.space import LeftOut, Range

@@ -14,9 +14,9 @@ launches as they are measured:
 - before every launch the caller asks ``fits``: a launch that would not finish before
   its deadline is not started, and the budget keeps why (``skipped``).
 
-``budget.json`` in the run directory holds every launch (what, when, its seconds to
-ready, of measurement and of stop) and every launch skipped with its reason, for the
-report and for scripts.
+``budget.json`` in the run directory (``tuner.run.budget.BudgetRecord``) holds every
+launch (what, when, its seconds to ready, of measurement and of stop) and every launch
+skipped with its reason, for the report and for scripts.
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
+from tuner.run.budget import BudgetRecord, LaunchKind, LaunchRecord, SkippedLaunch
 from tuner.search.context import TuneContext
 from tuner.serving.server import Backend
 
@@ -43,68 +41,6 @@ SIM_LAUNCH_OVERHEAD_S = 5.0
 RECENT_LAUNCHES = 3  # the launch estimate: the longest of the last few that started
 # After the last launch: the parallelism comparison, the configs and the report.
 FINISH_S = 15.0
-
-
-class LaunchKind(StrEnum):
-    """What a launch was for."""
-
-    TRIAL = "trial"
-    EDGE_PROBE = "edge_probe"
-    CONFIRMATION = "confirmation"
-
-
-class LaunchRecord(BaseModel):
-    """One launch: when it began (seconds since the tune began) and what its parts took
-    (wall seconds)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: LaunchKind
-    name: str
-    began_s: float
-    launch_s: float | None  # spawn to ready, or to its failure
-    measure_s: float | None  # warm-up, levels or the worst case's hold
-    stop_s: float | None  # stop and the device memory's release
-    ready: bool  # the server became ready
-    deadline_s: float  # the deadline it was started against (seconds since the tune began)
-
-    @property
-    def overhead_s(self) -> float:
-        return (self.launch_s or 0.0) + (self.stop_s or 0.0)
-
-    @property
-    def ended_s(self) -> float:
-        return self.began_s + self.overhead_s + (self.measure_s or 0.0)
-
-
-class SkippedLaunch(BaseModel):
-    """A launch not started because it would not have finished before its deadline."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: LaunchKind
-    name: str
-    at_s: float  # seconds since the tune began
-    need_s: float  # what it was estimated to take
-    left_s: float  # what was left before its deadline
-    reason: str
-
-    def text(self) -> str:
-        return f"{self.name} not started: {self.reason}"
-
-
-class BudgetRecord(BaseModel):
-    """``budget.json``: the budget, the prior, every launch and every launch skipped."""
-
-    model_config = ConfigDict(frozen=True)
-
-    budget_s: float
-    launch_prior_s: float
-    launches: list[LaunchRecord] = []
-    skipped: list[SkippedLaunch] = []
-    # Launches of earlier runs of this study in this directory (a run resumed with
-    # --resume), each timed from its own run's start: measured launches all the same.
-    earlier: list[LaunchRecord] = []
 
 
 def launch_prior_s(ctx: TuneContext) -> float:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.errors import ConfigError, TunerError, UnknownModelError
-from tuner.search.config import TuneConfig
+from tuner.run.config import TuneConfig
 from tuner.serving.hub import FetchedModel, fetch_model
 from tuner.serving.load import resolve_workload
 from tuner.serving.nvml_host import VisibleGpu, visible_gpus

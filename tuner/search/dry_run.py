@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.search.config import TuneConfig
+from tuner.run.config import TuneConfig
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.tune import reserve_s
 from tuner.serving.level_schedule import drain_s, plan_level_schedule

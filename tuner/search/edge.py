@@ -7,9 +7,9 @@ memory model places the first probe; each probe is a real launch, then steps of 
 resolution (doubling while the edge is not bracketed) and bisection until the bracket
 is one resolution wide, the launch budget is spent or the time budget is.
 
-Only an out-of-memory outcome brackets the edge (``ProbeVerdict``): vLLM failing to
-start for memory (``TrialOutcome.STARTUP_OOM``, a ``StartupFailureKind`` that
-``is_out_of_memory``) or dying of it under the worst case (``RUNTIME_OOM``). Anything
+Only an out-of-memory outcome brackets the edge (``ProbeVerdict``, ``tuner.run.edge``):
+vLLM failing to start for memory (``TrialOutcome.STARTUP_OOM``, a ``StartupFailureKind``
+that ``is_out_of_memory``) or dying of it under the worst case (``RUNTIME_OOM``). Anything
 else (a startup timeout, a crash, the hub refusing the model, a port taken, a rejected
 configuration, failed requests) says nothing of memory: the probe is launched once more,
 once the previous server's memory is released, and when that fails too not by memory
@@ -29,17 +29,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Protocol, Self
 
-from pydantic import BaseModel, ConfigDict, model_validator
-
+from tuner.run.budget import LaunchKind
+from tuner.run.edge import EdgeProbe, EdgeResult, KnobEdge, ProbeVerdict, WorstCase
+from tuner.run.evaluation import Evaluation
 from tuner.run.layout import RunLayout
-from tuner.search.budget import LaunchKind, TimeBudget
+from tuner.search.budget import TimeBudget
 from tuner.search.context import StudySetup, TuneContext
-from tuner.search.evaluate import Evaluation, live_server, predicted_plan
+from tuner.search.evaluate import live_server, predicted_plan
 from tuner.serving.gpu_sampler import GpuSummary, release_watch, wait_until_released
 from tuner.serving.live_server import LoadMeasurement, StopFactory
 from tuner.serving.load import LoadGenerators, plan_schedule
@@ -64,120 +64,6 @@ RELEASE_RETRY_S = 120.0
 # Before any probe measured a hold: twice the best trial's longest answer (its p99 TTFT
 # and p99 TPOT over the worst case's output), capped at edge_load_s.
 HOLD_PRIOR_FACTOR = 2.0
-
-
-class ProbeVerdict(StrEnum):
-    """What one probe says of the edge."""
-
-    HELD = "held"  # started and survived the worst case
-    OUT_OF_MEMORY = "out_of_memory"  # failed to start, or died, for memory: brackets the edge
-    INCONCLUSIVE = "inconclusive"  # failed not by memory (twice): the bracket does not move
-
-
-class WorstCase(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    prompt_tokens: int
-    output_tokens: int
-    concurrency: int  # max-num-seqs of the probe
-    # The longest the worst case is held (emulated seconds): it ends earlier once the KV
-    # cache has peaked or every output finished.
-    load_s: float
-
-
-class EdgeProbe(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    knob: Knob
-    value: float
-    flags: dict[str, object]
-    predicted_fits: bool | None
-    outcome: TrialOutcome
-    verdict: ProbeVerdict
-    survived: bool  # verdict HELD (kept for readers of older runs)
-    attempt: int = 1  # 2: the retry of an attempt that failed not by memory
-    failure_kind: str | None = None
-    failure_message: str | None = None
-    peak_used_bytes: int | None = None
-    total_bytes: int | None = None
-    headroom_bytes: int | None = None
-    kv_cache_tokens: int | None = None
-    num_preemptions: int | None = None
-    hold_end: HoldEnd | None = None  # None: not served (did not start)
-    hold_s: float | None = None  # emulated seconds the worst case was held
-    peak_kv_cache_usage: float | None = None
-    requests: int | None = None
-    request_errors: int | None = None
-    dir: str
-    wall_s: float
-    launch_s: float | None = None  # wall seconds to ready (or to the failure)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _verdict_of_older_runs(cls, data: Any) -> Any:
-        """An edge.json written before verdicts: every failure counted as out of memory."""
-        if isinstance(data, dict) and "verdict" not in data:
-            held = bool(data.get("survived"))
-            data = {
-                **data,
-                "verdict": ProbeVerdict.HELD if held else ProbeVerdict.OUT_OF_MEMORY,
-            }
-        return data
-
-    @property
-    def startup_edge_only(self) -> bool:
-        return self.verdict is ProbeVerdict.HELD and (
-            self.hold_end is not None and self.hold_end.startup_only
-        )
-
-    def said(self) -> str:
-        """The verdict in words, e.g. ``out of memory (cuda_oom_in_profiling)``."""
-        if self.verdict is ProbeVerdict.HELD:
-            return (
-                "held (startup edge only: cut short before the KV cache peaked)"
-                if (self.startup_edge_only)
-                else "held"
-            )
-        why = self.failure_kind or self.outcome.value
-        if self.verdict is ProbeVerdict.OUT_OF_MEMORY:
-            return f"out of memory ({why})"
-        return f"inconclusive ({why}: not an out-of-memory outcome)"
-
-
-class KnobEdge(BaseModel):
-    """One knob's edge: the highest value that held, the lowest that ran out of memory."""
-
-    model_config = ConfigDict(frozen=True)
-
-    knob: Knob
-    start: float  # the recommended settings' value
-    predicted: float | None  # the memory model's highest value that starts
-    highest_ok: float | None
-    lowest_failed: float | None  # the lowest value that ran out of memory
-    resolution: float
-    launches: int
-    note: str = ""
-    inconclusive: list[float] = []  # values whose probes failed not by memory, twice
-    # highest_ok's probe was cut short before the KV cache peaked: a startup edge only
-    highest_ok_startup_only: bool = False
-
-    @property
-    def bracketed(self) -> bool:
-        return (
-            self.highest_ok is not None
-            and self.lowest_failed is not None
-            and self.lowest_failed - self.highest_ok <= self.resolution * 1.0001
-        )
-
-
-class EdgeResult(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    worst_case: WorstCase | None
-    utilization: KnobEdge | None
-    max_num_seqs: KnobEdge | None
-    probes: list[EdgeProbe]
-    skipped: str | None = None
 
 
 def worst_case(ctx: TuneContext, concurrency: int) -> WorstCase:

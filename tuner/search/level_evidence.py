@@ -8,7 +8,7 @@ first turns only, whose prompts carry no history). Beside its schedule, records 
 
 * ``turn_mix.json`` (``workloads.stationary.TurnMix``), with sessions: the measured
   requests' share per turn number against the stationary mix, chi-square test;
-* ``prompt_lengths.json`` (``PromptLengthMix``): the prompt tokens of the measured
+* ``prompt_lengths.json`` (``tuner.run.prompt_lengths.PromptLengthMix``): the prompt tokens of the measured
   requests against a long stationary schedule of the same workload, their
   quantiles and a two-sample Kolmogorov-Smirnov test.
 
@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
+from tuner.run.layout import PROMPT_LENGTHS_FILE
+from tuner.run.prompt_lengths import PromptLengthMix, PromptQuantiles
 from workloads.build import build_schedule
 from workloads.prompts import PromptBuilder
 from workloads.schedule import ScheduledRequest
@@ -58,10 +59,7 @@ from workloads.stationary import TURN_MIX_FILE, stationary_turn_mix, turn_mix, w
 from workloads.traces import TraceError
 
 __all__ = [
-    "PROMPT_LENGTHS_FILE",
     "TURN_MIX_FILE",
-    "PromptLengthMix",
-    "PromptQuantiles",
     "ks_sf",
     "ks_two_sample",
     "prompt_lengths",
@@ -71,51 +69,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PROMPT_LENGTHS_FILE = "prompt_lengths.json"
 REFERENCE_MIN_S = 300.0  # the reference lasts at least this long (emulated seconds) ...
 REFERENCE_WINDOWS = 10.0  # ... and this many windows, within the request bounds below
 REFERENCE_MAX_REQUESTS = 6000  # about 1.5 s to build for chat at 30 conversations/s
 REFERENCE_MIN_REQUESTS = 2000
 REFERENCE_SEED_OFFSET = 7919  # the reference's seed: the level's plus this
-
-
-class PromptQuantiles(BaseModel):
-    """Quantiles of a set of prompt lengths (tokens, the whole prompt with its history)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    p10: float
-    p50: float
-    p90: float
-    p99: float
-    mean: float
-
-    @classmethod
-    def of(cls, values: Sequence[int] | np.ndarray[Any, Any]) -> PromptQuantiles:
-        a = np.asarray(values, dtype=float)
-        p10, p50, p90, p99 = (float(q) for q in np.percentile(a, [10, 50, 90, 99]))
-        return cls(p10=p10, p50=p50, p90=p90, p99=p99, mean=float(a.mean()))
-
-
-class PromptLengthMix(BaseModel):
-    """The prompt lengths of a window's measured requests against the workload's stationary
-    ones (``stationary``: a long stationary schedule of the same spec, see the module).
-
-    ``p_value`` is the two-sample Kolmogorov-Smirnov test's, with the measured side
-    counted as ``effective_requests``; None when the window measured nothing."""
-
-    model_config = ConfigDict(frozen=True)
-
-    requests: int
-    effective_requests: int  # independent samples: conversations with sessions, else requests
-    measured: PromptQuantiles | None
-    stationary: PromptQuantiles
-    reference_requests: int
-    reference_duration_s: float
-    reference_seed: int
-    test: str = "two-sample Kolmogorov-Smirnov"
-    ks_statistic: float | None
-    p_value: float | None
 
 
 def ks_sf(x: float) -> float:

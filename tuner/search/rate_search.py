@@ -30,7 +30,7 @@ Every level keeps its own directory with the load run's evidence (``window.json`
 
 Rates are the workload's arrival rate (requests/s, or sessions/s for a multi-turn
 workload); ``goodput`` is the request rate the best level offered, as measured, and
-``goodput_of`` states it whole (``Goodput``): in the workload's own unit (conversations/s
+``goodput_of`` states it whole (``tuner.run.goodput.Goodput``): in the workload's own unit (conversations/s
 where it has sessions), in requests/s and in output tokens/s. It is
 the goodput only when a higher rate broke (``GoodputBound.BRACKETED``); a search that
 never found a breaking rate within its budget knows only that the server holds at
@@ -42,12 +42,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.search.level_evidence import write_level_evidence
 from tuner.serving.bracket import RateBracket
 from tuner.serving.level_schedule import CarryOn, drain_s, plan_level_schedule
@@ -67,84 +67,6 @@ MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent:
 # drain (emulated seconds), so the server stays loaded at its rate while the next level
 # is decided and planned, until that one takes over.
 BRIDGE_S = 60.0
-
-
-class GoodputBound(StrEnum):
-    """What a search's goodput is: the goodput, or only a lower bound on it."""
-
-    BRACKETED = "bracketed"  # a rate above the best one that held broke the SLOs (or the engine)
-    LOWER_BOUND = "lower_bound"  # no measured rate broke: the server holds at least this
-    NONE = "none"  # no level met the SLOs
-
-    @property
-    def is_lower_bound(self) -> bool:
-        return self is GoodputBound.LOWER_BOUND
-
-
-class GoodputUnit(StrEnum):
-    """The unit of a workload's arrival rate, the unit its goodput and peak are stated in."""
-
-    CONVERSATIONS_PER_S = "conversations_per_s"  # a multi-turn workload: new sessions/s
-    REQUESTS_PER_S = "requests_per_s"
-
-    @property
-    def label(self) -> str:
-        return "conversations/s" if self is GoodputUnit.CONVERSATIONS_PER_S else "req/s"
-
-    @classmethod
-    def of(cls, spec: WorkloadSpec) -> GoodputUnit:
-        """Conversations/s for an open-loop workload with sessions, else requests/s (a
-        closed-loop one has no arrival rate of its own: its requests are what it sends)."""
-        if spec.sessions is not None and spec.mean_rate_per_s is not None:
-            return cls.CONVERSATIONS_PER_S
-        return cls.REQUESTS_PER_S
-
-
-class Goodput(BaseModel):
-    """A goodput, stated whole: the arrival rate in the workload's own unit at the best
-    level that met the SLOs, what that level offered in requests/s (the figure the
-    sampler and the regression gate compare) and its output tokens/s, and whether it is
-    the goodput or only a lower bound on it. Zero everywhere when no level met the SLOs."""
-
-    model_config = ConfigDict(frozen=True)
-
-    arrival_rate_per_s: float = 0.0  # in ``unit``
-    unit: GoodputUnit = GoodputUnit.REQUESTS_PER_S
-    requests_per_s: float = 0.0
-    output_tokens_per_s: float = 0.0
-    bound: GoodputBound = GoodputBound.NONE
-
-    def text(self) -> str:
-        """As every printer says it: "12.00 conversations/s (41.50 req/s, 9,800 output
-        tok/s)", "41.50 req/s (9,800 output tok/s)" for a single-turn workload, "at least
-        ..., no breaking rate found" when no rate above it broke."""
-        figures = [f"{self.arrival_rate_per_s:.2f} {self.unit.label}"]
-        if self.unit is not GoodputUnit.REQUESTS_PER_S:
-            figures.append(f"{self.requests_per_s:.2f} req/s")
-        tokens = f"{self.output_tokens_per_s:,.0f} output tok/s"
-        text = f"{figures[0]} ({', '.join([*figures[1:], tokens])})"
-        if self.bound.is_lower_bound:
-            return f"at least {text}, no breaking rate found"
-        return text
-
-    @classmethod
-    def mean(cls, goodputs: list[Goodput]) -> Goodput:
-        """The mean over repeats (a lower bound when any repeat's was one)."""
-        if not goodputs:
-            return cls()
-        bounds = {g.bound for g in goodputs}
-        bound = next(
-            (b for b in (GoodputBound.LOWER_BOUND, GoodputBound.BRACKETED) if b in bounds),
-            GoodputBound.NONE,
-        )
-        n = len(goodputs)
-        return cls(
-            arrival_rate_per_s=sum(g.arrival_rate_per_s for g in goodputs) / n,
-            unit=goodputs[-1].unit,
-            requests_per_s=sum(g.requests_per_s for g in goodputs) / n,
-            output_tokens_per_s=sum(g.output_tokens_per_s for g in goodputs) / n,
-            bound=bound,
-        )
 
 
 class RateLevel(BaseModel):

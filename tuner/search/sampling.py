@@ -1,5 +1,7 @@
 """How the tuning loop picks the next settings: Optuna samplers, objectives and constraints.
 
+The objective itself (``Objective``) is a setting of the run: ``tuner.run.config``.
+
 Every trial is COMPLETE with its values and Optuna constraints (``Trial.set_constraint``;
 each > 0: violated): ``starts`` (the server came up), ``survives`` (the engine did
 not die under load) and ``slo`` (the SLOs held at some measured rate). A trial that
@@ -10,37 +12,15 @@ study crashing.
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from tuner.errors import ConfigError
+from tuner.run.config import Objective
 
 if TYPE_CHECKING:
     from tuner.search.distinct_sampler import DistinctSampler
     from tuner.search.optuna_store import FrozenTrial
 
 CONSTRAINTS = ("starts", "survives", "slo")
-
-
-class Objective(StrEnum):
-    GOODPUT = "goodput"  # the highest request rate at which the SLOs hold
-    THROUGHPUT = "throughput"  # output tokens/s at that rate
-    PARETO = "pareto"  # output tokens/s vs p99 TTFT, a Pareto front (NSGA-II)
-
-    @classmethod
-    def parse(cls, text: str) -> Objective:
-        try:
-            return cls(text.strip().lower())
-        except ValueError:
-            raise ConfigError(
-                f"--objective {text!r} is not accepted; accepted: {', '.join(o.value for o in cls)}"
-            ) from None
-
-    @property
-    def directions(self) -> list[Literal["maximize", "minimize"]]:
-        if self is Objective.PARETO:
-            return ["maximize", "minimize"]
-        return ["maximize"]
 
 
 def is_feasible(frozen_trial: FrozenTrial) -> bool:
@@ -56,8 +36,8 @@ def make_sampler(objective: Objective, *, seed: int | None, n_trials: int) -> Di
     of the landscape starts from a spread of points; vLLM's defaults are enqueued
     before them by the study.
     """
-    # Imported here, not above: the configuration imports this module, every command
-    # imports the configuration, and these import Optuna.
+    # Imported here, not above: these import Optuna, which a reader of the constraints
+    # (``is_feasible``) does not need.
     from tuner.search.distinct_sampler import DistinctSampler
     from tuner.search.optuna_store import nsga2_sampler, tpe_sampler
 

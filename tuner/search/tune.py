@@ -35,20 +35,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
-
 from tuner.errors import ConfigError, TunerError
+from tuner.run.config import TuneConfig
+from tuner.run.edge import EdgeResult
+from tuner.run.evaluation import Evaluation
+from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.run.layout import RunLayout
+from tuner.run.parallelism import ParallelismComparison
+from tuner.run.recommendation import Recommendation
+from tuner.run.summary import TuneSummary
+from tuner.run.twin_record import TrialFit
 from tuner.search import optuna_store
 from tuner.search.budget import FINISH_S, TimeBudget, launch_prior_s
-from tuner.search.config import TuneConfig
 from tuner.search.context import StudySetup, TuneContext, resolve
-from tuner.search.edge import EdgeResult, find_edge, hold_prior_s, worst_case
-from tuner.search.evaluate import Evaluation
+from tuner.search.edge import find_edge, hold_prior_s, worst_case
 from tuner.search.optuna_store import FrozenTrial, Study, TrialState
-from tuner.search.parallelism import ParallelismComparison, compare
-from tuner.search.rate_search import Goodput, GoodputBound, GoodputUnit
-from tuner.search.recommend import Recommendation, recommend
+from tuner.search.parallelism import compare
+from tuner.search.recommend import recommend
 from tuner.search.study import (
     Duty,
     OpenStudy,
@@ -67,7 +70,7 @@ from tuner.search.study import (
 from tuner.serving.level_schedule import drain_s, plan_level_schedule
 from tuner.serving.live_server import ServerFactory
 from tuner.serving.processes import ChildRegistry
-from tuner.twin.fit import TrialFit, read_twin
+from tuner.twin.fit import read_twin
 from tuner.twin.landscape import Landscape, read_landscape
 from tuner.vllm.memory import default_limits
 from tuner.vllm.memory_boundary import memory_boundary, seqs_grid
@@ -95,36 +98,6 @@ class WrittenReport(Protocol):
 ReportWriter = Callable[[Path, str | None], WrittenReport]
 
 FINALIZE_GRACE_S = 600.0  # past its own budget, how long a worker waits for the finalizing one
-
-
-class TuneSummary(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    study: str
-    run_dir: str
-    backend: str
-    trials: int
-    feasible: int
-    best_trial: int | None
-    best_goodput: float | None  # requests/s the best trial offered at its best rate
-    # BRACKETED: a higher rate broke the SLOs; LOWER_BOUND: none did within the level
-    # budget, so the best trial holds at least best_goodput (None: no feasible trial)
-    best_goodput_bound: GoodputBound | None = None
-    best_goodput_is_lower_bound: bool = False
-    # the best trial's goodput stated whole: arrival_rate_per_s in the workload's unit
-    # (conversations/s where it has sessions), requests_per_s (= best_goodput) and
-    # output_tokens_per_s; best_goodput_unit repeats its unit
-    best_goodput_unit: GoodputUnit | None = None
-    best_goodput_figures: Goodput | None = None
-    finalized_here: bool
-    # The twin's step costs fitted after each trial (twin.json): its error on each
-    # trial's levels before and after the fit, and its goodput prediction.
-    twin_fits: list[TrialFit] = []
-    # Where the tensor-parallel size was searched: each size's best server, per GPU
-    parallelism: ParallelismComparison | None = None
-    recommendation: str | None
-    report: str | None
-    wall_s: float
 
 
 def describe(ctx: TuneContext) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.run.layout import WINDOW_JSON, RunLayout
+from tuner.run.twin_record import TwinRecord
 from tuner.serving.window import WindowOpening
 from tuner.sim.timing import TimingFactors
 from tuner.twin.prediction import Setup, simulate_schedule
@@ -289,53 +290,6 @@ def goodput_worse(
     if lower_bound:
         error_before, error_after = min(error_before, 0.0), min(error_after, 0.0)
     return abs(error_after) > abs(error_before) + GOODPUT_TOLERANCE
-
-
-class TrialFit(BaseModel):
-    """One trial's fit as ``twin.json`` records it: the twin's error on the trial's levels
-    before and after, and its goodput prediction for the trial's settings against what
-    was measured."""
-
-    model_config = ConfigDict(frozen=True)
-
-    trial: int
-    levels: list[str]
-    before: TimingFactors
-    after: TimingFactors
-    error_before: float | None  # median share off the measured percentiles
-    error_after: float | None
-    evaluations: int
-    measured_rate_per_s: float | None = None  # the trial's goodput, the workload's unit
-    predicted_rate_per_s: float | None = None  # the twin's for its settings, before the trial
-    predicted_after_per_s: float | None = None  # ... with the factors fitted after it
-    # False: the fitted factors put the trial's measured goodput further off than the
-    # ones before (``goodput_worse``): the twin kept those.
-    adopted: bool = True
-
-    @staticmethod
-    def share_off(predicted: float | None, measured: float | None) -> float | None:
-        if not predicted or not measured:
-            return None
-        return predicted / measured - 1.0
-
-
-class TwinRecord(BaseModel):
-    """``twin.json``: the twin's timing factors now and every fit that led there."""
-
-    model_config = ConfigDict(frozen=True)
-
-    factors: TimingFactors = TimingFactors()
-    fits: list[TrialFit] = []
-
-    def with_fit(self, one: TrialFit) -> TwinRecord:
-        return TwinRecord(
-            factors=one.after if one.adopted else self.factors, fits=[*self.fits, one]
-        )
-
-    def write(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
 
 
 def read_twin(run_dir: Path) -> TwinRecord:

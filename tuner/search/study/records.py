@@ -12,16 +12,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from tuner.run.config import Objective
+from tuner.run.evaluation import Evaluation, Verdict
 from tuner.run.layout import evaluation_json
 from tuner.search import optuna_store
-from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.optuna_store import (
     FrozenTrial,
     Study,
     Trial,
     TrialState,
 )
-from tuner.search.sampling import Objective
 from tuner.vllm.space import per_gpu
 
 OTHERS_POLL_S = 2.0  # how often a worker waiting for other workers' trials looks again

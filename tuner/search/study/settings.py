@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
-from tuner.search.config import TuneConfig
+from tuner.run.config import TuneConfig
 from tuner.search.context import TuneContext
 from tuner.vllm.space import Range
 

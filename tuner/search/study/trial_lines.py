@@ -7,17 +7,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tuner.run.evaluation import Evaluation, Verdict
+from tuner.run.goodput import GoodputBound, GoodputUnit
+from tuner.run.twin_record import TrialFit
 from tuner.search import optuna_store
-from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.optuna_store import (
     Study,
     TrialState,
 )
-from tuner.search.rate_search import GoodputBound, GoodputUnit
 from tuner.search.study.records import arrival_goodput, best_trial
-from tuner.twin.fit import (
-    TrialFit,
-)
 
 
 def trial_line(study: Study, number: int, ev: Evaluation, *, deadline_s: float) -> str:

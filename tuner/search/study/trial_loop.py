@@ -11,12 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuner.errors import ConfigError, LogParseError
+from tuner.run.budget import LaunchKind
+from tuner.run.evaluation import Evaluation, Verdict
 from tuner.run.layout import RunLayout
 from tuner.search import optuna_store
-from tuner.search.budget import RECENT_LAUNCHES, LaunchKind, TimeBudget
+from tuner.search.budget import RECENT_LAUNCHES, TimeBudget
 from tuner.search.compile_cache import CompileLaunches
 from tuner.search.context import StudySetup, TuneContext, auto_stream_fraction, auto_time_scale
-from tuner.search.evaluate import Evaluation, Verdict, evaluate
+from tuner.search.evaluate import evaluate
 from tuner.search.optuna_store import (
     FrozenTrial,
     Trial,

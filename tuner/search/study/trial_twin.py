@@ -11,11 +11,12 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+from tuner.run.evaluation import Evaluation, Verdict
+from tuner.run.goodput import GoodputBound
 from tuner.run.layout import RunLayout
+from tuner.run.twin_record import TrialFit, TwinRecord
 from tuner.search.context import StudySetup, TuneContext
-from tuner.search.evaluate import Evaluation, Verdict
 from tuner.search.optuna_store import FrozenTrial
-from tuner.search.rate_search import GoodputBound
 from tuner.search.study.records import Progress, load_evaluation
 from tuner.search.study.trial_lines import twin_line
 from tuner.serving.level_schedule import plan_level_schedule
@@ -23,8 +24,6 @@ from tuner.twin.fit import (
     FITTED,
     MAX_LEVELS,
     MeasuredLevel,
-    TrialFit,
-    TwinRecord,
     fit,
     goodput_worse,
     read_level,

@@ -1,0 +1,129 @@
+"""``evaluation.json``: everything one candidate came to (a trial or a confirmation run).
+
+``tuner.search.evaluate`` screens, launches and measures a candidate and writes its
+``Evaluation`` beside the server's log, the GPU timeline and one directory per measured
+rate (``LevelRecord``); the report and the study read it back.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
+from tuner.run.layout import evaluation_json
+from tuner.serving.backlog import BacklogCheck
+from tuner.serving.gpu_sampler import GpuSummary
+from tuner.serving.live_server import KvFill
+from tuner.serving.server import TrialOutcome
+from tuner.vllm.failures import StartupFailure
+from tuner.vllm.log import StartupReport
+from tuner.vllm.memory import MemoryPlan
+from tuner.vllm.space import TrialParams
+from workloads.load_result import LoadResult
+
+
+class Verdict(StrEnum):
+    """How a candidate came out, as the study and the report show it."""
+
+    MET = "met"  # the SLOs held at some measured rate
+    SLO_MISSED = "slo_missed"  # served, but the SLOs broke at every measured rate
+    SCREENED = "screened"  # the memory model says it cannot start; not launched
+    STARTUP_FAILED = "startup_failed"
+    DIED = "died"  # the engine died under load
+
+    @property
+    def feasible(self) -> bool:
+        return self is Verdict.MET
+
+
+class LevelRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rate_per_s: float
+    met: bool
+    stopped_early: bool
+    dir: str
+    load: LoadResult
+    violations: list[str]
+    num_preemptions: int | None
+    max_kv_cache_usage: float | None
+    prefix_cache_hit_rate: float | None
+    backlog: BacklogCheck | None = None  # the backlog guard's trends (tuner.serving.backlog)
+    stopped_by_backlog: bool = False
+
+    @property
+    def failed_by_backlog(self) -> bool:
+        return self.stopped_by_backlog or (self.backlog is not None and self.backlog.growing)
+
+
+class Evaluation(BaseModel):
+    """Everything one candidate came to."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dir: str
+    params: TrialParams
+    flags: dict[str, object]
+    verdict: Verdict
+    outcome: TrialOutcome | None  # None: screened, not launched
+    failure: StartupFailure | None = None
+    log_excerpt: str = ""
+    # What the harness saw where vLLM's log does not say it (``StartupResult.note``): which
+    # startup timeout fired and after which line, why a serving engine counts as dead.
+    note: str | None = None
+    predicted: MemoryPlan | None = None
+    startup: StartupReport | None = None
+    startup_s: float | None = None
+    dropped_flags: list[str] = []
+    goodput: float = 0.0  # requests/s at the best level meeting the SLOs
+    # BRACKETED: a higher rate broke; LOWER_BOUND: none did, the server holds at least this
+    goodput_bound: GoodputBound = GoodputBound.NONE
+    rate_per_s: float | None = None  # the workload's arrival rate at that level
+    throughput: float = 0.0  # output tokens/s at that level
+    # The same goodput stated whole: in the workload's unit, requests/s, output tokens/s
+    # (None in an evaluation.json written before it was: ``stated_goodput`` rebuilds it)
+    goodput_figures: Goodput | None = None
+    best: LevelRecord | None = None
+    levels: list[LevelRecord] = []
+    gpu: GpuSummary | None = None
+    kv_fill: KvFill | None = None
+    client_saturated: bool = False
+    time_scale: float = 1.0
+    # Wall seconds of the launch (spawn to ready, or to its failure), of what was measured
+    # on it (KV fill, warm-up, levels) and of its stop (with the device memory's release):
+    # the tune's time budget counts launches by them (tuner.search.budget). None: screened,
+    # or written before they were recorded.
+    launch_s: float | None = None
+    levels_s: float | None = None
+    stop_s: float | None = None
+
+    @property
+    def stated_goodput(self) -> Goodput:
+        """The goodput in the workload's unit and in requests/s and output tokens/s."""
+        if self.goodput_figures is not None:
+            return self.goodput_figures
+        return Goodput(
+            arrival_rate_per_s=self.goodput, unit=GoodputUnit.REQUESTS_PER_S,
+            requests_per_s=self.goodput, output_tokens_per_s=self.throughput,
+            bound=self.goodput_bound,
+        )  # fmt: skip
+
+    @property
+    def p99_ttft_ms(self) -> float | None:
+        return None if self.best is None else self.best.load.ttft_ms.p99
+
+    @property
+    def backlog_note(self) -> str | None:
+        """The lowest rate that failed by backlog, e.g. ``backlog: waiting +35 over 8 s at
+        6.00/s`` (None when none did)."""
+        failed = [s for s in self.levels if s.failed_by_backlog and s.backlog is not None]
+        if not failed:
+            return None
+        level = min(failed, key=lambda s: s.rate_per_s)
+        assert level.backlog is not None
+        return f"{level.backlog.summary()} at {level.rate_per_s:.2f}/s"
+
+    def write(self) -> None:
+        evaluation_json(self.dir).write_text(self.model_dump_json(indent=2), "utf-8")

@@ -1,0 +1,94 @@
+"""A goodput as a run's files state it: its unit, whether it is bracketed, its figures.
+
+``Goodput`` is written inside ``evaluation.json``, ``recommendation.json``, ``summary.json``
+and ``parallelism.json``; the rate search (``tuner.search.rate_search``) finds it. A
+workload's arrival rate is in its own unit (``GoodputUnit``: conversations/s where it has
+sessions, else requests/s); a search that found no breaking rate knows only a lower
+bound (``GoodputBound``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from workloads.spec import WorkloadSpec
+
+
+class GoodputBound(StrEnum):
+    """What a search's goodput is: the goodput, or only a lower bound on it."""
+
+    BRACKETED = "bracketed"  # a rate above the best one that held broke the SLOs (or the engine)
+    LOWER_BOUND = "lower_bound"  # no measured rate broke: the server holds at least this
+    NONE = "none"  # no level met the SLOs
+
+    @property
+    def is_lower_bound(self) -> bool:
+        return self is GoodputBound.LOWER_BOUND
+
+
+class GoodputUnit(StrEnum):
+    """The unit of a workload's arrival rate, the unit its goodput and peak are stated in."""
+
+    CONVERSATIONS_PER_S = "conversations_per_s"  # a multi-turn workload: new sessions/s
+    REQUESTS_PER_S = "requests_per_s"
+
+    @property
+    def label(self) -> str:
+        return "conversations/s" if self is GoodputUnit.CONVERSATIONS_PER_S else "req/s"
+
+    @classmethod
+    def of(cls, spec: WorkloadSpec) -> GoodputUnit:
+        """Conversations/s for an open-loop workload with sessions, else requests/s (a
+        closed-loop one has no arrival rate of its own: its requests are what it sends)."""
+        if spec.sessions is not None and spec.mean_rate_per_s is not None:
+            return cls.CONVERSATIONS_PER_S
+        return cls.REQUESTS_PER_S
+
+
+class Goodput(BaseModel):
+    """A goodput, stated whole: the arrival rate in the workload's own unit at the best
+    level that met the SLOs, what that level offered in requests/s (the figure the
+    sampler and the regression gate compare) and its output tokens/s, and whether it is
+    the goodput or only a lower bound on it. Zero everywhere when no level met the SLOs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    arrival_rate_per_s: float = 0.0  # in ``unit``
+    unit: GoodputUnit = GoodputUnit.REQUESTS_PER_S
+    requests_per_s: float = 0.0
+    output_tokens_per_s: float = 0.0
+    bound: GoodputBound = GoodputBound.NONE
+
+    def text(self) -> str:
+        """As every printer says it: "12.00 conversations/s (41.50 req/s, 9,800 output
+        tok/s)", "41.50 req/s (9,800 output tok/s)" for a single-turn workload, "at least
+        ..., no breaking rate found" when no rate above it broke."""
+        figures = [f"{self.arrival_rate_per_s:.2f} {self.unit.label}"]
+        if self.unit is not GoodputUnit.REQUESTS_PER_S:
+            figures.append(f"{self.requests_per_s:.2f} req/s")
+        tokens = f"{self.output_tokens_per_s:,.0f} output tok/s"
+        text = f"{figures[0]} ({', '.join([*figures[1:], tokens])})"
+        if self.bound.is_lower_bound:
+            return f"at least {text}, no breaking rate found"
+        return text
+
+    @classmethod
+    def mean(cls, goodputs: list[Goodput]) -> Goodput:
+        """The mean over repeats (a lower bound when any repeat's was one)."""
+        if not goodputs:
+            return cls()
+        bounds = {g.bound for g in goodputs}
+        bound = next(
+            (b for b in (GoodputBound.LOWER_BOUND, GoodputBound.BRACKETED) if b in bounds),
+            GoodputBound.NONE,
+        )
+        n = len(goodputs)
+        return cls(
+            arrival_rate_per_s=sum(g.arrival_rate_per_s for g in goodputs) / n,
+            unit=goodputs[-1].unit,
+            requests_per_s=sum(g.requests_per_s for g in goodputs) / n,
+            output_tokens_per_s=sum(g.output_tokens_per_s for g in goodputs) / n,
+            bound=bound,
+        )
