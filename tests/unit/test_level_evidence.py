@@ -11,7 +11,7 @@ import pytest
 from tuner.run.layout import PROMPT_LENGTHS_FILE
 from tuner.run.prompt_lengths import PromptLengthMix
 from tuner.search.level_evidence import (
-    REFERENCE_MAX_REQUESTS,
+    REFERENCE_REQUESTS,
     ks_sf,
     ks_two_sample,
     prompt_lengths,
@@ -94,14 +94,38 @@ class TestPromptLengths:
         started = time.perf_counter()
         mix = prompt_lengths(build_schedule(spec), spec)
         assert time.perf_counter() - started < 6.0  # about 1.5 s on a laptop core
-        assert 0.8 * REFERENCE_MAX_REQUESTS < mix.reference_requests < 1.2 * REFERENCE_MAX_REQUESTS
+        assert 0.8 * REFERENCE_REQUESTS < mix.reference_requests < 1.2 * REFERENCE_REQUESTS
+
+    def test_every_level_of_a_workload_shares_one_reference_built_once(self) -> None:
+        """Levels differ in rate, window and planned answer times, none of which changes
+        the stationary prompt lengths: one reference, built for the first level only."""
+        spec = _chat(SessionStart.STATIONARY, seed=5)
+        slow = spec.with_rate(2.0).with_duration(30.0)
+        fast = spec.with_rate(9.0).with_duration(WINDOW_S)
+        assert fast.sessions is not None
+        fast = fast.model_copy(
+            update={"sessions": fast.sessions.model_copy(update={"expected_ttft_s": 2.0})}
+        )
+        assert reference_spec(slow) == reference_spec(fast)
+        first = prompt_lengths(build_schedule(slow), slow)
+        started = time.perf_counter()
+        second = prompt_lengths(build_schedule(fast), fast)
+        again_s = time.perf_counter() - started
+        assert second.stationary == first.stationary
+        assert second.reference_requests == first.reference_requests
+        # the reference takes about a second to build; the level's own schedule, much less
+        assert again_s < 0.5, again_s
+        # another workload (seed) is another reference
+        other = _chat(SessionStart.STATIONARY, seed=6)
+        assert reference_spec(other) != reference_spec(slow)
 
     def test_a_ramp_is_compared_with_its_mean_rate_held(self) -> None:
         spec = _chat(SessionStart.STATIONARY).model_copy(
             update={"arrival": RampArrival(kind="ramp", start_rate_per_s=0, end_rate_per_s=20)}
         )
         ref = reference_spec(spec)
-        assert ref.arrival == PoissonArrival(kind="poisson", rate_per_s=10.0)
+        assert isinstance(ref.arrival, PoissonArrival)  # constant: stationary
+        assert ref.arrival == reference_spec(_chat(SessionStart.STATIONARY)).arrival
 
     def test_a_single_turn_workload_counts_each_request(self) -> None:
         spec = load_workload("chat").model_copy(update={"sessions": None, "seed": 2})

@@ -14,10 +14,9 @@ first turns only, whose prompts carry no history). Beside its schedule, records 
 
 **The reference.** ``workloads.build.build_schedule`` of the level's own spec with
 another seed, no warm-up, ``sessions.start: stationary`` when it has sessions, ramp and
-diurnal arrivals at their mean rate (constant: stationary), over
-``max(REFERENCE_MIN_S, 10 x the window)``, shortened so that it holds at most
-``REFERENCE_MAX_REQUESTS`` requests (a second or two to build at 30 conversations/s) and
-lengthened so that it holds at least ``REFERENCE_MIN_REQUESTS``.
+diurnal arrivals made constant (stationary), ``REFERENCE_S`` long at the rate that
+sends ``REFERENCE_REQUESTS`` in it: the same reference for every level of a workload,
+whatever its rate, built once per process.
 
 **The test.** The KS statistic D is the largest gap between the two empirical CDFs;
 its p-value is the asymptotic Kolmogorov distribution at
@@ -43,7 +42,7 @@ import numpy as np
 from tuner.run.layout import PROMPT_LENGTHS_FILE
 from tuner.run.prompt_lengths import PromptLengthMix, PromptQuantiles
 from workloads.build import build_schedule
-from workloads.prompts import PromptBuilder
+from workloads.prompts import PromptBuilder, WordPromptBuilder
 from workloads.schedule import ScheduledRequest
 from workloads.spec import (
     ClosedArrival,
@@ -69,10 +68,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-REFERENCE_MIN_S = 300.0  # the reference lasts at least this long (emulated seconds) ...
-REFERENCE_WINDOWS = 10.0  # ... and this many windows, within the request bounds below
-REFERENCE_MAX_REQUESTS = 6000  # about 1.5 s to build for chat at 30 conversations/s
-REFERENCE_MIN_REQUESTS = 2000
+REFERENCE_S = 300.0  # the reference lasts this long (emulated seconds) ...
+REFERENCE_REQUESTS = 4000  # ... and holds about this many requests (~1 s to build for chat)
 REFERENCE_SEED_OFFSET = 7919  # the reference's seed: the level's plus this
 
 
@@ -119,7 +116,12 @@ def _requests_per_arrival(spec: WorkloadSpec) -> float:
 
 
 def reference_spec(spec: WorkloadSpec) -> WorkloadSpec:
-    """The long stationary schedule's spec a level's prompt lengths are compared with."""
+    """The long stationary schedule's spec a level's prompt lengths are compared with.
+
+    The same for every level of a workload, whatever the level's rate, window and planned
+    answer times: the prompt lengths of a stationary schedule depend on none of them. So
+    one reference serves all the levels of a tune (`_reference_lengths` keeps it), where
+    building it for each level cost a second or more with a model's tokenizer."""
     per_arrival = _requests_per_arrival(spec)
     update: dict[str, Any] = {
         "warmup": WarmupSpec(),
@@ -127,28 +129,47 @@ def reference_spec(spec: WorkloadSpec) -> WorkloadSpec:
     }
     arrival = spec.arrival
     if isinstance(arrival, ClosedArrival):
-        wanted = min(
-            REFERENCE_MAX_REQUESTS,
-            max(REFERENCE_MIN_REQUESTS, REFERENCE_WINDOWS * arrival.requests * per_arrival),
-        )
         update["arrival"] = arrival.model_copy(
-            update={"requests": max(1, round(wanted / per_arrival))}
+            update={"requests": max(1, round(REFERENCE_REQUESTS / per_arrival))}
         )
     else:
+        rate = REFERENCE_REQUESTS / (REFERENCE_S * per_arrival)
         if isinstance(arrival, RampArrival | DiurnalArrival):
-            rate = arrival.mean_rate_per_s or 0.0
             update["arrival"] = PoissonArrival(kind="poisson", rate_per_s=rate)
         else:
-            rate = arrival.mean_rate_per_s or 0.0
-        duration_s = max(REFERENCE_MIN_S, REFERENCE_WINDOWS * spec.duration_s)
-        requests_per_s = rate * per_arrival
-        if requests_per_s > 0:
-            duration_s = min(duration_s, REFERENCE_MAX_REQUESTS / requests_per_s)
-            duration_s = max(duration_s, REFERENCE_MIN_REQUESTS / requests_per_s)
-        update["duration_s"] = duration_s
+            update["arrival"] = spec.with_rate(rate).arrival
+        update["duration_s"] = REFERENCE_S
     if spec.sessions is not None:
-        update["sessions"] = spec.sessions.model_copy(update={"start": SessionStart.STATIONARY})
+        planned = type(spec.sessions).model_fields
+        update["sessions"] = spec.sessions.model_copy(
+            update={
+                "start": SessionStart.STATIONARY,
+                # when the later turns go, not what they hold
+                "expected_ttft_s": planned["expected_ttft_s"].default,
+                "expected_tpot_s": planned["expected_tpot_s"].default,
+            }
+        )
     return spec.model_copy(update=update)
+
+
+# The references built so far: (the spec's JSON, the builder's identity or None for words)
+# -> (the builder, kept alive so that its identity is not reused; the prompt lengths).
+_REFERENCES: dict[tuple[str, int | None], tuple[PromptBuilder | None, list[int]]] = {}
+_REFERENCES_KEPT = 8
+
+
+def _reference_lengths(ref: WorkloadSpec, builder: PromptBuilder | None) -> list[int]:
+    """The prompt tokens of ``ref``'s schedule under ``builder``, built once per process."""
+    words = builder is None or type(builder) is WordPromptBuilder  # stateless: all alike
+    key = (ref.model_dump_json(), None if words else id(builder))
+    kept = _REFERENCES.get(key)
+    if kept is not None and (words or kept[0] is builder):
+        return kept[1]
+    lengths = [r.prompt_tokens for r in build_schedule(ref, prompt_builder=builder)]
+    if len(_REFERENCES) >= _REFERENCES_KEPT:
+        _REFERENCES.pop(next(iter(_REFERENCES)))  # the oldest
+    _REFERENCES[key] = (builder, lengths)
+    return lengths
 
 
 def prompt_lengths(
@@ -164,7 +185,7 @@ def prompt_lengths(
     Raises ``WorkloadError`` or ``TraceError`` when the reference cannot be built (what
     building the level's own schedule would have raised)."""
     ref = reference_spec(spec)
-    reference = [r.prompt_tokens for r in build_schedule(ref, prompt_builder=prompt_builder)]
+    reference = _reference_lengths(ref, prompt_builder)
     if not reference:
         raise WorkloadError(f"workload {spec.name!r}: its stationary schedule holds no request")
     window = [r for r in measured if not r.warmup]
