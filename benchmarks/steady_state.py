@@ -148,7 +148,9 @@ def live_goodput(
             return None
         data = json.loads(summary.read_text(encoding="utf-8"))
         figures = data.get("best_goodput_figures") or {}
-        return float(figures.get("arrival_rate_per_s", data.get("best_goodput") or 0.0))
+        return float(
+            figures.get("arrival_rate_per_s", data.get("best_goodput_requests_per_s") or 0.0)
+        )
 
 
 def setup_for(gpu: str, params: ServingParams | None = None) -> Setup:
@@ -225,8 +227,12 @@ def confirm_run(run_dir: Path) -> None:
     )  # fmt: skip
     figures = summary.get("best_goodput_figures") or {}
     unit = GoodputUnit.of(spec)
-    tuned = float(figures.get("arrival_rate_per_s", summary.get("best_goodput") or 0.0))
-    tuned_req = float(figures.get("requests_per_s", summary.get("best_goodput") or 0.0))
+    tuned = float(
+        figures.get("arrival_rate_per_s", summary.get("best_goodput_requests_per_s") or 0.0)
+    )
+    tuned_req = float(
+        figures.get("requests_per_s", summary.get("best_goodput_requests_per_s") or 0.0)
+    )
     ref, ref_req = reference(setup, spec)
     print(f"{run_dir}: trial {best}, {tune['model']} on {tune['gpu']}, {spec.name}, "
           f"vLLM {tune['vllm_version']}, {evaluation['params']}")  # fmt: skip

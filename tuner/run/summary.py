@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.run.parallelism import ParallelismComparison
@@ -18,15 +18,25 @@ class TuneSummary(BaseModel):
     trials: int
     feasible: int
     best_trial: int | None
-    best_goodput: float | None  # requests/s the best trial offered at its best rate
+    # The best trial's goodput, each figure named with its unit: the requests/s it offered
+    # at its best rate (what the sampler ranks), that rate in the workload's own unit
+    # (best_goodput_arrival_unit: conversations/s where it has sessions) and its output
+    # tokens/s. Runs written before these names said `best_goodput` (requests/s) and
+    # `best_goodput_unit`; both still read.
+    best_goodput_requests_per_s: float | None = Field(
+        default=None,
+        validation_alias=AliasChoices("best_goodput_requests_per_s", "best_goodput"),
+    )
+    best_goodput_arrival_rate_per_s: float | None = None
+    best_goodput_arrival_unit: GoodputUnit | None = Field(
+        default=None,
+        validation_alias=AliasChoices("best_goodput_arrival_unit", "best_goodput_unit"),
+    )
+    best_goodput_output_tokens_per_s: float | None = None
     # BRACKETED: a higher rate broke the SLOs; LOWER_BOUND: none did within the level
-    # budget, so the best trial holds at least best_goodput (None: no feasible trial)
+    # budget, so the best trial holds at least this (None: no feasible trial)
     best_goodput_bound: GoodputBound | None = None
     best_goodput_is_lower_bound: bool = False
-    # the best trial's goodput stated whole: arrival_rate_per_s in the workload's unit
-    # (conversations/s where it has sessions), requests_per_s (= best_goodput) and
-    # output_tokens_per_s; best_goodput_unit repeats its unit
-    best_goodput_unit: GoodputUnit | None = None
     best_goodput_figures: Goodput | None = None
     finalized_here: bool
     # The twin's step costs fitted after each trial (twin.json): its error on each

@@ -340,10 +340,18 @@ def _run(
         trials=len(complete),
         feasible=feasible,
         best_trial=best.number if best is not None else None,
-        best_goodput=float(best.user_attrs["goodput"]) if best is not None else None,
+        best_goodput_requests_per_s=(
+            float(best.user_attrs["goodput"]) if best is not None else None
+        ),
+        best_goodput_arrival_rate_per_s=(
+            best_figures.arrival_rate_per_s if best_figures is not None else None
+        ),
+        best_goodput_arrival_unit=best_figures.unit if best_figures is not None else None,
+        best_goodput_output_tokens_per_s=(
+            best_figures.output_tokens_per_s if best_figures is not None else None
+        ),
         best_goodput_bound=best_bound,
         best_goodput_is_lower_bound=best_bound is GoodputBound.LOWER_BOUND,
-        best_goodput_unit=best_figures.unit if best_figures is not None else None,
         best_goodput_figures=best_figures,
         finalized_here=finalized,
         twin_fits=_twin_fits(ctx),
