@@ -47,7 +47,7 @@ from tuner.errors import ReportError
 from tuner.run.config import TuneConfig
 from tuner.run.edge import KnobEdge
 from tuner.run.evaluation import Evaluation, LevelRecord, Verdict
-from tuner.run.goodput import Goodput, GoodputUnit
+from tuner.run.goodput import CapacityGain, CapacityInterval, Goodput, GoodputUnit
 from tuner.run.layout import REPORT_HTML, RunLayout
 from tuner.run.levels import (
     NOT_RECORDED,
@@ -221,12 +221,21 @@ def _figures(g: Goodput) -> str:
     return ", ".join([*requests, f"{g.output_tokens_per_s:,.0f} output tok/s"])
 
 
+def _interval(interval: CapacityInterval | None) -> str:
+    """``[5.40, 6.90]``, ``[5.40, –]`` with no upper end, ``–`` when not measured."""
+    if interval is None:
+        return "–"
+    return f"[{_num(interval.low_per_s)}, {_num(interval.high_per_s)}]"
+
+
 def _latency(lat: Percentiles | None, pct: str) -> float | None:
     return None if lat is None else getattr(lat, pct)
 
 
 def _compare_rows(
-    rec: ConfirmationResult | None, default: ConfirmationResult | None
+    rec: ConfirmationResult | None,
+    default: ConfirmationResult | None,
+    gain: CapacityGain | None = None,
 ) -> list[CompareRow]:
     rows: list[CompareRow] = []
 
@@ -243,6 +252,17 @@ def _compare_rows(
         CompareRow(f"Goodput at the SLO ({unit.label})", _at_least(rec) + _num(r_arrivals),
                    _at_least(default) + _num(d_arrivals), *_change(r_arrivals, d_arrivals, True))
     )  # fmt: skip
+    r_interval = rec.capacity_interval if rec else None
+    d_interval = default.capacity_interval if default else None
+    if r_interval is not None or d_interval is not None:
+        # where each one's capacity lies, from its levels' own statistics; within the
+        # noise, the two tie (tuner.search.capacity_interval)
+        change, better = "", None
+        if gain is not None:
+            change = f"{gain.ratio - 1:+.0%}" if gain.measurable else "tie (within noise)"
+            better = (gain.ratio > 1.0) if gain.measurable else None
+        label = f"Capacity, 90% interval ({unit.label})"
+        rows.append(CompareRow(label, _interval(r_interval), _interval(d_interval), change, better))
     if unit is not GoodputUnit.REQUESTS_PER_S:
         r_goodput, d_goodput = (
             (rec.goodput if rec else None),
@@ -452,7 +472,9 @@ def _summary(data: RunData) -> SummaryView:
         kpis=_kpis(data, rec_measured, default_measured, util_edge, free_bytes, rec, capacity),
         status=_status(data),
         recommended_label=recommended.label,
-        compare_rows=_compare_rows(rec_measured, default_measured)
+        compare_rows=_compare_rows(
+            rec_measured, default_measured, rec.capacity_gain if rec is not None else None
+        )
         if (rec_measured or default_measured)
         else [],
         setting_rows=_setting_rows(recommended.flags, default.flags)

@@ -28,8 +28,11 @@ window. ``duration_s`` runs from the first scheduled time to the last response's
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -291,6 +294,65 @@ _COLUMNS = (
     "streamed",
     "truncated",
 )
+
+
+@dataclass(frozen=True)
+class RequestLatencies:
+    """Each measured request's latencies, as ``LoadResult.from_records`` computes them, in
+    ms of the records' own clock: one row per request (warm-up left out); NaN where a
+    request has no such value (not streamed, one output token, cut short, failed)."""
+
+    ttft_ms: np.ndarray[Any, np.dtype[np.float64]]
+    tpot_ms: np.ndarray[Any, np.dtype[np.float64]]
+    e2e_ms: np.ndarray[Any, np.dtype[np.float64]]
+    itl_ms: np.ndarray[Any, np.dtype[np.float64]]  # every token gap, of every request
+    itl_request: np.ndarray[Any, np.dtype[np.int64]]  # the row each gap belongs to
+    failed: np.ndarray[Any, np.dtype[np.bool_]]  # counted as an error by from_records
+
+    @property
+    def count(self) -> int:
+        return len(self.failed)
+
+    def of(self, metric: SloMetric) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """A metric's values and the row each belongs to (NaN rows left out)."""
+        if metric is SloMetric.ITL:
+            return self.itl_ms, self.itl_request
+        values = {
+            SloMetric.TTFT: self.ttft_ms, SloMetric.TPOT: self.tpot_ms, SloMetric.E2E: self.e2e_ms,
+        }[metric]  # fmt: skip
+        rows = np.flatnonzero(~np.isnan(values))
+        return values[rows], rows
+
+
+def request_latencies(
+    records: Iterable[RequestRecord], *, cut_short: bool = False
+) -> RequestLatencies:
+    """``records``' latencies per request, the same values ``LoadResult.from_records``
+    takes its percentiles of (with the same ``cut_short``)."""
+    frame = _frame([r for r in records if not r.warmup], cut_short=cut_short)
+    frame = frame.reset_index(drop=True)
+    n = len(frame)
+    ok = frame["ok"] | frame["truncated"]
+    timed = frame[ok & frame["streamed"]]
+    nan = np.full(n, np.nan)
+    ttft, tpot, e2e = nan.copy(), nan.copy(), nan.copy()
+    ttft[timed.index] = 1000 * (timed["first_token_s"] - timed["scheduled_s"])
+    last_s = timed["last_token_s"].fillna(timed["end_s"])
+    multi = timed[timed["output_tokens"] > 1]
+    tpot[multi.index] = (
+        1000 * (last_s[multi.index] - multi["first_token_s"]) / (multi["output_tokens"] - 1)
+    )
+    done = frame[frame["ok"]]
+    e2e[done.index] = 1000 * (done["end_s"] - done["scheduled_s"])
+    gaps = _gaps(timed["token_times_s"])
+    return RequestLatencies(
+        ttft_ms=ttft,
+        tpot_ms=tpot,
+        e2e_ms=e2e,
+        itl_ms=(1000 * gaps).to_numpy(dtype=np.float64),
+        itl_request=gaps.index.to_numpy(dtype=np.int64),
+        failed=(~frame["ok"] & ~frame["truncated"]).to_numpy(dtype=bool),
+    )
 
 
 def _frame(records: Sequence[RequestRecord], *, cut_short: bool = False) -> pd.DataFrame:

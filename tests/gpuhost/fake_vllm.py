@@ -120,8 +120,8 @@ def main(argv: list[str]) -> int:
     command = [
         TUNER_PYTHON, "-m", "tuner.cli", "sim-serve", "--model", model, *rest,
         "--vllm-version", VERSION,
-        "--startup-delay", os.environ.get("STANDIN_VLLM_WARM_S", "3"),
-        "--compile-delay", os.environ.get("STANDIN_VLLM_COLD_S", "20"),
+        "--startup-delay", os.environ.get("STANDIN_VLLM_WARM_S", "2"),
+        "--compile-delay", os.environ.get("STANDIN_VLLM_COLD_S", "8"),
     ]  # fmt: skip
     gpu = os.environ.get("STANDIN_VLLM_SIM_GPU")
     if gpu:

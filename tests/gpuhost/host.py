@@ -137,8 +137,8 @@ class RehearsedHost:
         hub_endpoint: str | None = None,
         hf_token: str | None = None,
         sim_gpu: str = "H100-PCIe-80GB",
-        cold_start_s: float = 20.0,
-        warm_start_s: float = 3.0,
+        cold_start_s: float = 8.0,
+        warm_start_s: float = 2.0,
     ) -> RehearsedHost:
         project = copy_project(root / "project")
         venv = project / ".venv"

@@ -78,6 +78,19 @@ def test_tune_leaves_study_trials_edge_and_recommendation(tuned_run: Path) -> No
             assert (evaluation.best.load.tpot_ms.p99 or 0) <= 100
             assert (Path(evaluation.best.dir) / "requests.jsonl").stat().st_size > 0
             assert (Path(evaluation.dir) / "gpu.csv").stat().st_size > 0
+        # Each level says how sure its verdict is (the share of resamples of its window
+        # that hold), and the trial where its capacity lies (issue 34).
+        for level in evaluation.levels:
+            assert level.hold_share is not None and 0.0 <= level.hold_share <= 1.0
+            if not level.met and not level.failed_by_backlog and not level.stopped_early:
+                assert level.hold_probability <= 0.5
+        if evaluation.levels:
+            interval = evaluation.capacity_interval
+            assert interval is not None and interval.confidence == 0.9
+            assert interval.low_per_s > 0
+            if interval.high_per_s is not None:
+                assert interval.low_per_s <= interval.high_per_s
+                assert any(not lv.met for lv in evaluation.levels)  # something broke
     best = max(
         (t for t in complete if t.user_attrs["verdict"] == "met"),
         key=lambda t: t.user_attrs["goodput"],
@@ -111,6 +124,12 @@ def test_tune_leaves_study_trials_edge_and_recommendation(tuned_run: Path) -> No
     assert summary["best_goodput_arrival_unit"] == "requests_per_s"
     assert summary["best_goodput_output_tokens_per_s"] == pytest.approx(figures.output_tokens_per_s)
     assert summary["best_goodput_figures"] == figures.model_dump(mode="json")
+    assert summary["best_capacity_interval"] == (
+        best_eval.capacity_interval.model_dump(mode="json")
+        if best_eval.capacity_interval is not None
+        else None
+    )
+    assert summary["best_capacity_interval"] is not None
 
 
 def test_edge_is_bracketed_to_the_resolution_within_four_launches(tuned_run: Path) -> None:

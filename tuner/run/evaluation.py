@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
+from tuner.run.goodput import CapacityInterval, Goodput, GoodputBound, GoodputUnit
 from tuner.run.layout import evaluation_json
 from tuner.serving.backlog import BacklogCheck
 from tuner.serving.gpu_sampler import GpuSummary
@@ -52,6 +52,21 @@ class LevelRecord(BaseModel):
     prefix_cache_hit_rate: float | None
     backlog: BacklogCheck | None = None  # the backlog guard's trends (tuner.serving.backlog)
     stopped_by_backlog: bool = False
+    # The share of resamples of the window's requests that meet the SLO
+    # (workloads.slo_bootstrap): how sure ``met`` is. None: written before it was.
+    hold_share: float | None = None
+
+    @property
+    def hold_probability(self) -> float:
+        """The estimated probability that this rate holds: nothing holds where the queue
+        grew; a window that broke the SLO counts at most as a coin toss whatever its
+        resamples say (it may have broken for a reason they do not see: a stop rule, the
+        engine); a level written before the share was recorded counts as its verdict."""
+        if self.failed_by_backlog:
+            return 0.0
+        if self.hold_share is None:
+            return 1.0 if self.met else 0.0
+        return self.hold_share if self.met else min(self.hold_share, 0.5)
 
     @property
     def failed_by_backlog(self) -> bool:
@@ -85,6 +100,9 @@ class Evaluation(BaseModel):
     # The same goodput stated whole: in the workload's unit, requests/s, output tokens/s
     # (None in an evaluation.json written before it was: ``stated_goodput`` rebuilds it)
     goodput_figures: Goodput | None = None
+    # Where the capacity lies, from the levels' own statistics (tuner.search.capacity_interval),
+    # in the workload's unit; None: no level measured, or written before it was.
+    capacity_interval: CapacityInterval | None = None
     best: LevelRecord | None = None
     levels: list[LevelRecord] = []
     gpu: GpuSummary | None = None

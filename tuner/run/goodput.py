@@ -47,6 +47,56 @@ class GoodputUnit(StrEnum):
         return cls.REQUESTS_PER_S
 
 
+class CapacityInterval(BaseModel):
+    """Where a trial's capacity lies (the arrival rate up to which its SLO holds), from
+    its levels' own statistics (``tuner.search.capacity_interval``), in the workload's
+    unit: the rates at which the estimated probability of holding the SLO falls through
+    ``1 - (1 - confidence) / 2`` (``low_per_s``) and ``(1 - confidence) / 2``
+    (``high_per_s``; None where no measured rate fell that far: no upper end). The
+    goodput, the highest measured rate that held, may lie below it: the capacity is
+    somewhere between that rate and the next, which broke. ``hold_at_goodput``: the
+    probability of holding at the goodput's own level."""
+
+    model_config = ConfigDict(frozen=True)
+
+    low_per_s: float
+    high_per_s: float | None
+    confidence: float = 0.9
+    hold_at_goodput: float | None = None
+
+    def bracket(self) -> str:
+        """``capacity 90% in [5.40, 6.90]``; ``capacity 90% in [5.40, -]`` with no upper end."""
+        high = f"{self.high_per_s:.2f}" if self.high_per_s is not None else "-"
+        return f"capacity {self.confidence:.0%} in [{self.low_per_s:.2f}, {high}]"
+
+
+class CapacityGain(BaseModel):
+    """The recommendation's capacity against vLLM's defaults', from their intervals
+    (``tuner.search.capacity_interval.capacity_gain``): the ratio's bounds (the
+    recommendation's low end over the defaults' high end, and the other way round; None:
+    no upper end) and its middle. ``measurable``: the lower bound is above 1, the two
+    intervals do not overlap; otherwise the settings tie within the measurement's noise."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ratio: float  # middle over middle
+    low_ratio: float
+    high_ratio: float | None
+    measurable: bool
+
+    def text(self) -> str:
+        """ "capacity +29% [+4%, +61%] over vLLM's defaults", or "no measurable gain ..."."""
+        high = f"{self.high_ratio - 1:+.0%}" if self.high_ratio is not None else "-"
+        bracket = f"[{self.low_ratio - 1:+.0%}, {high}]"
+        if self.measurable:
+            against = "over" if self.low_ratio > 1.0 else "against"
+            return f"capacity {self.ratio - 1:+.0%} {bracket} {against} vLLM's defaults"
+        return (
+            f"no measurable gain over vLLM's defaults: capacity {self.ratio - 1:+.0%} "
+            f"{bracket}, the intervals overlap"
+        )
+
+
 class Goodput(BaseModel):
     """A goodput, stated whole: the arrival rate in the workload's own unit at the best
     level that met the SLOs, what that level offered in requests/s (the figure the

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.run.edge import EdgeResult
 from tuner.run.evaluation import Verdict
-from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
+from tuner.run.goodput import CapacityGain, CapacityInterval, Goodput, GoodputBound, GoodputUnit
 from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
 from tuner.vllm.space import TrialParams
@@ -45,6 +45,8 @@ class ConfirmationResult(BaseModel):
     total_bytes: int | None
     kv_cache_tokens: int | None
     dir: str
+    # Where the capacity lies, from the runs' levels pooled (tuner.search.capacity_interval)
+    capacity_interval: CapacityInterval | None = None
 
     @property
     def offered_rate_per_s(self) -> float | None:
@@ -144,6 +146,9 @@ class Recommendation(BaseModel):
     skipped: list[str] = []
     calibration: Calibration | None
     capacity: Capacity | None
+    # The recommendation's capacity against vLLM's defaults', with their noise (None:
+    # either was not measured, or written before it was)
+    capacity_gain: CapacityGain | None = None
     time_scale: float
     harness_version: str
     version_hash: str

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
+from tuner.run.goodput import CapacityInterval, Goodput, GoodputBound, GoodputUnit
 from tuner.run.parallelism import ParallelismComparison
 from tuner.run.twin_record import TrialFit
 
@@ -37,6 +37,9 @@ class TuneSummary(BaseModel):
     # budget, so the best trial holds at least this (None: no feasible trial)
     best_goodput_bound: GoodputBound | None = None
     best_goodput_is_lower_bound: bool = False
+    # Where the best trial's capacity lies, from its levels' own statistics, in
+    # best_goodput_arrival_unit (tuner.search.capacity_interval)
+    best_capacity_interval: CapacityInterval | None = None
     best_goodput_figures: Goodput | None = None
     finalized_here: bool
     # The twin's step costs fitted after each trial (twin.json): its error on each

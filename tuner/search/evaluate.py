@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tuner.run.evaluation import Evaluation, LevelRecord, Verdict
 from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
+from tuner.search.capacity_interval import capacity_interval
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.rate_search import RateSearch, search_rate
 from tuner.serving.live_server import (
@@ -219,6 +220,7 @@ def _evaluation(
         goodput_figures=search.goodput_of(ctx.workload)
         if search
         else Goodput(unit=GoodputUnit.of(ctx.workload)),
+        capacity_interval=capacity_interval(levels, best) if levels else None,
         best=best,
         levels=levels,
         gpu=live.gpu,
@@ -243,4 +245,5 @@ def _summary(rate: float, met: bool, m: LoadMeasurement) -> LevelRecord:
         prefix_cache_hit_rate=m.server.prefix_cache_hit_rate if m.server else None,
         backlog=m.backlog,
         stopped_by_backlog=m.stopped_by_backlog,
+        hold_share=m.slo.hold_share,
     )

@@ -47,6 +47,7 @@ from tuner.run.goodput import Goodput, GoodputBound
 from tuner.run.layout import RECOMMENDATION_JSON, RunLayout
 from tuner.run.recommendation import Capacity, ConfirmationResult, Recommendation, Variant
 from tuner.search.budget import TimeBudget
+from tuner.search.capacity_interval import capacity_gain, capacity_interval
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.evaluate import evaluate
 from tuner.serving.processes import ChildRegistry
@@ -201,6 +202,7 @@ def measured_of(runs: list[Evaluation]) -> ConfirmationResult:
         total_bytes=last.gpu.total_bytes if last.gpu else None,
         kv_cache_tokens=last.startup.kv_cache_tokens if last.startup else None,
         dir=last.dir,
+        capacity_interval=capacity_interval([level for run in runs for level in run.levels]),
     )
 
 
@@ -398,10 +400,12 @@ def recommend(
                 held_rate = measured.rate_per_s
             at = measured.offered_rate_per_s
             unit = measured.stated_goodput.unit.label
+            interval = measured.capacity_interval
             progress(
                 f"confirm     {name:<13} {params.short():<52} {measured.verdict.value:<12} "
                 f"goodput {measured.stated_goodput.text()}"
                 + (f" at {at:.2f} {unit} offered" if at else "")
+                + (f", {interval.bracket()}" if interval is not None else "")
             )
         variants.append(make_variant(ctx, name, params, measured, edge))
     default_variant = (
@@ -410,6 +414,14 @@ def recommend(
         else None
     )
     recommended = variants[0]
+    gain = capacity_gain(
+        recommended.measured.capacity_interval if recommended.measured else None,
+        default_variant.measured.capacity_interval
+        if default_variant is not None and default_variant.measured
+        else None,
+    )
+    if gain is not None:
+        progress(f"confirm     {gain.text()}")
     goodput = (
         recommended.measured.stated_goodput
         if recommended.measured and recommended.measured.goodput > 0
@@ -434,6 +446,7 @@ def recommend(
         skipped=skipped,
         calibration=setup.calibration,
         capacity=capacity(ctx, goodput, gpus_per_replica=ctx.gpus_of(recommended.params)),
+        capacity_gain=gain,
         time_scale=setup.time_scale,
         harness_version=HARNESS_VERSION,
         version_hash=flags_hash,

@@ -39,7 +39,7 @@ from tuner.errors import ConfigError, TunerError
 from tuner.run.config import TuneConfig
 from tuner.run.edge import EdgeResult
 from tuner.run.evaluation import Evaluation
-from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
+from tuner.run.goodput import GoodputBound, GoodputUnit
 from tuner.run.layout import RunLayout
 from tuner.run.parallelism import ParallelismComparison
 from tuner.run.recommendation import Recommendation
@@ -332,7 +332,8 @@ def _run(
         _record_memory_boundary(ctx, setup, best or default_trial(study), complete)
         report = _report(ctx, progress, write_report) if write_report is not None else None
     best_bound = _bound_of(best)
-    best_figures = _figures_of(best)
+    best_evaluation = load_evaluation(best) if best is not None else None
+    best_figures = best_evaluation.stated_goodput if best_evaluation is not None else None
     summary = TuneSummary(
         study=ctx.study_name,
         run_dir=str(ctx.run_dir),
@@ -352,6 +353,9 @@ def _run(
         ),
         best_goodput_bound=best_bound,
         best_goodput_is_lower_bound=best_bound is GoodputBound.LOWER_BOUND,
+        best_capacity_interval=(
+            best_evaluation.capacity_interval if best_evaluation is not None else None
+        ),
         best_goodput_figures=best_figures,
         finalized_here=finalized,
         twin_fits=_twin_fits(ctx),
@@ -434,13 +438,6 @@ def _bound_of(trial: FrozenTrial | None) -> GoodputBound | None:
         return GoodputBound(value) if value is not None else None
     except ValueError:
         return None
-
-
-def _figures_of(trial: FrozenTrial | None) -> Goodput | None:
-    """The trial's goodput stated whole, from its evaluation (None: no trial, or its
-    evidence is on no host this worker reads)."""
-    evaluation = load_evaluation(trial) if trial is not None else None
-    return evaluation.stated_goodput if evaluation is not None else None
 
 
 def _write_summary(path: Path, summary: TuneSummary) -> None:

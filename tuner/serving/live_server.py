@@ -90,6 +90,7 @@ from workloads.schedule import (
     write_schedule,
 )
 from workloads.slo import SloMetric
+from workloads.slo_bootstrap import hold_share
 from workloads.spec import WarmupSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -697,7 +698,8 @@ def in_window(
     time_scale: float,
     out_dir: Path,
 ) -> tuple[WindowOpening, list[RequestRecord], LoadResult, SloVerdict]:
-    """A level's records over the window its rule opened, judged against the SLO, and the
+    """A level's records over the window its rule opened, judged against the SLO (with
+    the share of resamples of them that meet it: ``workloads.slo_bootstrap``), and the
     opening with the requests it measured (written to ``window.json``)."""
     k = time_scale
     window_start = start_unix_s + opening.opened_at_s * k
@@ -706,6 +708,8 @@ def in_window(
     load, verdict = summarise_records(
         workload, kept, window_s=opening.window_s, time_scale=k, cut_short=True
     )
+    share = hold_share(kept, workload.slo, time_scale=k, cut_short=True)
+    verdict = verdict.model_copy(update={"hold_share": share})
     opening = opening.model_copy(update={"requests": load.num_requests})
     opening.write(out_dir)
     return opening, kept, load, verdict

@@ -97,6 +97,9 @@ class SloVerdict(BaseModel):
 
     met: bool
     violations: list[str]
+    # A level's window: the share of resamples of its requests that meet the SLO
+    # (``workloads.slo_bootstrap``), how sure ``met`` is; None where not estimated.
+    hold_share: float | None = None
 
 
 @dataclass(frozen=True)

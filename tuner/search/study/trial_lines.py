@@ -39,6 +39,8 @@ def trial_line(study: Study, number: int, ev: Evaluation, *, deadline_s: float) 
         what = f"goodput {ev.stated_goodput.text()}"
         if ev.params.gpus > 1:  # the search ranks per GPU: say what this one holds
             what += f" ({ev.stated_goodput.arrival_rate_per_s / ev.params.gpus:.2f} per GPU)"
+        if ev.capacity_interval is not None:
+            what += f" {ev.capacity_interval.bracket()}"
         what += f"  p99 TTFT {ev.p99_ttft_ms or 0:,.0f} ms"
     elif ev.failure is not None or ev.verdict in (Verdict.STARTUP_FAILED, Verdict.DIED):
         what = did_not_serve(ev)

@@ -1,0 +1,94 @@
+"""A trial's capacity interval from its levels' hold probabilities."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.run.evaluation import LevelRecord
+from tuner.run.goodput import CapacityInterval
+from tuner.search.capacity_interval import capacity_gain, capacity_interval
+from tuner.serving.backlog import BacklogCheck, BacklogVerdict
+from workloads.load_result import LoadResult
+
+EMPTY = LoadResult.from_records([])
+
+
+def _level(
+    rate: float, share: float | None, *, met: bool | None = None, **extra: object
+) -> LevelRecord:
+    return LevelRecord(
+        rate_per_s=rate, met=(share or 0.0) >= 0.5 if met is None else met, stopped_early=False,
+        dir=f"level-{rate}", load=EMPTY, violations=[], num_preemptions=None,
+        max_kv_cache_usage=None, prefix_cache_hit_rate=None, hold_share=share, **extra,
+    )  # fmt: skip
+
+
+def test_the_interval_is_where_the_share_falls_through_its_tails() -> None:
+    levels = [_level(1, 1.0), _level(2, 0.97), _level(4, 0.3), _level(8, 0.0)]
+    interval = capacity_interval(levels, levels[1])
+    assert interval is not None
+    # 0.95 is crossed between 2 (0.97) and 4 (0.30); 0.05 between 4 (0.30) and 8 (0)
+    assert interval.low_per_s == pytest.approx(2 + (0.97 - 0.95) / (0.97 - 0.30) * 2)
+    assert interval.high_per_s == pytest.approx(4 + (0.30 - 0.05) / 0.30 * 4)
+    assert interval.hold_at_goodput == pytest.approx(0.97)
+    assert interval.bracket() == "capacity 90% in [2.06, 7.33]"
+
+
+def test_a_lucky_window_above_one_that_broke_does_not_widen_it() -> None:
+    """Shares rise no higher at a higher rate: the running minimum from below."""
+    levels = [_level(2, 1.0), _level(4, 0.2), _level(6, 0.9, met=True), _level(8, 0.0)]
+    as_if_it_had_not = [_level(2, 1.0), _level(4, 0.2), _level(6, 0.2), _level(8, 0.0)]
+    assert capacity_interval(levels) == capacity_interval(as_if_it_had_not)
+
+
+def test_no_rate_that_surely_broke_has_no_upper_end() -> None:
+    levels = [_level(2, 1.0), _level(4, 0.99)]
+    interval = capacity_interval(levels, levels[-1])
+    assert interval is not None
+    assert interval.low_per_s == 4 and interval.high_per_s is None
+    assert interval.bracket() == "capacity 90% in [4.00, -]"
+
+
+def test_a_first_level_already_unsure_reaches_down_towards_no_load() -> None:
+    interval = capacity_interval([_level(4, 0.5), _level(8, 0.0)])
+    assert interval is not None
+    assert 0 < interval.low_per_s < 4 and interval.high_per_s is not None
+
+
+def test_a_growing_queue_holds_nothing_and_old_levels_count_as_their_verdict() -> None:
+    growing = BacklogCheck.model_construct(verdict=BacklogVerdict.GROWING)
+    assert _level(4, 1.0, met=True, backlog=growing).hold_probability == 0.0
+    assert _level(4, None, met=True).hold_probability == 1.0
+    assert _level(4, None, met=False).hold_probability == 0.0
+    # a window that broke counts at most as a coin toss, whatever its resamples say
+    assert _level(4, 0.9, met=False).hold_probability == 0.5
+    assert capacity_interval([]) is None
+
+
+def _interval(low: float, high: float | None) -> CapacityInterval:
+    return CapacityInterval(low_per_s=low, high_per_s=high)
+
+
+def test_a_gain_is_measurable_only_where_the_intervals_do_not_overlap() -> None:
+    gain = capacity_gain(_interval(8, 10), _interval(5, 6))
+    assert gain is not None and gain.measurable
+    assert gain.ratio == pytest.approx(9 / 5.5)
+    assert gain.low_ratio == pytest.approx(8 / 6) and gain.high_ratio == pytest.approx(10 / 5)
+    assert gain.text() == "capacity +64% [+33%, +100%] over vLLM's defaults"
+
+    tie = capacity_gain(_interval(5.5, 7), _interval(5, 6))
+    assert tie is not None and not tie.measurable
+    assert tie.text().startswith(
+        "no measurable gain over vLLM's defaults: capacity +14% [-8%, +40%]"
+    )
+
+    loss = capacity_gain(_interval(2, 3), _interval(5, 6))
+    assert loss is not None and loss.measurable and loss.ratio < 1
+    assert "against vLLM's defaults" in loss.text()
+
+
+def test_defaults_with_no_upper_end_leave_no_measurable_gain() -> None:
+    """The defaults held at every rate measured: their capacity may be anywhere above."""
+    gain = capacity_gain(_interval(8, 10), _interval(5, None))
+    assert gain is not None and not gain.measurable and gain.low_ratio == 0.0
+    assert capacity_gain(None, _interval(5, 6)) is None
