@@ -21,7 +21,9 @@ from tuner.serving.window import FAR_CORRELATIONS, WindowClose, WindowOpening
 from tuner.vllm.memory import ServingParams
 from workloads.spec import WorkloadSpec, parse_workload
 
-pytestmark = pytest.mark.integration
+# One worker: the module's server and its fixed-window p90 (a 12-s real-time level) are built
+# once, not once on each worker a test of it lands on.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("window-hold")]
 
 WORKLOAD = """
 name: hold

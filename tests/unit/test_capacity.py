@@ -24,6 +24,10 @@ from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
 from workloads.spec import load_workload
 
+# One worker: the module's small plan (about 10 s of the twin's screening) is built once,
+# not once on each worker a test of it lands on.
+pytestmark = pytest.mark.xdist_group("capacity-plan")
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "workloads" / "tiny.yaml"
 
