@@ -1,0 +1,162 @@
+"""How repeatable a trial's goodput is, and whether its capacity interval says so.
+
+The same settings measured several times with different workload seeds (a different
+draw of the same workload: arrivals, lengths, conversations) on the simulated engine's
+virtual clock: one trial each (vLLM's defaults, or the settings ``--space`` pins), no
+edge, no confirmation, ``tuner tune`` as the command runs it but with every launch a
+``VirtualServer``. For each setting it prints every repeat's goodput (in the workload's
+unit) and capacity interval, then:
+
+* the spread of the goodputs, (max - min) / median (issue 34's target: <= 12%);
+* the interval's half-width against its middle (target: <= 8%);
+* coverage: of each repeat's interval, the share of the other repeats' capacity
+  estimates (the middle of their intervals) it holds (target: >= 85%).
+
+Run (CPU only; about a minute a repeat for chat on an H100 profile)::
+
+    .venv/bin/python benchmarks/repeatability.py
+    .venv/bin/python benchmarks/repeatability.py --repeats 5 --space max-num-seqs=64..64
+    .venv/bin/python benchmarks/repeatability.py --workload rag --gpu L40S-48GB
+
+Each tune's output and run directory go to a temporary folder (``--keep DIR`` keeps them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tuner.cli.main import _absolute_paths, build_parser
+from tuner.cli.tune import overrides_of
+from tuner.run.evaluation import Evaluation
+from tuner.run.layout import RunLayout, evaluation_json
+from tuner.search.config import load_config
+from tuner.search.tune import run_tune
+from tuner.twin.virtual_server import VirtualServer
+from workloads.spec import load_workload
+
+
+@dataclass(frozen=True)
+class Repeat:
+    seed: int
+    goodput: float  # the workload's unit
+    low: float | None
+    high: float | None
+    levels: int
+    wall_s: float
+
+    @property
+    def middle(self) -> float | None:
+        if self.low is None:
+            return None
+        return self.low if self.high is None else (self.low + self.high) / 2
+
+
+def _workload_file(name: str, seed: int, folder: Path) -> Path:
+    spec = load_workload(name).model_copy(update={"seed": seed})
+    path = folder / f"{spec.name}-seed{seed}.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)), "utf-8")
+    return path
+
+
+def _one(args: argparse.Namespace, seed: int, folder: Path) -> Repeat:
+    run_dir = folder / f"run-seed{seed}"
+    argv = [
+        "tune", "--model", args.model, "--gpu", args.gpu,
+        "--workload", str(_workload_file(args.workload, seed, folder)),
+        "--trials", "1", "--no-edge", "--no-confirm", "--no-twin-search",
+        "--max-levels", str(args.max_levels), "--run-dir", str(run_dir),
+        *(["--space", args.space] if args.space else []),
+    ]  # fmt: skip
+    parsed = build_parser().parse_args(argv)
+    _absolute_paths(parsed)
+    config = load_config(parsed.config, overrides_of(parsed))
+    began = time.monotonic()
+    lines: list[str] = []
+    with contextlib.redirect_stderr(io.StringIO()):
+        run_tune(config, lines.append, None, server_factory=VirtualServer)
+    evaluation = Evaluation.model_validate_json(
+        evaluation_json(RunLayout(run_dir).trial_dir(0)).read_text()
+    )
+    interval = evaluation.capacity_interval
+    return Repeat(
+        seed=seed,
+        goodput=evaluation.stated_goodput.arrival_rate_per_s,
+        low=interval.low_per_s if interval else None,
+        high=interval.high_per_s if interval else None,
+        levels=len(evaluation.levels),
+        wall_s=time.monotonic() - began,
+    )
+
+
+def _report(repeats: list[Repeat]) -> None:
+    for r in repeats:
+        high = f"{r.high:.3f}" if r.high is not None else "-"
+        low = f"{r.low:.3f}" if r.low is not None else "-"
+        print(
+            f"  seed {r.seed:>3}: goodput {r.goodput:7.3f}  capacity 90% in [{low}, {high}]"
+            f"  {r.levels} levels  {r.wall_s:5.1f} s"
+        )
+    goodputs = [r.goodput for r in repeats]
+    median = statistics.median(goodputs)
+    spread = (max(goodputs) - min(goodputs)) / median if median > 0 else float("nan")
+    widths = [
+        (r.high - r.low) / 2 / r.middle
+        for r in repeats
+        if r.low is not None and r.high is not None and r.middle
+    ]
+    held = total = 0
+    for r in repeats:
+        if r.low is None:
+            continue
+        for other in repeats:
+            if other is r or other.middle is None:
+                continue
+            total += 1
+            held += r.low <= other.middle and (r.high is None or other.middle <= r.high)
+    print(f"  goodput spread (max - min) / median: {spread:.1%}  (target <= 12%)")
+    if widths:
+        print(
+            f"  interval half-width / middle: median {statistics.median(widths):.1%}, "
+            f"max {max(widths):.1%}  (target <= 8%)"
+        )
+    if total:
+        print(f"  coverage of the other repeats' estimates: {held}/{total} = {held / total:.0%}"
+              "  (target >= 85%)")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="llama-3.1-8b")
+    parser.add_argument("--gpu", default="H100-80GB")
+    parser.add_argument("--workload", default="chat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--max-levels", type=int, default=4)
+    parser.add_argument("--space", help="pin the settings, e.g. max-num-seqs=64..64")
+    parser.add_argument("--keep", type=Path, help="keep the runs in this folder")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        what = args.space or "vLLM's defaults"
+        print(f"{args.model} on {args.gpu}, {args.workload}, {what}, {args.repeats} seeds:")
+        repeats = [
+            _one(args, seed, folder)
+            for seed in range(args.first_seed, args.first_seed + args.repeats)
+        ]
+        _report(repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
