@@ -261,7 +261,9 @@ def _compare_rows(
         if gain is not None:
             change = f"{gain.ratio - 1:+.0%}" if gain.measurable else "tie (within noise)"
             better = (gain.ratio > 1.0) if gain.measurable else None
-        label = f"Capacity, 90% interval ({unit.label})"
+        shown = r_interval if r_interval is not None else d_interval
+        assert shown is not None
+        label = f"Capacity, {shown.confidence:.0%} interval ({unit.label})"
         rows.append(CompareRow(label, _interval(r_interval), _interval(d_interval), change, better))
     if unit is not GoodputUnit.REQUESTS_PER_S:
         r_goodput, d_goodput = (

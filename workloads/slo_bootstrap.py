@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads.load_result import RequestLatencies, request_latencies
+from workloads.load_result import request_latencies
 from workloads.schedule import RequestRecord
 from workloads.slo import Slo
 
@@ -89,4 +89,4 @@ def _weighted_quantile(
     return low + fraction * (high - low)
 
 
-__all__ = ["REPLICATES", "RequestLatencies", "hold_share"]
+__all__ = ["REPLICATES", "SEED", "hold_share"]

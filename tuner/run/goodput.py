@@ -74,8 +74,9 @@ class CapacityGain(BaseModel):
     """The recommendation's capacity against vLLM's defaults', from their intervals
     (``tuner.search.capacity_interval.capacity_gain``): the ratio's bounds (the
     recommendation's low end over the defaults' high end, and the other way round; None:
-    no upper end) and its middle. ``measurable``: the lower bound is above 1, the two
-    intervals do not overlap; otherwise the settings tie within the measurement's noise."""
+    no upper end) and its middle. ``measurable``: the intervals do not overlap (the lower
+    bound above 1: a gain; the upper one below 1: a loss); otherwise the settings tie
+    within the measurement's noise."""
 
     model_config = ConfigDict(frozen=True)
 
