@@ -15,8 +15,13 @@ Each figure is the mean over the repeats, with the repeats' relative spread
 ((max - min) / mean) as the run-to-run noise. A metric fails the check only when it
 is worse than the baseline by more than the tolerance *and* by more than the noise
 (the larger of the baseline's and this run's spread): a change the repeats
-themselves show between identical runs is not evidence of a regression. With one
-run there is no measured noise and the tolerance alone decides.
+themselves show between identical runs is not evidence of a regression. The goodput
+has a second measure of its noise, from each run's own levels: its capacity interval
+(``tuner.search.capacity_interval``). The sum of the two intervals' relative
+half-widths is about how far apart the two must be before their intervals stop
+overlapping, and the goodput's noise is the larger of that and the spreads: a
+goodput within it is a tie, not a regression. With one run and no interval there is
+no measured noise and the tolerance alone decides.
 
 A baseline (``Baseline``, JSON) is a run's figures with what they were measured
 for: model, GPU, workload, SLOs, backend, vLLM release. A run of another model, GPU,
@@ -43,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reports.gate_settings import SUMMARY_ENV
 from tuner.errors import ConfigError, RunFileError
 from tuner.run.evaluation import Verdict
+from tuner.run.goodput import CapacityInterval
 from tuner.run.reader import RunReader
 from tuner.run.recommendation import ConfirmationResult
 from tuner.search.recommend import HARNESS_VERSION, measured_of
@@ -120,13 +126,17 @@ def spread_pct(runs: Sequence[float]) -> float:
 
 
 class Figure(BaseModel):
-    """One metric of one run: the mean over its repeats, each repeat's value, their spread."""
+    """One metric of one run: the mean over its repeats, each repeat's value, their spread;
+    for the goodput, also its capacity interval's half-width over its middle (percent:
+    the sampling noise of the confirmation's own levels; None: not measured, or the
+    interval has no upper end)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     value: float
     runs: list[float]
     spread_pct: float = Field(ge=0)
+    interval_pct: float | None = Field(default=None, ge=0)
 
     @classmethod
     def of(cls, runs: Sequence[float]) -> Figure:
@@ -198,7 +208,7 @@ class Row(BaseModel):
     current: float | None
     change_pct: float | None  # (current - baseline) / baseline; None when not comparable
     tolerance_pct: float
-    noise_pct: float  # the larger of the baseline's and this run's spread
+    noise_pct: float  # the larger of the two runs' spreads (goodput: and their intervals' widths)
     allowed_pct: float  # max(tolerance, noise): how much worse still passes
     verdict: RowVerdict
 
@@ -230,6 +240,25 @@ class CheckResult(BaseModel):
 # -- comparing ------------------------------------------------------------------------------------
 
 
+def interval_noise_pct(baseline: Figure | None, current: Figure | None) -> float:
+    """The goodput's noise from the two capacity intervals: the sum of their relative
+    half-widths, about how far apart their middles must be before the intervals stop
+    overlapping (``CapacityInterval.overlaps``, a tie within the noise). 0 where neither
+    has one."""
+    return sum(f.interval_pct or 0.0 for f in (baseline, current) if f is not None)
+
+
+def interval_pct(interval: CapacityInterval | None) -> float | None:
+    """A capacity interval's half-width over its middle, in percent (None: no interval or
+    no upper end)."""
+    if interval is None or interval.high_per_s is None:
+        return None
+    middle = (interval.low_per_s + interval.high_per_s) / 2.0
+    if middle <= 0:
+        return None
+    return (interval.high_per_s - interval.low_per_s) / 2.0 / middle * 100.0
+
+
 def compare_metric(
     metric: Metric, baseline: Figure | None, current: Figure | None, tolerance_pct: float
 ) -> Row:
@@ -237,6 +266,7 @@ def compare_metric(
     noise = max(
         baseline.spread_pct if baseline is not None else 0.0,
         current.spread_pct if current is not None else 0.0,
+        interval_noise_pct(baseline, current),
     )
     allowed = max(tolerance_pct, noise)
 
@@ -421,6 +451,9 @@ def load_run(run_dir: Path) -> RunFigures:
             runs = [v for v in (metric.of(m) for m in repeats) if v is not None]
         if runs:
             metrics[metric] = Figure.of(runs)
+    if Metric.GOODPUT in metrics:
+        width = interval_pct(measured.capacity_interval)
+        metrics[Metric.GOODPUT] = metrics[Metric.GOODPUT].model_copy(update={"interval_pct": width})
     if measured.verdict is not Verdict.MET:
         notes.append(f"the recommendation's confirmation came out {measured.verdict.value}")
     missed = [i for i, g in enumerate(measured.goodput_runs) if g <= 0]
@@ -574,8 +607,9 @@ def _verdict_detail(row: Row) -> str:
 
 def _legend(result: CheckResult) -> str:
     return (
-        f"tolerance {result.tolerance_pct:g}%; * = the run-to-run noise of the repeats is the "
-        f"larger (this run {result.repeats} run(s), baseline {result.baseline_repeats})"
+        f"tolerance {result.tolerance_pct:g}%; * = the measured noise is the larger: the "
+        f"repeats' run-to-run spread (this run {result.repeats} run(s), baseline "
+        f"{result.baseline_repeats}), for goodput also its capacity intervals' half-widths"
     )
 
 

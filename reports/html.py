@@ -435,6 +435,7 @@ class SummaryView:
     variants_one_rate: bool  # the other variants were measured at the recommendation's rate
     noise_note: str
     default_note: str
+    ties_note: str  # the trials within the noise of the best; "" where none
 
 
 @dataclass(frozen=True)
@@ -490,6 +491,7 @@ def _summary(data: RunData) -> SummaryView:
         variants_one_rate=_variants_one_rate(rec),
         noise_note=_noise_note(rec_measured),
         default_note="" if default_measured else "vLLM's defaults were not measured in this run.",
+        ties_note=_ties_note(data),
     )
 
 
@@ -644,6 +646,19 @@ def _variants_one_rate(rec: Recommendation | None) -> bool:
     """Whether the other variants were measured at one rate (the one the recommendation held)."""
     return rec is not None and any(
         v.measured is not None and len(v.measured.rates_per_s) == 1 for v in rec.variants[1:]
+    )
+
+
+def _ties_note(data: RunData) -> str:
+    """Which trials tie with the best within their capacity intervals; "" where none."""
+    best, ties = data.best_trial, data.ties_with_best
+    if best is None or not ties:
+        return ""
+    numbers = ", ".join(str(t.number) for t in ties)
+    which = "Trial" if len(ties) == 1 else "Trials"
+    return (
+        f"{which} {numbers} tie with trial {best.number}: their capacity intervals overlap "
+        "its own, so the measurement cannot rank them; the highest goodput is shown."
     )
 
 

@@ -112,6 +112,23 @@ class RunData:
         return next((t for t in self.trials if t.is_default), None)
 
     @property
+    def ties_with_best(self) -> list[TrialRow]:
+        """The feasible trials whose capacity intervals overlap the best trial's (per GPU
+        where the tensor-parallel size is searched): within the noise of it, a tie."""
+        best = self.best_trial
+        if best is None or best.evaluation is None or best.evaluation.capacity_interval is None:
+            return []
+        own = best.evaluation.capacity_interval.per_gpu(best.evaluation.params.gpus)
+        ties: list[TrialRow] = []
+        for t in self.trials:
+            ev = t.evaluation
+            if t is best or ev is None or not ev.verdict.feasible or ev.capacity_interval is None:
+                continue
+            if ev.capacity_interval.per_gpu(ev.params.gpus).overlaps(own):
+                ties.append(t)
+        return ties
+
+    @property
     def best_trial(self) -> TrialRow | None:
         """The recommendation's best trial, else the feasible one with the highest goodput."""
         if self.recommendation is not None:

@@ -82,8 +82,15 @@ def test_tune_leaves_study_trials_edge_and_recommendation(tuned_run: Path) -> No
         # that hold), and the trial where its capacity lies (issue 34).
         for level in evaluation.levels:
             assert level.hold_share is not None and 0.0 <= level.hold_share <= 1.0
-            if not level.met and not level.failed_by_backlog and not level.stopped_early:
+            if level.failed_by_backlog or level.stopped_early:
+                continue
+            if level.window_met and not level.met:  # the goodput's rule: P(hold) >= 0.9
+                assert level.hold_share < 0.9 and level.hold_probability == level.hold_share
+                assert any("of the window's resamples" in v for v in level.violations)
+            elif not level.met:
                 assert level.hold_probability <= 0.5
+            else:
+                assert level.hold_share >= 0.9
         if evaluation.levels:
             interval = evaluation.capacity_interval
             assert interval is not None and interval.confidence == 0.9
@@ -130,6 +137,19 @@ def test_tune_leaves_study_trials_edge_and_recommendation(tuned_run: Path) -> No
         else None
     )
     assert summary["best_capacity_interval"] is not None
+    # Ties: the feasible trials whose intervals overlap the best's (issue 34)
+    own = best_eval.capacity_interval
+    assert own is not None
+    tied = []
+    for t in complete:
+        if t.number == best.number or t.user_attrs["verdict"] != "met":
+            continue
+        other = Evaluation.model_validate_json(
+            (Path(t.user_attrs["dir"]) / "evaluation.json").read_text()
+        )
+        if other.capacity_interval is not None and other.capacity_interval.overlaps(own):
+            tied.append(t.number)
+    assert summary["ties_with_best"] == tied
 
 
 def test_edge_is_bracketed_to_the_resolution_within_four_launches(tuned_run: Path) -> None:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.serving.backlog import BacklogVerdict, Signal, check_backlog, clearly_growing, trend
+from tuner.serving.backlog import (
+    BacklogCheck,
+    BacklogVerdict,
+    Signal,
+    check_backlog,
+    clearly_growing,
+    trend,
+)
 from tuner.serving.prometheus_scrape import MetricsSample
 from workloads.load_errors import ABORTED
 from workloads.schedule import RequestRecord
@@ -209,3 +216,37 @@ def test_an_exact_line_needs_no_noise_to_be_judged() -> None:
     assert rising.verdict is BacklogVerdict.GROWING and rising.t_stat is None
     flat = trend(Signal.WAITING, [(0.5 * i, 3.0) for i in range(12)], margin=2.0)
     assert flat.verdict is BacklogVerdict.STEADY and flat.slope_per_s == 0.0
+
+
+def test_kv_usage_is_a_backlog_only_when_it_would_fill_the_cache_within_its_horizon() -> None:
+    # 4% -> 16% over 10 s with nothing waiting and TTFT steady: a cache still filling
+    # towards its level, or one that fills until vLLM preempts? Continued at its slope
+    # (1.2 points/s) for the horizon: the span itself (28%), a conversation of 60 s (88%):
+    # steady; of 80 s (112%): growing.
+    kv = [0.04 + 0.12 * i / 40 for i in range(41)]
+
+    def judge(horizon_s: float) -> BacklogCheck:
+        return check_backlog(
+            timeline([0.0] * 41, kv=kv), (), window_start_unix_s=T0,
+            window_end_unix_s=T0 + 10.0, kv_horizon_s=horizon_s,
+        )  # fmt: skip
+
+    for horizon_s, projected, verdict in (
+        (0.0, 0.28, BacklogVerdict.STEADY),
+        (60.0, 0.88, BacklogVerdict.STEADY),
+        (80.0, 1.12, BacklogVerdict.GROWING),
+    ):
+        check = judge(horizon_s)
+        assert check.kv_usage.verdict is verdict, horizon_s
+        assert check.kv_usage.growth == pytest.approx(0.12)  # past the margin either way
+        assert check.kv_usage.projected == pytest.approx(projected)
+        assert check.kv_usage.horizon_s == pytest.approx(max(10.0, horizon_s))
+        assert check.verdict is verdict
+    # the same growth from 85% fills the cache within the span itself
+    fuller = check_backlog(
+        timeline([0.0] * 41, kv=[0.85 + u - 0.04 for u in kv]),
+        (),
+        window_start_unix_s=T0,
+        window_end_unix_s=T0 + 10.0,
+    )
+    assert fuller.kv_usage.verdict is BacklogVerdict.GROWING

@@ -62,6 +62,9 @@ def test_a_growing_queue_holds_nothing_and_old_levels_count_as_their_verdict() -
     assert _level(4, None, met=False).hold_probability == 0.0
     # a window that broke counts at most as a coin toss, whatever its resamples say
     assert _level(4, 0.9, met=False).hold_probability == 0.5
+    # a window that met the SLO but too few of its resamples did (the hold rule) counts
+    # as its resamples say
+    assert _level(4, 0.7, met=False, window_met=True).hold_probability == 0.7
     assert capacity_interval([]) is None
 
 

@@ -18,6 +18,7 @@ from reports.gate import (
     compare_metric,
     format_markdown,
     format_table,
+    interval_pct,
     load_baseline,
     load_run,
     mismatches,
@@ -28,6 +29,7 @@ from reports.gate import (
 from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.run.evaluation import Verdict
+from tuner.run.goodput import CapacityInterval
 from tuner.run.recommendation import ConfirmationResult, Recommendation, Variant
 from tuner.vllm.space import TrialParams
 from workloads.load_result import Percentiles
@@ -115,6 +117,29 @@ def test_zero_tolerance_fails_any_change_beyond_the_noise() -> None:
     assert (
         compare_metric(Metric.GOODPUT, fig(99.0, 101.0), fig(99.0), 0.0).verdict is RowVerdict.NOISE
     )
+
+
+def test_the_goodputs_intervals_are_its_noise_with_one_run_each() -> None:
+    """One confirmation run a side: the capacity intervals' half-widths (4% + 6%) are the
+    noise, so a goodput 8% worse is a tie and one 12% worse a regression (issue 34)."""
+    base = fig(100.0).model_copy(update={"interval_pct": 4.0})
+    within = compare_metric(
+        Metric.GOODPUT, base, fig(92.0).model_copy(update={"interval_pct": 6.0}), 5.0
+    )
+    assert within.noise_pct == pytest.approx(10.0) and within.allowed_pct == pytest.approx(10.0)
+    assert within.verdict is RowVerdict.NOISE and not within.verdict.failed
+    beyond = compare_metric(
+        Metric.GOODPUT, base, fig(88.0).model_copy(update={"interval_pct": 6.0}), 5.0
+    )
+    assert beyond.verdict is RowVerdict.REGRESSED
+    # without intervals (older baselines) the tolerance alone decides, as before
+    assert compare_metric(Metric.GOODPUT, fig(100.0), fig(92.0), 5.0).verdict.failed
+
+
+def test_interval_pct_is_the_half_width_over_the_middle() -> None:
+    assert interval_pct(CapacityInterval(low_per_s=9.0, high_per_s=11.0)) == pytest.approx(10.0)
+    assert interval_pct(CapacityInterval(low_per_s=9.0, high_per_s=None)) is None
+    assert interval_pct(None) is None
 
 
 def test_improvement_within_the_noise_is_just_ok() -> None:

@@ -16,11 +16,14 @@ from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, auto_time_scale, resolve
 from tuner.search.rate_search import (
+    HOLD_MIN,
     RateLevel,
     RateSearch,
     climb_step,
     descent_step,
     goodput_text,
+    hold_rule_miss,
+    level_met,
     search_rate,
     stop_rule,
 )
@@ -399,6 +402,25 @@ def test_a_first_rate_just_past_the_edge_steps_down_a_little(tmp_path: Path) -> 
     assert result.bound is GoodputBound.BRACKETED
     assert result.broken_rate_per_s == pytest.approx(11.0)
     assert result.goodput == pytest.approx(11.0 / 1.21)
+
+
+@pytest.mark.parametrize(
+    ("share", "met"), [(None, True), (1.0, True), (HOLD_MIN, True), (0.89, False), (0.5, False)]
+)
+def test_a_window_that_met_the_slo_holds_only_when_its_resamples_do(
+    tmp_path: Path, share: float | None, met: bool
+) -> None:
+    m = _measurement(tmp_path, 1.0, met=True, ttft_p99_ms=1990.0)
+    m = m.model_copy(update={"slo": m.slo.model_copy(update={"hold_share": share})})
+    assert level_met(m) is met
+    miss = hold_rule_miss(m)
+    assert (miss is None) is met
+    if miss is not None:
+        assert miss == f"held in {share:.0%} of the window's resamples (the rule: at least 90%)"
+    # a window that broke the SLO is broken whatever its resamples say, and not by the rule
+    broke = _measurement(tmp_path, 1.0, met=False, ttft_p99_ms=2100.0)
+    broke = broke.model_copy(update={"slo": broke.slo.model_copy(update={"hold_share": 0.95})})
+    assert not level_met(broke) and hold_rule_miss(broke) is None
 
 
 def test_no_level_met_is_no_bound(tmp_path: Path) -> None:

@@ -64,6 +64,20 @@ class CapacityInterval(BaseModel):
     confidence: float = 0.9
     hold_at_goodput: float | None = None
 
+    def overlaps(self, other: CapacityInterval) -> bool:
+        """Whether the two intervals share a rate: the capacities are within each other's
+        noise, a tie the measurement cannot rank (no upper end: open upwards)."""
+        below = self.high_per_s is not None and self.high_per_s < other.low_per_s
+        above = other.high_per_s is not None and other.high_per_s < self.low_per_s
+        return not (below or above)
+
+    def per_gpu(self, gpus: int) -> CapacityInterval:
+        """The interval divided over ``gpus`` (a server of several GPUs, ranked per GPU)."""
+        if gpus <= 1:
+            return self
+        high = self.high_per_s / gpus if self.high_per_s is not None else None
+        return self.model_copy(update={"low_per_s": self.low_per_s / gpus, "high_per_s": high})
+
     def bracket(self) -> str:
         """``capacity 90% in [5.40, 6.90]``; ``capacity 90% in [5.40, -]`` with no upper end."""
         high = f"{self.high_per_s:.2f}" if self.high_per_s is not None else "-"

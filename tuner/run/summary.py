@@ -40,6 +40,9 @@ class TuneSummary(BaseModel):
     # Where the best trial's capacity lies, from its levels' own statistics, in
     # best_goodput_arrival_unit (tuner.search.capacity_interval)
     best_capacity_interval: CapacityInterval | None = None
+    # Feasible trials whose capacity intervals overlap the best's: within the noise of
+    # it, a tie the measurement cannot rank (tuner.search.study.records.ties_with_best)
+    ties_with_best: list[int] = []
     best_goodput_figures: Goodput | None = None
     finalized_here: bool
     # The twin's step costs fitted after each trial (twin.json): its error on each

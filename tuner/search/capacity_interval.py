@@ -98,7 +98,7 @@ def capacity_gain(
         ratio=ratio,
         low_ratio=low_ratio,
         high_ratio=high_ratio,
-        measurable=low_ratio > 1.0 or (high_ratio is not None and high_ratio < 1.0),
+        measurable=not recommended.overlaps(default),
     )
 
 

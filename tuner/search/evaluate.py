@@ -17,7 +17,7 @@ from tuner.run.evaluation import Evaluation, LevelRecord, Verdict
 from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.search.capacity_interval import capacity_interval
 from tuner.search.context import StudySetup, TuneContext
-from tuner.search.rate_search import RateSearch, search_rate
+from tuner.search.rate_search import RateSearch, hold_rule_miss, search_rate
 from tuner.serving.live_server import (
     KvFill,
     LiveServer,
@@ -239,7 +239,8 @@ def _summary(rate: float, met: bool, m: LoadMeasurement) -> LevelRecord:
         stopped_early=m.stopped_early,
         dir=m.out_dir,
         load=m.load,
-        violations=m.slo.violations,
+        violations=[*m.slo.violations, *filter(None, [hold_rule_miss(m)])],
+        window_met=m.slo.met,
         num_preemptions=m.server.num_preemptions if m.server else None,
         max_kv_cache_usage=m.server.max_kv_cache_usage if m.server else None,
         prefix_cache_hit_rate=m.server.prefix_cache_hit_rate if m.server else None,

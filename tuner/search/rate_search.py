@@ -28,6 +28,10 @@ percentiles say, and stops early once its queue clearly grows (``tuner.serving.l
 Every level keeps its own directory with the load run's evidence (``window.json``,
 ``backlog.json``, ``turn_mix.json``, ``prompt_lengths.json``, ``metrics.csv``).
 
+A level holds when its window meets the SLOs surely enough: at least ``HOLD_MIN`` (90%)
+of the resamples of its requests do (``workloads.slo_bootstrap``), so a p99 that passed
+by luck, at its limit, does not make a goodput (``holds_surely``).
+
 Rates are the workload's arrival rate (requests/s, or sessions/s for a multi-turn
 workload); ``goodput`` is the request rate the best level offered, as measured, and
 ``goodput_of`` states it whole (``tuner.run.goodput.Goodput``): in the workload's own unit (conversations/s
@@ -62,6 +66,9 @@ from workloads.slo import SloMetric
 from workloads.spec import WorkloadSpec
 from workloads.stationary import AnswerTimes, nearest_in_rate
 
+# The goodput's rule: a rate holds when at least this share of the resamples of its
+# window's requests meet the SLO (an estimated P(hold) of 0.9), not when one window did.
+HOLD_MIN = 0.9
 MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
 # On a chained run a level's schedule goes on this long past its longest window and
 # drain (emulated seconds), so the server stays loaded at its rate while the next level
@@ -224,10 +231,25 @@ def ends_clean(m: LoadMeasurement) -> bool:
     )
 
 
+def holds_surely(m: LoadMeasurement) -> bool:
+    """The goodput's rule: at least ``HOLD_MIN`` of the resamples of the level's window
+    meet the SLO (``workloads.slo_bootstrap``); a level without the share holds by its
+    verdict alone."""
+    return m.slo.hold_share is None or m.slo.hold_share >= HOLD_MIN
+
+
+def hold_rule_miss(m: LoadMeasurement) -> str | None:
+    """Why a window that met the SLO does not count as holding, or None."""
+    if not m.slo.met or holds_surely(m):
+        return None
+    share = m.slo.hold_share or 0.0
+    return f"held in {share:.0%} of the window's resamples (the rule: at least {HOLD_MIN:.0%})"
+
+
 def level_met(m: LoadMeasurement) -> bool:
-    """The SLOs held over the whole window, and the level ended clean (``ends_clean``: the
-    engine lived and no backlog built up)."""
-    return m.slo.met and ends_clean(m)
+    """The SLOs held over the whole window surely enough (``holds_surely``), and the
+    level ended clean (``ends_clean``: the engine lived and no backlog built up)."""
+    return m.slo.met and holds_surely(m) and ends_clean(m)
 
 
 def bracket(levels: list[RateLevel]) -> tuple[RateLevel | None, RateLevel | None]:

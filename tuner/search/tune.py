@@ -65,6 +65,7 @@ from tuner.search.study import (
     redact_url,
     storage_location,
     storage_url,
+    ties_with_best,
     wait_finalized,
 )
 from tuner.serving.level_schedule import drain_s, plan_level_schedule
@@ -357,6 +358,7 @@ def _run(
             best_evaluation.capacity_interval if best_evaluation is not None else None
         ),
         best_goodput_figures=best_figures,
+        ties_with_best=[t.number for t in ties_with_best(study, best)],
         finalized_here=finalized,
         twin_fits=_twin_fits(ctx),
         parallelism=parallelism,

@@ -92,6 +92,7 @@ from workloads.schedule import (
 from workloads.slo import SloMetric
 from workloads.slo_bootstrap import hold_share
 from workloads.spec import WarmupSpec, WorkloadSpec
+from workloads.stationary import lookback_s
 
 log = logging.getLogger(__name__)
 
@@ -734,6 +735,7 @@ def backlog_verdict(
         window_start_unix_s=window[0],
         window_end_unix_s=min(window[1], stopped_unix_s),
         time_scale=time_scale, ttft_limit_ms=loosest_ttft_ms(workload),
+        kv_horizon_s=lookback_s(workload),
     )  # fmt: skip
     (out_dir / BACKLOG_JSON).write_text(backlog.model_dump_json(indent=2), "utf-8")
     return backlog

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tuner.serving.backlog import (
-    KV_MARGIN,
     WAITING_MIN_REQUESTS,
     WAITING_RUNNING_FRACTION,
     BacklogVerdict,
     Signal,
     SignalTrend,
+    kv_trend,
     trend,
 )
 from tuner.serving.bracket import search
@@ -228,9 +228,10 @@ def steady_run(
     ``met``: the SLOs hold over the window (``slo_met``) and no backlog builds, by
     ``tuner.serving.backlog.trend`` on the engine's state every ``SAMPLE_EVERY_S`` through the
     window with the live guard's margins: the waiting queue over the whole window
-    (``max(2, 25 % of the mean running batch)``), KV usage (10 points) from one median
-    request lifetime after the run started (from the window's start when the warm-up is
-    longer), as ``tuner.serving.backlog.check_backlog`` judges a live level.
+    (``max(2, 25 % of the mean running batch)``), KV usage (10 points, and full within
+    a conversation's length: ``tuner.serving.backlog.kv_trend``) from one median request
+    lifetime after the run started (from the window's start when the warm-up is longer),
+    as ``tuner.serving.backlog.check_backlog`` judges a live level.
     """
     from tuner.serving.level_schedule import drain_s, level_workload
 
@@ -253,12 +254,14 @@ def steady_run(
     rate = rate_per_s if rate_per_s is not None else (level.mean_rate_per_s or 0.0)
     if result is None:
         return Prediction(rate_per_s=rate, plan=plan, result=None, met=False)
-    trends = () if closed else _trends(result, warmup_s, warmup_s + window_s)
+    trends = () if closed else _trends(result, warmup_s, warmup_s + window_s, lookback_s(spec))
     met = slo_met(level, result) and not any(t.verdict is BacklogVerdict.GROWING for t in trends)
     return Prediction(rate_per_s=rate, plan=plan, result=result, met=met, trends=trends)
 
 
-def _trends(result: SimulationResult, start_s: float, end_s: float) -> tuple[SignalTrend, ...]:
+def _trends(
+    result: SimulationResult, start_s: float, end_s: float, kv_horizon_s: float
+) -> tuple[SignalTrend, ...]:
     inside = [s for s in result.samples if start_s <= s.t_s <= end_s]
     mean_running = sum(s.running for s in inside) / len(inside) if inside else 0.0
     margin = max(WAITING_MIN_REQUESTS, WAITING_RUNNING_FRACTION * mean_running)
@@ -268,7 +271,7 @@ def _trends(result: SimulationResult, start_s: float, end_s: float) -> tuple[Sig
     kv = [(s.t_s - start_s, s.kv_usage) for s in inside if s.t_s >= settled_s]
     return (
         trend(Signal.WAITING, waiting, margin=margin),
-        trend(Signal.KV_USAGE, kv, margin=KV_MARGIN),
+        kv_trend(kv, kv_horizon_s),
     )
 
 

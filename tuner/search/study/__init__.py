@@ -31,6 +31,7 @@ from tuner.search.study.records import (
     default_trial,
     load_evaluation,
     mark_finalized,
+    ties_with_best,
     wait_finalized,
 )
 from tuner.search.study.storage import (
@@ -61,5 +62,6 @@ __all__ = [
     "storage_location",
     "storage_url",
     "study_names",
+    "ties_with_best",
     "wait_finalized",
 ]

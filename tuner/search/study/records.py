@@ -14,6 +14,7 @@ from typing import Any
 
 from tuner.run.config import Objective
 from tuner.run.evaluation import Evaluation, Verdict
+from tuner.run.goodput import CapacityInterval
 from tuner.run.layout import evaluation_json
 from tuner.search import optuna_store
 from tuner.search.optuna_store import (
@@ -110,6 +111,10 @@ def record(trial: Trial, ev: Evaluation, *, role: str) -> None:
         "total_bytes": ev.gpu.total_bytes if ev.gpu else None,
         "kv_cache_tokens": ev.startup.kv_cache_tokens if ev.startup else None,
         "levels": len(ev.levels),
+        # the capacity interval in the workload's unit (tuner.search.capacity_interval):
+        # what decides whether two trials tie within their noise (ties_with_best)
+        "capacity_low_per_s": ev.capacity_interval.low_per_s if ev.capacity_interval else None,
+        "capacity_high_per_s": ev.capacity_interval.high_per_s if ev.capacity_interval else None,
     }
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
@@ -143,6 +148,42 @@ def best_trial(study: Study, also: Sequence[FrozenTrial] = ()) -> FrozenTrial | 
         return (arrival_goodput(t) / gpus, attrs["throughput"] / gpus)
 
     return max(feasible, key=key)
+
+
+def capacity_of(trial: FrozenTrial) -> CapacityInterval | None:
+    """The trial's capacity interval as recorded, per GPU where the tensor-parallel size
+    is searched (None: recorded before intervals were, or no rate measured)."""
+    attrs = trial.user_attrs
+    low = attrs.get("capacity_low_per_s")
+    if low is None:
+        return None
+    high = attrs.get("capacity_high_per_s")
+    interval = CapacityInterval(
+        low_per_s=float(low), high_per_s=float(high) if high is not None else None
+    )
+    return interval.per_gpu(int(attrs.get("ranked_gpus") or 1))
+
+
+def ties_with_best(
+    study: Study, best: FrozenTrial | None, also: Sequence[FrozenTrial] = ()
+) -> list[FrozenTrial]:
+    """The feasible trials other than ``best`` whose capacity intervals overlap the best's
+    (``CapacityInterval.overlaps``): within the measurement's noise of it, a tie. The best
+    stays the one with the highest goodput; a tie says the measurement cannot rank the
+    two. Trials without an interval are not judged."""
+    best_interval = capacity_of(best) if best is not None else None
+    if best is None or best_interval is None:
+        return []
+    ties: list[FrozenTrial] = []
+    seen: set[int] = {best.number}
+    for t in [*optuna_store.trials_in(study, TrialState.COMPLETE), *also]:
+        if t.number in seen or t.user_attrs.get("verdict") != Verdict.MET.value:
+            continue
+        seen.add(t.number)
+        interval = capacity_of(t)
+        if interval is not None and interval.overlaps(best_interval):
+            ties.append(t)
+    return ties
 
 
 def default_trial(study: Study) -> FrozenTrial | None:

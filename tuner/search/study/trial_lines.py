@@ -15,7 +15,7 @@ from tuner.search.optuna_store import (
     Study,
     TrialState,
 )
-from tuner.search.study.records import arrival_goodput, best_trial
+from tuner.search.study.records import arrival_goodput, best_trial, ties_with_best
 
 
 def trial_line(study: Study, number: int, ev: Evaluation, *, deadline_s: float) -> str:
@@ -34,6 +34,11 @@ def trial_line(study: Study, number: int, ev: Evaluation, *, deadline_s: float) 
         best_text = (
             f"best {'>=' if at_least else ''}{arrivals:.2f} {unit.label} (#{best.number}{per_gpu})"
         )
+        if number != best.number and any(
+            t.number == number for t in ties_with_best(study, best, also=running)
+        ):
+            best_text += f", tie with #{best.number} within the noise"
+
     left = max(0.0, deadline_s - time.monotonic())
     if ev.verdict is Verdict.MET:
         what = f"goodput {ev.stated_goodput.text()}"
