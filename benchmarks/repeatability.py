@@ -75,7 +75,7 @@ def _one(args: argparse.Namespace, seed: int, folder: Path) -> Repeat:
         "--workload", str(_workload_file(args.workload, seed, folder)),
         "--trials", "1", "--no-edge", "--no-confirm", "--no-twin-search",
         "--max-levels", str(args.max_levels), "--run-dir", str(run_dir),
-        *(["--space", args.space] if args.space else []),
+        *[a for pin in args.space or [] for a in ("--space", pin)],
     ]  # fmt: skip
     parsed = build_parser().parse_args(argv)
     _absolute_paths(parsed)
@@ -142,13 +142,15 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--max-levels", type=int, default=4)
-    parser.add_argument("--space", help="pin the settings, e.g. max-num-seqs=64..64")
+    parser.add_argument(
+        "--space", action="append", help="pin a knob (repeatable), e.g. max-num-seqs=64..64"
+    )
     parser.add_argument("--keep", type=Path, help="keep the runs in this folder")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        what = args.space or "vLLM's defaults"
+        what = ", ".join(args.space) if args.space else "vLLM's defaults"
         print(f"{args.model} on {args.gpu}, {args.workload}, {what}, {args.repeats} seeds:")
         repeats = [
             _one(args, seed, folder)

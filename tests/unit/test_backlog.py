@@ -241,6 +241,9 @@ def test_kv_usage_is_a_backlog_only_when_it_would_fill_the_cache_within_its_hori
         assert check.kv_usage.growth == pytest.approx(0.12)  # past the margin either way
         assert check.kv_usage.projected == pytest.approx(projected)
         assert check.kv_usage.horizon_s == pytest.approx(max(10.0, horizon_s))
+        p_full = check.kv_usage.p_full
+        assert p_full is not None and (p_full > 0.5) is (verdict is BacklogVerdict.GROWING)
+        assert check.kv_stays == pytest.approx(1.0 - p_full)
         assert check.verdict is verdict
     # the same growth from 85% fills the cache within the span itself
     fuller = check_backlog(
@@ -250,3 +253,36 @@ def test_kv_usage_is_a_backlog_only_when_it_would_fill_the_cache_within_its_hori
         window_end_unix_s=T0 + 10.0,
     )
     assert fuller.kv_usage.verdict is BacklogVerdict.GROWING
+
+
+def test_kv_usage_short_of_the_margin_in_a_short_window_still_fills_within_its_horizon() -> None:
+    # 40% -> 46% over 10 s: 6 points, short of the 10-point margin, but at that slope the
+    # cache is full within a 150-s conversation; judged over the span alone, it is not
+    kv = [0.40 + 0.06 * i / 40 for i in range(41)]
+    verdicts = [
+        check_backlog(
+            timeline([0.0] * 41, kv=kv), (), window_start_unix_s=T0,
+            window_end_unix_s=T0 + 10.0, kv_horizon_s=horizon_s,
+        ).kv_usage.verdict
+        for horizon_s in (0.0, 150.0)
+    ]  # fmt: skip
+    assert verdicts == [BacklogVerdict.STEADY, BacklogVerdict.GROWING]
+
+
+def test_how_sure_the_kv_verdict_is_follows_the_fits_noise() -> None:
+    """A noisy fit projected to about a full cache is a coin toss; a clean one is sure."""
+    rng = np.random.default_rng(7)
+    base = [0.40 + 0.06 * i / 40 for i in range(41)]  # 1.36 at 150 s
+
+    def p_full(noise: float, horizon_s: float) -> float:
+        kv = [u + rng.normal(0.0, noise) for u in base]
+        check = check_backlog(
+            timeline([0.0] * 41, kv=kv), (), window_start_unix_s=T0,
+            window_end_unix_s=T0 + 10.0, kv_horizon_s=horizon_s,
+        )  # fmt: skip
+        assert check.kv_usage.p_full is not None
+        return check.kv_usage.p_full
+
+    assert p_full(0.001, 150.0) > 0.99
+    assert 0.2 < p_full(0.05, 100.0) < 0.8  # projected ~1.0 through a noisy window
+    assert p_full(0.001, 30.0) < 0.01  # 0.64 at 30 s

@@ -7,7 +7,7 @@ import pytest
 from tuner.run.evaluation import LevelRecord
 from tuner.run.goodput import CapacityInterval
 from tuner.search.capacity_interval import capacity_gain, capacity_interval
-from tuner.serving.backlog import BacklogCheck, BacklogVerdict
+from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
 from workloads.load_result import LoadResult
 
 EMPTY = LoadResult.from_records([])
@@ -56,8 +56,29 @@ def test_a_first_level_already_unsure_reaches_down_towards_no_load() -> None:
 
 
 def test_a_growing_queue_holds_nothing_and_old_levels_count_as_their_verdict() -> None:
-    growing = BacklogCheck.model_construct(verdict=BacklogVerdict.GROWING)
-    assert _level(4, 1.0, met=True, backlog=growing).hold_probability == 0.0
+    def trend(signal: Signal, verdict: BacklogVerdict, p_full: float | None = None) -> SignalTrend:
+        return SignalTrend(signal=signal, verdict=verdict, points=40, span_s=10.0, margin=0.1,
+                           p_full=p_full)  # fmt: skip
+
+    def check(waiting: BacklogVerdict, kv: BacklogVerdict, p_full: float | None) -> BacklogCheck:
+        steady = BacklogVerdict.STEADY
+        return BacklogCheck(
+            verdict=BacklogVerdict.GROWING if BacklogVerdict.GROWING in (waiting, kv) else steady,
+            window_s=10.0, settle_s=2.0, waiting=trend(Signal.WAITING, waiting),
+            kv_usage=trend(Signal.KV_USAGE, kv, p_full), ttft=trend(Signal.TTFT, steady),
+        )  # fmt: skip
+
+    grow, steady = BacklogVerdict.GROWING, BacklogVerdict.STEADY
+    queue = check(grow, steady, 0.1)
+    assert _level(4, 1.0, met=True, backlog=queue).hold_probability == 0.0
+    # KV usage alone: the share times the probability that the cache does not fill
+    filling = check(steady, grow, 0.7)
+    assert _level(4, 0.9, met=False, window_met=True, backlog=filling).hold_probability == (
+        pytest.approx(0.9 * 0.3)
+    )
+    assert _level(4, 1.0, met=True, backlog=check(steady, steady, 0.2)).hold_probability == (
+        pytest.approx(0.8)
+    )
     assert _level(4, None, met=True).hold_probability == 1.0
     assert _level(4, None, met=False).hold_probability == 0.0
     # a window that broke counts at most as a coin toss, whatever its resamples say

@@ -416,7 +416,10 @@ def test_a_window_that_met_the_slo_holds_only_when_its_resamples_do(
     miss = hold_rule_miss(m)
     assert (miss is None) is met
     if miss is not None:
-        assert miss == f"held in {share:.0%} of the window's resamples (the rule: at least 90%)"
+        assert miss == (
+            f"P(hold) {share:.2f} (the SLO held in {share:.0%} of the window's resamples); "
+            "the rule: at least 0.90"
+        )
     # a window that broke the SLO is broken whatever its resamples say, and not by the rule
     broke = _measurement(tmp_path, 1.0, met=False, ttft_p99_ms=2100.0)
     broke = broke.model_copy(update={"slo": broke.slo.model_copy(update={"hold_share": 0.95})})

@@ -55,24 +55,27 @@ class LevelRecord(BaseModel):
     # The share of resamples of the window's requests that meet the SLO
     # (workloads.slo_bootstrap): how sure ``met`` is. None: written before it was.
     hold_share: float | None = None
-    # The window's own percentiles met the SLO, whatever the hold rule (``hold_share``
-    # at least 0.9) and the backlog guard say. None: written before it was recorded.
+    # The window's own percentiles met the SLO, whatever the hold rule (P(hold) at least
+    # 0.9) and the backlog guard say. None: written before it was recorded.
     window_met: bool | None = None
 
     @property
     def hold_probability(self) -> float:
         """The estimated probability that this rate holds: nothing holds where the queue
-        grew; a window that met the SLO counts as its resamples say, one that broke it at
-        most as a coin toss whatever they say (it may have broken for a reason they do not
-        see: a stop rule, the engine); a level written before the share was recorded
-        counts as its verdict."""
-        if self.failed_by_backlog:
+        or TTFT grew; otherwise the share of the window's resamples that met the SLO
+        times the probability that KV usage does not fill the cache within its horizon
+        (``BacklogCheck.kv_stays``). A window that broke the SLO counts at most as a coin
+        toss whatever its resamples say (it may have broken for a reason they do not see:
+        a stop rule, the engine); a level written before the share was recorded counts
+        as its verdict."""
+        if self.stopped_by_backlog or (self.backlog is not None and self.backlog.growing_queue):
             return 0.0
         if self.hold_share is None:
-            return 1.0 if self.met else 0.0
+            return 1.0 if self.met and not self.failed_by_backlog else 0.0
+        kv = self.backlog.kv_stays if self.backlog is not None else 1.0
         if self.met or (self.window_met and not self.stopped_early):
-            return self.hold_share
-        return min(self.hold_share, 0.5)
+            return self.hold_share * kv
+        return min(self.hold_share, 0.5) * kv
 
     @property
     def failed_by_backlog(self) -> bool:

@@ -1,8 +1,10 @@
 """A trial's capacity interval, from the hold probabilities of the rates it measured.
 
-Each level records the share of resamples of its window's requests that meet the SLO
-(``LevelRecord.hold_probability``, ``workloads.slo_bootstrap``). Over the levels of a
-rate search that share falls as the rate rises; the interval is where it falls through
+Each level records its estimated probability of holding (``LevelRecord.hold_probability``):
+the share of resamples of its window's requests that meet the SLO
+(``workloads.slo_bootstrap``) times the probability that its KV usage does not fill the
+cache within a conversation (``tuner.serving.backlog.kv_trend``). Over the levels of a
+rate search it falls as the rate rises; the interval is where it falls through
 the confidence's two tails:
 
 * the shares are made non-increasing in the rate (a rate holds no more surely than a
@@ -17,7 +19,7 @@ the confidence's two tails:
 
 The capacity (the rate up to which the SLO holds) lies between the last rate that held
 and the first that broke; the interval says where, with the sampling noise of the
-levels' percentiles, which the search's bracket alone does not. The goodput (the last
+levels' percentiles and KV projections, which the search's bracket alone does not. The goodput (the last
 rate that held) may lie below it. It does not hold the server's run-to-run variation,
 which repeated runs measure (``tuner tune --repeats``, ``tuner check``).
 """

@@ -28,9 +28,12 @@ percentiles say, and stops early once its queue clearly grows (``tuner.serving.l
 Every level keeps its own directory with the load run's evidence (``window.json``,
 ``backlog.json``, ``turn_mix.json``, ``prompt_lengths.json``, ``metrics.csv``).
 
-A level holds when its window meets the SLOs surely enough: at least ``HOLD_MIN`` (90%)
-of the resamples of its requests do (``workloads.slo_bootstrap``), so a p99 that passed
-by luck, at its limit, does not make a goodput (``holds_surely``).
+A level holds when it holds surely enough: its estimated probability of holding is at
+least ``HOLD_MIN`` (0.9): the share of the resamples of its window's requests that meet
+the SLO (``workloads.slo_bootstrap``) times the probability that its KV usage does not
+fill the cache within a conversation (``tuner.serving.backlog.kv_trend``). A p99 that
+passed by luck, at its limit, or a cache filling towards preemption that a short window
+did not see reach it, does not make a goodput (``holds_surely``).
 
 Rates are the workload's arrival rate (requests/s, or sessions/s for a multi-turn
 workload); ``goodput`` is the request rate the best level offered, as measured, and
@@ -66,8 +69,8 @@ from workloads.slo import SloMetric
 from workloads.spec import WorkloadSpec
 from workloads.stationary import AnswerTimes, nearest_in_rate
 
-# The goodput's rule: a rate holds when at least this share of the resamples of its
-# window's requests meet the SLO (an estimated P(hold) of 0.9), not when one window did.
+# The goodput's rule: a rate holds when its estimated probability of holding is at
+# least this (``hold_probability``), not when one window did.
 HOLD_MIN = 0.9
 MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
 # On a chained run a level's schedule goes on this long past its longest window and
@@ -231,19 +234,36 @@ def ends_clean(m: LoadMeasurement) -> bool:
     )
 
 
+def hold_probability(m: LoadMeasurement) -> float | None:
+    """The level's estimated probability of holding: the share of the resamples of its
+    window that meet the SLO (``workloads.slo_bootstrap``) times the probability that KV
+    usage does not fill the cache within its horizon (``tuner.serving.backlog.kv_trend``).
+    None without the share."""
+    if m.slo.hold_share is None:
+        return None
+    kv = m.backlog.kv_stays if m.backlog is not None else 1.0
+    return m.slo.hold_share * kv
+
+
 def holds_surely(m: LoadMeasurement) -> bool:
-    """The goodput's rule: at least ``HOLD_MIN`` of the resamples of the level's window
-    meet the SLO (``workloads.slo_bootstrap``); a level without the share holds by its
+    """The goodput's rule: the level's estimated probability of holding
+    (``hold_probability``) is at least ``HOLD_MIN``; a level without it holds by its
     verdict alone."""
-    return m.slo.hold_share is None or m.slo.hold_share >= HOLD_MIN
+    p = hold_probability(m)
+    return p is None or p >= HOLD_MIN
 
 
 def hold_rule_miss(m: LoadMeasurement) -> str | None:
-    """Why a window that met the SLO does not count as holding, or None."""
-    if not m.slo.met or holds_surely(m):
+    """Why a window that met the SLO, with no backlog, does not count as holding; or None."""
+    p = hold_probability(m)
+    if not m.slo.met or p is None or p >= HOLD_MIN:
         return None
     share = m.slo.hold_share or 0.0
-    return f"held in {share:.0%} of the window's resamples (the rule: at least {HOLD_MIN:.0%})"
+    why = f"the SLO held in {share:.0%} of the window's resamples"
+    if m.backlog is not None and m.backlog.kv_usage.p_full is not None:
+        kv = m.backlog.kv_usage
+        why += f", KV usage fills the cache within {kv.horizon_s or 0:.0f} s with {kv.p_full:.0%}"
+    return f"P(hold) {p:.2f} ({why}); the rule: at least {HOLD_MIN:.2f}"
 
 
 def level_met(m: LoadMeasurement) -> bool:

@@ -30,20 +30,21 @@ slope per second, its t-statistic (slope over its standard error) and the growth
    margin rises by a third of it per third). A burst at the end of a steady window,
    or a ramp from an idle server that levels off, is not a backlog.
 
-KV usage has a fourth condition, because growth alone does not tell a cache that is
+KV usage is judged otherwise, because growth within a window does not tell a cache
 still filling towards its level from one that fills until vLLM preempts: a window
 (often 15 to 30 s) is shorter than the time a chat workload's population of
-conversations takes to renew. KV usage is growing only when, continued at its slope
-from the judged span's end for a horizon, it would reach a full cache (``KV_FULL``,
-1.0: where vLLM starts preempting). The horizon is the longer of the judged span and
+conversations takes to renew. KV usage is ``GROWING`` when its slope is significant
+(1.), its last third is above its first by a third of its margin (3.3 points), and
+the fit, continued from the judged span's end for a horizon, reaches a full cache
+(``KV_FULL``, 1.0: where vLLM starts preempting); its growth within the window need
+not reach the margin (2.). The horizon is the longer of the judged span and
 ``kv_horizon_s``: the workload's longest conversation (``workloads.stationary.lookback_s``,
-3 minutes for ``chat``), the longest the cache can keep filling before the
+2 to 3 minutes for ``chat``), the longest the cache can keep filling before the
 conversations under way have all been replaced. Issue 34's measurements: vLLM's
 defaults for llama-3.1-8b on an H100 hold ``chat`` at about 6 conversations/s over 10
-virtual minutes; their levels' KV usage grew through every window from 4 to 13
-conversations/s, and this projection fails those above about 6 and passes those below,
-where growth alone failed every level of two seeds down to 4 and a horizon of one
-window passed levels up to 13 that the long run breaks.
+virtual minutes; their levels' KV usage rose through every window from 4 to 13
+conversations/s. Judged on growth alone, two seeds of five failed every level down to
+4; judged over one window, levels up to 13 held that the long run breaks above 6.
 
 A signal with fewer than ``MIN_POINTS`` (10) points, or a third without any, is
 ``TOO_SHORT``; otherwise ``STEADY``. KV usage and TTFT are judged only from one
@@ -111,6 +112,9 @@ class SignalTrend(BaseModel):
     thirds: tuple[float, float, float] | None = None  # mean of each third of the span
     projected: float | None = None  # KV usage: the fit's value a horizon after the span
     horizon_s: float | None = None  # KV usage: that horizon (emulated seconds)
+    # KV usage: the probability that the cache fills within the horizon, from the fit's
+    # standard error at the horizon (normal): how sure the verdict is
+    p_full: float | None = None
 
     def describe(self) -> str:
         """E.g. ``waiting +35 over 8 s``, ``KV usage +12 points over 8 s``."""
@@ -142,6 +146,18 @@ class BacklogCheck(BaseModel):
     @property
     def growing(self) -> bool:
         return self.verdict is BacklogVerdict.GROWING
+
+    @property
+    def growing_queue(self) -> bool:
+        """A backlog of the queue or of TTFT, not of KV usage alone: one that is certain."""
+        return any(s.verdict is BacklogVerdict.GROWING for s in (self.waiting, self.ttft))
+
+    @property
+    def kv_stays(self) -> float:
+        """The probability that KV usage does not fill the cache within its horizon
+        (``kv_trend``'s ``p_full``; 1 where not estimated)."""
+        p_full = self.kv_usage.p_full
+        return 1.0 if p_full is None else 1.0 - p_full
 
     def summary(self) -> str:
         """E.g. ``backlog: waiting +35 over 8 s; TTFT +2,100 ms over 7 s``, or the verdict."""
@@ -260,21 +276,57 @@ def trend(signal: Signal, points: Sequence[tuple[float, float]], *, margin: floa
 
 
 def kv_trend(points: Sequence[tuple[float, float]], horizon_s: float = 0.0) -> SignalTrend:
-    """KV usage's trend: ``trend``'s test, and growing only when the fit, continued from
-    the span's end for the longer of the span and ``horizon_s``, reaches a full cache
-    (the module's docstring)."""
+    """KV usage's trend (the module's docstring): growing when its slope is significant,
+    its last third is above its first by a third of the margin, and the fit, continued
+    from the span's end for the longer of the span and ``horizon_s``, reaches a full
+    cache. Its growth within the window need not reach the margin: a window can be
+    shorter than the time the cache takes to fill. ``p_full``: the probability that it
+    does fill, from the fit's standard error at the horizon (widened for the samples'
+    autocorrelation: ``_autocorrelation_inflation``)."""
     base = trend(Signal.KV_USAGE, points, margin=KV_MARGIN)
-    if base.verdict is not BacklogVerdict.GROWING or base.slope_per_s is None:
+    if base.slope_per_s is None or base.thirds is None:
         return base
-    end_s = max(p[0] for p in points)
-    x_mean = sum(p[0] for p in points) / len(points)
-    y_mean = sum(p[1] for p in points) / len(points)
+    x = np.array([p[0] for p in points], dtype=float)
+    y = np.array([p[1] for p in points], dtype=float)
     horizon = max(base.span_s, horizon_s)
-    at_horizon = y_mean + base.slope_per_s * (end_s + horizon - x_mean)
-    update: dict[str, object] = {"projected": at_horizon, "horizon_s": horizon}
-    if at_horizon < KV_FULL:
-        update["verdict"] = BacklogVerdict.STEADY
-    return base.model_copy(update=update)
+    at_s = float(x.max()) + horizon
+    dx = x - x.mean()
+    sxx = float(dx @ dx)
+    residuals = y - y.mean() - base.slope_per_s * dx
+    sigma2 = float(residuals @ residuals) / (len(points) - 2)
+    at_horizon = float(y.mean()) + base.slope_per_s * (at_s - float(x.mean()))
+    se = math.sqrt(sigma2 * (1.0 / len(points) + (at_s - float(x.mean())) ** 2 / sxx))
+    se *= math.sqrt(_autocorrelation_inflation(residuals))
+    if se > 0.0:
+        p_full = 0.5 * math.erfc((KV_FULL - at_horizon) / (se * math.sqrt(2.0)))
+    else:
+        p_full = 1.0 if at_horizon >= KV_FULL else 0.0
+    significant = base.t_stat is None or base.t_stat >= T_MIN
+    rose = base.thirds[2] - base.thirds[0] >= KV_MARGIN / 3.0
+    growing = base.slope_per_s > 0.0 and significant and rose and at_horizon >= KV_FULL
+    return base.model_copy(
+        update={
+            "projected": at_horizon,
+            "horizon_s": horizon,
+            "p_full": p_full,
+            "verdict": BacklogVerdict.GROWING if growing else BacklogVerdict.STEADY,
+        }
+    )
+
+
+def _autocorrelation_inflation(residuals: np.ndarray) -> float:
+    """How much an ordinary least-squares variance understates the fit's: samples a
+    quarter of a second apart are far from independent, so the residuals' lag-1
+    autocorrelation rho inflates it by (1 + rho) / (1 - rho) (an AR(1) process; rho
+    clipped to [0, 0.95])."""
+    if residuals.size < 3:
+        return 1.0
+    denominator = float(residuals @ residuals)
+    if denominator <= 0.0:
+        return 1.0
+    rho = float(residuals[1:] @ residuals[:-1]) / denominator
+    rho = min(max(rho, 0.0), 0.95)
+    return (1.0 + rho) / (1.0 - rho)
 
 
 def clearly_growing(check: BacklogCheck, *, elapsed_s: float, window_s: float) -> bool:
