@@ -29,6 +29,7 @@ from tuner.search.rate_search import (
 )
 from tuner.search.recommend import capacity, combined_bound, config_hash, variant_params
 from tuner.search.study import redact_url
+from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
 from tuner.serving.live_server import LoadMeasurement, StopRule
 from tuner.serving.load import SloVerdict
 from tuner.serving.prometheus_scrape import ServerCounters
@@ -402,6 +403,24 @@ def test_a_first_rate_just_past_the_edge_steps_down_a_little(tmp_path: Path) -> 
     assert result.bound is GoodputBound.BRACKETED
     assert result.broken_rate_per_s == pytest.approx(11.0)
     assert result.goodput == pytest.approx(11.0 / 1.21)
+
+
+def test_the_climb_follows_the_kv_usage_projected_a_conversation_ahead(tmp_path: Path) -> None:
+    spec = load_workload("chat")
+    m = _measurement(tmp_path, 1.0, met=True, ttft_p99_ms=21.0)
+    assert climb_step(spec, m, growth=1.15) == pytest.approx(2.0)
+
+    def trend(signal: Signal, projected: float | None = None) -> SignalTrend:
+        return SignalTrend(signal=signal, verdict=BacklogVerdict.STEADY, points=40, span_s=20.0,
+                           margin=0.1, projected=projected)  # fmt: skip
+
+    backlog = BacklogCheck(
+        verdict=BacklogVerdict.STEADY, window_s=20.0, settle_s=2.0,
+        waiting=trend(Signal.WAITING), kv_usage=trend(Signal.KV_USAGE, 0.8),
+        ttft=trend(Signal.TTFT),
+    )  # fmt: skip
+    filling = m.model_copy(update={"backlog": backlog})
+    assert climb_step(spec, filling, growth=1.15) == pytest.approx(1.25)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from tuner.serving.level_schedule import plan_level_schedule
@@ -20,6 +21,7 @@ from tuner.serving.window import (
     LevelPlan,
     WindowClose,
     WindowOpening,
+    kv_verdict_clear,
     needed_requests,
     steady_opening,
     verdict_band,
@@ -317,3 +319,29 @@ def test_the_floor_is_the_longest_memory_of_a_level_that_held_at_or_below_the_ra
     assert correlation_floor(levels, 1.5) == 2.0  # nor a higher rate's
     assert correlation_floor(levels, 0.5) is None
     assert correlation_floor(levels, None) is None
+
+
+def test_a_kv_cache_that_may_or_may_not_fill_within_a_conversation_holds_the_window() -> None:
+    """20 s of KV usage rising 0.3 points a second through noise: projected over a
+    150-s conversation it ends near a full cache, which the fit cannot yet tell; rising
+    1 point a second, or not at all, it can."""
+    rng = np.random.default_rng(3)
+
+    def clear(slope_per_s: float, horizon_s: float) -> bool:
+        kv = [0.40 + slope_per_s * 0.25 * i + rng.normal(0.0, 0.03) for i in range(81)]
+        plan = PLAN.model_copy(update={"kv_horizon_s": horizon_s})
+        return kv_verdict_clear(
+            plan, _samples(kv, [8.0] * 81), opened_unix_s=1000.0, now_unix_s=1020.0,
+            time_scale=1.0,
+        )  # fmt: skip
+
+    assert not clear(0.004, 150.0)  # 0.48 + 0.6: about full, undecided
+    assert clear(0.02, 150.0)  # fills surely
+    assert clear(0.0, 150.0)  # flat: stays surely
+    assert clear(0.004, 0.0)  # no sessions: not projected
+    assert chat_plan_horizon() > 60.0
+
+
+def chat_plan_horizon() -> float:
+    _, plan, _ = plan_level_schedule(load_workload("chat"), 5.0)
+    return plan.kv_horizon_s

@@ -293,7 +293,9 @@ def climb_step(spec: WorkloadSpec, m: LoadMeasurement, growth: float) -> float:
       the limit, x1.41 at half, ``growth`` past about three quarters): latency stays flat
       below the knee and climbs steeply near it, so its headroom is read cautiously;
     * a peak KV-cache usage u allows 1/u: below the knee the cache holds about rate x
-      time in flight, linear in the rate;
+      time in flight, linear in the rate; so does the KV usage the backlog guard
+      projects a conversation ahead (``tuner.serving.backlog.kv_trend``), where a chat
+      server's cache is still filling when a window closes;
     * a level that preempted is at the edge of its memory: ``growth``.
     """
     top = max(MAX_STEP, growth)
@@ -303,6 +305,9 @@ def climb_step(spec: WorkloadSpec, m: LoadMeasurement, growth: float) -> float:
     allowed = min([top, *(1.0 / math.sqrt(share) for share in percentile_shares(spec, m.load))])
     if server is not None and server.max_kv_cache_usage:
         allowed = min(allowed, 1.0 / server.max_kv_cache_usage)
+    projected = m.backlog.kv_usage.projected if m.backlog is not None else None
+    if projected is not None and projected > 0.0:
+        allowed = min(allowed, 1.0 / projected)
     return min(top, max(growth, allowed))
 
 

@@ -31,6 +31,9 @@ from offset 0, ``workloads.stationary``): a warm-up, then the window.
   (``tuner.serving.correlation``: 10 independent stretches of the server's state; 5
   where the percentiles so far are far from their limits, below half of them or past
   twice, `correlations_wanted`) and
+  KV usage's projection over the workload's longest conversation says clearly whether
+  the cache fills (``kv_verdict_clear``: a chat server near capacity may fill it over
+  minutes, which a short window cannot tell from a cache still settling) and
   the SLO's verdict over it is clear: every percentile below ``1 / (1 + band)`` of its
   limit, or one past ``1 + band`` times it, where the band is ``VERDICT_BAND`` (40 %) at
   the shortest window and narrows as the square root of its length (22 % at three
@@ -86,6 +89,7 @@ from tuner.serving.backlog import (
     WAITING_RUNNING_FRACTION,
     Signal,
     SignalTrend,
+    kv_trend,
     trend,
 )
 from tuner.serving.correlation import correlation_time_s
@@ -93,7 +97,7 @@ from tuner.serving.prometheus_scrape import MetricsSample
 from workloads.replay import pass_s, window_in_pass_s
 from workloads.schedule import ScheduledRequest
 from workloads.spec import WorkloadSpec
-from workloads.stationary import largest_turns, turn_gap_s
+from workloads.stationary import largest_turns, lookback_s, turn_gap_s
 
 WINDOW_FILE = WINDOW_JSON
 MIN_WARMUP_S = 3.0
@@ -108,6 +112,9 @@ FAR_CORRELATIONS = 5.0  # ... where its SLO percentiles are far from their limit
 FAR_SHARE = 0.5  # far: every one below half its limit, or one past twice it
 MAX_WINDOW_REQUESTS = 20_000  # the longest window's, where fewer than MAX_WINDOW_S hold them
 VERDICT_BAND = 0.4  # a percentile within 40 % of its limit at the shortest window holds it on
+# KV usage's verdict is clear when the probability that the cache fills within a
+# conversation (tuner.serving.backlog.kv_trend) is at most this, or at least 1 - this.
+KV_CLEAR = 0.1
 # Planned service of a request without a session's own expectations (SessionSpec's defaults).
 EXPECTED_TTFT_S = 0.5
 EXPECTED_TPOT_S = 0.03
@@ -150,6 +157,10 @@ class LevelPlan(BaseModel):
     # A trace replay's pass (``workloads.replay``): the window is one pass, or its
     # busiest stretch where a pass is longer (None: not a trace replay).
     trace_pass_s: float | None = None
+    # How far KV usage's growth is projected (the workload's longest conversation,
+    # ``workloads.stationary.lookback_s``); a held window goes on until that projection's
+    # verdict is clear (``kv_verdict_clear``). 0: not projected (no sessions).
+    kv_horizon_s: float = 0.0
 
     @property
     def longest_window_s(self) -> float:
@@ -317,6 +328,7 @@ def plan_level(
         correlation_floor_s=correlation_floor_s if held_max_s is not None else None,
         carried_on=carried_on,
         trace_pass_s=one_pass,
+        kv_horizon_s=lookback_s(spec),
     )
 
 
@@ -453,6 +465,9 @@ def window_closes(
     enough = tau is not None and elapsed_s >= wanted * tau
     if shares is not None:
         enough = enough and verdict_clear(shares, band)
+    enough = enough and kv_verdict_clear(
+        plan, samples, opened_unix_s=opened_unix_s, now_unix_s=now_unix_s, time_scale=time_scale
+    )
     if not enough and elapsed_s >= plan.window_max_s:
         return opening.closed_at(plan.window_max_s, WindowClose.LONGEST, tau, worst, band, wanted)
     if not enough:
@@ -460,6 +475,27 @@ def window_closes(
     length_s = min(elapsed_s, plan.window_max_s)
     kind = WindowClose.SHORTEST if elapsed_s < plan.window_s + 1.0 else WindowClose.HELD
     return opening.closed_at(length_s, kind, tau, worst, band, wanted)
+
+
+def kv_verdict_clear(
+    plan: LevelPlan, samples: Sequence[MetricsSample], *,
+    opened_unix_s: float, now_unix_s: float, time_scale: float,
+) -> bool:  # fmt: skip
+    """Whether KV usage's projection over the window so far says clearly whether the
+    cache fills within a conversation (``kv_trend``'s ``p_full`` at most ``KV_CLEAR`` or
+    at least ``1 - KV_CLEAR``); True where it is not projected or not yet estimable.
+    Near capacity a chat server's cache may fill over minutes, which a window of 15 s
+    cannot tell from a cache still settling: it is held on until the slope decides."""
+    if plan.kv_horizon_s <= 0.0:
+        return True
+    k = time_scale
+    points = [
+        ((s.unix_s - opened_unix_s) / k, s.kv_cache_usage)
+        for s in samples
+        if opened_unix_s <= s.unix_s <= now_unix_s
+    ]
+    p_full = kv_trend(points, plan.kv_horizon_s).p_full
+    return p_full is None or p_full <= KV_CLEAR or p_full >= 1.0 - KV_CLEAR
 
 
 def correlations_wanted(shares: Sequence[float] | None) -> float:
