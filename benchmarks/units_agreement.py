@@ -236,6 +236,9 @@ def main() -> int:
             _show(default)
             _show(pinned)
             gains = UnitGains.of(pinned.stated, default.stated)
+            if len(gains.ratios()) < 2:  # one of them held no level: no gain to state
+                print("  no gain to compare: a setting held no level")
+                continue
             _, agree = _gains("gain as stated", gains.ratios())
             agreed &= agree
             d, p = default.window, pinned.window
@@ -246,7 +249,7 @@ def main() -> int:
                     ("output tok/s", p.tokens_per_s / d.tokens_per_s),
                 ])  # fmt: skip
             print(json.dumps({"seed": seed, "stated_gains": dict(gains.ratios())}))
-    print("the stated units agree within 5% for every seed" if agreed else "they do NOT agree")
+    print("the stated units agree within 5% wherever both held" if agreed else "they do NOT agree")
     return 0 if agreed else 1
 
 

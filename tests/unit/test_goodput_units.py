@@ -6,9 +6,9 @@ requests per arrival and output tokens per request), not what the best level's w
 happened to count: a Poisson draw of arrivals over tens of seconds, the turns of the
 conversations under way, and the requests still running when the run was cut after the
 window, counted with part of their output over the window and its drain. On the virtual
-clock (benchmarks/units_agreement.md) vLLM's defaults' window held 14% fewer
+clock (benchmarks/units_agreement.md) vLLM's defaults' window held 15% fewer
 conversations than its rate and cut a third of its requests; the twin's pick's, 17% and a
-fifth: +29% in conversations/s read as +36% in req/s and +49% in output tokens/s.
+fifth: +30% in conversations/s read as +36% in req/s and +49% in output tokens/s.
 """
 
 from __future__ import annotations
