@@ -47,7 +47,7 @@ from tuner.errors import ReportError
 from tuner.run.config import TuneConfig
 from tuner.run.edge import KnobEdge
 from tuner.run.evaluation import Evaluation, LevelRecord, Verdict
-from tuner.run.goodput import CapacityGain, CapacityInterval, Goodput, GoodputUnit
+from tuner.run.goodput import CapacityGain, CapacityInterval, Goodput, GoodputUnit, gains_text
 from tuner.run.layout import REPORT_HTML, RunLayout
 from tuner.run.levels import (
     NOT_RECORDED,
@@ -434,6 +434,7 @@ class SummaryView:
     variant_rows: list[VariantRow]
     variants_one_rate: bool  # the other variants were measured at the recommendation's rate
     noise_note: str
+    units_note: str  # the gain in each unit, and why they differ where they do
     default_note: str
     ties_note: str  # the trials within the noise of the best; "" where none
 
@@ -490,6 +491,7 @@ def _summary(data: RunData) -> SummaryView:
         variant_rows=[_variant_row(v) for v in rec.variants] if rec is not None else [],
         variants_one_rate=_variants_one_rate(rec),
         noise_note=_noise_note(rec_measured),
+        units_note=_units_note(rec_measured, default_measured),
         default_note="" if default_measured else "vLLM's defaults were not measured in this run.",
         ties_note=_ties_note(data),
     )
@@ -660,6 +662,15 @@ def _ties_note(data: RunData) -> str:
         f"{which} {numbers} tie with trial {best.number}: their capacity intervals overlap "
         "its own, so the measurement cannot rank them; the highest goodput is shown."
     )
+
+
+def _units_note(rec: ConfirmationResult | None, default: ConfirmationResult | None) -> str:
+    """The gain over vLLM's defaults in each unit, and why they differ where they do
+    (``tuner.run.goodput.gains_text``); "" where either was not measured."""
+    if rec is None or default is None:
+        return ""
+    text = gains_text(rec.stated_goodput, default.stated_goodput)
+    return "" if text is None else text[0].upper() + text[1:] + "."
 
 
 def _noise_note(measured: ConfirmationResult | None) -> str:

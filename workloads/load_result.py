@@ -22,7 +22,10 @@ as ``(last - first) × N / (N - 1)`` (N requests evenly spaced at rate r give ex
 r). ``offered_rate`` = measured requests / window; ``achieved_rate`` = completed /
 window. ``duration_s`` runs from the first scheduled time to the last response's end
 (vLLM's benchmark duration): ``request_throughput``, ``output_token_throughput`` and
-``goodput`` are per second of it.
+``goodput`` are per second of it. They are what one window counted: a run cut after its
+window (``cut_short``) counts its requests still in flight with part of their output, so
+``output_token_throughput`` is not offered requests x output tokens per request; a tune's
+goodput states its units from the declared workload instead (``tuner.run.goodput``).
 """
 
 from __future__ import annotations
@@ -130,6 +133,16 @@ class LoadResult(BaseModel):
     # Streamed requests cut off in flight when a run was stopped after its window
     # (``cut_short``): counted in the latencies with the timings they had.
     num_truncated: int = 0
+    # The output tokens of the completed requests alone, whole answers (``output_tokens``
+    # also counts what the truncated ones had so far); None in results written before.
+    completed_output_tokens: int | None = None
+
+    @property
+    def output_tokens_per_completed(self) -> float | None:
+        """Output tokens per completed request (None: none completed, or not recorded)."""
+        if self.completed_output_tokens is None or not self.num_completed:
+            return None
+        return self.completed_output_tokens / self.num_completed
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -224,6 +237,7 @@ class LoadResult(BaseModel):
             prompt_buckets=_buckets(frame, prompt_buckets),
             num_streamed=len(timed),
             num_truncated=num_truncated,
+            completed_output_tokens=int(done["output_tokens"].sum()),
         )
 
     def in_virtual_time(self, time_scale: float) -> LoadResult:

@@ -54,7 +54,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from workloads.lengths import TraceColumn, trace_column
+from workloads.lengths import TraceColumn, mean_length, trace_column
 from workloads.schedule import ScheduledRequest
 from workloads.spec import (
     ClosedArrival,
@@ -220,6 +220,34 @@ def expected_turns(spec: WorkloadSpec) -> float:
     if spec.sessions is None:
         return 1.0
     return sum(n * p for n, p in enumerate(turns_pmf(spec.sessions.turns), start=1))
+
+
+class ArrivalMeans(BaseModel):
+    """What one arrival of a declared workload sends, on average: its requests (a
+    session's expected turns, 1 without sessions) and each request's output tokens (the
+    declared lengths' mean where the server is asked for exactly ``max_tokens``, the
+    spec's ``ignore_eos``; None where the model ends its answers). A goodput's requests/s
+    and output tokens/s are its arrival rate times these (``tuner.run.goodput``): the same
+    population in every unit, whatever share of it one window happened to hold.
+
+    Sessions cut short by ``max_context_tokens`` (a conversation that outgrew the
+    context) are counted at their declared turns: the cut needs a context near the
+    limit, which the built-in ``chat`` never reaches."""
+
+    model_config = ConfigDict(frozen=True)
+
+    requests_per_arrival: float
+    output_tokens_per_request: float | None
+
+
+def arrival_means(spec: WorkloadSpec) -> ArrivalMeans:
+    """``spec``'s requests per arrival and output tokens per request (``ArrivalMeans``);
+    a trace arrival's lengths without a path of their own are its rows', over one pass."""
+    output: float | None = None
+    if spec.ignore_eos:
+        rows = read_trace_ref(spec.arrival.path) if isinstance(spec.arrival, TraceArrival) else None
+        output = mean_length(spec.output_tokens, column=TraceColumn.OUTPUT, rows=rows)
+    return ArrivalMeans(requests_per_arrival=expected_turns(spec), output_tokens_per_request=output)
 
 
 def stationary_turn_mix(turns: TurnsSpec) -> tuple[float, ...]:

@@ -62,6 +62,10 @@ def test_a_single_turn_run_states_requests_and_tokens(tuned_run: Path, tmp_path:
     assert f"{g.output_tokens_per_s:,.0f} output tok/s" in summary
     assert "conversations/s" not in text
     assert "Goodput<br>req/s" in _trials_table(text)
+    # Issue 34: the gain over vLLM's defaults in each unit, in words, under the comparison
+    default = rec.default.measured if rec.default is not None else None
+    if default is not None and default.goodput > 0 and rec.recommended.measured.goodput > 0:
+        assert "The same gain over vLLM&#39;s defaults in every unit" in summary
 
 
 def test_a_chat_run_states_conversations_requests_and_tokens(

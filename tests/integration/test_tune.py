@@ -29,7 +29,7 @@ from tests.integration.tune_run import REAL_TUNE_TRIALS, SMALL_TUNE_ARGS
 from tests.virtual import Done, tune_cli, tuner_cli, virtual_tune
 from tuner.run.edge import EdgeResult
 from tuner.run.evaluation import Evaluation, Verdict
-from tuner.run.goodput import GoodputBound, GoodputUnit
+from tuner.run.goodput import GoodputBound, GoodputUnit, UnitsBasis
 from tuner.run.recommendation import Recommendation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the shared tune takes minutes
@@ -119,6 +119,10 @@ def test_tune_leaves_study_trials_edge_and_recommendation(tuned_run: Path) -> No
     assert figures.arrival_rate_per_s == pytest.approx(figures.requests_per_s)
     assert figures.output_tokens_per_s == pytest.approx(best_eval.throughput)
     assert figures.output_tokens_per_s > 0
+    # Issue 34: every unit the declared workload at the rate that held (its answers 8 to 24
+    # tokens, uniform: 16 a request), whatever share of it the best window counted.
+    assert figures.basis is UnitsBasis.DECLARED
+    assert figures.output_tokens_per_request == pytest.approx(16.0)
     assert figures.bound is best_eval.goodput_bound
     assert best.user_attrs["goodput_unit"] == GoodputUnit.REQUESTS_PER_S.value
     assert best.user_attrs["goodput_arrival_rate_per_s"] == pytest.approx(
@@ -215,6 +219,11 @@ def test_recommendation_steps_back_from_the_edge_and_writes_configs(tuned_run: P
         assert variant.measured.goodput_bound is ev.goodput_bound
         assert ev.goodput_bound is (GoodputBound.LOWER_BOUND if ev.best else GoodputBound.NONE)
     assert rec.default is not None and rec.default.measured is not None
+    # Issue 34: the gain over vLLM's defaults is the same in every unit, and it says why.
+    if rec.default.measured.goodput > 0 and rec.recommended.measured.goodput > 0:
+        units = rec.units_text()
+        assert units is not None
+        assert units.startswith("the same gain over vLLM's defaults in every unit"), units
     # The command line starts the settings it claims, and the hash follows the settings.
     args = (out / "vllm-args.txt").read_text()
     assert f"--gpu-memory-utilization {util:g}" in args.replace("\\\n", " ")

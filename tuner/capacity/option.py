@@ -26,7 +26,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
+from tuner.run.goodput import Goodput, GoodputBound
 from tuner.serving.bracket import FLOOR_PER_S, search
 from tuner.serving.window import needed_requests
 from tuner.sim.timing import TimingFactors
@@ -199,11 +199,12 @@ def replica_at(
     result = run.result
     return (
         ReplicaRun(
-            goodput=Goodput(
-                arrival_rate_per_s=best, unit=GoodputUnit.of(workload),
-                requests_per_s=result.request_throughput,
-                output_tokens_per_s=result.output_token_throughput,
-                bound=GoodputBound.BRACKETED,
+            goodput=Goodput.stated(  # every unit the declared workload at that rate
+                workload, arrival_rate_per_s=best, bound=GoodputBound.BRACKETED,
+                measured_output_tokens_per_request=(  # the finished requests' own
+                    result.output_token_throughput / result.request_throughput
+                    if result.request_throughput > 0 else None
+                ),
             ),
             ttft_ms_p99=result.ttft_ms.p99, tpot_ms_mean=result.tpot_ms.mean,
             tpot_ms_p99=result.tpot_ms.p99, e2e_ms_p99=result.e2e_ms.p99,

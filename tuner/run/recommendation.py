@@ -14,7 +14,14 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.run.edge import EdgeResult
 from tuner.run.evaluation import Verdict
-from tuner.run.goodput import CapacityGain, CapacityInterval, Goodput, GoodputBound, GoodputUnit
+from tuner.run.goodput import (
+    CapacityGain,
+    CapacityInterval,
+    Goodput,
+    GoodputBound,
+    GoodputUnit,
+    gains_text,
+)
 from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
 from tuner.vllm.space import TrialParams
@@ -102,7 +109,7 @@ class Capacity(BaseModel):
     replicas_is_upper_bound: bool = False
     unit: GoodputUnit = GoodputUnit.REQUESTS_PER_S
     goodput: Goodput | None = None  # one replica's goodput stated whole
-    peak_requests_per_s: float | None = None  # the peak in requests/s, at the measured ratio
+    peak_requests_per_s: float | None = None  # the peak in requests/s, at the goodput's ratio
 
     def text(self) -> str:
         """E.g. "3 replica(s) for a peak of 120 conversations/s (about 415 req/s), 20%
@@ -152,3 +159,12 @@ class Recommendation(BaseModel):
     time_scale: float
     harness_version: str
     version_hash: str
+
+    def units_text(self) -> str | None:
+        """The recommendation's gain over vLLM's defaults in each unit, and why they differ
+        where they do (``tuner.run.goodput.gains_text``); None where either was not measured."""
+        measured = self.recommended.measured
+        default = self.default.measured if self.default is not None else None
+        if measured is None or default is None:
+            return None
+        return gains_text(measured.stated_goodput, default.stated_goodput)

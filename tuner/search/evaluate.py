@@ -187,6 +187,10 @@ def _evaluation(
     excerpt = startup.log_excerpt
     note = startup.note
     outcome = startup.outcome
+    # every unit the declared workload at the best rate (requests/s is what the gate compares)
+    figures = (
+        search.goodput_of(ctx.workload) if search else Goodput(unit=GoodputUnit.of(ctx.workload))
+    )
     if startup.outcome is not TrialOutcome.READY:
         verdict = Verdict.STARTUP_FAILED
     elif search is not None and search.died:
@@ -213,13 +217,11 @@ def _evaluation(
         startup=startup.report,
         startup_s=startup.ready_s,
         dropped_flags=startup.dropped_flags,
-        goodput=search.goodput if search else 0.0,
+        goodput=figures.requests_per_s,
         goodput_bound=search.bound if search else GoodputBound.NONE,
         rate_per_s=search.best.rate_per_s if search and search.best else None,
-        throughput=search.throughput if search else 0.0,
-        goodput_figures=search.goodput_of(ctx.workload)
-        if search
-        else Goodput(unit=GoodputUnit.of(ctx.workload)),
+        throughput=figures.output_tokens_per_s,
+        goodput_figures=figures,
         capacity_interval=capacity_interval(levels, best) if levels else None,
         best=best,
         levels=levels,

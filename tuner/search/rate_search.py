@@ -38,7 +38,8 @@ did not see reach it, does not make a goodput (``holds_surely``).
 Rates are the workload's arrival rate (requests/s, or sessions/s for a multi-turn
 workload); ``goodput`` is the request rate the best level offered, as measured, and
 ``goodput_of`` states it whole (``tuner.run.goodput.Goodput``): in the workload's own unit (conversations/s
-where it has sessions), in requests/s and in output tokens/s. It is
+where it has sessions), in requests/s and in output tokens/s, each the declared workload
+at that rate (``Goodput.stated``: the same population in every unit). It is
 the goodput only when a higher rate broke (``GoodputBound.BRACKETED``); a search that
 never found a breaking rate within its budget knows only that the server holds at
 least that much (``GoodputBound.LOWER_BOUND``).
@@ -111,7 +112,9 @@ class RateSearch(BaseModel):
 
     @property
     def throughput(self) -> float:
-        """Output tokens/s at the best level, over a pass for a trace replay's stretch."""
+        """Output tokens/s the best level's window counted (over a pass for a trace
+        replay's stretch): its served requests' tokens, those cut at the run's end as far as
+        they got, per second of the window and its drain (the goodput's: ``goodput_of``)."""
         if self.best is None:
             return 0.0
         return self.best.measurement.load.output_token_throughput * self._stretch_share()
@@ -131,15 +134,16 @@ class RateSearch(BaseModel):
     def goodput_of(self, spec: WorkloadSpec) -> Goodput:
         """The goodput in ``spec``'s unit: for sessions the best level's arrival rate (the
         records hold requests, not sessions, so the sessions/s the level was sent at),
-        else the requests/s it offered, as measured."""
+        else the requests/s it offered, as measured; in requests/s and output tokens/s the
+        declared workload's at that rate (``Goodput.stated``), not the window's draw of it
+        (``goodput``, ``throughput``): the same population in every unit."""
         unit = GoodputUnit.of(spec)
         if self.best is None:
             return Goodput(unit=unit)
-        requests = self.goodput
-        arrivals = self.best.rate_per_s if unit is GoodputUnit.CONVERSATIONS_PER_S else requests
-        return Goodput(
-            arrival_rate_per_s=arrivals, unit=unit, requests_per_s=requests,
-            output_tokens_per_s=self.throughput, bound=self.bound,
+        arrivals = self.best.rate_per_s if unit is GoodputUnit.CONVERSATIONS_PER_S else self.goodput
+        return Goodput.stated(
+            spec, arrival_rate_per_s=arrivals, bound=self.bound,
+            measured_output_tokens_per_request=self.best.measurement.load.output_tokens_per_completed,
         )  # fmt: skip
 
     @property

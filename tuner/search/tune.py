@@ -511,6 +511,8 @@ def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) 
         progress(f"  goodput {r.measured.stated_goodput.text()} within {rec.slo.text()}")
     if rec.default is not None and rec.default.measured is not None:
         progress(f"  vLLM defaults: goodput {rec.default.measured.stated_goodput.text()}")
+    if (units := rec.units_text()) is not None:
+        progress(f"  {units}")
     if rec.edge is not None and rec.edge.utilization is not None and not rec.edge.probes:
         progress(f"  OOM edge not probed: {rec.edge.utilization.note or rec.edge.skipped}")
     elif rec.edge is not None and rec.edge.utilization is not None:
