@@ -64,7 +64,7 @@ class Repeat:
 def _workload_file(name: str, seed: int, folder: Path) -> Path:
     spec = load_workload(name).model_copy(update={"seed": seed})
     path = folder / f"{spec.name}-seed{seed}.yaml"
-    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)), "utf-8")
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_unset=True)), "utf-8")
     return path
 
 
