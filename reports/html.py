@@ -840,7 +840,7 @@ def _latency_section(data: RunData) -> dict[str, Any]:
         if level is None:
             notes.append(f"{label}: no measured level")
             return
-        lat = level_latencies(rebase(level.dir, base), data.time_scale)
+        lat = level_latencies(rebase(level.dir, base), level.time_scale or data.time_scale)
         if lat is None:
             notes.append(f"{label}: no request records in {rebase(level.dir, base).name}")
         else:
@@ -1104,6 +1104,8 @@ def _prompt_part(level: LevelEvidence) -> EvidencePart:
 
 
 def _level_verdict(lv: LevelRecord) -> tuple[str, str]:
+    if lv.unmeasurable and lv.client is not None:  # neither a hold nor a break
+        return f"unmeasurable: {lv.client.summary()}", DEFAULT_COLOR
     if lv.met:
         return "met the SLOs", VERDICT_COLORS[Verdict.MET]
     if lv.failed_by_backlog:
@@ -1124,7 +1126,8 @@ def _steady_state(data: RunData) -> list[TrialEvidenceView]:
         levels = []
         for lv, level in zip(ev.levels, level_evidence(t.dir, ev), strict=True):
             verdict, color = _level_verdict(lv)
-            chart = level_timeline(f"level-{t.number}-{level.index}", level, data.time_scale)
+            scale = lv.time_scale or data.time_scale  # a level measured again: its own clock
+            chart = level_timeline(f"level-{t.number}-{level.index}", level, scale)
             levels.append(
                 LevelEvidenceView(
                     title=f"Rate {level.index + 1}: {lv.rate_per_s:.2f} {unit}",

@@ -186,6 +186,9 @@ SHARE_WAIT_S = 30.0
 DONE_WAIT_S = 30.0
 LATE_WARNING_S = 0.01
 GO_POLL_S = 0.01  # how often a ready process looks for TUNER_GO_FILE
+# The event loop's probe: a timer this often, whose lateness is how long anything ready
+# (a token's bytes, a send time) waited for the loop (``loop_delay_*`` in the stats).
+LOOP_PROBE_S = 0.05
 SEGMENT_POLL_S = 0.1  # a chained run: how often the dispatcher looks for segments and snapshots
 SEGMENT_LINES_AT_ONCE = 20  # a segment's schedule lines parsed between two yields
 _TIMESPEC = struct.Struct("@ll")  # struct timespec: tv_sec, tv_nsec
@@ -536,6 +539,8 @@ class Dispatcher:
         self.read_delays_s: list[float] = []  # token event: read by this process - arrived
         self.token_events = 0
         self.coalesced_events = 0
+        self.loop_delays_s: list[float] = []  # the loop probe's lateness (_probe_loop)
+        self.probe: gevent.Greenlet[Any, Any] | None = None
         self.counts = {
             "sent": 0,
             "cap_hits": 0,
@@ -598,6 +603,7 @@ class Dispatcher:
             gevent.sleep(delay)
         self.cpu_start_s = time.process_time()
         self.wall_start_s = time.time()
+        self.probe = gevent.spawn(self._probe_loop)
         log.info(
             "%s: sending %d requests (%d open loop, %d after the answer they extend)",
             settings.worker,
@@ -803,6 +809,18 @@ class Dispatcher:
             self.counts["turns_after_window"] += 1
             self.outstanding -= 1
             dropped.extend(self.followers.get(request.request_id, ()))
+
+    def _probe_loop(self) -> None:
+        """Measure the event loop's delay: a timer every ``LOOP_PROBE_S`` and how late it
+        fires (the timer's own resolution, about a millisecond, included). A loop busy
+        reading streams, encoding bodies or collecting garbage is late for everything
+        ready meanwhile: token bytes read late, requests sent late. It costs twenty
+        wake-ups a second."""
+        delays = self.loop_delays_s
+        while True:
+            due = time.perf_counter() + LOOP_PROBE_S
+            gevent.sleep(LOOP_PROBE_S)
+            delays.append(max(time.perf_counter() - due, 0.0))
 
     def _sleep_until(self, when_s: float) -> None:
         """Wake at ``when_s`` to well under a millisecond.
@@ -1078,12 +1096,14 @@ class Dispatcher:
             return
         self.finished = True
         settings = self.settings
+        if self.probe is not None and self.probe is not gevent.getcurrent():
+            self.probe.kill(block=False)
         stats = self._stats()
         self.client.close()
         self.sink.finish(stats)
         log.info(
             "%s: %d sent, %d completed, %d failed, %d cap hits, %d turns after the window; "
-            "CPU %.0f%%, lag p99 %s ms",
+            "CPU %.0f%%, lag p99 %s ms, event-loop delay p99 %s ms",
             settings.worker,
             stats.sent,
             stats.completed,
@@ -1092,6 +1112,7 @@ class Dispatcher:
             stats.turns_after_window,
             stats.cpu_percent,
             "-" if stats.send_lag_p99_ms is None else f"{stats.send_lag_p99_ms:.2f}",
+            "-" if stats.loop_delay_p99_ms is None else f"{stats.loop_delay_p99_ms:.2f}",
         )
 
     def _stats(self) -> WorkerStats:
@@ -1128,6 +1149,9 @@ class Dispatcher:
             coalesced_events=self.coalesced_events,
             read_delay_p50_ms=_percentile_ms(self.read_delays_s, 50),
             read_delay_p99_ms=_percentile_ms(self.read_delays_s, 99),
+            loop_delay_p50_ms=_percentile_ms(self.loop_delays_s, 50),
+            loop_delay_p99_ms=_percentile_ms(self.loop_delays_s, 99),
+            loop_delay_max_ms=1000 * max(self.loop_delays_s) if self.loop_delays_s else None,
         )
 
 

@@ -66,6 +66,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from workloads.client_lag import judge_client
 from workloads.load_errors import LoadConfigError, LoadGeneratorError
 from workloads.schedule import (
     Api,
@@ -83,10 +84,6 @@ PROJECT_ROOT = LOCUSTFILE.parent.parent
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 DEFAULT_MAX_IN_FLIGHT = 4096
-# A client is saturated (its measurements are not to be trusted) above these.
-SATURATION_CPU_PERCENT = 75.0  # of one core, per Locust process
-SATURATION_LAG_P99_MS = 10.0
-SATURATION_COALESCED_PERCENT = 1.0  # of token events, whose gaps read as 0
 # Time from launch to offset 0 of the schedule: Locust imports (about 1 s), forks its
 # workers and connects them to the master before the test starts. The latest start: local
 # processes say when they are ready (`ready_path`), and once all have, offset 0 is moved
@@ -219,6 +216,11 @@ class WorkerStats(BaseModel):
     # With kernel stamps: how long token bytes waited before this process read them.
     read_delay_p50_ms: float | None = None
     read_delay_p99_ms: float | None = None
+    # How late a periodic timer of this process's event loop fired (every
+    # LOOP_PROBE_S): how long a token or an answer waited for the loop to be read.
+    loop_delay_p50_ms: float | None = None
+    loop_delay_p99_ms: float | None = None
+    loop_delay_max_ms: float | None = None
     # Later turns due at or after TUNER_TURNS_UNTIL_S: neither sent nor recorded.
     turns_after_window: int = 0
     # A chained run: requests withdrawn by a later segment, neither sent nor recorded.
@@ -620,26 +622,10 @@ def latest_send_s(
 
 
 def client_saturation(workers: Sequence[WorkerStats]) -> tuple[bool, str | None]:
-    """Whether any Locust process was too busy to keep the schedule, and why."""
-    reasons: list[str] = []
-    for worker in workers:
-        if worker.cpu_percent > SATURATION_CPU_PERCENT:
-            reasons.append(
-                f"{worker.worker} used {worker.cpu_percent:.0f}% of a core "
-                f"(> {SATURATION_CPU_PERCENT:.0f}%)"
-            )
-        if worker.send_lag_p99_ms is not None and worker.send_lag_p99_ms > SATURATION_LAG_P99_MS:
-            reasons.append(
-                f"{worker.worker} send lag p99 {worker.send_lag_p99_ms:.1f} ms "
-                f"(> {SATURATION_LAG_P99_MS:.0f} ms)"
-            )
-        coalesced = 100 * worker.coalesced_events / max(worker.token_events, 1)
-        if coalesced > SATURATION_COALESCED_PERCENT:
-            reasons.append(
-                f"{worker.worker} read {coalesced:.1f}% of token events a whole token late "
-                f"(> {SATURATION_COALESCED_PERCENT:.0f}%)"
-            )
-    return bool(reasons), "; ".join(reasons) or None
+    """Whether any Locust process lagged past the stated bounds, and why
+    (``workloads.client_lag``)."""
+    lag = judge_client(workers)
+    return lag.lagged, lag.reason
 
 
 def _connected_count(path: Path) -> int:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tuner.serving.live_server import LiveServer
+from tuner.serving.load import LOCAL_LOAD, LoadGenerators
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec, free_port
 from tuner.vllm.memory import ServingParams
@@ -106,9 +107,12 @@ def start_sim(args: tuple[str, ...], log_path: Path) -> SimServer:
 
 
 @contextmanager
-def live_sim(base: Path, params: ServingParams, *, gpu: str = "L4") -> Iterator[LiveServer]:
+def live_sim(
+    base: Path, params: ServingParams, *, gpu: str = "L4", generators: LoadGenerators = LOCAL_LOAD
+) -> Iterator[LiveServer]:
     """A READY ``LiveServer`` on the simulated engine (llama-3.1-8b) under ``base``, as the
-    rate search holds one: its children in their own registry, stopped on exit."""
+    rate search holds one: its children in their own registry, stopped on exit; its load
+    sent by ``generators``."""
     launch = LaunchSpec(
         backend=Backend.SIM, model="llama-3.1-8b", gpu=gpu, params=params,
         cache_dir=base / "cache", sim_startup_delay_s=0.1,
@@ -116,7 +120,9 @@ def live_sim(base: Path, params: ServingParams, *, gpu: str = "L4") -> Iterator[
     registry = ChildRegistry(base)
     with (
         registry.guard(),
-        LiveServer(launch, trial_dir=base / "trial", registry=registry) as server,
+        LiveServer(
+            launch, trial_dir=base / "trial", registry=registry, generators=generators
+        ) as server,
     ):
         assert server.ready, server.startup
         yield server

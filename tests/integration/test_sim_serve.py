@@ -317,6 +317,30 @@ def test_block_size_outside_the_version_choices_is_rejected(launch: Launch) -> N
     )
 
 
+def test_the_clock_slows_while_the_server_runs(launch: Launch) -> None:
+    """``POST /sim/time-scale``: the same request's tokens come K times slower from then on,
+    and every response says the new scale (how the tuner gives a lagging client room)."""
+    server = launch(*SMALL)
+
+    def token_span_s(request_id: str) -> float:
+        body = {"prompt": words(30), "max_tokens": 40, "ignore_eos": True}
+        headers = {"X-Request-Id": request_id}
+        resp = httpx.post(f"{server.url}/v1/completions", json=body, headers=headers, timeout=30)
+        assert resp.status_code == 200
+        truth = httpx.get(f"{server.url}/sim/requests", timeout=5).json()["requests"]
+        (timing,) = [t for t in truth if t["request_id"] == request_id]
+        return float(timing["generated_s"][-1] - timing["generated_s"][0])
+
+    before = token_span_s("at-1")
+    bad = httpx.post(f"{server.url}/sim/time-scale", json={"time_scale": 0}, timeout=5)
+    assert bad.status_code == 400 and "time_scale" in bad.text
+    resp = httpx.post(f"{server.url}/sim/time-scale", json={"time_scale": 4}, timeout=5)
+    assert resp.json() == {"time_scale": 4.0, "was": 1.0}
+    assert resp.headers["x-sim-time-scale"] == "4.0"
+    assert httpx.get(f"{server.url}/sim/gpu", timeout=5).json()["time_scale"] == 4.0
+    assert token_span_s("at-4") == pytest.approx(4 * before, rel=0.3)
+
+
 def test_sigterm_stops_the_server_cleanly(launch: Launch) -> None:
     server = launch(*SMALL)
     os.killpg(server.proc.pid, signal.SIGTERM)

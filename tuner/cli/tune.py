@@ -114,6 +114,18 @@ def add_parser(sub: Any) -> None:
         "the Service switched when it is Ready)",
     )
     p.add_argument("--processes", type=int, help="Locust processes generating the load")
+    p.add_argument(
+        "--client-lag-ms",
+        type=float,
+        help="a level whose load generator's send lag or event-loop delay p99 passes this "
+        "does not count and is measured again (default 10)",
+    )
+    p.add_argument(
+        "--client-retries",
+        type=int,
+        help="measurements again of a level whose load generator lagged: with more "
+        "processes, or on the simulated engine a slower clock (default 2)",
+    )
     add_remote_load_args(p, default_workers=None)
     p.add_argument("--gpu-source", help="nvml, sim, none or auto")
     p.add_argument(
@@ -152,7 +164,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "sim_step_costs", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
         "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "rollout", "processes",
-        "load_workers", "load_master_bind",
+        "load_workers", "load_master_bind", "client_lag_ms", "client_retries",
         "gpu_source", "time_scale", "stream_fraction",
     )  # fmt: skip
     values: dict[str, Any] = {name: getattr(args, name) for name in fields}

@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from tuner.errors import ConfigError
+from tuner.serving.client_lag import DEFAULT_RETRIES, ClientRule
 from tuner.serving.load import LoadGenerators
 from tuner.sim.timing import TimingFactors
+from workloads.client_lag import MAX_SEND_LAG_P99_MS, ClientBounds
 from workloads.slo import Slo
 
 
@@ -125,6 +127,12 @@ class TuneConfig(BaseModel):
     processes: int = Field(default=1, ge=0)  # Locust processes here (0: all on load hosts)
     load_workers: int = Field(default=0, ge=0)  # Locust workers on load hosts (tuner load-worker)
     load_master_bind: str | None = None  # HOST:PORT the Locust master listens on for them
+    # A level whose load generator lagged past this (send lag and event-loop delay p99 of
+    # any process, ms) does not count; it is measured again with more processes or, on
+    # the simulated engine, a slower clock, at most client_retries times
+    # (tuner.serving.client_lag).
+    client_lag_ms: float = Field(default=MAX_SEND_LAG_P99_MS, gt=0)
+    client_retries: int = Field(default=DEFAULT_RETRIES, ge=0)
     gpu_source: str = "auto"
     time_scale: float | None = Field(default=None, gt=0)  # sim: slower clock; None: automatic
     max_events_per_s: float = Field(default=5000.0, gt=0)  # auto time scale keeps below this
@@ -157,10 +165,14 @@ class TuneConfig(BaseModel):
 
     def load_generators(self) -> LoadGenerators:
         """Who sends the load (ConfigError when the three settings do not go together)."""
+        bounds = ClientBounds(
+            send_lag_p99_ms=self.client_lag_ms, loop_delay_p99_ms=self.client_lag_ms
+        )
         return LoadGenerators(
             processes=self.processes,
             remote_workers=self.load_workers,
             master_bind=self.load_master_bind,
+            client_rule=ClientRule(bounds=bounds, retries=self.client_retries),
         )
 
     @field_validator("study")

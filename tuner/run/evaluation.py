@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from tuner.run.goodput import CapacityInterval, Goodput, GoodputBound, GoodputUnit
 from tuner.run.layout import evaluation_json
 from tuner.serving.backlog import BacklogCheck
+from tuner.serving.client_lag import LevelClient
 from tuner.serving.gpu_sampler import GpuSummary
 from tuner.serving.live_server import KvFill
 from tuner.serving.server import TrialOutcome
@@ -50,6 +51,10 @@ class LevelRecord(BaseModel):
     num_preemptions: int | None
     max_kv_cache_usage: float | None
     prefix_cache_hit_rate: float | None
+    # The level's load generator: its lag per process and the verdict against the bounds,
+    # how the load was generated, the attempts set aside because it lagged
+    # (tuner.serving.client_lag; also the level's client.json). None: written before it was.
+    client: LevelClient | None = None
     backlog: BacklogCheck | None = None  # the backlog guard's trends (tuner.serving.backlog)
     stopped_by_backlog: bool = False
     # The share of resamples of the window's requests that meet the SLO
@@ -76,6 +81,17 @@ class LevelRecord(BaseModel):
         if self.met or (self.window_met and not self.stopped_early):
             return self.hold_share * kv
         return min(self.hold_share, 0.5) * kv
+
+    @property
+    def unmeasurable(self) -> bool:
+        """Its client lagged in every attempt: neither a hold nor a break."""
+        return self.client is not None and self.client.unmeasurable
+
+    @property
+    def time_scale(self) -> float | None:
+        """The simulated clock's scale this level was measured at (None: not recorded; the
+        run's, ``Evaluation.time_scale``). A level measured again may have a slower one."""
+        return None if self.client is None else self.client.setup.time_scale
 
     @property
     def failed_by_backlog(self) -> bool:
@@ -151,6 +167,26 @@ class Evaluation(BaseModel):
         level = min(failed, key=lambda s: s.rate_per_s)
         assert level.backlog is not None
         return f"{level.backlog.summary()} at {level.rate_per_s:.2f}/s"
+
+    @property
+    def client_note(self) -> str | None:
+        """What the load generator did to the levels: those it could not keep up with,
+        e.g. ``unmeasurable at 8.00/s: the client could not keep up: ...``, else how many
+        were measured again (None when it kept up everywhere the first time)."""
+        lost = [lv for lv in self.levels if lv.unmeasurable and lv.client is not None]
+        if lost:
+            return "; ".join(
+                f"unmeasurable at {lv.rate_per_s:.2f}/s: {lv.client.summary()}"
+                for lv in lost
+                if lv.client is not None
+            )
+        again = [lv for lv in self.levels if lv.client is not None and lv.client.remeasured]
+        if not again:
+            return None
+        last = again[-1].client
+        assert last is not None
+        rates = ", ".join(f"{lv.rate_per_s:.2f}/s" for lv in again)
+        return f"measured again as the client lagged at {rates} (now {last.setup.describe()})"
 
     def write(self) -> None:
         evaluation_json(self.dir).write_text(self.model_dump_json(indent=2), "utf-8")

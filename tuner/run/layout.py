@@ -10,7 +10,8 @@ read what an older one wrote. ``RunLayout`` names each path once::
     <run>/summary.json                  how it ended (written when it ends)
     <run>/report.html                   the report (``tuner report`` rebuilds it)
     <run>/trials/<nnn>/                 one trial: evaluation.json, startup and load evidence
-    <run>/trials/<nnn>/level-<i>/       one measured rate: window.json, backlog.json, ...
+    <run>/trials/<nnn>/level-<i>/       one measured rate: window.json, backlog.json, client.json, ...
+    <run>/trials/<nnn>/level-<i>/lagged-<k>/  an attempt at it whose load generator lagged
     <run>/edge/edge.json                the out-of-memory edge search
     <run>/confirm/<variant>[-<k>]/      the confirmation runs of the recommended variants
     <run>/recommendation/               recommendation.json and the deployable configs
@@ -43,6 +44,7 @@ RECOMMENDATION_DIR = "recommendation"
 RECOMMENDATION_JSON = "recommendation.json"
 WINDOW_JSON = "window.json"  # in a level's directory: when its window opened
 BACKLOG_JSON = "backlog.json"  # in a level's directory: the backlog guard's verdict
+CLIENT_JSON = "client.json"  # in a level's directory: its load generator's lag, every attempt
 PROMPT_LENGTHS_FILE = "prompt_lengths.json"  # in a level's directory: against the stationary ones
 TWIN_JSON = "twin.json"  # the twin's timing factors and every fit that led to them
 LANDSCAPE_JSON = "landscape.json"  # the twin's goodput for every setting of the space
@@ -55,6 +57,12 @@ PARALLELISM_JSON = "parallelism.json"  # each tensor-parallel size's best server
 def level_name(index: int) -> str:
     """A level's directory name inside its trial's: ``level-<i>``."""
     return f"level-{index}"
+
+
+def lagged_attempt_name(attempt: int) -> str:
+    """Inside a level's directory: attempt ``attempt`` at it, set aside because its load
+    generator lagged (``lagged-<k>``)."""
+    return f"lagged-{attempt}"
 
 
 def confirm_name(variant: str, repeat: int | None = None) -> str:

@@ -168,6 +168,8 @@ def evaluate(
     evaluation.write()
     if evaluation.backlog_note:
         log.info("%s: %s", out_dir, evaluation.backlog_note)
+    if evaluation.client_note:
+        log.info("%s: %s", out_dir, evaluation.client_note)
     return evaluation
 
 
@@ -183,6 +185,7 @@ def _evaluation(
 ) -> Evaluation:
     levels = [_summary(level.rate_per_s, level.met, level.measurement) for level in search.levels] if search else []  # fmt: skip
     best = next((s for s in levels if search and search.best and s.dir == search.best.measurement.out_dir), None)  # fmt: skip
+    counted = [level for level in levels if not level.unmeasurable]  # the client kept up
     failure = startup.failure
     excerpt = startup.log_excerpt
     note = startup.note
@@ -222,7 +225,7 @@ def _evaluation(
         rate_per_s=search.best.rate_per_s if search and search.best else None,
         throughput=figures.output_tokens_per_s,
         goodput_figures=figures,
-        capacity_interval=capacity_interval(levels, best) if levels else None,
+        capacity_interval=capacity_interval(counted, best) if counted else None,
         best=best,
         levels=levels,
         gpu=live.gpu,
@@ -249,4 +252,5 @@ def _summary(rate: float, met: bool, m: LoadMeasurement) -> LevelRecord:
         backlog=m.backlog,
         stopped_by_backlog=m.stopped_by_backlog,
         hold_share=m.slo.hold_share,
+        client=m.client,
     )

@@ -56,6 +56,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
+from tuner.search.client_retry import measure_with_honest_client
 from tuner.search.level_evidence import write_level_evidence
 from tuner.serving.bracket import RateBracket
 from tuner.serving.level_schedule import CarryOn, drain_s, plan_level_schedule
@@ -87,6 +88,13 @@ class RateLevel(BaseModel):
     rate_per_s: float  # the workload's arrival rate at this level
     met: bool
     measurement: LoadMeasurement
+
+    @property
+    def unmeasurable(self) -> bool:
+        """Its client lagged in every attempt (``tuner.search.client_retry``): neither a
+        hold nor a break; the search treats it as missing."""
+        client = self.measurement.client
+        return client is not None and client.unmeasurable
 
 
 class RateSearch(BaseModel):
@@ -152,7 +160,10 @@ class RateSearch(BaseModel):
         best = self.best
         if best is None:
             return GoodputBound.NONE
-        broke_above = any(not lv.met and lv.rate_per_s > best.rate_per_s for lv in self.levels)
+        broke_above = any(
+            not lv.met and not lv.unmeasurable and lv.rate_per_s > best.rate_per_s
+            for lv in self.levels
+        )
         return GoodputBound.BRACKETED if broke_above else GoodputBound.LOWER_BOUND
 
 
@@ -280,13 +291,37 @@ def bracket(levels: list[RateLevel]) -> tuple[RateLevel | None, RateLevel | None
     """The best level that held, and the lowest level above it that broke (or killed the
     engine); with no level held, the lowest level that broke (``RateBracket``'s ends)."""
     rates = _rates(levels, 0.0)
-    low = next((lv for lv in levels if lv.met and lv.rate_per_s == rates.low), None)
-    high = next((lv for lv in levels if not lv.met and lv.rate_per_s == rates.high), None)
+    counted = [lv for lv in levels if not lv.unmeasurable]
+    low = next((lv for lv in counted if lv.met and lv.rate_per_s == rates.low), None)
+    high = next((lv for lv in counted if not lv.met and lv.rate_per_s == rates.high), None)
     return low, high
 
 
 def _rates(levels: list[RateLevel], precision: float) -> RateBracket:
-    return RateBracket(precision, [(lv.rate_per_s, lv.met) for lv in levels])
+    """The bracket of the levels that count (an unmeasurable level is missing)."""
+    return RateBracket(precision, [(lv.rate_per_s, lv.met) for lv in levels if not lv.unmeasurable])
+
+
+def client_ceiling(levels: list[RateLevel]) -> float | None:
+    """The lowest rate its client could not keep up with (None: it kept up everywhere): a
+    higher rate asks more of it, so the search measures only below it."""
+    return min((lv.rate_per_s for lv in levels if lv.unmeasurable), default=None)
+
+
+def _next_rate(
+    levels: list[RateLevel], precision: float, *, up: float, down: float
+) -> float | None:
+    """The bracket's next rate over the levels that count (``RateBracket.next_rate``), kept
+    below the lowest rate the client could not keep up with (``client_ceiling``): None
+    where it would reach it; with no level counted yet, a step down from it."""
+    rates = _rates(levels, precision)
+    ceiling = client_ceiling(levels)
+    if not rates.tried:
+        return None if ceiling is None else ceiling / MAX_STEP
+    rate = rates.next_rate(up=up, down=down)
+    if rate is None or (ceiling is not None and rate >= ceiling):
+        return None
+    return rate
 
 
 def climb_step(spec: WorkloadSpec, m: LoadMeasurement, growth: float) -> float:
@@ -400,25 +435,15 @@ def search_rate(
             rate = predicted_rate_per_s / math.sqrt(1.0 + precision)
     died = False
     runs = _ChainedRuns(chain, out_dir)
+    knobs = _LevelKnobs(
+        window_s=level_duration_s, warmup_s=warmup_s, window_max_s=level_max_duration_s,
+        model_dir=model_dir, answer_times=predicted_answer_times,
+    )  # fmt: skip
     try:
         for index in range(1 if closed else max_levels):
-            level_chain, carry_on = runs.for_level(index, levels, rate)
-            level_spec, plan, schedule = plan_level_schedule(
-                spec, rate, window_s=level_duration_s, warmup_s=warmup_s,
-                window_max_s=level_max_duration_s,
-                correlation_floor_s=correlation_floor(levels, rate),
-                max_model_len=live.launch.params.max_model_len, model_dir=model_dir,
-                answer_times=nearest_answer_times(levels, rate, predicted_answer_times),
-                carry_on=carry_on,
-                bridge_s=drain_s(spec) + BRIDGE_S if level_chain is not None else 0.0,
-            )  # fmt: skip
-            if level_chain is not None and carry_on is not None and rate:
-                level_chain.keep_under_way = carry_on.keep_under_way(rate)
-            m = live.measure(
-                level_spec, schedule, out_dir=out_dir / f"level-{index}",
-                stop_when=stop_rule(level_spec, planned_requests(plan, schedule), live.time_scale),
-                drain_s=drain_s(level_spec), level=plan, chain=level_chain,
-            )  # fmt: skip
+            one = _OneLevel(live, spec, rate, index=index, levels=levels, runs=runs, knobs=knobs)
+            m = measure_with_honest_client(live, one.measure, out_dir / f"level-{index}")
+            level_spec, schedule = one.level_spec, one.schedule
             runs.sent(schedule, clean=ends_clean(m))
             level = _record_level(index, rate, m, runs.requests(schedule), level_spec, model_dir)
             levels.append(level)
@@ -437,7 +462,7 @@ def search_rate(
             down = descent_step(spec, high.measurement, growth) if high is not None else 1.0
             if start_held and index == 0 and low is None:
                 down = growth  # the next break steps down by its own evidence
-            rate = _rates(levels, precision).next_rate(up=up, down=down)
+            rate = _next_rate(levels, precision, up=up, down=down)
             if rate is None:
                 break
     finally:
@@ -447,6 +472,55 @@ def search_rate(
         levels=tuple(levels), best=low, broken_rate_per_s=high.rate_per_s if high else None,
         died=died,
     )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _LevelKnobs:
+    """What plans every level of a search alike (``search_rate``'s arguments)."""
+
+    window_s: float | None
+    warmup_s: float | None
+    window_max_s: float | None
+    model_dir: Path | None
+    answer_times: AnswerTimes | None
+
+
+class _OneLevel:
+    """Plans and measures level ``index`` of a search at ``rate``; ``measure(again=True)``
+    measures it again as a run of its own, from an empty server (its client lagged,
+    ``tuner.search.client_retry``): the chained run, if any, is closed and the level
+    planned without carrying on from the one before."""
+
+    def __init__(
+        self, live: LevelServer, spec: WorkloadSpec, rate: float | None, *, index: int,
+        levels: list[RateLevel], runs: _ChainedRuns, knobs: _LevelKnobs,
+    ) -> None:  # fmt: skip
+        self.live, self.spec, self.rate, self.index = live, spec, rate, index
+        self.levels, self.runs, self.knobs = levels, runs, knobs
+        self.level_spec = spec
+        self.schedule: list[ScheduledRequest] = []
+
+    def measure(self, again: bool) -> LoadMeasurement:
+        live, spec, rate, levels, k = self.live, self.spec, self.rate, self.levels, self.knobs
+        if again:
+            self.runs.close()
+        level_chain, carry_on = self.runs.for_level(self.index, levels, rate, fresh=again)
+        level_spec, plan, schedule = plan_level_schedule(
+            spec, rate, window_s=k.window_s, warmup_s=k.warmup_s, window_max_s=k.window_max_s,
+            correlation_floor_s=correlation_floor(levels, rate),
+            max_model_len=live.launch.params.max_model_len, model_dir=k.model_dir,
+            answer_times=nearest_answer_times(levels, rate, k.answer_times),
+            carry_on=carry_on,
+            bridge_s=drain_s(spec) + BRIDGE_S if level_chain is not None else 0.0,
+        )  # fmt: skip
+        if level_chain is not None and carry_on is not None and rate:
+            level_chain.keep_under_way = carry_on.keep_under_way(rate)
+        self.level_spec, self.schedule = level_spec, schedule
+        return live.measure(
+            level_spec, schedule, out_dir=self.runs.out_dir / f"level-{self.index}",
+            stop_when=stop_rule(level_spec, planned_requests(plan, schedule), live.time_scale),
+            drain_s=drain_s(level_spec), level=plan, chain=level_chain,
+        )  # fmt: skip
 
 
 class _ChainedRuns:
@@ -463,11 +537,12 @@ class _ChainedRuns:
         self.sent_on_run: dict[str, ScheduledRequest] = {}
 
     def for_level(
-        self, index: int, levels: list[RateLevel], rate: float | None
+        self, index: int, levels: list[RateLevel], rate: float | None, *, fresh: bool = False
     ) -> tuple[LevelChain | None, CarryOn | None]:
         """The run level ``index`` goes on, and how it carries on from the level before
-        (None: it opens the run, from an empty server)."""
-        if self.make is None or rate is None:
+        (None: it opens the run, from an empty server); ``fresh``: a run of its own, not
+        chained (a level measured again because its client lagged)."""
+        if self.make is None or rate is None or fresh:
             return None, None
         if self.current is not None and self.carry and levels:
             return self.current, CarryOn(
@@ -521,4 +596,6 @@ def _record_level(
     write_level_evidence(
         Path(m.out_dir), measured, level_spec, prompt_builder=prompt_builder_for(model_dir)
     )
-    return RateLevel(index=index, rate_per_s=rate or 0.0, met=level_met(m), measurement=m)
+    # A level its client could not keep up with counts neither way (``RateLevel.unmeasurable``).
+    met = level_met(m) and not (m.client is not None and m.client.unmeasurable)
+    return RateLevel(index=index, rate_per_s=rate or 0.0, met=met, measurement=m)

@@ -24,9 +24,13 @@ server's /metrics counters describe the same requests.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
+import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.errors import WorkloadLoadError
 from tuner.run.layout import BACKLOG_JSON
 from tuner.serving.backlog import BacklogCheck, check_backlog, clearly_growing
+from tuner.serving.client_lag import ClientChange, ClientRule, ClientSetup, LevelClient, plan_remedy
 from tuner.serving.gpu_sampler import (
     GpuSampler,
     GpuSourceKind,
@@ -77,9 +82,10 @@ from tuner.serving.window import (
     window_closes,
 )
 from workloads.chain import LoadChain, Snapshot
+from workloads.client_lag import judge_client
 from workloads.load_errors import LoadConfigError, LoadGeneratorError
 from workloads.load_result import LoadResult
-from workloads.runner import client_saturation
+from workloads.runner import WorkerStats
 from workloads.schedule import (
     RequestRecord,
     ScheduledRequest,
@@ -117,8 +123,11 @@ class LoadMeasurement(BaseModel):
     slo: SloVerdict
     server: ServerCounters | None = None
     death: StartupResult | None = None
-    client_saturated: bool = False
+    client_saturated: bool = False  # the client lagged past its bounds (``client``)
     client_saturation_reason: str | None = None
+    # The load generator's lag over the run and its verdict, how the load was generated,
+    # and for a level measured again, the attempts set aside (tuner.serving.client_lag).
+    client: LevelClient | None = None
     stopped_early: bool = False  # by the SLO stop rule
     backlog: BacklogCheck | None = None  # the backlog guard on the window (tuner.serving.backlog)
     stopped_by_backlog: bool = False  # the queue grew clearly: stopped before its window ended
@@ -484,8 +493,7 @@ class LiveServer:
             workload, out_dir, _Ended(
                 records=list(read_records(run.run.records_path)), start_unix_s=run.run.start_at_s,
                 stopped_unix_s=stopped_at, fired=tuple(fired), result=run.result,
-                verdict=run.verdict, saturated=run.run.client_saturated,
-                saturation_reason=run.run.saturation_reason,
+                verdict=run.verdict, workers=run.run.workers,
                 stopped_by_caller=run.run.stopped_by_caller,
             ), before=before, watcher=watcher, peak_kv=peak_kv, window_rule=window_rule,
         )  # fmt: skip
@@ -497,6 +505,41 @@ class LiveServer:
             level, time_scale=self.time_scale, drain_s=drain_s,
             ttft_limit_ms=loosest_ttft_ms(workload), samples=watcher.snapshot, workload=workload,
         )  # fmt: skip
+
+    @property
+    def client_rule(self) -> ClientRule:
+        """The bounds on the load generator's lag and the remedies' limits."""
+        return self.generators.client_rule
+
+    def client_setup(self) -> ClientSetup:
+        """How this server's load is generated now."""
+        g = self.generators
+        return ClientSetup(
+            processes=g.processes, remote_workers=g.remote_workers, time_scale=self.time_scale
+        )
+
+    def client_remedy(self) -> ClientChange | None:
+        """The next remedy for a client that lagged (``tuner.serving.client_lag.plan_remedy``):
+        more local processes, else on the simulated engine a slower clock; None: no more."""
+        return plan_remedy(
+            self.client_rule, self.client_setup(),
+            simulated=self.launch.backend is Backend.SIM, cores=os.cpu_count(),
+        )  # fmt: skip
+
+    def apply_client_change(self, change: ClientChange) -> None:
+        """Generate every following load as ``change.after`` says: the processes, and on the
+        simulated engine its clock (``POST /sim/time-scale``; the server keeps its state)."""
+        after = change.after
+        if after.time_scale != self.time_scale:
+            if self.launch.backend is not Backend.SIM:
+                raise WorkloadLoadError(
+                    f"only the simulated engine's clock can be slowed, not {self.launch.backend.value}'s"
+                )
+            set_sim_time_scale(self.server.base_url, after.time_scale)
+            self.time_scale = after.time_scale
+        if after.processes != self.generators.processes:
+            self.generators = dataclasses.replace(self.generators, processes=after.processes)
+        log.info("%s: the load generator lagged; from now on %s", self.trial_dir, change.describe())
 
     def chain(self, out_dir: Path) -> LoadChain | None:
         """A chained run for a rate search's levels on this server (``workloads.chain``), or
@@ -569,12 +612,10 @@ class LiveServer:
         write_records(out_dir / "requests.jsonl", records)
         peak_kv = watcher.stop()
         watcher.write_csv(out_dir / "metrics.csv")
-        saturated, reason = client_saturation(snapshot.workers)
         return self._conclude(
             workload, out_dir, _Ended(
                 records=records, start_unix_s=start, stopped_unix_s=stopped_at,
-                fired=(str(rule.reason),), saturated=saturated, saturation_reason=reason,
-                stopped_by_caller=True,
+                fired=(str(rule.reason),), workers=snapshot.workers, stopped_by_caller=True,
             ), before=before, watcher=watcher, peak_kv=peak_kv, window_rule=window_rule,
         )  # fmt: skip
 
@@ -619,6 +660,7 @@ class LiveServer:
             workload, watcher.samples, records, window=(window_start, window_end),
             stopped_unix_s=stopped_at, time_scale=k, stopped_by=stopped_by, out_dir=out_dir,
         )  # fmt: skip
+        lag = judge_client(ended.workers, self.client_rule.bounds)
         return LoadMeasurement(
             out_dir=str(out_dir),
             outcome=died.outcome if died is not None else TrialOutcome.READY,
@@ -627,13 +669,31 @@ class LiveServer:
             window=opening,
             server=ServerCounters.between(before, after, peak_kv) if after else None,
             death=died,
-            client_saturated=ended.saturated,
-            client_saturation_reason=ended.saturation_reason,
+            client_saturated=lag.lagged,
+            client_saturation_reason=lag.reason,
+            client=LevelClient(lag=lag, setup=self.client_setup()),
             stopped_early=ended.stopped_by_caller and "slo" in fired,
             backlog=backlog,
             stopped_by_backlog=ended.stopped_by_caller and "backlog" in fired,
             measured_ids=tuple(r.request_id for r in records) if opening is not None else (),
         )
+
+
+def set_sim_time_scale(base_url: str, time_scale: float) -> None:
+    """Set a simulated server's clock (``POST /sim/time-scale``); WorkloadLoadError if it
+    does not answer or refuses."""
+    body = json.dumps({"time_scale": time_scale}).encode()
+    request = urllib.request.Request(
+        base_url.rstrip("/") + "/sim/time-scale", data=body, method="POST",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise WorkloadLoadError(
+            f"the simulated server at {base_url} did not take time scale {time_scale:g}: {exc}"
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -644,8 +704,7 @@ class _Ended:
     start_unix_s: float  # offset 0 of its schedule
     stopped_unix_s: float
     fired: tuple[str, ...]  # the stop rules that ended it ("slo", "backlog", "cut")
-    saturated: bool
-    saturation_reason: str | None
+    workers: tuple[WorkerStats, ...]  # what each load process measured about itself
     stopped_by_caller: bool
     # The whole run summed up (None for a level: its window is, in ``_conclude``).
     result: LoadResult | None = None

@@ -14,12 +14,13 @@ import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError, WorkloadLoadError
+from tuner.serving.client_lag import ClientRule
 from tuner.serving.processes import ChildRegistry
 from workloads.build import build_schedule
 from workloads.load_errors import LoadConfigError, LoadGeneratorError
@@ -53,11 +54,14 @@ FLAG_NAMES = GeneratorNames(
 class LoadGenerators:
     """Who sends the load: ``processes`` Locust processes here and ``remote_workers`` Locust
     workers on load hosts (``tuner load-worker``), which connect to the master at
-    ``master_bind`` (``HOST:PORT``). Checked when made: a bad value is a ConfigError."""
+    ``master_bind`` (``HOST:PORT``). Checked when made: a bad value is a ConfigError.
+    ``client_rule``: the bounds on their lag, and what a level whose client lagged past
+    them is measured again with (``tuner.serving.client_lag``)."""
 
     processes: int = 1
     remote_workers: int = 0
     master_bind: str | None = None
+    client_rule: ClientRule = field(default_factory=ClientRule)
 
     def __post_init__(self) -> None:
         try:

@@ -5,7 +5,9 @@ One ``SimServer`` wraps one SimEngine. Its aiohttp application answers what
 ``/v1/completions``, ``/v1/chat/completions``, ``/metrics``) plus ``/sim/gpu``,
 what NVML would report for the virtual device. The engine runs on the wall clock
 (``driver.EngineDriver``); every response carries ``x-sim-time-scale`` so a client
-can convert what it measured to the virtual GPU's seconds.
+can convert what it measured to the virtual GPU's seconds, and ``POST /sim/time-scale``
+slows (or speeds) that clock while the server runs, for a load generator that could
+not keep up with it.
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ ROUTES: tuple[tuple[str, str], ...] = (
     ("/sim/gpu", "GET"),
     ("/sim/requests", "GET"),
     ("/sim/stall", "POST"),
+    ("/sim/time-scale", "POST"),
 )
+MAX_TIME_SCALE = 1000.0
 
 
 @dataclass(frozen=True)
@@ -257,6 +261,7 @@ class SimServer:
             "/sim/gpu": self.sim_gpu,
             "/sim/requests": self.sim_requests,
             "/sim/stall": self.sim_stall,
+            "/sim/time-scale": self.sim_time_scale,
         }
         for path, method in ROUTES:
             app.router.add_route(method, path, handlers[path])
@@ -283,7 +288,7 @@ class SimServer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _add_headers(self, request: web.Request, response: web.StreamResponse) -> None:
-        response.headers[TIME_SCALE_HEADER] = repr(self.settings.time_scale)
+        response.headers[TIME_SCALE_HEADER] = repr(self.time_scale)
         response.headers["server"] = "uvicorn"
 
     async def _log_stats(self) -> None:
@@ -416,6 +421,27 @@ class SimServer:
         self.driver.stall(seconds)
         return _json({"stalled_s": seconds})
 
+    @property
+    def time_scale(self) -> float:
+        """The clock's scale now: ``--time-scale``, or what ``/sim/time-scale`` set since."""
+        return self._driver.time_scale if self._driver is not None else self.settings.time_scale
+
+    async def sim_time_scale(self, request: web.Request) -> web.Response:
+        """Run the clock ``time_scale`` times slower than the virtual GPU from now on
+        (``EngineDriver.set_time_scale``: the engine's time goes on from where it is)."""
+        try:
+            scale = float((await request.json()).get("time_scale", 0))
+        except (ValueError, TypeError, AttributeError):
+            scale = -1.0
+        if not 0 < scale <= MAX_TIME_SCALE:
+            return _json(
+                ApiError(400, f"time_scale must be in (0, {MAX_TIME_SCALE:g}]").body(), status=400
+            )
+        before = self.driver.time_scale
+        self.driver.set_time_scale(scale)
+        log.info("sim: clock time scale %g -> %g", before, scale)
+        return _json({"time_scale": scale, "was": before})
+
     async def sim_gpu(self, request: web.Request) -> web.Response:
         return _json(self.gpu_report().model_dump())
 
@@ -433,7 +459,7 @@ class SimServer:
             process_pid=os.getpid(),
             process_used_bytes=used,
             kv_cache_usage=self.engine.pool.usage,
-            time_scale=self.settings.time_scale,
+            time_scale=self.time_scale,
             clock_lag_s=round(self.driver.lag_s, 4),
         )
 

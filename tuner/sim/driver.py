@@ -153,6 +153,15 @@ class EngineDriver:
         """The engine's clock: virtual seconds since the server started."""
         return (self._loop.time() - self._t0) / self.time_scale
 
+    def set_time_scale(self, time_scale: float) -> None:
+        """Run the clock ``time_scale`` times slower than the virtual GPU from now on. The
+        engine's time goes on from where it is (no jump), and a timeline that had fallen
+        behind the wall clock starts again from now: steps already made keep their times."""
+        now = self.wall_s()
+        self._timeline_s = max(self._timeline_s, now)
+        self._t0 = now - (now - self._t0) * time_scale / self.time_scale
+        self.time_scale = time_scale
+
     @property
     def dead(self) -> str | None:
         return self.engine.dead

@@ -49,12 +49,16 @@ def trial_line(study: Study, number: int, ev: Evaluation, *, deadline_s: float) 
         what += f"  p99 TTFT {ev.p99_ttft_ms or 0:,.0f} ms"
     elif ev.failure is not None or ev.verdict in (Verdict.STARTUP_FAILED, Verdict.DIED):
         what = did_not_serve(ev)
+    elif ev.levels and all(lv.unmeasurable for lv in ev.levels):
+        what = "no rate measurable: the client could not keep up"
     else:
         what = ev.backlog_note or "SLO missed at every rate"
-    return (
+    line = (
         f"trial {number:>3}  {ev.params.short():<52} {ev.verdict.value:<14} {what:<44} "
         f"{best_text}  {left / 60:4.1f} min left"
     )
+    # the levels its load generator could not keep up with are missing from the goodput
+    return line if ev.client_note is None else f"{line}\n{'':>9}client: {ev.client_note}"
 
 
 def did_not_serve(ev: Evaluation) -> str:

@@ -173,14 +173,17 @@ class TrialTwin:
         step's cost changes by seconds)."""
         trial_dir = RunLayout(self.ctx.run_dir).trial_dir(number)
         held = {Path(lv.dir).name for lv in ev.levels if lv.met}
-        paths = sorted(trial_dir.glob("level-*"))
+        # a level its client could not keep up with measured the client, not the server
+        scales = {Path(lv.dir).name: lv.time_scale for lv in ev.levels if not lv.unmeasurable}
+        paths = [p for p in sorted(trial_dir.glob("level-*")) if p.name in scales]
         paths = [p for p in paths if p.name in held] or paths
         twin = self.ctx.twin
         serving = params.serving(twin[1] if twin is not None else self.ctx.base)
         return [
             replace(level, params=serving)
             for path in paths
-            if (level := read_level(path, time_scale=setup.time_scale)) is not None
+            if (level := read_level(path, time_scale=scales[path.name] or setup.time_scale))
+            is not None
         ]
 
     def _fit_levels(

@@ -1,0 +1,88 @@
+"""A level whose load generator lagged does not count: it is measured again, on its own.
+
+The rule and its remedies are ``tuner.serving.client_lag``'s. Here one level of a rate
+search is measured, and while its client lagged past the bounds and a remedy is left
+(at most ``ClientRule.retries`` times): the attempt's evidence is set aside in
+``level-<i>/lagged-<k>/``, the server's client gets more room (more load processes, or
+the simulated engine's clock slower) and the level is measured again as a run of its
+own, from an empty server. ``level-<i>/`` then holds the attempt that counts, and its
+``client.json`` (``LevelClient``) every attempt's lag and what changed after it. A level
+still lagging after the last attempt is unmeasurable: the search treats it as missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from tuner.run.layout import CLIENT_JSON, lagged_attempt_name
+from tuner.serving.client_lag import ClientAttempt, ClientScaling, LevelClient
+from tuner.serving.live_server import LoadMeasurement
+from tuner.serving.server import TrialOutcome
+
+log = logging.getLogger(__name__)
+
+LAGGED_PREFIX = lagged_attempt_name(0).removesuffix("0")
+
+
+def measure_with_honest_client(
+    server: object, measure: Callable[[bool], LoadMeasurement], level_dir: Path
+) -> LoadMeasurement:
+    """Measure a level with ``measure(again)`` into ``level_dir``, again while its client
+    lagged (the module's docstring); ``again``: the level must be a run of its own this
+    time (not carried on from the level before). ``server``: the search's server; one
+    without a client to scale (``ClientScaling``: the twin's virtual clock, a stand-in)
+    measures once. The measurement that counts, with every attempt in its ``client``."""
+    m = measure(False)
+    attempts: list[ClientAttempt] = []
+    if isinstance(server, ClientScaling):
+        rule = server.client_rule
+        while (
+            m.client is not None
+            and m.client.unmeasurable
+            and m.outcome is TrialOutcome.READY
+            and len(attempts) < rule.retries
+        ):
+            change = server.client_remedy()
+            if change is None:
+                log.warning(
+                    "%s: the load generator lagged and nothing is left to give it room: %s",
+                    level_dir, m.client.lag.reason,
+                )  # fmt: skip
+                break
+            log.info(
+                "%s: the load generator lagged (%s); measuring the level again with %s",
+                level_dir, m.client.lag.reason, change.describe(),
+            )  # fmt: skip
+            aside = set_aside(level_dir, len(attempts))
+            attempts.append(
+                ClientAttempt(dir=str(aside), setup=m.client.setup, lag=m.client.lag, then=change)
+            )
+            server.apply_client_change(change)
+            m = measure(True)
+    if m.client is None:
+        return m
+    client = m.client.model_copy(update={"attempts": tuple(attempts)})
+    m = m.model_copy(update={"client": client})
+    write_level_client(level_dir, client)
+    return m
+
+
+def set_aside(level_dir: Path, attempt: int) -> Path:
+    """Move what an attempt left in ``level_dir`` into ``level_dir/lagged-<attempt>``
+    (earlier attempts set aside stay where they are)."""
+    aside = level_dir / lagged_attempt_name(attempt)
+    aside.mkdir(parents=True, exist_ok=False)
+    for entry in list(level_dir.iterdir()):
+        if entry == aside or (entry.is_dir() and entry.name.startswith(LAGGED_PREFIX)):
+            continue
+        shutil.move(str(entry), str(aside / entry.name))
+    return aside
+
+
+def write_level_client(level_dir: Path, client: LevelClient) -> None:
+    """The level's ``client.json``."""
+    level_dir.mkdir(parents=True, exist_ok=True)
+    (level_dir / CLIENT_JSON).write_text(client.model_dump_json(indent=2) + "\n", "utf-8")

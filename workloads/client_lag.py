@@ -1,0 +1,186 @@
+"""Whether the load generator kept up with its schedule: its lag, process by process.
+
+The client is part of every measurement: latency counts from each request's intended
+send time, so a request the client sent late, or a token it read late, carries the
+client's own delay into the server's figures. Each Locust process measures itself
+(`workloads.runner.WorkerStats`, read here as `SelfMeasured`); `judge_client` sums that
+up as a `ClientLag`: per process its send lag against the schedule, its event loop's
+delay (a periodic timer's lateness), its token events/s, the share of token events it
+read a whole token late and its CPU; and the verdict against `ClientBounds`: KEPT_UP, or
+LAGGED with the reason. The stated bounds, each per process:
+
+    send lag p99          > 10 ms    requests went out late (TTFT carries it)
+    event-loop delay p99  > 10 ms    streams were read late (TTFT and ITL carry it)
+    coalesced events      > 1 %      token gaps read as 0 (ITL's percentiles carry it)
+    CPU                   > 75 %     of one core: the process has no room left
+
+This module never imports Locust or gevent (the runner and the tuner import it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# The stated bounds, per Locust process (the module's docstring says why each).
+MAX_SEND_LAG_P99_MS = 10.0
+MAX_LOOP_DELAY_P99_MS = 10.0
+MAX_COALESCED_PERCENT = 1.0  # of token events, whose gaps read as 0
+MAX_CPU_PERCENT = 75.0  # of one core
+
+
+class SelfMeasured(Protocol):
+    """What one load process measured about itself and the rule reads
+    (``workloads.runner.WorkerStats``, which imports this module)."""
+
+    @property
+    def worker(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def sent(self) -> int: ...
+    @property
+    def wall_s(self) -> float: ...
+    @property
+    def cpu_percent(self) -> float: ...
+    @property
+    def send_lag_p50_ms(self) -> float | None: ...
+    @property
+    def send_lag_p99_ms(self) -> float | None: ...
+    @property
+    def send_lag_max_ms(self) -> float | None: ...
+    @property
+    def loop_delay_p50_ms(self) -> float | None: ...
+    @property
+    def loop_delay_p99_ms(self) -> float | None: ...
+    @property
+    def loop_delay_max_ms(self) -> float | None: ...
+    @property
+    def token_events(self) -> int: ...
+    @property
+    def coalesced_events(self) -> int: ...
+
+
+class ClientVerdict(StrEnum):
+    """Whether the load generator kept to its schedule within ``ClientBounds``."""
+
+    KEPT_UP = "kept_up"
+    LAGGED = "lagged"
+
+
+class ClientBounds(BaseModel):
+    """The client's lag past which a measurement carries it (each per Locust process)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    send_lag_p99_ms: float = Field(default=MAX_SEND_LAG_P99_MS, gt=0)
+    loop_delay_p99_ms: float = Field(default=MAX_LOOP_DELAY_P99_MS, gt=0)
+    coalesced_percent: float = Field(default=MAX_COALESCED_PERCENT, ge=0)
+    cpu_percent: float = Field(default=MAX_CPU_PERCENT, gt=0)
+
+    def describe(self) -> str:
+        """The bounds as one line, e.g. for a record's reason."""
+        return (
+            f"send lag p99 <= {self.send_lag_p99_ms:g} ms, event-loop delay p99 <= "
+            f"{self.loop_delay_p99_ms:g} ms, coalesced token events <= "
+            f"{self.coalesced_percent:g}%, CPU <= {self.cpu_percent:g}% of a core"
+        )
+
+
+class ProcessLag(BaseModel):
+    """One Locust process's lag over its run (None: nothing to measure it by)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    worker: str  # "w<index>"
+    sent: int
+    wall_s: float
+    send_lag_p50_ms: float | None
+    send_lag_p99_ms: float | None
+    send_lag_max_ms: float | None
+    loop_delay_p50_ms: float | None
+    loop_delay_p99_ms: float | None
+    loop_delay_max_ms: float | None
+    token_events: int
+    token_events_per_s: float
+    coalesced_percent: float  # of its token events, read a whole token late
+    cpu_percent: float  # of one core
+
+    @classmethod
+    def of(cls, stats: SelfMeasured) -> ProcessLag:
+        wall_s = max(stats.wall_s, 1e-9)
+        return cls(
+            worker=stats.worker,
+            sent=stats.sent,
+            wall_s=stats.wall_s,
+            send_lag_p50_ms=stats.send_lag_p50_ms,
+            send_lag_p99_ms=stats.send_lag_p99_ms,
+            send_lag_max_ms=stats.send_lag_max_ms,
+            loop_delay_p50_ms=stats.loop_delay_p50_ms,
+            loop_delay_p99_ms=stats.loop_delay_p99_ms,
+            loop_delay_max_ms=stats.loop_delay_max_ms,
+            token_events=stats.token_events,
+            token_events_per_s=stats.token_events / wall_s,
+            coalesced_percent=100 * stats.coalesced_events / max(stats.token_events, 1),
+            cpu_percent=stats.cpu_percent,
+        )
+
+    def past(self, bounds: ClientBounds) -> list[str]:
+        """What of this process's lag is past ``bounds``, one phrase each."""
+        out: list[str] = []
+        name = self.worker
+        if self.send_lag_p99_ms is not None and self.send_lag_p99_ms > bounds.send_lag_p99_ms:
+            out.append(
+                f"{name} send lag p99 {self.send_lag_p99_ms:.1f} ms "
+                f"(> {bounds.send_lag_p99_ms:g} ms)"
+            )
+        if self.loop_delay_p99_ms is not None and self.loop_delay_p99_ms > bounds.loop_delay_p99_ms:
+            out.append(
+                f"{name} event-loop delay p99 {self.loop_delay_p99_ms:.1f} ms "
+                f"(> {bounds.loop_delay_p99_ms:g} ms)"
+            )
+        if self.coalesced_percent > bounds.coalesced_percent:
+            out.append(
+                f"{name} read {self.coalesced_percent:.1f}% of token events a whole token late "
+                f"(> {bounds.coalesced_percent:g}%)"
+            )
+        if self.cpu_percent > bounds.cpu_percent:
+            out.append(f"{name} used {self.cpu_percent:.0f}% of a core (> {bounds.cpu_percent:g}%)")
+        return out
+
+
+class ClientLag(BaseModel):
+    """The load generator's lag over one run, per process, and its verdict."""
+
+    model_config = ConfigDict(frozen=True)
+
+    verdict: ClientVerdict
+    reason: str | None  # what was past the bounds; None when it kept up
+    bounds: ClientBounds
+    processes: tuple[ProcessLag, ...]
+
+    @property
+    def lagged(self) -> bool:
+        return self.verdict is ClientVerdict.LAGGED
+
+    @property
+    def token_events_per_s(self) -> float:
+        """Token events/s of every process together."""
+        return sum(p.token_events_per_s for p in self.processes)
+
+
+def judge_client(workers: Sequence[SelfMeasured], bounds: ClientBounds | None = None) -> ClientLag:
+    """Every process's lag against ``bounds`` (default: the stated ones); LAGGED when any
+    process went past any bound."""
+    bounds = bounds or ClientBounds()
+    processes = tuple(ProcessLag.of(w) for w in sorted(workers, key=lambda w: w.index))
+    reasons = [phrase for p in processes for phrase in p.past(bounds)]
+    return ClientLag(
+        verdict=ClientVerdict.LAGGED if reasons else ClientVerdict.KEPT_UP,
+        reason="; ".join(reasons) or None,
+        bounds=bounds,
+        processes=processes,
+    )
