@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuner.run.evaluation import LevelRecord
+from reports.html import _level_verdict
+from tuner.run.evaluation import Evaluation, LevelRecord, Verdict
 from tuner.run.goodput import GoodputBound
 from tuner.run.layout import CLIENT_JSON
 from tuner.search.client_retry import measure_with_honest_client
@@ -29,6 +30,7 @@ from tuner.serving.client_lag import (
 from tuner.serving.live_server import LoadMeasurement
 from tuner.serving.load import SloVerdict
 from tuner.serving.server import TrialOutcome
+from tuner.vllm.space import TrialParams
 from workloads.client_lag import ClientBounds, ClientLag, ClientVerdict, judge_client
 from workloads.load_result import LoadResult, Percentiles
 from workloads.runner import WorkerStats, client_saturation
@@ -334,6 +336,33 @@ def test_the_level_record_says_so(tmp_path: Path) -> None:
     back = LevelRecord.model_validate(json.loads(record.model_dump_json()))
     assert back.unmeasurable and back.time_scale == 1.0
     assert back.client is not None and back.client.attempts[0].then.after.processes == 2
+
+
+def _record(m: LoadMeasurement, rate: float) -> LevelRecord:
+    return LevelRecord(
+        rate_per_s=rate, met=False, stopped_early=False, dir=m.out_dir, load=m.load,
+        violations=[], num_preemptions=None, max_kv_cache_usage=None,
+        prefix_cache_hit_rate=None, client=m.client,
+    )  # fmt: skip
+
+
+def test_the_trial_says_which_levels_were_measured_again_or_are_missing(tmp_path: Path) -> None:
+    server = _Server(capacity_per_s=100.0, client_per_s=6.0, cores=2, simulated=False)
+    again = _record(_measure_once(server, 10.0, tmp_path / "level-0"), 10.0)
+    lost = _record(_measure_once(server, 20.0, tmp_path / "level-1"), 20.0)
+    ev = Evaluation(
+        dir=str(tmp_path), params=TrialParams(), flags={}, verdict=Verdict.MET,
+        outcome=TrialOutcome.READY, levels=[again],
+    )  # fmt: skip
+    assert ev.client_note == (
+        "measured again as the client lagged at 10.00/s (now 2 load processes)"
+    )
+    ev = ev.model_copy(update={"levels": [again, lost]})
+    assert ev.client_note == (
+        "unmeasurable at 20.00/s: the client could not keep up: w0 send lag p99 40.0 ms (> 10 ms)"
+    )
+    verdict, _ = _level_verdict(lost)
+    assert verdict.startswith("unmeasurable: the client could not keep up")
 
 
 def test_the_config_sets_the_rule() -> None:
