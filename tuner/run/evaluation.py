@@ -132,7 +132,9 @@ class Evaluation(BaseModel):
     levels: list[LevelRecord] = []
     gpu: GpuSummary | None = None
     kv_fill: KvFill | None = None
-    client_saturated: bool = False
+    client_saturated: bool = False  # a level's client lagged in every attempt (unmeasurable)
+    # The simulated clock's scale when the launch ended: a level whose client lagged may
+    # have slowed it for the levels after it (each level records its own: LevelRecord).
     time_scale: float = 1.0
     # Wall seconds of the launch (spawn to ready, or to its failure), of what was measured
     # on it (KV fill, warm-up, levels) and of its stop (with the device memory's release):

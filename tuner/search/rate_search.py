@@ -26,7 +26,10 @@ stops early (``tuner.serving.live_server.StopRule``). A level that builds a back
 or TTFT trends up through its window, ``tuner.serving.backlog``) is a miss whatever its
 percentiles say, and stops early once its queue clearly grows (``tuner.serving.live_server.WindowRule``).
 Every level keeps its own directory with the load run's evidence (``window.json``,
-``backlog.json``, ``turn_mix.json``, ``prompt_lengths.json``, ``metrics.csv``).
+``backlog.json``, ``turn_mix.json``, ``prompt_lengths.json``, ``metrics.csv``, ``client.json``).
+A level whose load generator lagged past its bounds is measured again on its own with
+more room for it (``tuner.search.client_retry``); one still lagging is unmeasurable:
+neither a hold nor a break, and the search measures only below it (``client_ceiling``).
 
 A level holds when it holds surely enough: its estimated probability of holding is at
 least ``HOLD_MIN`` (0.9): the share of the resamples of its window's requests that meet
