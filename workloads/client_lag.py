@@ -11,6 +11,9 @@ LAGGED with the reason. The stated bounds, each per process:
 
     send lag p99          > 10 ms    requests went out late (TTFT carries it)
     event-loop delay p99  > 10 ms    streams were read late (TTFT and ITL carry it)
+
+(each of the two at least 5 % of the tightest limit it is added to: send lag of the
+TTFT limit, loop delay of the TTFT and token-gap limits; ``ClientBounds.for_slo``)
     coalesced events      > 1 %      token gaps read as 0 (ITL's percentiles carry it)
     CPU                   > 75 %     of one core: the process has no room left
 
@@ -25,11 +28,16 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workloads.slo import Slo, SloMetric
+
 # The stated bounds, per Locust process (the module's docstring says why each).
 MAX_SEND_LAG_P99_MS = 10.0
 MAX_LOOP_DELAY_P99_MS = 10.0
 MAX_COALESCED_PERCENT = 1.0  # of token events, whose gaps read as 0
 MAX_CPU_PERCENT = 75.0  # of one core
+# The lag bounds are at least this share of the SLO limits the lag is added to
+# (``ClientBounds.for_slo``): 100 ms against a TTFT limit of 2 s.
+SLO_SHARE = 0.05
 
 
 class SelfMeasured(Protocol):
@@ -80,6 +88,27 @@ class ClientBounds(BaseModel):
     loop_delay_p99_ms: float = Field(default=MAX_LOOP_DELAY_P99_MS, gt=0)
     coalesced_percent: float = Field(default=MAX_COALESCED_PERCENT, ge=0)
     cpu_percent: float = Field(default=MAX_CPU_PERCENT, gt=0)
+    # ``for_slo`` widens the lag bounds to this share of the SLO limits (0: never)
+    slo_share: float = Field(default=SLO_SHARE, ge=0, lt=1)
+
+    def for_slo(self, slo: Slo, *, time_scale: float = 1.0) -> ClientBounds:
+        """These bounds, widened to ``slo_share`` of the limits the lag would be added to
+        where that is more: a request sent late adds its lag to its TTFT, a loop running
+        late to its TTFT and token gaps. A lag of 11 ms is immaterial to a TTFT limit of
+        2 s, and judging it by a fixed 10 ms would measure a level again for nothing.
+        ``time_scale`` K: the simulator runs K times slower, so its limits are K times
+        longer in wall-clock time."""
+        objectives = slo.objectives()
+        share = self.slo_share
+        ttft = [o.limit_ms for o in objectives if o.metric is SloMetric.TTFT]
+        gaps = [o.limit_ms for o in objectives if o.metric in (SloMetric.ITL, SloMetric.TPOT)]
+        send = self.send_lag_p99_ms
+        if ttft:
+            send = max(send, share * min(ttft) * time_scale)
+        loop = self.loop_delay_p99_ms
+        if ttft or gaps:
+            loop = max(loop, share * min([*ttft, *gaps]) * time_scale)
+        return self.model_copy(update={"send_lag_p99_ms": send, "loop_delay_p99_ms": loop})
 
     def describe(self) -> str:
         """The bounds as one line, e.g. for a record's reason."""

@@ -47,7 +47,7 @@ slo:
 )
 PARAMS = ServingParams(max_model_len=2048, max_num_seqs=16)
 RATE = 6.0
-NEVER_KEPT_UP = ClientBounds(send_lag_p99_ms=1e-6, loop_delay_p99_ms=1e-6)
+NEVER_KEPT_UP = ClientBounds(send_lag_p99_ms=1e-6, loop_delay_p99_ms=1e-6, slo_share=0.0)
 
 
 def processes_working_in(folder: Path) -> list[int]:

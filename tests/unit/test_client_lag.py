@@ -370,3 +370,18 @@ def test_the_config_sets_the_rule() -> None:
     rule = config.load_generators().client_rule
     assert rule.retries == 3
     assert rule.bounds.send_lag_p99_ms == 0.5 and rule.bounds.loop_delay_p99_ms == 0.5
+
+
+def test_the_lag_bounds_widen_to_a_share_of_the_slo_limits_they_add_to() -> None:
+    from workloads.client_lag import SLO_SHARE
+    from workloads.slo import Slo
+
+    chat = Slo.p99(ttft_ms=2000.0, itl_ms=100.0)
+    bounds = ClientBounds().for_slo(chat)
+    assert bounds.send_lag_p99_ms == pytest.approx(SLO_SHARE * 2000.0)  # 100 ms
+    assert bounds.loop_delay_p99_ms == pytest.approx(10.0)  # 5% of 100 ms is below 10 ms
+    slow = ClientBounds().for_slo(chat, time_scale=4.0)  # 4x slower: limits 4x longer
+    assert slow.send_lag_p99_ms == pytest.approx(400.0)
+    assert slow.loop_delay_p99_ms == pytest.approx(20.0)
+    assert ClientBounds(slo_share=0.0).for_slo(chat) == ClientBounds(slo_share=0.0)
+    assert ClientBounds().for_slo(Slo()) == ClientBounds()  # no limits: as stated

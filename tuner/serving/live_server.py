@@ -660,7 +660,9 @@ class LiveServer:
             workload, watcher.samples, records, window=(window_start, window_end),
             stopped_unix_s=stopped_at, time_scale=k, stopped_by=stopped_by, out_dir=out_dir,
         )  # fmt: skip
-        lag = judge_client(ended.workers, self.client_rule.bounds)
+        lag = judge_client(
+            ended.workers, self.client_rule.bounds.for_slo(workload.slo, time_scale=k)
+        )
         return LoadMeasurement(
             out_dir=str(out_dir),
             outcome=died.outcome if died is not None else TrialOutcome.READY,
