@@ -282,7 +282,9 @@ def kv_trend(points: Sequence[tuple[float, float]], horizon_s: float = 0.0) -> S
     cache. Its growth within the window need not reach the margin: a window can be
     shorter than the time the cache takes to fill. ``p_full``: the probability that it
     does fill, from the fit's standard error at the horizon (widened for the samples'
-    autocorrelation: ``_autocorrelation_inflation``)."""
+    autocorrelation: ``_autocorrelation_inflation``); 0 where the slope is not
+    significantly positive (a flat cache's fit, projected minutes ahead, is mostly its
+    noise)."""
     base = trend(Signal.KV_USAGE, points, margin=KV_MARGIN)
     if base.slope_per_s is None or base.thirds is None:
         return base
@@ -297,11 +299,13 @@ def kv_trend(points: Sequence[tuple[float, float]], horizon_s: float = 0.0) -> S
     at_horizon = float(y.mean()) + base.slope_per_s * (at_s - float(x.mean()))
     se = math.sqrt(sigma2 * (1.0 / len(points) + (at_s - float(x.mean())) ** 2 / sxx))
     se *= math.sqrt(_autocorrelation_inflation(residuals))
-    if se > 0.0:
+    significant = base.t_stat is None or base.t_stat >= T_MIN
+    if not (significant and base.slope_per_s > 0.0):
+        p_full = 0.0  # no evidence that it rises: a flat fit's noise is not a fill
+    elif se > 0.0:
         p_full = 0.5 * math.erfc((KV_FULL - at_horizon) / (se * math.sqrt(2.0)))
     else:
         p_full = 1.0 if at_horizon >= KV_FULL else 0.0
-    significant = base.t_stat is None or base.t_stat >= T_MIN
     rose = base.thirds[2] - base.thirds[0] >= KV_MARGIN / 3.0
     growing = base.slope_per_s > 0.0 and significant and rose and at_horizon >= KV_FULL
     return base.model_copy(
