@@ -437,6 +437,10 @@ class SummaryView:
     units_note: str  # the gain in each unit, and why they differ where they do
     default_note: str
     ties_note: str  # the trials within the noise of the best; "" where none
+    # The quality gate in words: the recommendation's result, "quality not measured" and
+    # why, or the faster setting passed over for its result (empty: no recommendation and
+    # nothing gated)
+    quality_lines: list[str]
 
 
 @dataclass(frozen=True)
@@ -494,7 +498,16 @@ def _summary(data: RunData) -> SummaryView:
         units_note=_units_note(rec_measured, default_measured),
         default_note="" if default_measured else "vLLM's defaults were not measured in this run.",
         ties_note=_ties_note(data),
+        quality_lines=_quality_lines(data),
     )
+
+
+def _quality_lines(data: RunData) -> list[str]:
+    """The quality gate as the recommendation says it, else (no recommendation) the result
+    the gate recorded."""
+    if data.recommendation is not None:
+        return data.recommendation.quality_lines()
+    return [data.quality.text()] if data.quality is not None else []
 
 
 def _recommended_side(data: RunData) -> _Side:
@@ -530,6 +543,12 @@ def _status(data: RunData) -> str:
         return ""
     if data.best_trial is None:
         return "No recommendation: no trial met the SLOs."
+    if data.quality is not None and data.quality.trial is not None and not data.quality.passed:
+        return (
+            f"No recommendation: trial {data.quality.trial}'s settings were not recommended "
+            "for their quality result and no setting that keeps the model's own numerics "
+            "met the SLOs (see Quality)."
+        )
     return "No recommendation was written (the run did not finalize); the best trial is shown."
 
 

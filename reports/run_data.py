@@ -5,7 +5,8 @@ Everything comes from what ``tuner tune`` left on disk (``tuner.run.layout``), r
 ``summary.json`` (``TuneSummary``), ``study.db`` (the Optuna study: trial states,
 roles), ``trials/<n>/evaluation.json`` (``Evaluation``), ``edge/edge.json``
 (``EdgeResult``), ``confirm/<variant>/evaluation.json`` and
-``recommendation/recommendation.json`` (``Recommendation``); per measured level, its
+``recommendation/recommendation.json`` (``Recommendation``), ``quality/quality.json``
+(``QualityResult``, where a setting that changes numerics was gated); per measured level, its
 steady-state evidence (``tuner.run.levels``: ``window.json``, ``backlog.json``,
 ``turn_mix.json``, ``prompt_lengths.json``, ``metrics.csv``). Paths recorded inside
 those files are absolute paths of the machine that ran the tune; they are rebased onto
@@ -33,6 +34,7 @@ from tuner.run.edge import EdgeResult
 from tuner.run.evaluation import Evaluation, Verdict
 from tuner.run.files import first_error
 from tuner.run.levels import rebase
+from tuner.run.quality import QualityResult
 from tuner.run.reader import RunReader
 from tuner.run.recommendation import Recommendation
 from tuner.run.records import TuneRecord
@@ -102,6 +104,9 @@ class RunData:
     # The memory model's start boundary as the tune recorded it (None: an older run, or
     # no GPU profile); the report draws it and does not run the memory model again.
     memory_boundary: MemoryBoundary | None = None
+    # The quality gate's result (quality/quality.json; None: nothing was gated), which the
+    # recommendation carries too where there is one
+    quality: QualityResult | None = None
 
     @property
     def time_scale(self) -> float:
@@ -166,6 +171,7 @@ _WHAT = {
     "EdgeResult": "an OOM-edge result",
     "Recommendation": "a recommendation",
     "Calibration": "a memory-model calibration",
+    "QualityResult": "a quality gate's result",
 }
 
 
@@ -243,6 +249,11 @@ def load_run(run_dir: Path, storage: str | None = None) -> RunData:
     except ReportError as exc:
         missing.append(f"the memory model's boundary: {exc}")
         boundary = None
+    try:  # absent where no setting that changes numerics was gated
+        quality = _read(reader.quality, QualityResult)
+    except ReportError as exc:
+        missing.append(f"the quality gate: {exc}")
+        quality = None
     importances = _importances(study, study_note)
     if not trials:
         missing.append("trials: no trial has finished (trials/ is empty)")
@@ -252,7 +263,7 @@ def load_run(run_dir: Path, storage: str | None = None) -> RunData:
         tune=tune, workload=workload, workload_error=workload_error,
         summary=summary, trials=trials, edge=edge, recommendation=rec, confirm=confirm,
         calibration=calibration, importances=importances, study_note=study_note,
-        missing=missing, memory_boundary=boundary,
+        missing=missing, memory_boundary=boundary, quality=quality,
     )  # fmt: skip
 
 

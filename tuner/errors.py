@@ -11,6 +11,7 @@
     ├── ReportError                 a directory is not a tune run the report can be built from
     ├── RunDirError                 a run or trial directory cannot be created or written
     ├── WorkloadLoadError           a workload cannot be loaded, built or run
+    ├── QualityProbeError           a server's answers to the quality gate cannot be compared
     ├── GpuSamplingUnavailable      the chosen GPU source cannot be used here (no driver)
     ├── GpuReadError                one read of a GPU source failed (counted, not fatal)
     └── GpuTimelineError            a GPU timeline CSV cannot be written or read back
@@ -77,6 +78,11 @@ class RunFileError(TunerError):
 
 class WorkloadLoadError(TunerError):
     """A workload could not be loaded, built or run."""
+
+
+class QualityProbeError(TunerError):
+    """A server answered the quality gate's requests with an error, or without the token
+    ids or log-probs asked for; the message says what it answered."""
 
 
 class GpuSamplingUnavailable(TunerError):

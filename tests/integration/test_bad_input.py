@@ -61,6 +61,11 @@ TUNE_CASES = [
     (("--safety-margin", "-0.1"), ("--safety-margin", "-0.1")),
     (("--target-peak-rate", "inf"), ("--target-peak-rate", "inf", "finite")),
     (("--time-scale", "nan"), ("--time-scale", "nan")),
+    (("--quality-min-agreement", "95"), ("--quality-min-agreement 95.0", "share from 0 to 1")),
+    (
+        ("--quality-max-logprob-divergence", "-0.1"),
+        ("--quality-max-logprob-divergence -0.1", "0 or more"),
+    ),
     # vLLM: 'Total number of attention heads (32) must be divisible by tensor parallel size (3).'
     (("--tensor-parallel-size", "3"), ("--tensor-parallel-size 3", "heads (32)", "1, 2, 4, 8")),
 ]

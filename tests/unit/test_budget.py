@@ -1,5 +1,5 @@
 """The tune's time budget: launches counted as measured (a stated prior before any), the
-reserve for the edge and the confirmations growing with them, and a launch that would not
+reserve for the edge, the confirmations and the quality gate growing with them, and a launch that would not
 end before its deadline not started, with why."""
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from tuner.search.budget import (
 )
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
+from tuner.search.quality_gate import gate_need_s, may_gate
 from tuner.search.tune import confirm_reserve_s, edge_deadline_s, reserve_s
 from tuner.serving.server import Backend
+from tuner.vllm.space import Knob, Range
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "workloads" / "tiny.yaml"
 
@@ -124,3 +126,39 @@ def test_a_resumed_run_estimates_its_launches_from_those_the_study_measured(
     assert [r["launch_s"] for r in kept["launches"]] == [60.0]
     again = TimeBudget.of(ctx, time.monotonic(), path)  # a third run sees both
     assert [r.launch_s for r in again.earlier] == [150.0, 60.0]
+
+
+def test_the_reserve_keeps_the_quality_gates_two_launches_where_it_may_run(
+    ctx: TuneContext,
+) -> None:
+    setup = StudySetup()
+    budget = _budget(ctx)
+    for _ in range(3):
+        _launch(budget, 180.0)
+    kv = ctx.space.range_of(Knob.KV_CACHE_DTYPE)
+    assert kv is not None and "fp8" in kv.values()  # L4: fp8 KV is in the space
+    assert not may_gate(ctx)  # the simulated engine: nothing to measure, nothing kept
+    real = dataclasses.replace(ctx, backend=Backend.VLLM)
+    assert may_gate(real)
+    # two launches at ~181 s, each asked 32 prompts of up to 32 tokens at a batch of one
+    need = gate_need_s(real, budget)
+    assert need == pytest.approx(2 * (181.0 + 32 * (2 * 0.5 + 32 * 0.05)))
+    assert reserve_s(real, setup, budget) - reserve_s(ctx, setup, budget) == pytest.approx(
+        1.25 * need
+    )
+    off = dataclasses.replace(real, config=real.config.model_copy(update={"quality_gate": False}))
+    assert not may_gate(off)
+    auto_only = dataclasses.replace(
+        real,
+        space=real.space.model_copy(
+            update={
+                "ranges": tuple(
+                    r
+                    if r.knob is not Knob.KV_CACHE_DTYPE
+                    else Range(knob=r.knob, choices=("auto",))
+                    for r in real.space.ranges
+                )
+            }
+        ),
+    )
+    assert not may_gate(auto_only)  # no value in the space changes numerics

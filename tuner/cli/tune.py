@@ -102,6 +102,27 @@ def add_parser(sub: Any) -> None:
         help="the peak the fleet must serve, in the workload's unit (conversations/s for a workload with sessions, else requests/s)",
     )
     p.add_argument("--capacity-headroom", type=float)
+    p.add_argument("--no-quality-gate", dest="quality_gate", action="store_false", default=None,
+                   help="recommend a setting that changes numerics (--kv-cache-dtype fp8) "
+                        "without comparing it with the model's own: the recommendation says "
+                        "'quality not measured'")  # fmt: skip
+    p.add_argument("--quality-min-agreement", type=float,
+                   help="the quality gate: the share of the reference's greedy tokens both "
+                        "settings must agree on, 0 to 1 (default 0.95)")  # fmt: skip
+    p.add_argument("--quality-max-logprob-divergence", dest="quality_max_logprob_divergence_nats",
+                   type=float,
+                   help="the quality gate: the largest mean |log-prob difference| of the "
+                        "reference's tokens, nats per token (default 0.1)")  # fmt: skip
+    p.add_argument(
+        "--quality-prompts",
+        type=int,
+        help="the quality gate: prompts of the workload compared (default 32)",
+    )
+    p.add_argument(
+        "--quality-max-tokens",
+        type=int,
+        help="the quality gate: the longest answer compared, tokens (default 32)",
+    )
     p.add_argument(
         "--cache-volume",
         help="the compile cache: pvc[:SIZE[:CLASS]] (a claim per replica, default), "
@@ -163,7 +184,9 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "level_max_duration_s", "max_levels", "chain_levels", "twin_fit", "twin_from", "twin_search", "dry_run",
         "sim_step_costs", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
-        "repeats", "target_peak_rate", "capacity_headroom", "cache_volume", "rollout", "processes",
+        "repeats", "target_peak_rate", "capacity_headroom", "quality_gate", "quality_min_agreement",
+        "quality_max_logprob_divergence_nats", "quality_prompts", "quality_max_tokens",
+        "cache_volume", "rollout", "processes",
         "load_workers", "load_master_bind", "client_lag_ms", "client_retries",
         "gpu_source", "time_scale", "stream_fraction",
     )  # fmt: skip

@@ -16,6 +16,9 @@ The typed models of a run's files, one module per file kind, which the tuning lo
 * ``edge``: ``EdgeResult``, the OOM edge's ``edge/edge.json``, and its probes;
 * ``recommendation``: ``Recommendation``, ``recommendation/recommendation.json``, its
   variants, confirmation runs and capacity;
+* ``quality``: ``QualityResult``, the quality gate's ``quality/quality.json``, its
+  ``QualityOutcome``, figures and thresholds, and ``QualityRejection`` (in the
+  recommendation: a setting passed over for its result);
 * ``summary``: ``TuneSummary``, ``summary.json``;
 * ``budget``: ``BudgetRecord``, the time budget's ``budget.json``, and its launches;
 * ``parallelism``: ``ParallelismComparison``, ``parallelism.json``;

@@ -17,6 +17,7 @@ class LaunchKind(StrEnum):
     TRIAL = "trial"
     EDGE_PROBE = "edge_probe"
     CONFIRMATION = "confirmation"
+    QUALITY_GATE = "quality_gate"  # a server the quality gate compared (tuner.search.quality_gate)
 
 
 class LaunchRecord(BaseModel):

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from tuner.errors import ConfigError
+from tuner.run.quality import DEFAULT_MAX_LOGPROB_DIVERGENCE_NATS, DEFAULT_MIN_TOKEN_AGREEMENT
 from tuner.serving.client_lag import DEFAULT_RETRIES, ClientRule
 from tuner.serving.load import LoadGenerators
 from tuner.sim.timing import TimingFactors
@@ -121,6 +122,14 @@ class TuneConfig(BaseModel):
         default=None, gt=0
     )  # the peak, in the workload's unit (conversations/s with sessions)
     capacity_headroom: float = Field(default=0.2, ge=0, lt=1)
+    # The quality gate (tuner.search.quality_gate): a setting that changes numerics
+    # (--kv-cache-dtype fp8) is compared with the model's own before it is recommended, on
+    # quality_prompts prompts of the workload, answers of up to quality_max_tokens tokens.
+    quality_gate: bool = True
+    quality_min_agreement: float = DEFAULT_MIN_TOKEN_AGREEMENT  # a share of tokens, 0..1
+    quality_max_logprob_divergence_nats: float = DEFAULT_MAX_LOGPROB_DIVERGENCE_NATS
+    quality_prompts: int = Field(default=32, ge=1, le=1000)
+    quality_max_tokens: int = Field(default=32, ge=1, le=4096)
     cache_volume: str = "pvc"
     rollout: str = "rolling"  # how a new recommendation replaces the serving one
     # Measurement
@@ -150,6 +159,26 @@ class TuneConfig(BaseModel):
     def _step_costs(cls, value: str | None) -> str | None:
         if value is not None:
             TimingFactors.parse(value)  # a ValueError: one line naming it
+        return value
+
+    @field_validator("quality_min_agreement")
+    @classmethod
+    def _agreement_is_a_share(cls, value: float) -> float:
+        if not 0.0 <= value <= 1.0:
+            raise PydanticCustomError(
+                "quality_share",
+                "a token agreement is a share from 0 to 1 (0.95: 95% of the tokens agree)",
+            )
+        return value
+
+    @field_validator("quality_max_logprob_divergence_nats")
+    @classmethod
+    def _divergence_is_not_negative(cls, value: float) -> float:
+        if value < 0.0:
+            raise PydanticCustomError(
+                "quality_divergence",
+                "a log-prob divergence is nats per token, 0 or more (e.g. 0.1)",
+            )
         return value
 
     @field_validator("model_dir", "run_dir", "twin_from")

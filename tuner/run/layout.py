@@ -14,6 +14,8 @@ read what an older one wrote. ``RunLayout`` names each path once::
     <run>/trials/<nnn>/level-<i>/lagged-<k>/  an attempt at it whose load generator lagged
     <run>/edge/edge.json                the out-of-memory edge search
     <run>/confirm/<variant>[-<k>]/      the confirmation runs of the recommended variants
+    <run>/quality/quality.json          the quality gate of a setting that changes numerics
+    <run>/quality/<role>/               each server it compared: server.log, answers.jsonl
     <run>/recommendation/               recommendation.json and the deployable configs
     <run>/twin.json                     the twin's timing factors, fitted to the measured levels
     <run>/budget.json                   the time budget: every launch's seconds, every launch skipped
@@ -40,6 +42,9 @@ EVALUATION_JSON = "evaluation.json"  # in a trial's or a confirmation run's dire
 EDGE_DIR = "edge"
 EDGE_JSON = "edge.json"
 CONFIRM_DIR = "confirm"
+QUALITY_DIR = "quality"
+QUALITY_JSON = "quality.json"  # the quality gate's result
+QUALITY_ANSWERS_JSONL = "answers.jsonl"  # in a quality server's directory: its answers, scored
 RECOMMENDATION_DIR = "recommendation"
 RECOMMENDATION_JSON = "recommendation.json"
 WINDOW_JSON = "window.json"  # in a level's directory: when its window opened
@@ -141,6 +146,22 @@ class RunLayout:
 
     def confirm_run_dir(self, variant: str, repeat: int | None = None) -> Path:
         return self.confirm_dir / confirm_name(variant, repeat)
+
+    @property
+    def quality_dir(self) -> Path:
+        return self.root / QUALITY_DIR
+
+    @property
+    def quality_json(self) -> Path:
+        return self.quality_dir / QUALITY_JSON
+
+    def quality_server_dir(self, role: str) -> Path:
+        """The directory of one server the quality gate compared (``reference``,
+        ``candidate``)."""
+        return self.quality_dir / role
+
+    def quality_answers(self, role: str) -> Path:
+        return self.quality_server_dir(role) / QUALITY_ANSWERS_JSONL
 
     @property
     def recommendation_dir(self) -> Path:

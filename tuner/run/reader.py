@@ -2,7 +2,8 @@
 gate read a run through ``RunReader`` (the tuning loop resumes through ``tuner.run.files``).
 
 Each file is read with the model that wrote it (``Evaluation``, ``EdgeResult``,
-``Recommendation``, ``TuneSummary``, ``BudgetRecord``, ``Calibration``, ``MemoryBoundary``) or, for
+``Recommendation``, ``QualityResult``, ``TuneSummary``, ``BudgetRecord``, ``Calibration``,
+``MemoryBoundary``) or, for
 ``tune.json``, with ``TuneRecord`` (``tuner.run.records``). A file that is not there
 reads as None; one that cannot be read, or is not what its name says, is a
 ``RunFileError`` naming it: what a missing or damaged file means is the caller's to say.
@@ -18,6 +19,7 @@ from tuner.run.edge import EdgeResult
 from tuner.run.evaluation import Evaluation
 from tuner.run.files import read_document, read_model, read_optional
 from tuner.run.layout import RunLayout, evaluation_json
+from tuner.run.quality import QualityResult
 from tuner.run.recommendation import Recommendation
 from tuner.run.records import TuneRecord
 from tuner.run.summary import TuneSummary
@@ -53,6 +55,10 @@ class RunReader:
 
     def recommendation(self) -> Recommendation | None:
         return read_optional(self.layout.recommendation_json, Recommendation)
+
+    def quality(self) -> QualityResult | None:
+        """The quality gate's result (None: no setting that changes numerics was gated)."""
+        return read_optional(self.layout.quality_json, QualityResult)
 
     def edge(self) -> EdgeResult | None:
         return read_optional(self.layout.edge_json, EdgeResult)

@@ -22,6 +22,7 @@ from tuner.run.goodput import (
     GoodputUnit,
     gains_text,
 )
+from tuner.run.quality import QualityRejection, QualityResult
 from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
 from tuner.vllm.space import TrialParams
@@ -156,9 +157,30 @@ class Recommendation(BaseModel):
     # The recommendation's capacity against vLLM's defaults', with their noise (None:
     # either was not measured, or written before it was)
     capacity_gain: CapacityGain | None = None
+    # The quality gate's result for the recommended settings where they change the model's
+    # numerics (None: they keep them, or written before the gate); and the best trial,
+    # where it changed them and was passed over for its result (tuner.run.quality)
+    quality: QualityResult | None = None
+    quality_rejected: QualityRejection | None = None
     time_scale: float
     harness_version: str
     version_hash: str
+
+    def quality_lines(self) -> list[str]:
+        """The quality gate in words: the recommended settings' result ("quality not
+        measured: ..." where it could not be measured), the setting passed over for its
+        result, or that the settings keep the model's own numerics."""
+        lines: list[str] = []
+        if self.quality_rejected is not None:
+            lines.append(self.quality_rejected.text())
+        if self.quality is not None:
+            lines.append(self.quality.text())
+        elif self.quality_rejected is None:
+            lines.append(
+                "quality: the recommended settings keep the model's own numerics "
+                "(no setting that changes them, such as --kv-cache-dtype fp8)"
+            )
+        return lines
 
     def units_text(self) -> str | None:
         """The recommendation's gain over vLLM's defaults in each unit, and why they differ

@@ -5,7 +5,8 @@ search space (``sampling``, ``distinct_sampler``; the space itself is
 ``tuner.vllm.space``), the Optuna study and its workers (``study``; Optuna's API behind
 ``optuna_store`` alone), one trial's evaluation (``evaluate``) and rate search
 (``rate_search``, with its per-level evidence in ``level_evidence``), the out-of-memory
-edge (``edge``), the recommendation (``recommend``) and the whole job (``tune``). The
+edge (``edge``), the quality gate of settings that change numerics (``quality_gate``), the
+recommendation (``recommend``) and the whole job (``tune``). The
 twin it consults (predictions, landscape, picks, fits) is ``tuner.twin``.
 
 May import ``tuner.twin``, ``tuner.serving``, ``tuner.vllm``, ``tuner.sim``,

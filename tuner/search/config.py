@@ -96,4 +96,5 @@ _FLAGS = {
     "level_duration_s": "--level-duration",
     "level_warmup_s": "--level-warmup",
     "level_max_duration_s": "--level-max-duration",
+    "quality_max_logprob_divergence_nats": "--quality-max-logprob-divergence",
 }

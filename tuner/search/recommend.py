@@ -45,6 +45,7 @@ from tuner.run.edge import EdgeResult
 from tuner.run.evaluation import Evaluation, Verdict
 from tuner.run.goodput import Goodput, GoodputBound
 from tuner.run.layout import RECOMMENDATION_JSON, RunLayout
+from tuner.run.quality import QualityRejection, QualityResult
 from tuner.run.recommendation import Capacity, ConfirmationResult, Recommendation, Variant
 from tuner.search.budget import TimeBudget
 from tuner.search.capacity_interval import capacity_gain, capacity_interval
@@ -349,10 +350,15 @@ def recommend(
     start_rate: Callable[[TrialParams], float | None] | None = None,
     budget: TimeBudget | None = None,
     deadline_s: float | None = None,
+    quality: QualityResult | None = None,
+    quality_rejected: QualityRejection | None = None,
 ) -> Recommendation:
     """Confirm the variants (when configured), write every config, return the recommendation.
     With ``budget``, no confirmation is launched that would not end before ``deadline_s``
-    (monotonic; default the budget's end): it is said, and kept in ``skipped``."""
+    (monotonic; default the budget's end): it is said, and kept in ``skipped``.
+    ``quality``: the quality gate's result for ``best``'s settings where they change the
+    model's numerics; ``quality_rejected``: the better trial passed over for its result
+    (``tuner.search.quality_gate.gate_best``)."""
     points = variant_params(ctx, best.params, edge)
     variants: list[Variant] = []
     skipped: list[str] = []
@@ -447,6 +453,8 @@ def recommend(
         calibration=setup.calibration,
         capacity=capacity(ctx, goodput, gpus_per_replica=ctx.gpus_of(recommended.params)),
         capacity_gain=gain,
+        quality=quality,
+        quality_rejected=quality_rejected,
         time_scale=setup.time_scale,
         harness_version=HARNESS_VERSION,
         version_hash=flags_hash,

@@ -9,6 +9,7 @@
         twin.json              the twin's step costs and every fit of them after a trial
         trials/<n>/            one directory per trial (evaluation.json, server.log, gpu.csv, level-*/)
         edge/                  the OOM-edge probes (probe.json each) and edge.json
+        quality/               the quality gate of a best setting that changes numerics
         confirm/<variant>/     the confirmation runs
         recommendation/        vllm-args.txt, vllm-config.yaml, kubernetes.yaml (and
                                kubernetes-switch.yaml for blue-green), warmup.py,
@@ -51,6 +52,7 @@ from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.edge import find_edge, hold_prior_s, worst_case
 from tuner.search.optuna_store import FrozenTrial, Study, TrialState
 from tuner.search.parallelism import compare
+from tuner.search.quality_gate import gate_best, gate_need_s, may_gate
 from tuner.search.recommend import recommend
 from tuner.search.study import (
     Duty,
@@ -201,11 +203,14 @@ def reserve_s(
     budget: TimeBudget | None = None,
     best: Evaluation | None = None,
 ) -> float:
-    """Wall time kept back from the trials for the edge search, the confirmation runs and
+    """Wall time kept back from the trials for the edge search, the confirmation runs, the
+    quality gate (where the space has a setting that changes numerics, on a real vLLM) and
     what follows them: their launches as measured so far (``budget``; before any, the
     stated prior of ``tuner.search.budget``), a quarter more (a busy machine runs them
     slower than planned), and ``FINISH_S``."""
     parts = edge_reserve_s(ctx, setup, budget, best) + confirm_reserve_s(ctx, setup, budget, best)
+    if may_gate(ctx):  # the quality gate's two launches, where a setting may need them
+        parts += gate_need_s(ctx, budget)
     return 1.25 * parts + FINISH_S
 
 
@@ -466,7 +471,8 @@ def _finalize(
     *,
     budget: TimeBudget | None = None,
 ) -> Recommendation | None:
-    """The edge search and the recommendation; with ``budget``, the edge's probes stop in
+    """The quality gate (where the best trial's settings change the model's numerics), the
+    edge search and the recommendation; with ``budget``, the edge's probes stop in
     time for the recommendation's own confirmation (as estimated now; the conservative and
     aggressive variants run in what the edge leaves: the edge is one of the tune's answers,
     a variant's confirmation is not), and no launch of either runs past the budget's end
@@ -479,6 +485,16 @@ def _finalize(
     default_eval = load_evaluation(default) if default is not None else None
     edge: EdgeResult | None = None
     end = budget.deadline_s - FINISH_S if budget is not None else None
+    # Settings that change the model's numerics are compared with its own first; where they
+    # fail, the best trial that keeps them is recommended instead.
+    gated = gate_best(
+        ctx, setup, study, best, evaluation, registry=registry, progress=progress,
+        budget=budget, deadline_s=end,
+    )  # fmt: skip
+    if gated.trial is None or gated.evaluation is None:
+        progress("no recommendation: no setting that keeps the model's own numerics met the SLOs")
+        return None
+    best, evaluation = gated.trial, gated.evaluation
     if ctx.config.edge:
         progress(f"OOM edge of trial {best.number}'s settings: {evaluation.params.short()}")
         edge_deadline = (
@@ -493,7 +509,7 @@ def _finalize(
     rec = recommend(
         ctx, setup, best_number=best.number, best=evaluation, default=default_eval, edge=edge,
         registry=registry, progress=progress, start_rate=start_rate, budget=budget,
-        deadline_s=end,
+        deadline_s=end, quality=gated.quality, quality_rejected=gated.rejected,
     )  # fmt: skip
     _say_recommendation(rec, ctx.run_dir, progress)
     return rec
@@ -538,6 +554,8 @@ def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) 
             f"  capacity: {c.text()}"
             + ("; each replica may hold more" if c.replicas_is_upper_bound else "")
         )
+    for line in rec.quality_lines():
+        progress(f"  {line}")
     progress(f"  configs in {run_dir / 'recommendation'}/ (version hash {rec.version_hash})")
 
 

@@ -6,8 +6,9 @@ that predicts what a launch will do (``memory``), vLLM's own startup and error m
 classification from a log (``failures``, ``classify``), the out-of-memory edge at
 startup (``startup_edge``), the memory model's accuracy against real logs
 (``accuracy``), the memory model's start boundary a run records for its report
-(``memory_boundary``), the search space over vLLM's settings (``space``), vLLM's flags
-(``flags``) and its platform quirks (``platform``).
+(``memory_boundary``), the search space over vLLM's settings (``space``), which of them
+change the model's numerics (``numerics``), vLLM's flags (``flags``) and its platform
+quirks (``platform``).
 
 May import ``tuner.errors`` and each other; never ``tuner.serving``, ``tuner.search``,
 ``tuner.cli``, ``tuner.sim`` or ``reports``.

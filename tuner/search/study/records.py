@@ -130,14 +130,20 @@ def arrival_goodput(trial: FrozenTrial) -> float:
     return float(attrs.get("goodput_arrival_rate_per_s", attrs.get("goodput")) or 0.0)
 
 
-def best_trial(study: Study, also: Sequence[FrozenTrial] = ()) -> FrozenTrial | None:
+def best_trial(
+    study: Study,
+    also: Sequence[FrozenTrial] = (),
+    *,
+    where: Callable[[FrozenTrial], bool] | None = None,
+) -> FrozenTrial | None:
     """The feasible trial with the highest goodput in the workload's unit, per GPU where
     the tensor-parallel size is searched (ties: the higher throughput); among the complete
-    ones and ``also`` (a trial recorded but not yet told)."""
+    ones and ``also`` (a trial recorded but not yet told); with ``where``, among those it
+    accepts (the quality gate's fallback: the trials that keep the model's numerics)."""
     feasible = [
         t
         for t in [*optuna_store.trials_in(study, TrialState.COMPLETE), *also]
-        if t.user_attrs.get("verdict") == Verdict.MET.value
+        if t.user_attrs.get("verdict") == Verdict.MET.value and (where is None or where(t))
     ]
     if not feasible:
         return None
