@@ -24,8 +24,6 @@ Each tune's output and run directory go to a temporary folder (``--keep DIR`` ke
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import statistics
 import sys
 import tempfile
@@ -33,16 +31,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from tuner.cli.main import _absolute_paths, build_parser
-from tuner.cli.tune import overrides_of
-from tuner.run.evaluation import Evaluation
-from tuner.run.layout import RunLayout, evaluation_json
-from tuner.search.config import load_config
-from tuner.search.tune import run_tune
-from tuner.twin.virtual_server import VirtualServer
-from workloads.spec import load_workload
+try:  # the repository root is on the path (the editable install, python -m)
+    from benchmarks.virtual_trial import one_trial, workload_file
+except ModuleNotFoundError:  # run as a script: benchmarks/ is sys.path[0]
+    from virtual_trial import one_trial, workload_file  # type: ignore[no-redef]
 
 
 @dataclass(frozen=True)
@@ -61,31 +53,15 @@ class Repeat:
         return self.low if self.high is None else (self.low + self.high) / 2
 
 
-def _workload_file(name: str, seed: int, folder: Path) -> Path:
-    spec = load_workload(name).model_copy(update={"seed": seed})
-    path = folder / f"{spec.name}-seed{seed}.yaml"
-    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_unset=True)), "utf-8")
-    return path
-
-
 def _one(args: argparse.Namespace, seed: int, folder: Path) -> Repeat:
-    run_dir = folder / f"run-seed{seed}"
-    argv = [
-        "tune", "--model", args.model, "--gpu", args.gpu,
-        "--workload", str(_workload_file(args.workload, seed, folder)),
-        "--trials", "1", "--no-edge", "--no-confirm", "--no-twin-search",
-        "--max-levels", str(args.max_levels), "--run-dir", str(run_dir),
-        *[a for pin in args.space or [] for a in ("--space", pin)],
-    ]  # fmt: skip
-    parsed = build_parser().parse_args(argv)
-    _absolute_paths(parsed)
-    config = load_config(parsed.config, overrides_of(parsed))
     began = time.monotonic()
-    lines: list[str] = []
-    with contextlib.redirect_stderr(io.StringIO()):
-        run_tune(config, lines.append, None, server_factory=VirtualServer)
-    evaluation = Evaluation.model_validate_json(
-        evaluation_json(RunLayout(run_dir).trial_dir(0)).read_text()
+    evaluation = one_trial(
+        model=args.model,
+        gpu=args.gpu,
+        workload=workload_file(args.workload, seed, folder),
+        run_dir=folder / f"run-seed{seed}",
+        max_levels=args.max_levels,
+        space=args.space or [],
     )
     interval = evaluation.capacity_interval
     return Repeat(

@@ -32,8 +32,6 @@ Each tune's output and run directory go to a temporary folder (``--keep DIR`` ke
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import sys
 import tempfile
@@ -41,20 +39,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from tuner.cli.main import _absolute_paths, build_parser
-from tuner.cli.tune import overrides_of
 from tuner.run.evaluation import Evaluation
 from tuner.run.goodput import UNITS_AGREE, Goodput, UnitGains
-from tuner.run.layout import WINDOW_JSON, RunLayout, evaluation_json
-from tuner.search.config import load_config
-from tuner.search.tune import run_tune
+from tuner.run.layout import WINDOW_JSON
 from tuner.serving.window import WindowOpening
-from tuner.twin.virtual_server import VirtualServer
 from workloads.load_errors import ABORTED
 from workloads.schedule import ScheduledRequest, read_records
-from workloads.spec import load_workload
 
 PICK = (
     "gpu-memory-utilization=0.97",
@@ -62,6 +52,11 @@ PICK = (
     "block-size=32",
     "kv-cache-dtype=fp8",
 )
+
+try:  # the repository root is on the path (the editable install, python -m)
+    from benchmarks.virtual_trial import one_trial, workload_file
+except ModuleNotFoundError:  # run as a script: benchmarks/ is sys.path[0]
+    from virtual_trial import one_trial, workload_file  # type: ignore[no-redef]
 
 
 @dataclass(frozen=True)
@@ -99,16 +94,6 @@ class Trial:
     stated: Goodput
     window: Window | None
     wall_s: float
-
-
-def _workload_file(name: str, seed: int, folder: Path) -> Path:
-    """The workload with another seed, as a file: only the fields it sets (a default
-    written out is a choice: ``sessions.start: empty`` would open every level on an
-    empty server instead of the conversations under way)."""
-    spec = load_workload(name).model_copy(update={"seed": seed})
-    path = folder / f"{spec.name}-seed{seed}.yaml"
-    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_unset=True)), "utf-8")
-    return path
 
 
 def _window(evaluation: Evaluation) -> Window | None:
@@ -154,23 +139,14 @@ def _window(evaluation: Evaluation) -> Window | None:
 
 
 def _trial(args: argparse.Namespace, name: str, space: list[str], seed: int, folder: Path) -> Trial:
-    run_dir = folder / f"run-{name}-seed{seed}"
-    argv = [
-        "tune", "--model", args.model, "--gpu", args.gpu,
-        "--workload", str(_workload_file(args.workload, seed, folder)),
-        "--trials", "1", "--no-edge", "--no-confirm", "--no-twin-search",
-        "--max-levels", str(args.max_levels), "--run-dir", str(run_dir),
-        *[a for s in space for a in ("--space", s)],
-    ]  # fmt: skip
-    parsed = build_parser().parse_args(argv)
-    _absolute_paths(parsed)
-    config = load_config(parsed.config, overrides_of(parsed))
     began = time.monotonic()
-    lines: list[str] = []
-    with contextlib.redirect_stderr(io.StringIO()):
-        run_tune(config, lines.append, None, server_factory=VirtualServer)
-    evaluation = Evaluation.model_validate_json(
-        evaluation_json(RunLayout(run_dir).trial_dir(0)).read_text()
+    evaluation = one_trial(
+        model=args.model,
+        gpu=args.gpu,
+        workload=workload_file(args.workload, seed, folder),
+        run_dir=folder / f"run-{name}-seed{seed}",
+        max_levels=args.max_levels,
+        space=space,
     )
     return Trial(name, evaluation.stated_goodput, _window(evaluation), time.monotonic() - began)
 
