@@ -40,11 +40,9 @@ the fit, continued from the judged span's end for a horizon, reaches a full cach
 not reach the margin (2.). The horizon is the longer of the judged span and
 ``kv_horizon_s``: the workload's longest conversation (``workloads.stationary.lookback_s``,
 2 to 3 minutes for ``chat``), the longest the cache can keep filling before the
-conversations under way have all been replaced. Issue 34's measurements: vLLM's
-defaults for llama-3.1-8b on an H100 hold ``chat`` at about 6 conversations/s over 10
-virtual minutes; their levels' KV usage rose through every window from 4 to 13
-conversations/s. Judged on growth alone, two seeds of five failed every level down to
-4; judged over one window, levels up to 13 held that the long run breaks above 6.
+conversations under way have all been replaced. A cache that rises a little through
+a short window without heading for full (a population still settling) is not a
+backlog; one that heads for full within a conversation is, however little it rose.
 
 A signal with fewer than ``MIN_POINTS`` (10) points, or a third without any, is
 ``TOO_SHORT``; otherwise ``STEADY``. KV usage and TTFT are judged only from one
