@@ -25,6 +25,7 @@ from tuner.serving.load import LoadGenerators
 from tuner.vllm.memory import ServingParams
 from workloads.client_lag import ClientBounds, ClientVerdict
 from workloads.schedule import read_records
+from workloads.slo import Slo
 from workloads.spec import parse_workload
 
 pytestmark = pytest.mark.integration
@@ -41,7 +42,7 @@ warmup: {duration_s: 0}
 duration_s: 6
 seed: 5
 slo:
-  ttft: {p90_ms: 5000}
+  ttft: {p90_ms: 1}
 """,
     label="lag.yaml",
 )
@@ -68,8 +69,10 @@ def processes_working_in(folder: Path) -> list[int]:
 def one_level(
     tmp_path: Path, rule: ClientRule, *, chained: bool
 ) -> tuple[LevelClient, Path, float, list[int]]:
-    """One level on a fresh server whose client obeys ``rule``: the level's client record,
-    its directory, the server's clock after it, and any process still working in it."""
+    """One level that breaks its SLO (a TTFT p90 of 1 ms) on a fresh server whose client
+    obeys ``rule``: the level's client record, its directory, the server's clock after
+    it, and any process still working in it. (A level that held through a lagging client
+    counts as held: ``test_a_level_that_held_through_a_lagging_client_counts``.)"""
     generators = LoadGenerators(processes=1, client_rule=rule)
     out = tmp_path / "search"
     with live_sim(tmp_path / "server", PARAMS, generators=generators) as live:
@@ -137,3 +140,23 @@ def test_with_no_process_to_add_the_simulated_clock_slows(tmp_path: Path) -> Non
     sent_s = sorted(r.scheduled_s for r in records)
     wall_rate = (len(sent_s) - 1) / (sent_s[-1] - sent_s[0])
     assert wall_rate == pytest.approx(RATE / 2, rel=0.4)
+
+
+def test_a_level_that_held_through_a_lagging_client_counts(tmp_path: Path) -> None:
+    """A client's lag only adds latency: a level that held its SLO (TTFT p90 5 s) through
+    it holds, and is not measured again."""
+    held = WORKLOAD.model_copy(update={"slo": Slo.model_validate({"ttft": {"p90_ms": 5000}})})
+    generators = LoadGenerators(
+        processes=1, client_rule=ClientRule(bounds=NEVER_KEPT_UP, retries=1)
+    )
+    with live_sim(tmp_path / "server", PARAMS, generators=generators) as live:
+        search = search_rate(
+            live, held, start_rate_per_s=RATE, out_dir=tmp_path / "search", max_levels=1,
+            level_duration_s=3.0, warmup_s=1.0,
+        )  # fmt: skip
+    (only,) = search.levels
+    client = only.measurement.client
+    assert client is not None and client.lag.verdict is ClientVerdict.LAGGED
+    assert client.held_anyway and not client.unmeasurable and not client.attempts
+    assert only.met and search.best is only
+    assert client.summary().startswith("held although the client lagged")

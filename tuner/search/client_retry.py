@@ -8,6 +8,8 @@ the simulated engine's clock slower) and the level is measured again as a run of
 own, from an empty server. ``level-<i>/`` then holds the attempt that counts, and its
 ``client.json`` (``LevelClient``) every attempt's lag and what changed after it. A level
 still lagging after the last attempt is unmeasurable: the search treats it as missing.
+A level that held although its client lagged is not measured again and counts
+(``held_anyway``): the client's lag only adds to the latencies it measured.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def measure_with_honest_client(
         while (
             m.client is not None
             and m.client.unmeasurable
+            and not held_anyway(m)
             and m.outcome is TrialOutcome.READY
             and len(attempts) < rule.retries
         ):
@@ -64,10 +67,23 @@ def measure_with_honest_client(
             m = measure(True)
     if m.client is None:
         return m
-    client = m.client.model_copy(update={"attempts": tuple(attempts)})
+    client = m.client.model_copy(
+        update={"attempts": tuple(attempts), "held_anyway": m.client.lag.lagged and held_anyway(m)}
+    )
     m = m.model_copy(update={"client": client})
     write_level_client(level_dir, client)
     return m
+
+
+def held_anyway(m: LoadMeasurement) -> bool:
+    """The level held although its client lagged: its SLO met over the window, no backlog
+    built, not stopped early, the engine alive. A client's lag only adds latency, so
+    that verdict stands; one that broke is measured again."""
+    growing = m.backlog is not None and m.backlog.growing
+    return (
+        m.slo.met and not growing and not m.stopped_early and not m.stopped_by_backlog
+        and m.outcome is TrialOutcome.READY
+    )  # fmt: skip
 
 
 def set_aside(level_dir: Path, attempt: int) -> Path:

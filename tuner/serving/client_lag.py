@@ -122,6 +122,11 @@ class LevelClient(BaseModel):
     lag: ClientLag
     setup: ClientSetup
     attempts: tuple[ClientAttempt, ...] = ()
+    # The level held its SLO although its client lagged: a client's lag only adds to
+    # the latencies measured (they count from each request's intended send time, and
+    # a token read late reads later), so a level that held through it holds; only one
+    # that broke cannot tell the server's fault from the client's.
+    held_anyway: bool = False
 
     @property
     def verdict(self) -> ClientVerdict:
@@ -129,8 +134,9 @@ class LevelClient(BaseModel):
 
     @property
     def unmeasurable(self) -> bool:
-        """The client lagged in the attempt that counts: the level measured its client."""
-        return self.lag.lagged
+        """The client lagged in the attempt that counts and the level broke: the level
+        may have measured its client, not the server (``held_anyway``)."""
+        return self.lag.lagged and not self.held_anyway
 
     @property
     def remeasured(self) -> bool:
@@ -139,6 +145,8 @@ class LevelClient(BaseModel):
     def summary(self) -> str:
         """One line: kept up, measured again (and why), or why it could not be measured."""
         tries = len(self.attempts)
+        if self.lag.lagged and self.held_anyway:
+            return f"held although the client lagged (its lag only adds latency): {self.lag.reason}"
         if self.unmeasurable:
             text = f"the client could not keep up: {self.lag.reason}"
             if tries:
