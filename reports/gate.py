@@ -23,6 +23,14 @@ overlapping, and the goodput's noise is the larger of that and the spreads: a
 goodput within it is a tie, not a regression. With one run and no interval there is
 no measured noise and the tolerance alone decides.
 
+The quality gate's result for the recommended settings (``tuner.search.quality_gate``)
+travels with the figures. On a real vLLM, a recommendation that changes the model's
+numerics (``--kv-cache-dtype fp8``) without a passed quality result (``tuner tune
+--no-quality-gate``) fails the check: its speed may be bought with wrong answers. Both
+sides' quality results are said under the table. A baseline written before the goodput
+stated the declared workload at its rate (``UnitsBasis.DECLARED``) counted its windows'
+requests; such a pair is compared and the note says so.
+
 A baseline (``Baseline``, JSON) is a run's figures with what they were measured
 for: model, GPU, workload, SLOs, backend, vLLM release. A run of another model, GPU,
 workload or SLO, or a real GPU against a simulated baseline (or the reverse), is
@@ -48,7 +56,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reports.gate_settings import SUMMARY_ENV
 from tuner.errors import ConfigError, RunFileError
 from tuner.run.evaluation import Verdict
-from tuner.run.goodput import CapacityInterval
+from tuner.run.goodput import CapacityInterval, UnitsBasis
+from tuner.run.quality import QualityResult
 from tuner.run.reader import RunReader
 from tuner.run.recommendation import ConfirmationResult
 from tuner.search.recommend import HARNESS_VERSION, measured_of
@@ -164,6 +173,12 @@ class RunFigures(BaseModel):
     repeats: int
     metrics: dict[Metric, Figure]
     notes: list[str] = []
+    # The quality gate's result for the recommended settings (None: they keep the model's
+    # own numerics, or a baseline written before the gate)
+    quality: QualityResult | None = None
+    # What the goodput's requests/s count (tuner.run.goodput.UnitsBasis): WINDOW in
+    # baselines written before it was recorded
+    goodput_basis: UnitsBasis = UnitsBasis.WINDOW
 
 
 class Baseline(RunFigures):
@@ -227,10 +242,12 @@ class CheckResult(BaseModel):
     notes: list[str]
     # the baseline is from another minor vLLM release (compared, said above the table)
     release_changed: str | None = None
+    # why the recommendation's quality fails the check (None: it does not)
+    quality_failure: str | None = None
 
     @property
     def passed(self) -> bool:
-        return not any(row.verdict.failed for row in self.rows)
+        return self.quality_failure is None and not any(row.verdict.failed for row in self.rows)
 
     @property
     def failures(self) -> list[Row]:
@@ -364,6 +381,9 @@ def check(
         )
     if baseline.note:
         notes.append(f"baseline: {baseline.note}")
+    notes.extend(quality_notes(baseline, run))
+    if baseline.goodput_basis is not run.goodput_basis:
+        notes.append(units_note(baseline.goodput_basis, run.goodput_basis))
     return CheckResult(
         run_dir=run.run_dir,
         baseline_path=str(baseline_path),
@@ -373,6 +393,43 @@ def check(
         rows=rows,
         notes=notes,
         release_changed=release_changed,
+        quality_failure=quality_failure(run),
+    )
+
+
+def quality_failure(run: RunFigures) -> str | None:
+    """Why the run's recommendation fails on its quality, or None: on a real vLLM, settings
+    that change the model's numerics are recommended only with a passed quality result
+    (on the simulated engine nothing can be measured, and the note says so)."""
+    quality = run.quality
+    if run.simulated or quality is None or quality.passed:
+        return None
+    return (
+        f"the recommendation changes the model's numerics without a passed quality check: "
+        f"{quality.text()} (run tuner tune without --no-quality-gate)"
+    )
+
+
+def quality_notes(baseline: RunFigures, run: RunFigures) -> list[str]:
+    """Each side's quality result in words, where either side changed the numerics."""
+    if run.quality is None and baseline.quality is None:
+        return []
+    own = "the recommended settings keep the model's own numerics"
+    notes = [f"quality: {run.quality.text() if run.quality is not None else own}"]
+    notes.append(
+        f"baseline's quality: {baseline.quality.text() if baseline.quality is not None else own}"
+    )
+    return notes
+
+
+def units_note(baseline: UnitsBasis, run: UnitsBasis) -> str:
+    """What differs when the two goodputs' requests/s count differently."""
+    return (
+        f"the goodputs' requests/s count differently (baseline: {baseline.value}, this run: "
+        f"{run.value}): a window's own count is a draw of the workload (its arrivals, the "
+        "requests its end cut), the declared one is the rate that held times the workload's "
+        "requests per arrival; the difference is that draw, a few percent (write a new "
+        "baseline with --update-baseline to compare like with like)"
     )
 
 
@@ -477,6 +534,8 @@ def load_run(run_dir: Path) -> RunFigures:
         repeats=max(1, len(measured.goodput_runs)),
         metrics=metrics,
         notes=notes,
+        quality=rec.quality,
+        goodput_basis=measured.stated_goodput.basis,
     )
 
 
@@ -593,8 +652,10 @@ _HEADER = ["metric", "baseline", "current", "change", "allowed", "verdict"]
 def outcome_line(result: CheckResult) -> str:
     if result.passed:
         return "PASS: no metric worse than the tolerance and the measured noise"
-    names = ", ".join(f"{r.metric.label} {_verdict_detail(r)}" for r in result.failures)
-    return f"REGRESSION: {names}"
+    names = [f"{r.metric.label} {_verdict_detail(r)}" for r in result.failures]
+    if result.quality_failure is not None:
+        names.append(f"quality: {result.quality_failure}")
+    return f"REGRESSION: {', '.join(names)}"
 
 
 def _verdict_detail(row: Row) -> str:

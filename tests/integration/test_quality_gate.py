@@ -15,6 +15,7 @@ import pytest
 from tests.integration.tune_run import tune
 from tuner.run.config import TuneConfig
 from tuner.run.quality import QualityOutcome, QualityResult, QualityThresholds
+from tuner.run.summary import TuneSummary
 from tuner.run.reader import RunReader
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.quality_gate import SIMULATED_REASON, gate_best, keeps_model_numerics
@@ -51,6 +52,9 @@ def test_on_the_simulated_engine_the_recommendation_says_quality_not_measured(
     assert reader.quality() == rec.quality  # quality/quality.json
     raw = json.loads(reader.layout.recommendation_json.read_text())
     assert raw["quality"]["outcome"] == "not_measured"
+    # summary.json, for scripts: the same result, typed
+    summary = TuneSummary.model_validate_json(reader.layout.summary_json.read_text())
+    assert summary.quality == rec.quality and summary.quality_rejected is None
     # the command's lines, as the user reads them: when the gate ran, and the recommendation's
     lines = done.stdout.splitlines()
     assert any(line.startswith(f"quality     {SAID}") for line in lines), done.stdout

@@ -29,7 +29,8 @@ from reports.gate import (
 from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.run.evaluation import Verdict
-from tuner.run.goodput import CapacityInterval
+from tuner.run.goodput import CapacityInterval, UnitsBasis
+from tuner.run.quality import QualityOutcome, QualityResult, QualityThresholds
 from tuner.run.recommendation import ConfirmationResult, Recommendation, Variant
 from tuner.vllm.space import TrialParams
 from workloads.load_result import Percentiles
@@ -212,6 +213,54 @@ def test_one_metric_regressing_fails_the_check() -> None:
     assert not result.passed
     assert [r.metric for r in result.failures] == [Metric.PEAK_USED_BYTES]
     assert "REGRESSION: peak memory (GiB) +6.8%" in format_table(result)
+
+
+def _quality(outcome: QualityOutcome, reason: str = "") -> QualityResult:
+    return QualityResult(
+        outcome=outcome, reason=reason, candidate={"kv-cache-dtype": "fp8"},
+        reference={"kv-cache-dtype": "auto"}, thresholds=QualityThresholds(),
+    )  # fmt: skip
+
+
+def test_real_vllm_settings_that_change_numerics_unchecked_fail_the_gate() -> None:
+    """On a real vLLM a recommendation of fp8 KV without a passed quality check fails, even
+    with every metric unchanged; a passed one, or the simulated engine, passes with a note."""
+    real = {"simulated": False, "backend": "vllm"}
+    baseline = as_baseline(figures(**real))
+    unchecked = figures(**real, quality=_quality(QualityOutcome.NOT_MEASURED, "--no-quality-gate"))
+    result = check(unchecked, baseline, baseline_path=Path("b.json"), tolerance_pct=5.0)
+    assert not result.passed and result.failures == []
+    assert result.quality_failure is not None and "--no-quality-gate" in result.quality_failure
+    assert "REGRESSION: quality: the recommendation changes the model's numerics" in (
+        format_table(result)
+    )
+    passed = figures(**real, quality=_quality(QualityOutcome.PASSED))
+    result = check(passed, baseline, baseline_path=Path("b.json"), tolerance_pct=5.0)
+    assert result.passed
+    assert "quality: quality passed (--kv-cache-dtype fp8 against --kv-cache-dtype auto)" in (
+        "\n".join(result.notes)
+    )
+    assert any(
+        n.startswith("baseline's quality: the recommended settings keep") for n in result.notes
+    )
+    simulated = figures(quality=_quality(QualityOutcome.NOT_MEASURED, "the simulated engine"))
+    result = check(
+        simulated, as_baseline(figures()), baseline_path=Path("b.json"), tolerance_pct=5.0
+    )
+    assert result.passed and any("quality not measured" in n for n in result.notes)
+
+
+def test_goodputs_counted_differently_are_compared_with_a_note() -> None:
+    old = as_baseline(figures())  # written before the basis was recorded: WINDOW
+    assert old.goodput_basis is UnitsBasis.WINDOW
+    run = figures(goodput_basis=UnitsBasis.DECLARED)
+    result = check(run, old, baseline_path=Path("b.json"), tolerance_pct=5.0)
+    assert result.passed
+    assert any(
+        "count differently (baseline: window, this run: declared)" in n for n in result.notes
+    )
+    same = check(run, as_baseline(run), baseline_path=Path("b.json"), tolerance_pct=5.0)
+    assert not any("count differently" in n for n in same.notes)
 
 
 @pytest.mark.parametrize(

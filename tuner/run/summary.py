@@ -6,6 +6,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from tuner.run.goodput import CapacityInterval, Goodput, GoodputBound, GoodputUnit
 from tuner.run.parallelism import ParallelismComparison
+from tuner.run.quality import QualityRejection, QualityResult
 from tuner.run.twin_record import TrialFit
 
 
@@ -51,5 +52,11 @@ class TuneSummary(BaseModel):
     # Where the tensor-parallel size was searched: each size's best server, per GPU
     parallelism: ParallelismComparison | None = None
     recommendation: str | None
+    # The quality gate (tuner.search.quality_gate): the recommended settings' result where
+    # they change the model's numerics (outcome passed / not_measured, with the figures and
+    # thresholds), else the last gated setting's; and the setting passed over for its
+    # result. None where no setting that changes numerics was gated.
+    quality: QualityResult | None = None
+    quality_rejected: QualityRejection | None = None
     report: str | None
     wall_s: float

@@ -36,13 +36,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from tuner.errors import ConfigError, TunerError
+from tuner.errors import ConfigError, RunFileError, TunerError
 from tuner.run.config import TuneConfig
 from tuner.run.edge import EdgeResult
 from tuner.run.evaluation import Evaluation
 from tuner.run.goodput import GoodputBound, GoodputUnit
 from tuner.run.layout import RunLayout
 from tuner.run.parallelism import ParallelismComparison
+from tuner.run.quality import QualityRejection, QualityResult
+from tuner.run.reader import RunReader
 from tuner.run.recommendation import Recommendation
 from tuner.run.summary import TuneSummary
 from tuner.run.twin_record import TrialFit
@@ -340,6 +342,7 @@ def _run(
     best_bound = _bound_of(best)
     best_evaluation = load_evaluation(best) if best is not None else None
     best_figures = best_evaluation.stated_goodput if best_evaluation is not None else None
+    quality, quality_rejected = _quality_of(ctx, rec)
     summary = TuneSummary(
         study=ctx.study_name,
         run_dir=str(ctx.run_dir),
@@ -368,6 +371,8 @@ def _run(
         twin_fits=_twin_fits(ctx),
         parallelism=parallelism,
         recommendation=str(RunLayout(ctx.run_dir).recommendation_dir) if rec is not None else None,
+        quality=quality,
+        quality_rejected=quality_rejected,
         report=str(report) if report else None,
         wall_s=time.monotonic() - began,
     )
@@ -435,6 +440,27 @@ def _twin_fits(ctx: TuneContext) -> list[TrialFit]:
     except ConfigError:
         log.warning("unreadable %s", RunLayout(ctx.run_dir).twin_json, exc_info=True)
         return []
+
+
+def _quality_of(
+    ctx: TuneContext, rec: Recommendation | None
+) -> tuple[QualityResult | None, QualityRejection | None]:
+    """The quality gate's result for summary.json: the recommendation's (the recommended
+    settings' result and the setting passed over), else the gate's own file (no
+    recommendation: the gated setting failed and nothing else met the SLOs, or another
+    worker finalized)."""
+    reader = RunReader(ctx.run_dir)
+    if rec is None:
+        try:
+            rec = reader.recommendation()
+        except RunFileError:
+            rec = None
+    if rec is not None and (rec.quality is not None or rec.quality_rejected is not None):
+        return rec.quality, rec.quality_rejected
+    try:
+        return reader.quality(), None
+    except RunFileError:
+        return None, None
 
 
 def _bound_of(trial: FrozenTrial | None) -> GoodputBound | None:
