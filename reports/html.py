@@ -673,6 +673,10 @@ def _variants_one_rate(rec: Recommendation | None) -> bool:
 def _ties_note(data: RunData) -> str:
     """Which trials tie with the best within their capacity intervals; "" where none."""
     best, ties = data.best_trial, data.ties_with_best
+    rec = data.recommendation
+    if rec is not None and rec.tie_break is not None:
+        text = rec.tie_break.text()
+        return text[0].upper() + text[1:] + "."
     if best is None or not ties:
         return ""
     numbers = ", ".join(str(t.number) for t in ties)

@@ -15,8 +15,8 @@ import pytest
 from tests.integration.tune_run import tune
 from tuner.run.config import TuneConfig
 from tuner.run.quality import QualityOutcome, QualityResult, QualityThresholds
-from tuner.run.summary import TuneSummary
 from tuner.run.reader import RunReader
+from tuner.run.summary import TuneSummary
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.quality_gate import SIMULATED_REASON, gate_best, keeps_model_numerics
 from tuner.search.study import best_trial, load_evaluation

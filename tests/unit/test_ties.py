@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import time
+from typing import cast
+
 import optuna
 import pytest
 from optuna.distributions import IntDistribution
-from optuna.trial import TrialState, create_trial
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from tuner.run.budget import LaunchKind
+from tuner.run.evaluation import Evaluation, Verdict
 from tuner.run.goodput import CapacityInterval
-from tuner.search.study.records import best_trial, ties_with_best
+from tuner.run.ties import TieBreak, TieChoice, TiedTrial, TieOutcome
+from tuner.search.budget import TimeBudget
+from tuner.search.context import StudySetup, TuneContext
+from tuner.search.study.records import EVALUATION_ATTR, best_trial, ties_with_best
+from tuner.search.ties import decide, settle_ties
+from tuner.serving.processes import ChildRegistry
+from tuner.vllm.space import TrialParams
 
 
 def test_intervals_overlap_unless_one_ends_below_the_other() -> None:
@@ -51,3 +62,104 @@ def test_a_setting_within_the_noise_of_the_best_is_a_tie() -> None:
     assert best is not None and best.number == 0
     assert [t.number for t in ties_with_best(study, best)] == [1, 4]
     assert ties_with_best(study, None) == []
+
+
+# -- the tie-break: which of the tied settings is recommended ------------------------------------
+
+
+def _gated_trial(goodput: float, low: float, high: float, *, kv: str) -> FrozenTrial:
+    """A feasible trial whose evaluation is in the study (KV cache dtype ``kv``)."""
+    params = TrialParams(max_num_seqs=64, kv_cache_dtype=kv)
+    ev = Evaluation(dir="/nonexistent", params=params, flags={}, verdict=Verdict.MET, outcome=None)
+    return create_trial(
+        params={"max-num-seqs": 64},
+        distributions={"max-num-seqs": IntDistribution(16, 512, log=True)},
+        value=goodput,
+        user_attrs={
+            "verdict": "met", "goodput": goodput, "goodput_arrival_rate_per_s": goodput,
+            "throughput": goodput * 300, "goodput_bound": "bracketed",
+            "capacity_low_per_s": low, "capacity_high_per_s": high,
+            EVALUATION_ATTR: ev.model_dump(mode="json"),
+        },
+        state=TrialState.COMPLETE,
+    )  # fmt: skip
+
+
+def _settle(study: optuna.Study) -> tuple[int, TieBreak | None, TimeBudget]:
+    """The tie-break with no time left to measure again (nothing is launched)."""
+    best = best_trial(study)
+    assert best is not None
+    budget = TimeBudget(began_s=time.monotonic(), budget_s=1.0, launch_prior_s=60.0)
+    lines: list[str] = []
+    chosen, tie = settle_ties(
+        cast(TuneContext, None), StudySetup(), study, best,
+        registry=cast(ChildRegistry, None), progress=lines.append, budget=budget, level_s=10.0,
+    )  # fmt: skip
+    return chosen.number, tie, budget
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_fp8_within_the_noise_of_the_models_own_dtype_is_not_recommended() -> None:
+    """The best changes numerics and a trial keeping them ties with it: the one keeping
+    them is recommended, said why; with no time to measure the two again, said so."""
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(_gated_trial(6.0, 5.6, 6.5, kv="auto"))  # 0: keeps the numerics
+    study.add_trial(_gated_trial(6.3, 5.9, 6.8, kv="fp8"))  # 1: the best, a tie with 0
+    study.add_trial(_gated_trial(6.2, 5.8, 6.7, kv="fp8"))  # 2: a tie, but changes them too
+    chosen, tie, budget = _settle(study)
+    assert chosen == 0 and tie is not None
+    assert (tie.best, tie.tied, tie.outcome) == (1, [0, 2], TieOutcome.NOT_MEASURED)
+    assert tie.choice is TieChoice.MODEL_NUMERICS
+    assert [t.trial for t in tie.compared] == [1, 0]  # the rival: the one keeping them
+    assert [s.kind for s in budget.skipped] == [LaunchKind.TIE_BREAK]
+    assert tie.text().startswith("trials 1 and 0 tie within the noise; not measured again: ")
+    assert tie.text().endswith(
+        "recommended trial 0: it keeps the model's own numerics at no measurable loss"
+    )
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_a_tie_of_like_numerics_keeps_the_best_and_no_tie_decides_nothing() -> None:
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(_gated_trial(6.0, 5.6, 6.5, kv="auto"))
+    study.add_trial(_gated_trial(6.3, 5.9, 6.8, kv="auto"))  # the best
+    chosen, tie, _ = _settle(study)
+    assert chosen == 1 and tie is not None and tie.choice is TieChoice.HIGHEST_GOODPUT
+    apart = optuna.create_study(direction="maximize")
+    apart.add_trial(_gated_trial(6.0, 5.6, 6.1, kv="auto"))
+    apart.add_trial(_gated_trial(7.3, 6.9, 7.8, kv="fp8"))  # measurably better: no tie
+    chosen, tie, budget = _settle(apart)
+    assert chosen == 1 and tie is None and budget.skipped == []
+
+
+@pytest.mark.parametrize(
+    ("best", "rival", "outcome", "choice", "chosen"),
+    [
+        # measured again, apart: the one above serves more, whatever its numerics
+        ((7.0, 7.6), (6.0, 6.8), TieOutcome.SEPARATED, TieChoice.SERVES_MORE, 1),
+        ((6.0, 6.8), (7.0, 7.6), TieOutcome.SEPARATED, TieChoice.SERVES_MORE, 2),
+        # still within each other's noise: the numerics decide
+        ((6.4, 7.2), (6.0, 6.8), TieOutcome.STILL_TIED, TieChoice.MODEL_NUMERICS, 2),
+    ],
+)
+def test_measured_again_the_pooled_intervals_decide(
+    best: tuple[float, float],
+    rival: tuple[float, float],
+    outcome: TieOutcome,
+    choice: TieChoice,
+    chosen: int,
+) -> None:
+    def tied(trial: int, pooled: tuple[float, float], *, fp8: bool) -> TiedTrial:
+        low, high = pooled
+        return TiedTrial(
+            trial=trial, settings="", changes_numerics=fp8, goodput_per_s=low,
+            interval=None, pooled=CapacityInterval(low_per_s=low, high_per_s=high),
+        )  # fmt: skip
+
+    compared = [tied(1, best, fp8=True), tied(2, rival, fp8=False)]
+    assert decide(compared, measured=True) == (outcome, choice, chosen)
+    # not measured again: the pooled intervals are not there to decide
+    assert decide(compared, measured=False)[:2] == (
+        TieOutcome.NOT_MEASURED,
+        TieChoice.MODEL_NUMERICS,
+    )

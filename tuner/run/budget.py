@@ -18,6 +18,7 @@ class LaunchKind(StrEnum):
     EDGE_PROBE = "edge_probe"
     CONFIRMATION = "confirmation"
     QUALITY_GATE = "quality_gate"  # a server the quality gate compared (tuner.search.quality_gate)
+    TIE_BREAK = "tie_break"  # a tied setting measured again (tuner.search.ties)
 
 
 class LaunchRecord(BaseModel):

@@ -14,6 +14,7 @@ read what an older one wrote. ``RunLayout`` names each path once::
     <run>/trials/<nnn>/level-<i>/lagged-<k>/  an attempt at it whose load generator lagged
     <run>/edge/edge.json                the out-of-memory edge search
     <run>/confirm/<variant>[-<k>]/      the confirmation runs of the recommended variants
+    <run>/ties/<nnn>/                   trial nnn's settings measured again, where it tied with the best
     <run>/quality/quality.json          the quality gate of a setting that changes numerics
     <run>/quality/<role>/               each server it compared: server.log, answers.jsonl
     <run>/recommendation/               recommendation.json and the deployable configs
@@ -43,6 +44,7 @@ EDGE_DIR = "edge"
 EDGE_JSON = "edge.json"
 CONFIRM_DIR = "confirm"
 QUALITY_DIR = "quality"
+TIES_DIR = "ties"
 QUALITY_JSON = "quality.json"  # the quality gate's result
 QUALITY_ANSWERS_JSONL = "answers.jsonl"  # in a quality server's directory: its answers, scored
 RECOMMENDATION_DIR = "recommendation"
@@ -146,6 +148,10 @@ class RunLayout:
 
     def confirm_run_dir(self, variant: str, repeat: int | None = None) -> Path:
         return self.confirm_dir / confirm_name(variant, repeat)
+
+    def tie_run_dir(self, trial: int) -> Path:
+        """Trial ``trial``'s settings measured again by the tie-break (``tuner.search.ties``)."""
+        return self.root / TIES_DIR / f"{trial:03d}"
 
     @property
     def quality_dir(self) -> Path:

@@ -23,6 +23,7 @@ from tuner.run.goodput import (
     gains_text,
 )
 from tuner.run.quality import QualityRejection, QualityResult
+from tuner.run.ties import TieBreak
 from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
 from tuner.vllm.space import TrialParams
@@ -162,6 +163,9 @@ class Recommendation(BaseModel):
     # where it changed them and was passed over for its result (tuner.run.quality)
     quality: QualityResult | None = None
     quality_rejected: QualityRejection | None = None
+    # Where other trials tied with the best within the noise: which was recommended and why,
+    # after measuring the two again where the budget left the time (tuner.run.ties)
+    tie_break: TieBreak | None = None
     time_scale: float
     harness_version: str
     version_hash: str

@@ -7,6 +7,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from tuner.run.goodput import CapacityInterval, Goodput, GoodputBound, GoodputUnit
 from tuner.run.parallelism import ParallelismComparison
 from tuner.run.quality import QualityRejection, QualityResult
+from tuner.run.ties import TieBreak
 from tuner.run.twin_record import TrialFit
 
 
@@ -44,6 +45,9 @@ class TuneSummary(BaseModel):
     # Feasible trials whose capacity intervals overlap the best's: within the noise of
     # it, a tie the measurement cannot rank (tuner.search.study.records.ties_with_best)
     ties_with_best: list[int] = []
+    # How the recommended trial was chosen of those tied with the best: the two measured
+    # again where the time was left, the outcome and why (tuner.run.ties; None: no tie)
+    tie_break: TieBreak | None = None
     best_goodput_figures: Goodput | None = None
     finalized_here: bool
     # The twin's step costs fitted after each trial (twin.json): its error on each

@@ -47,6 +47,7 @@ from tuner.run.goodput import Goodput, GoodputBound
 from tuner.run.layout import RECOMMENDATION_JSON, RunLayout
 from tuner.run.quality import QualityRejection, QualityResult
 from tuner.run.recommendation import Capacity, ConfirmationResult, Recommendation, Variant
+from tuner.run.ties import TieBreak
 from tuner.search.budget import TimeBudget
 from tuner.search.capacity_interval import capacity_gain, capacity_interval
 from tuner.search.context import StudySetup, TuneContext
@@ -352,13 +353,15 @@ def recommend(
     deadline_s: float | None = None,
     quality: QualityResult | None = None,
     quality_rejected: QualityRejection | None = None,
+    tie_break: TieBreak | None = None,
 ) -> Recommendation:
     """Confirm the variants (when configured), write every config, return the recommendation.
     With ``budget``, no confirmation is launched that would not end before ``deadline_s``
     (monotonic; default the budget's end): it is said, and kept in ``skipped``.
     ``quality``: the quality gate's result for ``best``'s settings where they change the
     model's numerics; ``quality_rejected``: the better trial passed over for its result
-    (``tuner.search.quality_gate.gate_best``)."""
+    (``tuner.search.quality_gate.gate_best``); ``tie_break``: how ``best`` was chosen of
+    the trials tied with it (``tuner.search.ties``)."""
     points = variant_params(ctx, best.params, edge)
     variants: list[Variant] = []
     skipped: list[str] = []
@@ -455,6 +458,7 @@ def recommend(
         capacity_gain=gain,
         quality=quality,
         quality_rejected=quality_rejected,
+        tie_break=tie_break,
         time_scale=setup.time_scale,
         harness_version=HARNESS_VERSION,
         version_hash=flags_hash,

@@ -72,6 +72,7 @@ from tuner.search.study import (
     ties_with_best,
     wait_finalized,
 )
+from tuner.search.ties import settle_ties
 from tuner.serving.level_schedule import drain_s, plan_level_schedule
 from tuner.serving.live_server import ServerFactory
 from tuner.serving.processes import ChildRegistry
@@ -343,6 +344,7 @@ def _run(
     best_evaluation = load_evaluation(best) if best is not None else None
     best_figures = best_evaluation.stated_goodput if best_evaluation is not None else None
     quality, quality_rejected = _quality_of(ctx, rec)
+    tie_break = rec.tie_break if rec is not None else None
     summary = TuneSummary(
         study=ctx.study_name,
         run_dir=str(ctx.run_dir),
@@ -373,6 +375,7 @@ def _run(
         recommendation=str(RunLayout(ctx.run_dir).recommendation_dir) if rec is not None else None,
         quality=quality,
         quality_rejected=quality_rejected,
+        tie_break=tie_break,
         report=str(report) if report else None,
         wall_s=time.monotonic() - began,
     )
@@ -511,6 +514,22 @@ def _finalize(
     default_eval = load_evaluation(default) if default is not None else None
     edge: EdgeResult | None = None
     end = budget.deadline_s - FINISH_S if budget is not None else None
+    # Trials within the noise of the best: the two that matter measured again where the
+    # time is left after the edge and the confirmations, then the one to recommend.
+    level_s = (evaluation.levels_s or 0.0) / len(evaluation.levels) if evaluation.levels else 0.0
+    best, tie = settle_ties(
+        ctx, setup, study, best, registry=registry, progress=progress, budget=budget,
+        deadline_s=(
+            budget.deadline_s - reserve_s(ctx, setup, budget, evaluation)
+            if budget is not None else None
+        ),
+        level_s=level_s,
+    )  # fmt: skip
+    chosen = load_evaluation(best)
+    if chosen is None:
+        progress(f"the chosen trial's evidence ({best.user_attrs.get('dir')}) is not on this host")
+        return None
+    evaluation = chosen
     # Settings that change the model's numerics are compared with its own first; where they
     # fail, the best trial that keeps them is recommended instead.
     gated = gate_best(
@@ -536,6 +555,7 @@ def _finalize(
         ctx, setup, best_number=best.number, best=evaluation, default=default_eval, edge=edge,
         registry=registry, progress=progress, start_rate=start_rate, budget=budget,
         deadline_s=end, quality=gated.quality, quality_rejected=gated.rejected,
+        tie_break=tie,
     )  # fmt: skip
     _say_recommendation(rec, ctx.run_dir, progress)
     return rec
@@ -555,6 +575,8 @@ def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) 
         progress(f"  vLLM defaults: goodput {rec.default.measured.stated_goodput.text()}")
     if (units := rec.units_text()) is not None:
         progress(f"  {units}")
+    if rec.tie_break is not None:
+        progress(f"  {rec.tie_break.text()}")
     if rec.edge is not None and rec.edge.utilization is not None and not rec.edge.probes:
         progress(f"  OOM edge not probed: {rec.edge.utilization.note or rec.edge.skipped}")
     elif rec.edge is not None and rec.edge.utilization is not None:
