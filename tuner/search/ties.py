@@ -13,7 +13,8 @@ capacity interval overlaps its own the measurement cannot rank the two
    more on one new draw of the workload (the same draw for both: their difference is
    the settings', not the arrivals'), from the rate each held, up to ``AGAIN_LEVELS``
    rates. Each one's capacity interval is then pooled over its trial's levels and these
-   (``capacity_interval``).
+   (``capacity_interval``), per GPU where the tensor-parallel size is searched (as the
+   trials are ranked).
 3. **The choice**: where the pooled intervals no longer overlap, the one above serves
    more (``TieChoice.SERVES_MORE``). Still tied, or not measured again: the one that
    keeps the model's numerics where the other changes them (``MODEL_NUMERICS``), else
@@ -157,6 +158,8 @@ def _tied(trial: FrozenTrial, ev: Evaluation, again: Evaluation | None, *, pool:
     """One of the two compared; ``pool``: both were measured again, so the interval is
     pooled over the trial's levels and those again."""
     pooled = capacity_interval([*ev.levels, *again.levels]) if pool and again is not None else None
+    if pooled is not None:  # per GPU, as the trials are ranked where the TP size is searched
+        pooled = pooled.per_gpu(int(trial.user_attrs.get("ranked_gpus") or 1))
     return TiedTrial(
         trial=trial.number,
         settings=ev.params.short(),
