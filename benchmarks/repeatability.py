@@ -10,7 +10,12 @@ unit) and capacity interval, then:
 * the spread of the goodputs, (max - min) / median (issue 34's target: <= 12%);
 * the interval's half-width against its middle (target: <= 8%);
 * coverage: of each repeat's interval, the share of the other repeats' capacity
-  estimates (the middle of their intervals) it holds (target: >= 85%).
+  estimates (the middle of their intervals) it holds (target: >= 85%);
+* what the edge draws cost: the levels measured again with another draw of the workload
+  (``tuner.search.rate_search.EDGE_DRAWS``) and their emulated seconds (warm-up, window
+  and drain, as each level's load run counted them) against the search's own.
+
+Each repeat's levels read ``rate+`` (held) or ``rate-`` (broke), ``/k`` for draw k > 0.
 
 Run (CPU only; about a minute a repeat for chat on an H100 profile)::
 
@@ -45,6 +50,10 @@ class Repeat:
     high: float | None
     levels: int
     wall_s: float
+    marks: str  # the levels in order: "4.26- 3.41+ 3.41+/1 ..."
+    level_s: float  # emulated seconds of the search's own levels
+    edge_s: float  # of the edge draws (every level from the first draw > 0 on)
+    edge_levels: int
 
     @property
     def middle(self) -> float | None:
@@ -64,6 +73,13 @@ def _one(args: argparse.Namespace, seed: int, folder: Path) -> Repeat:
         space=args.space or [],
     )
     interval = evaluation.capacity_interval
+    first_edge = next(
+        (i for i, lv in enumerate(evaluation.levels) if lv.draw > 0), len(evaluation.levels)
+    )
+    marks = " ".join(
+        f"{lv.rate_per_s:.2f}{'+' if lv.met else '-'}" + (f"/{lv.draw}" if lv.draw else "")
+        for lv in evaluation.levels
+    )
     return Repeat(
         seed=seed,
         goodput=evaluation.stated_goodput.arrival_rate_per_s,
@@ -71,6 +87,10 @@ def _one(args: argparse.Namespace, seed: int, folder: Path) -> Repeat:
         high=interval.high_per_s if interval else None,
         levels=len(evaluation.levels),
         wall_s=time.monotonic() - began,
+        marks=marks,
+        level_s=sum(lv.load.duration_s for lv in evaluation.levels[:first_edge]),
+        edge_s=sum(lv.load.duration_s for lv in evaluation.levels[first_edge:]),
+        edge_levels=len(evaluation.levels) - first_edge,
     )
 
 
@@ -82,6 +102,9 @@ def _report(repeats: list[Repeat]) -> None:
             f"  seed {r.seed:>3}: goodput {r.goodput:7.3f}  capacity 90% in [{low}, {high}]"
             f"  {r.levels} levels  {r.wall_s:5.1f} s"
         )
+        print(f"      {r.marks}")
+        print(f"      level-seconds: search {r.level_s:.0f}, edge draws {r.edge_s:.0f} "
+              f"({r.edge_levels} levels)")  # fmt: skip
     goodputs = [r.goodput for r in repeats]
     median = statistics.median(goodputs)
     spread = (max(goodputs) - min(goodputs)) / median if median > 0 else float("nan")
@@ -105,6 +128,12 @@ def _report(repeats: list[Repeat]) -> None:
             f"  interval half-width / middle: median {statistics.median(widths):.1%}, "
             f"max {max(widths):.1%}  (target <= 8%)"
         )
+    edge = [r.edge_s for r in repeats]
+    print(
+        f"  edge draws: {statistics.mean(r.edge_levels for r in repeats):.1f} levels and "
+        f"{statistics.mean(edge):.0f} emulated s a trial on average (max {max(edge):.0f}), "
+        f"against {statistics.mean(r.level_s for r in repeats):.0f} s of the search's own"
+    )
     if total:
         print(f"  coverage of the other repeats' estimates: {held}/{total} = {held / total:.0%}"
               "  (target >= 85%)")  # fmt: skip
