@@ -12,8 +12,8 @@ unit) and capacity interval, then:
 * coverage: of each repeat's interval, the share of the other repeats' capacity
   estimates (the middle of their intervals) it holds (target: >= 85%);
 * what the edge draws cost: the levels measured again with another draw of the workload
-  (``tuner.search.rate_search.EDGE_DRAWS``) and their emulated seconds (warm-up, window
-  and drain, as each level's load run counted them) against the search's own.
+  (``tuner.search.rate_search.EDGE_DRAWS``) and their emulated seconds (warm-up and
+  window, from each level's ``window.json``) against the search's own.
 
 Each repeat's levels read ``rate+`` (held) or ``rate-`` (broke), ``/k`` for draw k > 0.
 
@@ -29,6 +29,7 @@ Each tune's output and run directory go to a temporary folder (``--keep DIR`` ke
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -62,6 +63,15 @@ class Repeat:
         return self.low if self.high is None else (self.low + self.high) / 2
 
 
+def _level_s(level_dir: str) -> float:
+    """A level's emulated seconds: its warm-up and window (``window.json``), 0 without it."""
+    path = Path(level_dir) / "window.json"
+    if not path.exists():
+        return 0.0
+    window = json.loads(path.read_text())
+    return float(window.get("opened_at_s") or 0.0) + float(window.get("window_s") or 0.0)
+
+
 def _one(args: argparse.Namespace, seed: int, folder: Path) -> Repeat:
     began = time.monotonic()
     evaluation = one_trial(
@@ -88,8 +98,8 @@ def _one(args: argparse.Namespace, seed: int, folder: Path) -> Repeat:
         levels=len(evaluation.levels),
         wall_s=time.monotonic() - began,
         marks=marks,
-        level_s=sum(lv.load.duration_s for lv in evaluation.levels[:first_edge]),
-        edge_s=sum(lv.load.duration_s for lv in evaluation.levels[first_edge:]),
+        level_s=sum(_level_s(lv.dir) for lv in evaluation.levels[:first_edge]),
+        edge_s=sum(_level_s(lv.dir) for lv in evaluation.levels[first_edge:]),
         edge_levels=len(evaluation.levels) - first_edge,
     )
 
