@@ -16,7 +16,16 @@ On a live server (``tuner.serving.live_server.LiveServer``) the workload is sent
 When the twin placed the first rate (``predicted_rate_per_s``: the simulator's
 sustained rate for these settings), the first level is just below the prediction and
 the next, if it held, just above it (``precision`` apart), so a right prediction is
-bracketed in two levels; the evidence-led steps take over where it was wrong.
+bracketed in two levels; the evidence-led steps take over where it was wrong, except
+that a first level the twin placed that broke steps down by at most ``TWIN_MISS_STEP``
+(the twin's own error), not by half: a halving leaves the last levels far below the edge.
+
+Once the levels are spent or the bracket closed, its two ends are measured again with
+other draws of the workload (``EDGE_DRAWS`` in all, ``draw_seed``): where the edge falls
+moves with the draw (arrivals, conversations' lengths) by more than one window's
+resamples see. A rate measured with several draws holds when their mean P(hold) does
+(``pooled_verdicts``); where another draw broke the rate that held, the bracket moves
+down and is measured between its new ends with every draw (``next_edge_draw``).
 
 Each level is one schedule at its own rate: a warm-up, then its window, which opens
 only once the server is steady at that rate and lasts long enough for the SLO's
@@ -354,10 +363,11 @@ def bracket(levels: list[RateLevel]) -> tuple[RateLevel | None, RateLevel | None
     """The best level that held, and the lowest level above it that broke (or killed the
     engine); with no level held, the lowest level that broke (``RateBracket``'s ends),
     each rate as its draws pooled say (``pooled_verdicts``): of a rate's levels, the
-    search's own draw (the first measured)."""
+    first measured that held (the best) or broke (the lowest above it)."""
     rates = _rates(levels, 0.0)
     counted = [lv for lv in levels if not lv.unmeasurable]
-    low = next((lv for lv in counted if lv.rate_per_s == rates.low), None)
+    at_low = [lv for lv in counted if lv.rate_per_s == rates.low]
+    low = next((lv for lv in at_low if lv.met), at_low[0] if at_low else None)
     at_high = [lv for lv in counted if lv.rate_per_s == rates.high]
     high = next((lv for lv in at_high if not lv.met), at_high[0] if at_high else None)
     return low, high
