@@ -497,6 +497,24 @@ def test_the_bracket_is_measured_again_with_another_draw_and_pooled(tmp_path: Pa
     assert len(edge) <= 5
 
 
+def test_a_draw_that_breaks_the_lowest_rate_held_steps_down_with_both(tmp_path: Path) -> None:
+    """The search's own levels held only at their lowest rate, which the other draw broke:
+    the edge draws step below it, so the trial still has a goodput both draws held."""
+    seed1 = 7 + DRAW_SEED_STRIDE
+    server = _DrawnCapacity({7: 8.2, seed1: 7.6})
+    chat = load_workload("chat").model_copy(update={"seed": 7})
+    result = search_rate(
+        server, chat, start_rate_per_s=None, out_dir=tmp_path, level_duration_s=2.0,
+        warmup_s=1.0, max_levels=2, precision=0.05, predicted_rate_per_s=8.0 * math.sqrt(1.05),
+    )  # fmt: skip
+    assert [(round(lv.rate_per_s, 2), lv.met, lv.draw) for lv in result.levels[:3]] == [
+        (8.0, True, 0), (8.4, False, 0), (8.0, False, 1)
+    ]  # fmt: skip
+    assert result.best is not None and result.best.rate_per_s < 7.6
+    assert result.best.rate_per_s >= 7.6 / 1.1**2
+    assert {lv.draw for lv in result.levels if lv.rate_per_s == result.best.rate_per_s} == {0, 1}
+
+
 def test_draws_that_agree_cost_two_levels_and_keep_the_goodput(tmp_path: Path) -> None:
     one = _drawn_search(_DrawnCapacity({7: 10.0}), tmp_path / "one", 1)
     server = _DrawnCapacity({7: 10.0, 7 + DRAW_SEED_STRIDE: 10.0})

@@ -103,8 +103,10 @@ EDGE_DRAWS = 2
 # user numbers repeats with (1, 2, 3...), so no two repeats share a draw.
 DRAW_SEED_STRIDE = 1_000_003
 # Where another draw broke the rate that held (the bracket moved down), how many rates
-# between its new ends are measured with every draw.
+# more are measured with every draw: between its new ends, and below the lowest rate
+# that broke where no rate measured holds over the draws.
 EDGE_MIDDLES = 1
+EDGE_STEPS_DOWN = 2
 # On a chained run a level's schedule goes on this long past its longest window and
 # drain (emulated seconds), so the server stays loaded at its rate while the next level
 # is decided and planned, until that one takes over.
@@ -390,21 +392,25 @@ def next_edge_draw(
     """The next edge draw to measure, (rate, draw), or None: each end of the bracket
     (the best rate that held, the lowest above it that broke) with ``draws`` draws, the
     lower end first; then, where another draw broke the rate that held (``moved``: the
-    bracket moved down), the geometric middle of the new bracket with all of them while
-    it is wider than ``precision``. Nothing without both ends (a lower bound, or no rate
-    held: the search's budget found no edge to measure again)."""
+    bracket moved down, a new rate may be measured), the geometric middle of the new
+    bracket with all of them while it is wider than ``precision``, or where no rate
+    measured below holds over the draws, a rate ``1 + 2 * precision`` below the lowest
+    that broke. Nothing where the search's own levels had no bracket (a lower bound, or
+    no rate held: no edge to measure again)."""
     rates = _rates(levels, precision)
     low, high = rates.low, rates.high
-    if low is None or high is None or draws < 2:
+    if high is None or draws < 2:
         return None
     for rate in (low, high):
         have = {lv.draw for lv in levels if lv.rate_per_s == rate and not lv.unmeasurable}
         missing = [k for k in range(draws) if k not in have]
-        if missing:
+        if rate is not None and missing:
             return rate, missing[0]
-    if moved and not rates.closed:
-        return math.sqrt(low * high), 0
-    return None
+    if not moved:
+        return None
+    if low is None:
+        return high / (1.0 + 2.0 * precision), 0
+    return None if rates.closed else (math.sqrt(low * high), 0)
 
 
 def client_ceiling(levels: list[RateLevel]) -> float | None:
@@ -605,16 +611,23 @@ def _measure_edge_draws(
     """Measure the edge draws (``next_edge_draw``) after the search's levels, each a level
     of its own (numbered on from them) planned with its draw's seed; True when the engine
     died under one. The two ends' other draws; where the bracket moved, the new lower
-    end's, and at most ``EDGE_MIDDLES`` middle rates with every draw."""
+    end's, and with every draw at most ``EDGE_MIDDLES`` rates between its new ends and
+    ``EDGE_STEPS_DOWN`` below them (where no rate measured holds over the draws)."""
     held_before = _rates(levels, precision).low
-    middles = 0
+    if held_before is None:
+        return False  # no edge: nothing held
+    middles = steps = 0
     while True:
-        moved = held_before is not None and _rates(levels, precision).low != held_before
-        edge = next_edge_draw(levels, draws, precision, moved=moved and middles < EDGE_MIDDLES)
+        low = _rates(levels, precision).low
+        more = middles < EDGE_MIDDLES if low is not None else steps < EDGE_STEPS_DOWN
+        edge = next_edge_draw(levels, draws, precision, moved=low != held_before and more)
         if edge is None:
             return False
         rate, draw = edge
-        middles += draw == 0
+        if draw == 0 and low is None:
+            steps += 1
+        elif draw == 0:
+            middles += 1
         drawn = spec.model_copy(update={"seed": draw_seed(spec, draw)})
         index = len(levels)
         one = _OneLevel(live, drawn, rate, index=index, levels=levels, runs=runs, knobs=knobs)
