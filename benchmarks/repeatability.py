@@ -23,7 +23,9 @@ Run (CPU only; about a minute a repeat for chat on an H100 profile)::
     .venv/bin/python benchmarks/repeatability.py --repeats 5 --space max-num-seqs=64..64
     .venv/bin/python benchmarks/repeatability.py --workload rag --gpu L40S-48GB
 
-Each tune's output and run directory go to a temporary folder (``--keep DIR`` keeps them).
+Each tune's output and run directory go to a temporary folder (``--keep DIR`` keeps them;
+``--keep DIR --reread`` measures nothing and reports the kept runs again, their intervals
+computed with the current ``capacity_interval``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tuner.run.evaluation import Evaluation
+from tuner.run.layout import RunLayout, evaluation_json
+from tuner.search.capacity_interval import capacity_interval
 
 try:  # the repository root is on the path (the editable install, python -m)
     from benchmarks.virtual_trial import one_trial, workload_file
@@ -74,15 +80,23 @@ def _level_s(level_dir: str) -> float:
 
 def _one(args: argparse.Namespace, seed: int, folder: Path) -> Repeat:
     began = time.monotonic()
-    evaluation = one_trial(
-        model=args.model,
-        gpu=args.gpu,
-        workload=workload_file(args.workload, seed, folder),
-        run_dir=folder / f"run-seed{seed}",
-        max_levels=args.max_levels,
-        space=args.space or [],
-    )
-    interval = evaluation.capacity_interval
+    run_dir = folder / f"run-seed{seed}"
+    if args.reread:
+        evaluation = Evaluation.model_validate_json(
+            evaluation_json(RunLayout(run_dir).trial_dir(0)).read_text()
+        )
+        counted = [lv for lv in evaluation.levels if not lv.unmeasurable]
+        interval = capacity_interval(counted, evaluation.best) if counted else None
+    else:
+        evaluation = one_trial(
+            model=args.model,
+            gpu=args.gpu,
+            workload=workload_file(args.workload, seed, folder),
+            run_dir=run_dir,
+            max_levels=args.max_levels,
+            space=args.space or [],
+        )
+        interval = evaluation.capacity_interval
     first_edge = next(
         (i for i, lv in enumerate(evaluation.levels) if lv.draw > 0), len(evaluation.levels)
     )
@@ -161,7 +175,14 @@ def main() -> int:
         "--space", action="append", help="pin a knob (repeatable), e.g. max-num-seqs=64..64"
     )
     parser.add_argument("--keep", type=Path, help="keep the runs in this folder")
+    parser.add_argument(
+        "--reread",
+        action="store_true",
+        help="measure nothing: read the runs --keep kept, their intervals computed again",
+    )
     args = parser.parse_args()
+    if args.reread and args.keep is None:
+        parser.error("--reread reads the runs --keep DIR kept")
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)

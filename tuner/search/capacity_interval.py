@@ -29,8 +29,9 @@ search's edge draws), the interval is read from the rates measured with several 
 alone (``_between_draws``): at each the pooled share is the mean over draws of their
 P(hold), smoothed to ``(k + 1/2) / (n + 1)`` for ``n`` draws summing to ``k`` (two draws
 that agree are not certainty); its probit, taken as linear in the log of the rate, is
-fitted through them, which gives where a draw's edge lies, ``mu``, and how far it moves
-from draw to draw, ``tau`` (in log rate). A trial's estimate pools its ``n`` draws
+drawn through the two neighbouring rates between which it falls most, which gives where
+a draw's edge lies, ``mu``, and how far it moves from draw to draw, ``tau`` (in log
+rate). A trial's estimate pools its ``n`` draws
 (standard error ``tau / sqrt(n)``), and so does another trial's: the interval is
 ``mu +/- z * tau * sqrt(2 / n)``, ``z`` the normal quantile of the confidence's upper
 tail (1.645 at 90%): where another trial of the same settings, on other draws, places
@@ -128,13 +129,14 @@ def _between_draws(
         lowest = min(lowest, smoothed)  # no rate holds more surely than a lower one
         xs.append(math.log(rate))
         zs.append(normal.inv_cdf(lowest))
-    mean_x, mean_z = sum(xs) / len(xs), sum(zs) / len(zs)
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (z - mean_z) for x, z in zip(xs, zs, strict=True)) / sxx
-    if slope >= 0.0:
+    # the edge lies where the pooled share falls most between two neighbouring rates: the
+    # probit through them (a rate below that all draws held says nothing of the fall's
+    # width but its smoothing, and would flatten a fit through every rate)
+    fall, i = max((zs[j] - zs[j + 1], j) for j in range(len(zs) - 1))
+    if fall <= 0.0:
         return None
-    tau = -1.0 / slope  # z = (mu - x) / tau
-    mu = mean_x + mean_z * tau
+    tau = (xs[i + 1] - xs[i]) / fall  # z = (mu - x) / tau
+    mu = xs[i] + zs[i] * tau
     n_draws = min(len(draws) for _, draws in drawn)
     half = normal.inv_cdf(1.0 - tail) * tau * math.sqrt(2.0 / n_draws)
     return math.exp(mu - half), math.exp(mu + half)
