@@ -381,6 +381,14 @@ def _rates(levels: list[RateLevel], precision: float) -> RateBracket:
     return RateBracket(precision, pooled_verdicts(levels))
 
 
+def edge_levels(edge_draws: int, max_levels: int) -> int:
+    """The levels the edge draws usually add to a search of ``max_levels``: the bracket's
+    two ends once more per draw beyond the first (a bracket needs two levels; where another
+    draw broke the rate that held, up to ``EDGE_MIDDLES`` and ``EDGE_STEPS_DOWN`` rates
+    more with every draw)."""
+    return 2 * (edge_draws - 1) if max_levels > 1 else 0
+
+
 def draw_seed(spec: WorkloadSpec, draw: int) -> int:
     """The seed draw ``draw`` of ``spec`` is planned with (draw 0: the spec's own)."""
     return spec.seed + draw * DRAW_SEED_STRIDE
