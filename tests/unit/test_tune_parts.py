@@ -450,6 +450,23 @@ def test_a_first_rate_the_twin_placed_that_breaks_steps_down_by_the_twins_error(
     assert found.best is not None and found.best.rate_per_s <= capacity
 
 
+def test_both_sides_of_the_twins_rate_holding_climb_by_the_twins_error(tmp_path: Path) -> None:
+    """Both of the twin's levels held far below the TTFT limit (climb_step: x2): the twin is
+    near, so the next level climbs by its error, and the bracket closes on the capacity."""
+    capacity = 10.0
+    server = _KnownCapacity(capacity_per_s=capacity)
+    result = search_rate(
+        server, load_workload("chat"), start_rate_per_s=None, out_dir=tmp_path,
+        level_duration_s=2.0, warmup_s=1.0, max_levels=4, precision=0.05,
+        predicted_rate_per_s=0.85 * capacity, edge_draws=1,
+    )  # fmt: skip
+    assert [lv.met for lv in result.levels[:2]] == [True, True]
+    assert server.rates[2] == pytest.approx(server.rates[1] * TWIN_MISS_STEP)  # not x2
+    assert result.best is not None and result.broken_rate_per_s is not None
+    assert result.best.rate_per_s <= capacity < result.broken_rate_per_s
+    assert result.best.rate_per_s >= capacity / 1.05  # x2 then bisecting: 8.71, 15% short
+
+
 class _DrawnCapacity(_KnownCapacity):
     """A server whose capacity moves with the draw of the workload (its seed): where the
     edge falls depends on the arrivals and conversations the window drew."""

@@ -18,7 +18,8 @@ sustained rate for these settings), the first level is just below the prediction
 the next, if it held, just above it (``precision`` apart), so a right prediction is
 bracketed in two levels; the evidence-led steps take over where it was wrong, except
 that a first level the twin placed that broke steps down by at most ``TWIN_MISS_STEP``
-(the twin's own error), not by half: a halving leaves the last levels far below the edge.
+(the twin's own error), not by half (a halving leaves the last levels far below the
+edge), and where both of the twin's levels held the next climbs by at most as much.
 
 Once the levels are spent or the bracket closed, its two ends are measured again with
 other draws of the workload (``EDGE_DRAWS`` in all, ``draw_seed``): where the edge falls
@@ -93,6 +94,7 @@ MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent:
 # rate has been 10 to 25% above what a trial measured where it missed
 # (benchmarks/repeatability.md), so a miss of its rate is a near miss whatever a stopped
 # level's few requests say; a second break steps by its own evidence (``descent_step``).
+# Likewise the largest climb from both sides of the twin's rate where both held.
 TWIN_MISS_STEP = 1.25
 # How many draws of the workload the bracket's ends are measured with (the edge draws):
 # where the capacity falls moves with the draw (arrivals, conversation lengths) by more
@@ -593,6 +595,9 @@ def search_rate(
                 down = growth  # the next break steps down by its own evidence
             elif predicted_rate_per_s and index == 0 and low is None:
                 down = min(down, TWIN_MISS_STEP)  # a near miss of the twin's rate
+            elif predicted_rate_per_s and index == 1 and high is None:
+                up = min(up, TWIN_MISS_STEP)  # both sides of the twin's rate held: near
+
             rate = _next_rate(levels, precision, up=up, down=down)
             if rate is None:
                 break
