@@ -815,9 +815,21 @@ def _edge(data: RunData) -> dict[str, Any]:
 def _level_dirs(ev: Evaluation, base: Path) -> list[tuple[str, Path]]:
     u = ev.stated_goodput.unit.label  # a level's rate is the workload's arrival rate
     return [
-        (f"level {i}: {lv.rate_per_s:.2f} {u}{' (met)' if lv.met else ''}", rebase(lv.dir, base))
+        (
+            f"level {i}: {lv.rate_per_s:.2f} {u}{_draw_note(lv)}{' (met)' if lv.met else ''}",
+            rebase(lv.dir, base),
+        )
         for i, lv in enumerate(ev.levels)
     ]
+
+
+def _draw_note(lv: LevelRecord) -> str:
+    """Where a level measured another draw of the workload (the rate search's edge draws,
+    pooled with the search's own at that rate), which one: " (draw 1, seed 1000004)"."""
+    if not lv.draw:
+        return ""
+    seed = f", seed {lv.seed}" if lv.seed is not None else ""
+    return f" (draw {lv.draw}{seed})"
 
 
 def _memory(data: RunData) -> list[ChartView]:
@@ -1153,7 +1165,7 @@ def _steady_state(data: RunData) -> list[TrialEvidenceView]:
             chart = level_timeline(f"level-{t.number}-{level.index}", level, scale)
             levels.append(
                 LevelEvidenceView(
-                    title=f"Rate {level.index + 1}: {lv.rate_per_s:.2f} {unit}",
+                    title=f"Rate {level.index + 1}: {lv.rate_per_s:.2f} {unit}{_draw_note(lv)}",
                     verdict=verdict, verdict_color=color,
                     parts=[_window_part(level), _backlog_part(level),
                            _turn_mix_part(level, sessions), _prompt_part(level)],

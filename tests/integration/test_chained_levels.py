@@ -143,7 +143,7 @@ def test_a_chained_search_carries_each_level_on_from_the_last(
 ) -> None:
     search = search_rate(
         live, _spec(), start_rate_per_s=3.0, out_dir=tmp_path, max_levels=2,
-        level_duration_s=5.0, warmup_s=2.0, chain=live.chain,
+        level_duration_s=5.0, warmup_s=2.0, chain=live.chain, edge_draws=1,
     )  # fmt: skip
     first, second = search.levels
     assert first.met and second.rate_per_s > first.rate_per_s

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
+
 import pytest
 
 from tuner.run.evaluation import LevelRecord
@@ -87,6 +90,41 @@ def test_a_growing_queue_holds_nothing_and_old_levels_count_as_their_verdict() -
     # as its resamples say
     assert _level(4, 0.7, met=False, window_met=True).hold_probability == 0.7
     assert capacity_interval([]) is None
+
+
+def test_the_interval_widens_with_the_variation_between_draws() -> None:
+    """Issue 34: where the bracket's ends were measured with two draws, the interval is
+    read from them: draws that agree place the edge within the bracket; a draw that held
+    where the other broke says the edge moves from draw to draw by more."""
+    below = [_level(5.0, 1.0)]  # the search's own levels below the edge
+    agree = [*below, _level(6.0, 1.0), _level(6.3, 0.0),
+             _level(6.0, 1.0, draw=1), _level(6.3, 0.0, draw=1)]  # fmt: skip
+    differ = [*below, _level(6.0, 1.0), _level(6.3, 0.0),
+              _level(6.0, 1.0, draw=1), _level(6.3, 1.0, draw=1)]  # fmt: skip
+    tight, wide = capacity_interval(agree), capacity_interval(differ)
+    assert tight is not None and wide is not None
+    assert tight.high_per_s is not None and wide.high_per_s is not None
+    assert wide.high_per_s - wide.low_per_s > 2 * (tight.high_per_s - tight.low_per_s)
+    # agreeing draws: shares smoothed to 2.5/3 and 0.5/3, the probit's fit through them
+    z = NormalDist().inv_cdf(2.5 / 3)
+    tau = math.log(6.3 / 6.0) / (2 * z)
+    middle = math.sqrt(6.0 * 6.3)
+    half = NormalDist().inv_cdf(0.95) * tau  # sqrt(2 / n) = 1 with two draws
+    assert tight.low_per_s == pytest.approx(middle * math.exp(-half))
+    assert tight.high_per_s == pytest.approx(middle * math.exp(half))
+    # one draw: the window's noise alone (linear between the rates), narrower still
+    alone = capacity_interval([*below, _level(6.0, 1.0), _level(6.3, 0.0)])
+    assert alone is not None and alone.high_per_s is not None
+    assert alone.high_per_s - alone.low_per_s < tight.high_per_s - tight.low_per_s
+    # the same draw measured twice is one draw, not two
+    twice = [*below, _level(6.0, 1.0), _level(6.3, 0.0), _level(6.0, 1.0), _level(6.3, 0.0)]
+    assert capacity_interval(twice) == alone
+
+
+def test_a_record_written_before_draws_reads_as_the_searchs_own_draw() -> None:
+    old = _level(6.0, 1.0).model_dump(mode="json", exclude={"draw", "seed"})
+    record = LevelRecord.model_validate(old)
+    assert record.draw == 0 and record.seed is None
 
 
 def _interval(low: float, high: float | None) -> CapacityInterval:

@@ -16,11 +16,14 @@ from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, auto_time_scale, resolve
 from tuner.search.rate_search import (
+    DRAW_SEED_STRIDE,
     HOLD_MIN,
+    TWIN_MISS_STEP,
     RateLevel,
     RateSearch,
     climb_step,
     descent_step,
+    draw_seed,
     goodput_text,
     hold_rule_miss,
     level_met,
@@ -310,6 +313,7 @@ def _search(
     return search_rate(
         server, load_workload("chat"), start_rate_per_s=start, out_dir=tmp_path,
         level_duration_s=2.0, warmup_s=1.0, max_levels=max_levels, precision=precision,
+        edge_draws=1,  # the search's own levels alone (the edge draws: their own tests)
     )  # fmt: skip
 
 
@@ -370,7 +374,7 @@ def test_a_confirmation_that_breaks_where_its_trial_held_steps_down_gently(
     result = search_rate(
         server, load_workload("chat"), start_rate_per_s=8.31, out_dir=tmp_path,
         level_duration_s=2.0, warmup_s=1.0, max_levels=3, precision=0.05,
-        start_held=start_held,
+        start_held=start_held, edge_draws=1,
     )  # fmt: skip
     assert [lv.met for lv in result.levels][:2] == [False, True]
     if not start_held:  # the failure share asks for x2.5: halved, far below the capacity
@@ -403,6 +407,142 @@ def test_a_first_rate_just_past_the_edge_steps_down_a_little(tmp_path: Path) -> 
     assert result.bound is GoodputBound.BRACKETED
     assert result.broken_rate_per_s == pytest.approx(11.0)
     assert result.goodput == pytest.approx(11.0 / 1.21)
+
+
+class _StopsEarly(_KnownCapacity):
+    """Past its capacity every level stops early (its queue grew at once), so how far it
+    missed is unknown from its own requests: ``descent_step`` halves."""
+
+    def measure(self, workload: WorkloadSpec, schedule: list[ScheduledRequest], **kw: object) -> LoadMeasurement:  # fmt: skip
+        m = super().measure(workload, schedule, **kw)  # type: ignore[arg-type]
+        return m if m.slo.met else m.model_copy(update={"stopped_early": True})
+
+
+def test_a_first_rate_the_twin_placed_that_breaks_steps_down_by_the_twins_error(
+    tmp_path: Path,
+) -> None:
+    """Issue 34: the twin placed its first level 10 to 25% above what held, the miss stopped
+    early, and halving put the next level far below the edge, where three climbs could not
+    reach it again. Its own error bounds the step: the goodput ends within the bracket's
+    precision of the capacity in four levels."""
+    capacity = 10.0
+    server = _StopsEarly(capacity_per_s=capacity)
+    predicted = 1.2 * capacity  # the twin 20% over
+    result = search_rate(
+        server, load_workload("chat"), start_rate_per_s=None, out_dir=tmp_path,
+        level_duration_s=2.0, warmup_s=1.0, max_levels=4, precision=0.05,
+        predicted_rate_per_s=predicted, edge_draws=1,
+    )  # fmt: skip
+    first = predicted / math.sqrt(1.05)
+    assert server.rates[0] == pytest.approx(first) and not result.levels[0].met
+    assert server.rates[1] == pytest.approx(first / TWIN_MISS_STEP)  # not first / 2
+    assert result.best is not None and result.broken_rate_per_s is not None
+    assert result.best.rate_per_s <= capacity < result.broken_rate_per_s
+    assert result.best.rate_per_s >= capacity / 1.06
+    # a second break steps by its own evidence: a twin 2.5 times over is still found
+    far = _StopsEarly(capacity_per_s=capacity)
+    found = search_rate(
+        far, load_workload("chat"), start_rate_per_s=None, out_dir=tmp_path / "far",
+        level_duration_s=2.0, warmup_s=1.0, max_levels=4, precision=0.05,
+        predicted_rate_per_s=2.5 * capacity, edge_draws=1,
+    )  # fmt: skip
+    assert far.rates[2] == pytest.approx(far.rates[1] / 2.0)
+    assert found.best is not None and found.best.rate_per_s <= capacity
+
+
+def test_both_sides_of_the_twins_rate_holding_climb_by_the_twins_error(tmp_path: Path) -> None:
+    """Both of the twin's levels held far below the TTFT limit (climb_step: x2): the twin is
+    near, so the next level climbs by its error, and the bracket closes on the capacity."""
+    capacity = 10.0
+    server = _KnownCapacity(capacity_per_s=capacity)
+    result = search_rate(
+        server, load_workload("chat"), start_rate_per_s=None, out_dir=tmp_path,
+        level_duration_s=2.0, warmup_s=1.0, max_levels=4, precision=0.05,
+        predicted_rate_per_s=0.85 * capacity, edge_draws=1,
+    )  # fmt: skip
+    assert [lv.met for lv in result.levels[:2]] == [True, True]
+    assert server.rates[2] == pytest.approx(server.rates[1] * TWIN_MISS_STEP)  # not x2
+    assert result.best is not None and result.broken_rate_per_s is not None
+    assert result.best.rate_per_s <= capacity < result.broken_rate_per_s
+    assert result.best.rate_per_s >= capacity / 1.05  # x2 then bisecting: 8.71, 15% short
+
+
+class _DrawnCapacity(_KnownCapacity):
+    """A server whose capacity moves with the draw of the workload (its seed): where the
+    edge falls depends on the arrivals and conversations the window drew."""
+
+    def __init__(self, capacity_by_seed: dict[int, float]) -> None:
+        super().__init__(capacity_per_s=0.0)
+        self.capacity_by_seed = capacity_by_seed
+        self.seeds: list[int] = []
+
+    def measure(self, workload: WorkloadSpec, schedule: list[ScheduledRequest], **kw: object) -> LoadMeasurement:  # fmt: skip
+        self.seeds.append(workload.seed)
+        self.capacity_per_s = self.capacity_by_seed[workload.seed]
+        m = super().measure(workload, schedule, **kw)  # type: ignore[arg-type]
+        return m.model_copy(update={"slo": m.slo.model_copy(update={"hold_share": 1.0 if m.slo.met else 0.0})})  # fmt: skip
+
+
+def _drawn_search(server: _DrawnCapacity, tmp_path: Path, edge_draws: int) -> RateSearch:
+    chat = load_workload("chat").model_copy(update={"seed": 7})
+    return search_rate(
+        server, chat, start_rate_per_s=8.0, out_dir=tmp_path, level_duration_s=2.0,
+        warmup_s=1.0, max_levels=4, precision=0.05, edge_draws=edge_draws,
+    )  # fmt: skip
+
+
+def test_the_bracket_is_measured_again_with_another_draw_and_pooled(tmp_path: Path) -> None:
+    """Issue 34: the goodput is the rate the declared workload holds over its draws, not
+    the rate one lucky draw held. Draw 0 holds up to 10/s, draw 1 only up to 9/s."""
+    seed1 = 7 + DRAW_SEED_STRIDE
+    assert draw_seed(load_workload("chat").model_copy(update={"seed": 7}), 1) == seed1
+    lucky = _drawn_search(_DrawnCapacity({7: 10.0, seed1: 9.0}), tmp_path / "one", 1)
+    assert lucky.best is not None and lucky.best.rate_per_s > 9.0  # one draw: lucky
+    server = _DrawnCapacity({7: 10.0, seed1: 9.0})
+    result = _drawn_search(server, tmp_path / "two", 2)
+    own = len(lucky.levels)
+    assert server.rates[:own] == pytest.approx([lv.rate_per_s for lv in lucky.levels])
+    edge = result.levels[own:]
+    # the bracket's ends again, the held one first, with draw 1's seed
+    assert [lv.draw for lv in edge[:2]] == [1, 1] and set(server.seeds[own : own + 2]) == {seed1}
+    assert edge[0].rate_per_s == lucky.best.rate_per_s and not edge[0].met
+    assert all(lv.seed == 7 for lv in result.levels[:own]) and edge[0].seed == seed1
+    # pooled, that rate broke: the goodput is a rate both draws held, below 9/s
+    assert result.best is not None and result.best.rate_per_s <= 9.0
+    assert {lv.draw for lv in result.levels if lv.rate_per_s == result.best.rate_per_s} == {0, 1}
+    assert result.bound is GoodputBound.BRACKETED
+    assert len(edge) <= 5
+
+
+def test_a_draw_that_breaks_the_lowest_rate_held_steps_down_with_both(tmp_path: Path) -> None:
+    """The search's own levels held only at their lowest rate, which the other draw broke:
+    the edge draws step below it, so the trial still has a goodput both draws held."""
+    seed1 = 7 + DRAW_SEED_STRIDE
+    server = _DrawnCapacity({7: 8.2, seed1: 7.6})
+    chat = load_workload("chat").model_copy(update={"seed": 7})
+    result = search_rate(
+        server, chat, start_rate_per_s=None, out_dir=tmp_path, level_duration_s=2.0,
+        warmup_s=1.0, max_levels=2, precision=0.05, predicted_rate_per_s=8.0 * math.sqrt(1.05),
+    )  # fmt: skip
+    assert [(round(lv.rate_per_s, 2), lv.met, lv.draw) for lv in result.levels[:3]] == [
+        (8.0, True, 0), (8.4, False, 0), (8.0, False, 1)
+    ]  # fmt: skip
+    assert result.best is not None and result.best.rate_per_s < 7.6
+    assert result.best.rate_per_s >= 7.6 / 1.1**2
+    assert {lv.draw for lv in result.levels if lv.rate_per_s == result.best.rate_per_s} == {0, 1}
+
+
+def test_draws_that_agree_cost_two_levels_and_keep_the_goodput(tmp_path: Path) -> None:
+    one = _drawn_search(_DrawnCapacity({7: 10.0}), tmp_path / "one", 1)
+    server = _DrawnCapacity({7: 10.0, 7 + DRAW_SEED_STRIDE: 10.0})
+    two = _drawn_search(server, tmp_path / "two", 2)
+    assert len(two.levels) == len(one.levels) + 2
+    assert one.best is not None and two.best is not None
+    assert two.best.rate_per_s == one.best.rate_per_s
+    assert two.broken_rate_per_s == one.broken_rate_per_s
+    # no edge draws without a bracket: a lower bound is measured once
+    high = _drawn_search(_DrawnCapacity({7: 1000.0}), tmp_path / "high", 2)
+    assert all(lv.draw == 0 for lv in high.levels)
 
 
 def test_the_climb_follows_the_kv_usage_projected_a_conversation_ahead(tmp_path: Path) -> None:

@@ -89,6 +89,9 @@ class TuneConfig(BaseModel):
     # verdict near its limit); None: tuner.serving.window.MAX_WINDOW_S.
     level_max_duration_s: float | None = Field(default=None, gt=0)
     max_levels: int = Field(default=4, ge=1)
+    # Draws of the workload the bracket's ends are measured with once the levels are spent
+    # (tuner.search.rate_search's edge draws, beyond max_levels); 1: none.
+    edge_draws: int = Field(default=2, ge=1)
     # A trial's levels follow one another on one load run, the conversations under way
     # carrying on from each to the next (workloads.chain); False: each from an empty server
     # (the default: near capacity a chained level sees the healthy state of a bistable

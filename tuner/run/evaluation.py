@@ -63,24 +63,21 @@ class LevelRecord(BaseModel):
     # The window's own percentiles met the SLO, whatever the hold rule (P(hold) at least
     # 0.9) and the backlog guard say. None: written before it was recorded.
     window_met: bool | None = None
+    # Which draw of the workload the level measured: 0 the search's own, k > 0 the k-th
+    # draw measured again at a rate of the bracket's ends (tuner.search.rate_search's edge
+    # draws), with the workload's seed it was planned with (None: written before draws
+    # were recorded; one draw, the workload's own seed).
+    draw: int = 0
+    seed: int | None = None
 
     @property
     def hold_probability(self) -> float:
-        """The estimated probability that this rate holds: nothing holds where the queue
-        or TTFT grew; otherwise the share of the window's resamples that met the SLO
-        times the probability that KV usage does not fill the cache within its horizon
-        (``BacklogCheck.kv_stays``). A window that broke the SLO counts at most as a coin
-        toss whatever its resamples say (it may have broken for a reason they do not see:
-        a stop rule, the engine); a level written before the share was recorded counts
-        as its verdict."""
-        if self.stopped_by_backlog or (self.backlog is not None and self.backlog.growing_queue):
-            return 0.0
-        if self.hold_share is None:
-            return 1.0 if self.met and not self.failed_by_backlog else 0.0
-        kv = self.backlog.kv_stays if self.backlog is not None else 1.0
-        if self.met or (self.window_met and not self.stopped_early):
-            return self.hold_share * kv
-        return min(self.hold_share, 0.5) * kv
+        """The estimated probability that this rate holds (``level_hold_probability``)."""
+        return level_hold_probability(
+            met=self.met, window_met=self.window_met, stopped_early=self.stopped_early,
+            stopped_by_backlog=self.stopped_by_backlog, backlog=self.backlog,
+            hold_share=self.hold_share,
+        )  # fmt: skip
 
     @property
     def unmeasurable(self) -> bool:
@@ -96,6 +93,33 @@ class LevelRecord(BaseModel):
     @property
     def failed_by_backlog(self) -> bool:
         return self.stopped_by_backlog or (self.backlog is not None and self.backlog.growing)
+
+
+def level_hold_probability(
+    *,
+    met: bool,
+    window_met: bool | None,
+    stopped_early: bool,
+    stopped_by_backlog: bool,
+    backlog: BacklogCheck | None,
+    hold_share: float | None,
+) -> float:
+    """The estimated probability that a level's rate holds: nothing holds where the queue
+    or TTFT grew; otherwise the share of the window's resamples that met the SLO times the
+    probability that KV usage does not fill the cache within its horizon
+    (``BacklogCheck.kv_stays``). A window that broke the SLO counts at most as a coin toss
+    whatever its resamples say (it may have broken for a reason they do not see: a stop
+    rule, the engine); a level without the share (written before it was recorded) counts
+    as its verdict. The rate search pools it over a rate's draws (``LevelRecord.draw``)."""
+    if stopped_by_backlog or (backlog is not None and backlog.growing_queue):
+        return 0.0
+    if hold_share is None:
+        failed_by_backlog = backlog is not None and backlog.growing
+        return 1.0 if met and not failed_by_backlog else 0.0
+    kv = backlog.kv_stays if backlog is not None else 1.0
+    if met or (window_met and not stopped_early):
+        return hold_share * kv
+    return min(hold_share, 0.5) * kv
 
 
 class Evaluation(BaseModel):

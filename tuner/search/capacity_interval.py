@@ -19,14 +19,32 @@ the confidence's two tails:
 
 The capacity (the rate up to which the SLO holds) lies between the last rate that held
 and the first that broke; the interval says where, with the sampling noise of the
-levels' percentiles and KV projections, which the search's bracket alone does not. The goodput (the last
-rate that held) may lie below it. It does not hold the server's run-to-run variation,
-which repeated runs measure (``tuner tune --repeats``, ``tuner check``).
+levels' percentiles and KV projections, which the search's bracket alone does not. The
+goodput (the last rate that held) may lie below it.
+
+**Between draws.** Where the edge falls also moves with the draw of the workload (its
+arrivals, its conversations' lengths) by more than one window's resamples see. Where the
+search measured its bracket's ends with several draws (``LevelRecord.draw``, the rate
+search's edge draws), the interval is read from the rates measured with several draws
+alone (``_between_draws``): at each the pooled share is the mean over draws of their
+P(hold), smoothed to ``(k + 1/2) / (n + 1)`` for ``n`` draws summing to ``k`` (two draws
+that agree are not certainty); its probit, taken as linear in the log of the rate, is
+drawn through the two neighbouring rates between which it falls most, which gives where
+a draw's edge lies, ``mu``, and how far it moves from draw to draw, ``tau`` (in log
+rate). A trial's estimate pools its ``n`` draws
+(standard error ``tau / sqrt(n)``), and so does another trial's: the interval is
+``mu +/- z * tau * sqrt(2 / n)``, ``z`` the normal quantile of the confidence's upper
+tail (1.645 at 90%): where another trial of the same settings, on other draws, places
+its estimate with that confidence. It does not hold the server's run-to-run variation
+beyond the workload's draw (a restart, a neighbour on the host), which repeated runs
+measure (``tuner tune --repeats``, ``tuner check``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from statistics import NormalDist
 
 from tuner.run.evaluation import LevelRecord
 from tuner.run.goodput import CapacityGain, CapacityInterval
@@ -42,32 +60,86 @@ def capacity_interval(
 ) -> CapacityInterval | None:
     """The interval of a rate search's ``levels`` (arrival rates in the workload's unit);
     ``best``: the level the goodput was taken at. None without a measured rate."""
-    curve = _hold_curve(levels)
+    by_rate = _by_rate(levels)
+    curve = _hold_curve(by_rate)
     if not curve:
         return None
     tail = (1.0 - confidence) / 2.0
+    hold = None
+    if best is not None:
+        hold = (
+            _pooled(by_rate[best.rate_per_s])
+            if best.rate_per_s in by_rate
+            else best.hold_probability
+        )
+    drawn = _between_draws(by_rate, tail)
+    if drawn is not None:
+        return CapacityInterval(
+            low_per_s=drawn[0], high_per_s=drawn[1], confidence=confidence, hold_at_goodput=hold
+        )
     low = _falls_through(curve, 1.0 - tail)
     return CapacityInterval(
         low_per_s=curve[-1][0] if low is None else low,
         high_per_s=_falls_through(curve, tail),
         confidence=confidence,
-        hold_at_goodput=best.hold_probability if best is not None else None,
+        hold_at_goodput=hold,
     )
 
 
-def _hold_curve(levels: Sequence[LevelRecord]) -> list[tuple[float, float]]:
-    """(rate, share) by rising rate, the share non-increasing."""
-    by_rate: dict[float, list[float]] = {}
+def _by_rate(levels: Sequence[LevelRecord]) -> dict[float, dict[int, list[float]]]:
+    """Each measured rate's P(hold)s by draw."""
+    by_rate: dict[float, dict[int, list[float]]] = {}
     for level in levels:
         if level.rate_per_s > 0:
-            by_rate.setdefault(level.rate_per_s, []).append(level.hold_probability)
+            draws = by_rate.setdefault(level.rate_per_s, {})
+            draws.setdefault(level.draw, []).append(level.hold_probability)
+    return by_rate
+
+
+def _pooled(draws: dict[int, list[float]]) -> float:
+    """A rate's P(hold) over its draws: their mean, each draw's own the mean of its levels."""
+    return sum(sum(p) / len(p) for p in draws.values()) / len(draws)
+
+
+def _hold_curve(by_rate: dict[float, dict[int, list[float]]]) -> list[tuple[float, float]]:
+    """(rate, share) by rising rate, the share non-increasing."""
     curve: list[tuple[float, float]] = []
     lowest = 1.0
     for rate in sorted(by_rate):
-        shares = by_rate[rate]
-        lowest = min(lowest, sum(shares) / len(shares))
+        lowest = min(lowest, _pooled(by_rate[rate]))
         curve.append((rate, lowest))
     return curve
+
+
+def _between_draws(
+    by_rate: dict[float, dict[int, list[float]]], tail: float
+) -> tuple[float, float] | None:
+    """The interval from the rates measured with several draws (the module's docstring),
+    or None: fewer than two such rates, or no fall of the pooled share between them."""
+    drawn = sorted((rate, draws) for rate, draws in by_rate.items() if len(draws) >= 2)
+    if len(drawn) < 2:
+        return None
+    normal = NormalDist()
+    xs: list[float] = []
+    zs: list[float] = []
+    lowest = 1.0
+    for rate, draws in drawn:
+        n = len(draws)
+        smoothed = (_pooled(draws) * n + 0.5) / (n + 1)
+        lowest = min(lowest, smoothed)  # no rate holds more surely than a lower one
+        xs.append(math.log(rate))
+        zs.append(normal.inv_cdf(lowest))
+    # the edge lies where the pooled share falls most between two neighbouring rates: the
+    # probit through them (a rate below that all draws held says nothing of the fall's
+    # width but its smoothing, and would flatten a fit through every rate)
+    fall, i = max((zs[j] - zs[j + 1], j) for j in range(len(zs) - 1))
+    if fall <= 0.0:
+        return None
+    tau = (xs[i + 1] - xs[i]) / fall  # z = (mu - x) / tau
+    mu = xs[i] + zs[i] * tau
+    n_draws = min(len(draws) for _, draws in drawn)
+    half = normal.inv_cdf(1.0 - tail) * tau * math.sqrt(2.0 / n_draws)
+    return math.exp(mu - half), math.exp(mu + half)
 
 
 def _falls_through(curve: list[tuple[float, float]], share: float) -> float | None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.run.config import TuneConfig
 from tuner.search.context import StudySetup, TuneContext, resolve
+from tuner.search.rate_search import edge_levels
 from tuner.search.tune import reserve_s
 from tuner.serving.level_schedule import drain_s, plan_level_schedule
 from tuner.serving.server import Backend
@@ -130,7 +131,8 @@ def _trial_s(ctx: TuneContext) -> float:
     )
     level_s = plan.warmup_max_s + plan.window_s + drain_s(ctx.workload)
     startup = STARTUP_S.get(ctx.backend, VLLM_STARTUP_S)
-    return startup + min(c.max_levels, LEVELS_PER_TRIAL) * level_s
+    edge = edge_levels(c.edge_draws, c.max_levels)  # the bracket's ends again
+    return startup + (min(c.max_levels, LEVELS_PER_TRIAL) + edge) * level_s
 
 
 def _say(plan: DryRun, ctx: TuneContext, progress: Callable[[str], None]) -> None:

@@ -17,11 +17,10 @@ from tuner.run.evaluation import Evaluation, LevelRecord, Verdict
 from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.search.capacity_interval import capacity_interval
 from tuner.search.context import StudySetup, TuneContext
-from tuner.search.rate_search import RateSearch, hold_rule_miss, search_rate
+from tuner.search.rate_search import RateLevel, RateSearch, hold_rule_miss, search_rate
 from tuner.serving.live_server import (
     KvFill,
     LiveServer,
-    LoadMeasurement,
     ServerFactory,
     TrialServer,
 )
@@ -155,6 +154,7 @@ def evaluate(
                 predicted_rate_per_s=predicted_rate_per_s,
                 predicted_answer_times=predicted_answer_times,
                 chain=live.chain if config.chain_levels else None, start_held=start_held,
+                edge_draws=config.edge_draws,
             )  # fmt: skip
             measured = time.monotonic()
     evaluation = _evaluation(ctx, setup, params, out_dir, startup, search, live, kv_fill)
@@ -183,7 +183,7 @@ def _evaluation(
     live: TrialServer,
     kv_fill: KvFill | None,
 ) -> Evaluation:
-    levels = [_summary(level.rate_per_s, level.met, level.measurement) for level in search.levels] if search else []  # fmt: skip
+    levels = [_summary(level) for level in search.levels] if search else []
     best = next((s for s in levels if search and search.best and s.dir == search.best.measurement.out_dir), None)  # fmt: skip
     counted = [level for level in levels if not level.unmeasurable]  # the client kept up
     failure = startup.failure
@@ -237,10 +237,13 @@ def _evaluation(
     )
 
 
-def _summary(rate: float, met: bool, m: LoadMeasurement) -> LevelRecord:
+def _summary(level: RateLevel) -> LevelRecord:
+    m = level.measurement
     return LevelRecord(
-        rate_per_s=rate,
-        met=met,
+        rate_per_s=level.rate_per_s,
+        met=level.met,
+        draw=level.draw,
+        seed=level.seed,
         stopped_early=m.stopped_early,
         dir=m.out_dir,
         load=m.load,

@@ -16,7 +16,17 @@ On a live server (``tuner.serving.live_server.LiveServer``) the workload is sent
 When the twin placed the first rate (``predicted_rate_per_s``: the simulator's
 sustained rate for these settings), the first level is just below the prediction and
 the next, if it held, just above it (``precision`` apart), so a right prediction is
-bracketed in two levels; the evidence-led steps take over where it was wrong.
+bracketed in two levels; the evidence-led steps take over where it was wrong, except
+that a first level the twin placed that broke steps down by at most ``TWIN_MISS_STEP``
+(the twin's own error), not by half (a halving leaves the last levels far below the
+edge), and where both of the twin's levels held the next climbs by at most as much.
+
+Once the levels are spent or the bracket closed, its two ends are measured again with
+other draws of the workload (``EDGE_DRAWS`` in all, ``draw_seed``): where the edge falls
+moves with the draw (arrivals, conversations' lengths) by more than one window's
+resamples see. A rate measured with several draws holds when their mean P(hold) does
+(``pooled_verdicts``); where another draw broke the rate that held, the bracket moves
+down and is measured between its new ends with every draw (``next_edge_draw``).
 
 Each level is one schedule at its own rate: a warm-up, then its window, which opens
 only once the server is steady at that rate and lasts long enough for the SLO's
@@ -52,12 +62,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.run.evaluation import level_hold_probability
 from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.search.client_retry import measure_with_honest_client
 from tuner.search.level_evidence import write_level_evidence
@@ -69,6 +80,7 @@ from tuner.serving.server import LaunchSpec, TrialOutcome
 from tuner.serving.window import LevelPlan
 from workloads.chain import LoadChain
 from workloads.prompts import prompt_builder_for
+from workloads.replay import pass_s
 from workloads.schedule import ScheduledRequest
 from workloads.slo import SloMetric
 from workloads.spec import WorkloadSpec
@@ -78,6 +90,25 @@ from workloads.stationary import AnswerTimes, nearest_in_rate
 # least this (``hold_probability``), not when one window did.
 HOLD_MIN = 0.9
 MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
+# The largest step down from a first level the twin placed that broke: the twin's sustained
+# rate has been 10 to 25% above what a trial measured where it missed
+# (benchmarks/repeatability.md), so a miss of its rate is a near miss whatever a stopped
+# level's few requests say; a second break steps by its own evidence (``descent_step``).
+# Likewise the largest climb from both sides of the twin's rate where both held.
+TWIN_MISS_STEP = 1.25
+# How many draws of the workload the bracket's ends are measured with (the edge draws):
+# where the capacity falls moves with the draw (arrivals, conversation lengths) by more
+# than one window's resamples see, so its ends are measured again with other draws and
+# their P(hold) pooled (``pooled_hold``). 1: no edge draws.
+EDGE_DRAWS = 2
+# Draw k of a workload is planned with its seed plus k times this: far from the seeds a
+# user numbers repeats with (1, 2, 3...), so no two repeats share a draw.
+DRAW_SEED_STRIDE = 1_000_003
+# Where another draw broke the rate that held (the bracket moved down), how many rates
+# more are measured with every draw: between its new ends, and below the lowest rate
+# that broke where no rate measured holds over the draws.
+EDGE_MIDDLES = 1
+EDGE_STEPS_DOWN = 2
 # On a chained run a level's schedule goes on this long past its longest window and
 # drain (emulated seconds), so the server stays loaded at its rate while the next level
 # is decided and planned, until that one takes over.
@@ -91,6 +122,20 @@ class RateLevel(BaseModel):
     rate_per_s: float  # the workload's arrival rate at this level
     met: bool
     measurement: LoadMeasurement
+    # The draw of the workload it measured: 0 the search's own, k > 0 an edge draw
+    # (``EDGE_DRAWS``), planned with ``seed`` (None: the workload's own, not recorded).
+    draw: int = 0
+    seed: int | None = None
+
+    @property
+    def hold(self) -> float:
+        """Its estimated P(hold), as its record states it (``level_hold_probability``)."""
+        m = self.measurement
+        return level_hold_probability(
+            met=self.met, window_met=m.slo.met, stopped_early=m.stopped_early,
+            stopped_by_backlog=m.stopped_by_backlog, backlog=m.backlog,
+            hold_share=m.slo.hold_share,
+        )  # fmt: skip
 
     @property
     def unmeasurable(self) -> bool:
@@ -164,8 +209,7 @@ class RateSearch(BaseModel):
         if best is None:
             return GoodputBound.NONE
         broke_above = any(
-            not lv.met and not lv.unmeasurable and lv.rate_per_s > best.rate_per_s
-            for lv in self.levels
+            not held and rate > best.rate_per_s for rate, held in pooled_verdicts(self.levels)
         )
         return GoodputBound.BRACKETED if broke_above else GoodputBound.LOWER_BOUND
 
@@ -290,19 +334,93 @@ def level_met(m: LoadMeasurement) -> bool:
     return m.slo.met and holds_surely(m) and ends_clean(m)
 
 
+def pooled_hold(levels: Sequence[RateLevel]) -> float:
+    """The P(hold) of one rate over its draws (``RateLevel.hold``): their mean, the
+    probability that a draw of the declared workload holds there (its steady state
+    includes its randomness). Each draw measured more than once counts as its mean."""
+    by_draw: dict[int, list[float]] = {}
+    for lv in levels:
+        by_draw.setdefault(lv.draw, []).append(lv.hold)
+    return sum(sum(p) / len(p) for p in by_draw.values()) / len(by_draw)
+
+
+def pooled_verdicts(levels: Sequence[RateLevel]) -> list[tuple[float, bool]]:
+    """(rate, held) of every rate measured, in the order first measured, of the levels that
+    count (an unmeasurable level is missing): a rate measured with one draw holds as its
+    level did (``level_met``); one measured with several, when their pooled P(hold)
+    (``pooled_hold``) is at least ``HOLD_MIN`` and no draw ended with a backlog."""
+    by_rate: dict[float, list[RateLevel]] = {}
+    for lv in levels:
+        if not lv.unmeasurable:
+            by_rate.setdefault(lv.rate_per_s, []).append(lv)
+    verdicts = []
+    for rate, at in by_rate.items():
+        if len({lv.draw for lv in at}) == 1:
+            held = all(lv.met for lv in at)
+        else:
+            held = pooled_hold(at) >= HOLD_MIN and all(ends_clean(lv.measurement) for lv in at)
+        verdicts.append((rate, held))
+    return verdicts
+
+
 def bracket(levels: list[RateLevel]) -> tuple[RateLevel | None, RateLevel | None]:
     """The best level that held, and the lowest level above it that broke (or killed the
-    engine); with no level held, the lowest level that broke (``RateBracket``'s ends)."""
+    engine); with no level held, the lowest level that broke (``RateBracket``'s ends),
+    each rate as its draws pooled say (``pooled_verdicts``): of a rate's levels, the
+    first measured that held (the best) or broke (the lowest above it)."""
     rates = _rates(levels, 0.0)
     counted = [lv for lv in levels if not lv.unmeasurable]
-    low = next((lv for lv in counted if lv.met and lv.rate_per_s == rates.low), None)
-    high = next((lv for lv in counted if not lv.met and lv.rate_per_s == rates.high), None)
+    at_low = [lv for lv in counted if lv.rate_per_s == rates.low]
+    low = next((lv for lv in at_low if lv.met), at_low[0] if at_low else None)
+    at_high = [lv for lv in counted if lv.rate_per_s == rates.high]
+    high = next((lv for lv in at_high if not lv.met), at_high[0] if at_high else None)
     return low, high
 
 
 def _rates(levels: list[RateLevel], precision: float) -> RateBracket:
-    """The bracket of the levels that count (an unmeasurable level is missing)."""
-    return RateBracket(precision, [(lv.rate_per_s, lv.met) for lv in levels if not lv.unmeasurable])
+    """The bracket of the levels that count (an unmeasurable level is missing), each rate
+    held or broken over its draws (``pooled_verdicts``)."""
+    return RateBracket(precision, pooled_verdicts(levels))
+
+
+def edge_levels(edge_draws: int, max_levels: int) -> int:
+    """The levels the edge draws usually add to a search of ``max_levels``: the bracket's
+    two ends once more per draw beyond the first (a bracket needs two levels; where another
+    draw broke the rate that held, up to ``EDGE_MIDDLES`` and ``EDGE_STEPS_DOWN`` rates
+    more with every draw)."""
+    return 2 * (edge_draws - 1) if max_levels > 1 else 0
+
+
+def draw_seed(spec: WorkloadSpec, draw: int) -> int:
+    """The seed draw ``draw`` of ``spec`` is planned with (draw 0: the spec's own)."""
+    return spec.seed + draw * DRAW_SEED_STRIDE
+
+
+def next_edge_draw(
+    levels: list[RateLevel], draws: int, precision: float, *, moved: bool
+) -> tuple[float, int] | None:
+    """The next edge draw to measure, (rate, draw), or None: each end of the bracket
+    (the best rate that held, the lowest above it that broke) with ``draws`` draws, the
+    lower end first; then, where another draw broke the rate that held (``moved``: the
+    bracket moved down, a new rate may be measured), the geometric middle of the new
+    bracket with all of them while it is wider than ``precision``, or where no rate
+    measured below holds over the draws, a rate ``1 + 2 * precision`` below the lowest
+    that broke. Nothing where the search's own levels had no bracket (a lower bound, or
+    no rate held: no edge to measure again)."""
+    rates = _rates(levels, precision)
+    low, high = rates.low, rates.high
+    if high is None or draws < 2:
+        return None
+    for rate in (low, high):
+        have = {lv.draw for lv in levels if lv.rate_per_s == rate and not lv.unmeasurable}
+        missing = [k for k in range(draws) if k not in have]
+        if rate is not None and missing:
+            return rate, missing[0]
+    if not moved:
+        return None
+    if low is None:
+        return high / (1.0 + 2.0 * precision), 0
+    return None if rates.closed else (math.sqrt(low * high), 0)
 
 
 def client_ceiling(levels: list[RateLevel]) -> float | None:
@@ -408,6 +526,7 @@ def search_rate(
     predicted_answer_times: AnswerTimes | None = None,
     chain: Callable[[Path], LoadChain | None] | None = None,
     start_held: bool = False,
+    edge_draws: int = EDGE_DRAWS,
 ) -> RateSearch:
     """Measure levels on a READY server until the goodput is bracketed to ``precision``
     or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
@@ -428,7 +547,16 @@ def search_rate(
     settings held at ``start_rate_per_s`` or above before (a confirmation of a trial), so
     a first level that breaks there steps down by ``growth`` only: the earlier hold puts
     the capacity near, and a collapse's share of failed requests (``descent_step``)
-    would overstate how far below it lies. A second break steps by its own evidence."""
+    would overstate how far below it lies. A first level the twin placed that breaks steps
+    down by at most ``TWIN_MISS_STEP`` (its prediction's error). A second break steps by
+    its own evidence.
+
+    ``edge_draws``: once the level budget is spent or the bracket closed, its two ends are
+    measured again with other draws of the workload (``draw_seed``) up to this many in all,
+    beyond ``max_levels``, and every rate measured with several draws holds by their pooled
+    P(hold) (``pooled_verdicts``); where another draw broke the rate that held, the new
+    bracket's middle is measured with every draw (``next_edge_draw``). Not for a replayed
+    trace (its arrivals are the trace's, whatever the seed) or a closed-loop workload."""
     levels: list[RateLevel] = []
     closed = spec.mean_rate_per_s is None
     rate: float | None = None
@@ -449,7 +577,7 @@ def search_rate(
             level_spec, schedule = one.level_spec, one.schedule
             runs.sent(schedule, clean=ends_clean(m))
             level = _record_level(index, rate, m, runs.requests(schedule), level_spec, model_dir)
-            levels.append(level)
+            levels.append(level.model_copy(update={"seed": spec.seed}))
             if m.outcome is not TrialOutcome.READY:
                 died = True
                 break
@@ -465,9 +593,16 @@ def search_rate(
             down = descent_step(spec, high.measurement, growth) if high is not None else 1.0
             if start_held and index == 0 and low is None:
                 down = growth  # the next break steps down by its own evidence
+            elif predicted_rate_per_s and index == 0 and low is None:
+                down = min(down, TWIN_MISS_STEP)  # a near miss of the twin's rate
+            elif predicted_rate_per_s and index == 1 and high is None:
+                up = min(up, TWIN_MISS_STEP)  # both sides of the twin's rate held: near
+
             rate = _next_rate(levels, precision, up=up, down=down)
             if rate is None:
                 break
+        if not died and not closed and pass_s(spec) is None:
+            died = _measure_edge_draws(live, spec, levels, runs, knobs, edge_draws, precision)
     finally:
         runs.close()
     low, high = bracket(levels)
@@ -475,6 +610,49 @@ def search_rate(
         levels=tuple(levels), best=low, broken_rate_per_s=high.rate_per_s if high else None,
         died=died,
     )  # fmt: skip
+
+
+def _measure_edge_draws(
+    live: LevelServer,
+    spec: WorkloadSpec,
+    levels: list[RateLevel],
+    runs: _ChainedRuns,
+    knobs: _LevelKnobs,
+    draws: int,
+    precision: float,
+) -> bool:
+    """Measure the edge draws (``next_edge_draw``) after the search's levels, each a level
+    of its own (numbered on from them) planned with its draw's seed; True when the engine
+    died under one. The two ends' other draws; where the bracket moved, the new lower
+    end's, and with every draw at most ``EDGE_MIDDLES`` rates between its new ends and
+    ``EDGE_STEPS_DOWN`` below them (where no rate measured holds over the draws)."""
+    held_before = _rates(levels, precision).low
+    if held_before is None:
+        return False  # no edge: nothing held
+    middles = steps = 0
+    while True:
+        low = _rates(levels, precision).low
+        more = middles < EDGE_MIDDLES if low is not None else steps < EDGE_STEPS_DOWN
+        edge = next_edge_draw(levels, draws, precision, moved=low != held_before and more)
+        if edge is None:
+            return False
+        rate, draw = edge
+        if draw == 0 and low is None:
+            steps += 1
+        elif draw == 0:
+            middles += 1
+        drawn = spec.model_copy(update={"seed": draw_seed(spec, draw)})
+        index = len(levels)
+        one = _OneLevel(live, drawn, rate, index=index, levels=levels, runs=runs, knobs=knobs)
+        m = measure_with_honest_client(live, one.measure, runs.out_dir / f"level-{index}")
+        runs.sent(one.schedule, clean=ends_clean(m))
+        level = _record_level(
+            index, rate, m, runs.requests(one.schedule), one.level_spec, knobs.model_dir
+        )
+        levels.append(level.model_copy(update={"draw": draw, "seed": drawn.seed}))
+        if m.outcome is not TrialOutcome.READY:
+            return True
+    return False
 
 
 @dataclasses.dataclass(frozen=True)

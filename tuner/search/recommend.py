@@ -52,6 +52,7 @@ from tuner.search.budget import TimeBudget
 from tuner.search.capacity_interval import capacity_gain, capacity_interval
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.evaluate import evaluate
+from tuner.search.rate_search import edge_levels
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend
 from tuner.vllm.space import Knob, TrialParams, clamp
@@ -243,7 +244,9 @@ def confirm(
             label = f"confirmation of {name}" + (f" (run {i + 1})" if repeats > 1 else "")
             skip = budget.fits(
                 LaunchKind.CONFIRMATION, label,
-                budget.launch_estimate_s() + max_levels * level_s, deadline_s=deadline_s,
+                budget.launch_estimate_s()
+                + (max_levels + edge_levels(ctx.config.edge_draws, max_levels)) * level_s,
+                deadline_s=deadline_s,
             )  # fmt: skip
             if skip is not None:
                 if skipped is not None:
