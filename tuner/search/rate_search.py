@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -91,6 +92,7 @@ class RateLevel(BaseModel):
     rate_per_s: float  # the workload's arrival rate at this level
     met: bool
     measurement: LoadMeasurement
+    wall_s: float | None = None  # from planning it to its evidence written, attempts included
 
     @property
     def unmeasurable(self) -> bool:
@@ -444,11 +446,13 @@ def search_rate(
     )  # fmt: skip
     try:
         for index in range(1 if closed else max_levels):
+            began = time.monotonic()
             one = _OneLevel(live, spec, rate, index=index, levels=levels, runs=runs, knobs=knobs)
             m = measure_with_honest_client(live, one.measure, out_dir / f"level-{index}")
             level_spec, schedule = one.level_spec, one.schedule
             runs.sent(schedule, clean=ends_clean(m))
             level = _record_level(index, rate, m, runs.requests(schedule), level_spec, model_dir)
+            level = level.model_copy(update={"wall_s": time.monotonic() - began})
             levels.append(level)
             if m.outcome is not TrialOutcome.READY:
                 died = True
