@@ -97,16 +97,25 @@ def test_after_a_trial_the_clock_runs_as_fast_as_its_client_had_room_for() -> No
     busiest = client_events_per_s(levels[1])
     assert busiest == pytest.approx((1630.0 + REQUEST_COST_EVENTS * 2000 / 162.7) * 1.5)
     scale = measured_time_scale(levels, max_events_per_s=5000.0, fastest=0.5)
-    # the most per unit of rate (the first level's: 435 events/s per conversation/s) at
-    # 1.3 times the busiest rate: 3,572 events per emulated second of a 5,000 budget
-    assert scale == pytest.approx(0.75)
+    # 2,630 events per emulated second, 1.3 times over: 3,420 of a 5,000 budget
+    assert scale == pytest.approx(0.7)
     assert busiest * 1.3 / scale <= 5000.0
-    # a better trial measured since: its rate sets the busiest the next one may reach
-    faster = measured_time_scale(
-        levels, max_events_per_s=5000.0, fastest=0.5, busiest_rate_per_s=8.0
-    )
-    assert faster == pytest.approx(0.95)
     assert measured_time_scale(levels, max_events_per_s=5000.0, fastest=0.8) == 0.8
+
+
+def test_a_client_that_kept_up_with_more_than_its_budget_has_that_much_room() -> None:
+    """The twin's pick on the default chat tune, 1.4x faster: its busiest level held at
+    8.31 conversations/s while its one load process took 5,547 token events and 40
+    requests per wall second, its event-loop delay p99 4.6 ms (bound 10). The next trial
+    may ask 1.3 times that: within what it kept up with, 0.95; by the 5,000-event budget
+    alone it would have run 1.5x slower."""
+    levels = [
+        _level(9.88, events_per_s=2534.0, sent=1161, wall_s=34.0, scale=0.7),
+        _level(8.31, events_per_s=5547.0, sent=1194, wall_s=30.0, scale=0.7),
+    ]
+    assert measured_time_scale(levels, max_events_per_s=5000.0, fastest=0.5) == pytest.approx(0.95)
+    asked = max(e for lv in levels if (e := client_events_per_s(lv)) is not None)
+    assert asked * 1.3 / 5000.0 > 1.0  # past the stated budget on the emulated clock
 
 
 def test_a_trial_whose_client_lagged_keeps_its_clock_and_one_without_records_says_nothing() -> None:

@@ -208,7 +208,7 @@ class TrialLoop:
             return None
         scale = measured_time_scale(
             ev.levels, max_events_per_s=ctx.config.max_events_per_s,
-            fastest=ctx.config.fastest_time_scale, busiest_rate_per_s=self.best_rate(),
+            fastest=ctx.config.fastest_time_scale,
         )  # fmt: skip
         before = self.setup.time_scale
         if scale is None or math.isclose(scale, before):
