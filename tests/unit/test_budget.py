@@ -22,7 +22,7 @@ from tuner.search.budget import (
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.quality_gate import gate_need_s, may_gate
-from tuner.search.recommend import levels_that_fit
+from tuner.search.recommend import confirm, levels_that_fit
 from tuner.search.tune import (
     RESERVE_SHARE,
     _full_reserve_s,
@@ -246,3 +246,19 @@ def test_a_confirmations_levels_follow_the_clock_of_now_and_fit_what_is_left(
     assert levels_that_fit(budget, 1, 100.0, None) == 1
     assert levels_that_fit(budget, 3, 300.0, None) == 0
     assert levels_that_fit(budget, 3, 0.0, None) == 3  # no estimate: all of them
+
+
+def test_a_confirmation_runs_only_where_two_of_its_rates_fit(ctx: TuneContext) -> None:
+    """The 10-minute default tune confirmed its recommendation over the one rate that fit:
+    the rate its trial held broke on a fresh server, and the tune said "goodput 0" of
+    settings that held 8.31/s. A confirmation of several rates needs two."""
+    budget = TimeBudget(began_s=time.monotonic(), budget_s=150.0, launch_prior_s=10.0)
+    skipped: list[str] = []
+    ran = confirm(
+        ctx, StudySetup(), "recommended", TrialParams(), registry=None,  # type: ignore[arg-type]
+        start_rate_per_s=8.3, repeats=1, max_levels=3, budget=budget, level_s=100.0,
+        skipped=skipped,
+    )  # fmt: skip
+    assert ran is None
+    assert len(skipped) == 1 and "2 of 3 rate(s) at the least" in skipped[0]
+    assert levels_that_fit(budget, 3, 100.0, None) == 1

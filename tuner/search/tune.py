@@ -53,7 +53,7 @@ from tuner.search.edge import find_edge, hold_prior_s, worst_case
 from tuner.search.optuna_store import FrozenTrial, Study, TrialState
 from tuner.search.parallelism import compare
 from tuner.search.quality_gate import gate_best, gate_need_s, may_gate
-from tuner.search.recommend import recommend
+from tuner.search.recommend import LEAST_LEVELS, recommend
 from tuner.search.study import (
     Duty,
     OpenStudy,
@@ -140,7 +140,7 @@ def _write_atomic(path: Path, text: str) -> None:
 # and the confirmations (``reserve_s``), and never less than their least: one edge probe
 # and the recommendation's own confirmation over ``CONFIRM_LEAST_LEVELS`` rates.
 RESERVE_SHARE = 0.4
-CONFIRM_LEAST_LEVELS = 2  # a held rate and one above it: a closed interval
+CONFIRM_LEAST_LEVELS = LEAST_LEVELS  # the least a confirmation of several rates runs
 CONFIRM_LEVELS = 3  # the recommendation's confirmation: up to three rates
 
 
