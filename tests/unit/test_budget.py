@@ -120,7 +120,7 @@ def test_the_edge_yields_only_to_the_recommendations_own_confirmation(ctx: TuneC
     budget = _budget(ctx)
     _launch(budget, 60.0)
     setup = StudySetup()
-    end_s = 1000.0
+    end_s = budget.deadline_s  # (the end of a 120-minute budget: room for all of it)
     own = confirm_reserve_s(ctx, setup, budget, variants=False)
     every = confirm_reserve_s(ctx, setup, budget)
     assert own > 0 and every - own >= 2 * 61.0  # two variants, a measured launch each
@@ -262,3 +262,18 @@ def test_a_confirmation_runs_only_where_two_of_its_rates_fit(ctx: TuneContext) -
     assert ran is None
     assert len(skipped) == 1 and "2 of 3 rate(s) at the least" in skipped[0]
     assert levels_that_fit(budget, 3, 100.0, None) == 1
+
+
+def test_the_edge_has_the_time_where_no_confirmation_would_fit_in_it(ctx: TuneContext) -> None:
+    """A 10-minute default tune came to its edge with 145 s left, kept them for the
+    recommendation's confirmation (two rates, 186 s), skipped that too and ended 2.5
+    minutes early with neither. Where the confirmation's least does not fit, the edge's
+    probes may run to the end."""
+    setup = StudySetup()
+    best = _trial(248.0, [6.02, 6.32], time_scale=1.0)  # 124 s a level
+    budget = TimeBudget(began_s=time.monotonic(), budget_s=145.0, launch_prior_s=2.0)
+    end_s = budget.deadline_s
+    assert confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=2) > 145.0
+    assert edge_deadline_s(ctx, setup, budget, best, end_s) == pytest.approx(end_s)
+    roomy = TimeBudget(began_s=time.monotonic(), budget_s=1000.0, launch_prior_s=2.0)
+    assert edge_deadline_s(ctx, setup, roomy, best, roomy.deadline_s) < roomy.deadline_s

@@ -215,11 +215,19 @@ def edge_deadline_s(
     """When the edge's last probe must end: in time for the recommendation's own
     confirmation (a quarter more, as ``reserve_s``), not for the variants', which run in
     what the edge leaves; in a short budget (``RESERVE_SHARE``), for its least
-    (``CONFIRM_LEAST_LEVELS`` rates: the confirmation measures as many rates as fit)."""
+    (``CONFIRM_LEAST_LEVELS`` rates: the confirmation measures as many rates as fit).
+    Where even that least no longer fits before ``end_s``, the edge has the time to
+    itself: a 10-minute tune kept 141 s for a confirmation that needed 186 and probed
+    no edge either."""
     levels = CONFIRM_LEVELS
     if reserve_s(ctx, setup, budget, best) < _full_reserve_s(ctx, setup, budget, best):
         levels = CONFIRM_LEAST_LEVELS
     own = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=levels)
+    least = confirm_reserve_s(
+        ctx, setup, budget, best, variants=False, levels=min(levels, CONFIRM_LEAST_LEVELS)
+    )
+    if least > budget.left_s(end_s):
+        return end_s
     return end_s - 1.25 * own
 
 
