@@ -365,6 +365,9 @@ class TrialView:
     violations: list[str]
     winner: bool
     dir: str
+    # Where the launch's wall time went (``Evaluation.seconds_text``); None: not launched,
+    # or written before it was recorded.
+    seconds: str | None = None
 
 
 def _trial_view(t: TrialRow, data: RunData, winner: int | None) -> TrialView:
@@ -404,6 +407,7 @@ def _trial_view(t: TrialRow, data: RunData, winner: int | None) -> TrialView:
         kv_tokens=ev.startup.kv_cache_tokens if ev.startup else (pred.kv_cache_tokens if pred else None),
         startup_s=ev.startup_s, levels=len(ev.levels), violations=violations[:6],
         winner=t.number == winner, dir=str(t.dir.relative_to(data.run_dir)),
+        seconds=ev.seconds_text(),
     )  # fmt: skip
 
 
@@ -850,7 +854,10 @@ def _memory(data: RunData) -> list[ChartView]:
         )
         label += f" — {ev.verdict.value}"
         tl = timeline(label, t.dir, _level_dirs(ev, t.dir))
-        out.append(_figure(memory_timeline(f"memory-trial-{t.number}", tl, data.time_scale)))
+        # the trial's own clock (a simulated clock may run faster after the first trial,
+        # tuner.search.clock); the run's where the evaluation did not record one
+        scale = ev.time_scale if "time_scale" in ev.model_fields_set else data.time_scale
+        out.append(_figure(memory_timeline(f"memory-trial-{t.number}", tl, scale)))
     if data.edge is not None:
         for i, p in enumerate(data.edge.probes, start=1):
             pdir = rebase(p.dir, RunLayout(data.run_dir).edge_dir)
@@ -859,7 +866,8 @@ def _memory(data: RunData) -> list[ChartView]:
             flags = " ".join(f"{k} {_value(v)}" for k, v in p.flags.items())
             label = f"Edge probe {i}: {flags} — {p.said()}"
             tl = timeline(label, pdir, [("worst-case load", pdir / "load")])
-            out.append(_figure(memory_timeline(f"memory-probe-{i}", tl, data.time_scale)))
+            scale = p.time_scale or data.time_scale
+            out.append(_figure(memory_timeline(f"memory-probe-{i}", tl, scale)))
     return out
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tuner.run.budget import LaunchKind
+from tuner.run.evaluation import Evaluation, LevelRecord, Verdict
 from tuner.search.budget import (
     SIM_LAUNCH_OVERHEAD_S,
     VLLM_LAUNCH_PRIOR_S,
@@ -21,9 +22,19 @@ from tuner.search.budget import (
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.quality_gate import gate_need_s, may_gate
-from tuner.search.tune import confirm_reserve_s, edge_deadline_s, reserve_s
-from tuner.serving.server import Backend
-from tuner.vllm.space import Knob, Range
+from tuner.search.recommend import confirm, levels_that_fit
+from tuner.search.tune import (
+    RESERVE_SHARE,
+    _full_reserve_s,
+    _least_reserve_s,
+    confirm_reserve_s,
+    edge_deadline_s,
+    level_estimate_s,
+    reserve_s,
+)
+from tuner.serving.server import Backend, TrialOutcome
+from tuner.vllm.space import Knob, Range, TrialParams
+from workloads.load_result import LoadResult, Percentiles
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "workloads" / "tiny.yaml"
 
@@ -43,6 +54,10 @@ def ctx(tmp_path: Path) -> TuneContext:
 
 def _budget(ctx: TuneContext, path: Path | None = None) -> TimeBudget:
     return TimeBudget.of(ctx, time.monotonic(), path)
+
+
+def _longer(ctx: TuneContext, budget_min: float) -> TuneContext:
+    return dataclasses.replace(ctx, config=ctx.config.model_copy(update={"budget_min": budget_min}))
 
 
 def _launch(budget: TimeBudget, seconds: float, *, ready: bool = True) -> None:
@@ -68,6 +83,7 @@ def test_vllm_launches_are_estimated_in_minutes_before_any_is_measured(ctx: Tune
 
 
 def test_the_reserve_grows_with_the_launches_measured(ctx: TuneContext) -> None:
+    ctx = _longer(ctx, 120.0)  # where no share of the budget bounds it
     setup = StudySetup()
     budget = _budget(ctx)
     before = reserve_s(ctx, setup, budget)
@@ -100,10 +116,11 @@ def test_the_edge_yields_only_to_the_recommendations_own_confirmation(ctx: TuneC
     """The OOM edge is one of the tune's answers; the conservative and aggressive variants'
     confirmations run in what it leaves (a 4-minute tune on the GPU-host rehearsal skipped
     every edge probe for them and left a minute unused)."""
+    ctx = _longer(ctx, 120.0)  # where no share of the budget bounds the reserve
     budget = _budget(ctx)
     _launch(budget, 60.0)
     setup = StudySetup()
-    end_s = 1000.0
+    end_s = budget.deadline_s  # (the end of a 120-minute budget: room for all of it)
     own = confirm_reserve_s(ctx, setup, budget, variants=False)
     every = confirm_reserve_s(ctx, setup, budget)
     assert own > 0 and every - own >= 2 * 61.0  # two variants, a measured launch each
@@ -162,3 +179,101 @@ def test_the_reserve_keeps_the_quality_gates_two_launches_where_it_may_run(
         ),
     )
     assert not may_gate(auto_only)  # no value in the space changes numerics
+
+
+def _trial(levels_s: float, rates: list[float], time_scale: float) -> Evaluation:
+    load = LoadResult(
+        num_requests=100, num_completed=100, num_errors=0, num_not_sent=0, error_rate=0.0,
+        window_s=10.0, duration_s=10.0, offered_rate=1.0, achieved_rate=1.0,
+        request_throughput=1.0, output_token_throughput=100.0, output_tokens=1000,
+        prompt_tokens=1000, slo=None, num_good=100, goodput=1.0,
+        ttft_ms=Percentiles(count=100, p99=551.0), itl_ms=Percentiles(),
+        tpot_ms=Percentiles(count=100, p99=40.0), e2e_ms=Percentiles(),
+        send_lag_ms=Percentiles(), prompt_buckets=(),
+    )  # fmt: skip
+    level = LevelRecord(
+        rate_per_s=0.0, met=True, stopped_early=False, dir="level", load=load, violations=[],
+        num_preemptions=None, max_kv_cache_usage=None, prefix_cache_hit_rate=None,
+    )  # fmt: skip
+    levels = [level.model_copy(update={"rate_per_s": r}) for r in rates]
+    return Evaluation(
+        dir="t", params=TrialParams(), flags={}, verdict=Verdict.MET,
+        outcome=TrialOutcome.READY, levels=levels, levels_s=levels_s, launch_s=2.0,
+        stop_s=0.2, time_scale=time_scale,
+    )  # fmt: skip
+
+
+def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_least(
+    ctx: TuneContext,
+) -> None:
+    """A 10-minute tune of the default chat workload kept 1,325 s back for the edge and
+    the confirmations (its first trial's two levels took 248 s) and ran that one trial.
+    Now a short budget keeps at most ``RESERVE_SHARE`` of itself back, and never less
+    than one edge probe and the recommendation's own confirmation over two rates."""
+    setup = StudySetup()  # the clock of now at the GPU's pace; the trial ran 1.5x slower
+    best = _trial(248.0, [6.02, 6.32], time_scale=1.5)
+    budget = _budget(ctx)  # 10 minutes
+    _launch(budget, 2.0)
+    full = _full_reserve_s(ctx, setup, budget, best)
+    least = _least_reserve_s(ctx, setup, budget, best)
+    assert least < RESERVE_SHARE * budget.budget_s < full
+    assert reserve_s(ctx, setup, budget, best) == pytest.approx(RESERVE_SHARE * 600.0)
+    # a confirmation's level as the trial's took on average: least is one probe and two
+    own_two = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=2)
+    assert own_two == pytest.approx(2.0 + 1.0 + 2 * 124.0 / 1.5)
+    # slower measured trials: the least binds, whatever the share
+    slow = _trial(2480.0, [6.02, 6.32], time_scale=1.5)
+    assert reserve_s(ctx, setup, budget, slow) == pytest.approx(
+        _least_reserve_s(ctx, setup, budget, slow)
+    )
+    # a long budget keeps everything back, as before
+    long_ctx = _longer(ctx, 120.0)
+    long_budget = _budget(long_ctx)
+    _launch(long_budget, 2.0)
+    assert reserve_s(long_ctx, setup, long_budget, best) == pytest.approx(
+        _full_reserve_s(long_ctx, setup, long_budget, best)
+    )
+
+
+def test_a_confirmations_levels_follow_the_clock_of_now_and_fit_what_is_left(
+    ctx: TuneContext,
+) -> None:
+    """A trial measured 1.5x slower than the clock of now: its levels count two thirds."""
+    best = _trial(300.0, [6.0, 6.3], time_scale=1.5)
+    assert level_estimate_s(StudySetup(time_scale=1.0), best) == pytest.approx(100.0)
+    budget = TimeBudget(began_s=time.monotonic(), budget_s=250.0, launch_prior_s=10.0)
+    assert levels_that_fit(budget, 3, 100.0, None) == 2  # 250 s - a 10-s launch: two
+    assert levels_that_fit(budget, 1, 100.0, None) == 1
+    assert levels_that_fit(budget, 3, 300.0, None) == 0
+    assert levels_that_fit(budget, 3, 0.0, None) == 3  # no estimate: all of them
+
+
+def test_a_confirmation_runs_only_where_two_of_its_rates_fit(ctx: TuneContext) -> None:
+    """The 10-minute default tune confirmed its recommendation over the one rate that fit:
+    the rate its trial held broke on a fresh server, and the tune said "goodput 0" of
+    settings that held 8.31/s. A confirmation of several rates needs two."""
+    budget = TimeBudget(began_s=time.monotonic(), budget_s=150.0, launch_prior_s=10.0)
+    skipped: list[str] = []
+    ran = confirm(
+        ctx, StudySetup(), "recommended", TrialParams(), registry=None,  # type: ignore[arg-type]
+        start_rate_per_s=8.3, repeats=1, max_levels=3, budget=budget, level_s=100.0,
+        skipped=skipped,
+    )  # fmt: skip
+    assert ran is None
+    assert len(skipped) == 1 and "2 of 3 rate(s) at the least" in skipped[0]
+    assert levels_that_fit(budget, 3, 100.0, None) == 1
+
+
+def test_the_edge_has_the_time_where_no_confirmation_would_fit_in_it(ctx: TuneContext) -> None:
+    """A 10-minute default tune came to its edge with 145 s left, kept them for the
+    recommendation's confirmation (two rates, 186 s), skipped that too and ended 2.5
+    minutes early with neither. Where the confirmation's least does not fit, the edge's
+    probes may run to the end."""
+    setup = StudySetup()
+    best = _trial(248.0, [6.02, 6.32], time_scale=1.0)  # 124 s a level
+    budget = TimeBudget(began_s=time.monotonic(), budget_s=145.0, launch_prior_s=2.0)
+    end_s = budget.deadline_s
+    assert confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=2) > 145.0
+    assert edge_deadline_s(ctx, setup, budget, best, end_s) == pytest.approx(end_s)
+    roomy = TimeBudget(began_s=time.monotonic(), budget_s=1000.0, launch_prior_s=2.0)
+    assert edge_deadline_s(ctx, setup, roomy, best, roomy.deadline_s) < roomy.deadline_s

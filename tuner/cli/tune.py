@@ -156,6 +156,11 @@ def add_parser(sub: Any) -> None:
         "--time-scale", type=float, help="sim: run its clock K times slower (default auto)"
     )
     p.add_argument(
+        "--fastest-time-scale", type=float,
+        help="sim, automatic clock: the fastest it runs where the load generator has room "
+        "(default 0.5: twice the emulated GPU's pace; 1: never faster)",
+    )  # fmt: skip
+    p.add_argument(
         "--stream-fraction",
         type=float,
         help="share of requests streamed for token timings, the rest sent whole (default auto)",
@@ -191,7 +196,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "quality_max_logprob_divergence_nats", "quality_prompts", "quality_max_tokens",
         "cache_volume", "rollout", "processes",
         "load_workers", "load_master_bind", "client_lag_ms", "client_retries",
-        "gpu_source", "time_scale", "stream_fraction",
+        "gpu_source", "time_scale", "fastest_time_scale", "stream_fraction",
     )  # fmt: skip
     values: dict[str, Any] = {name: getattr(args, name) for name in fields}
     if values["storage"] is None and os.environ.get(STORAGE_ENV):

@@ -62,6 +62,9 @@ class EdgeProbe(BaseModel):
     dir: str
     wall_s: float
     launch_s: float | None = None  # wall seconds to ready (or to the failure)
+    # The simulated clock it ran on (tuner.search.clock); None: the run's (tune.json), or
+    # written before it was recorded.
+    time_scale: float | None = None
 
     @model_validator(mode="before")
     @classmethod

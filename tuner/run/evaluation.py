@@ -18,6 +18,7 @@ from tuner.serving.client_lag import LevelClient
 from tuner.serving.gpu_sampler import GpuSummary
 from tuner.serving.live_server import KvFill
 from tuner.serving.server import TrialOutcome
+from tuner.serving.window import WindowOpening
 from tuner.vllm.failures import StartupFailure
 from tuner.vllm.log import StartupReport
 from tuner.vllm.memory import MemoryPlan
@@ -37,6 +38,65 @@ class Verdict(StrEnum):
     @property
     def feasible(self) -> bool:
         return self is Verdict.MET
+
+
+class LevelSeconds(BaseModel):
+    """Where a level's wall time went, in wall seconds (the simulated engine's clock may
+    run slower or faster than the emulated GPU's: ``time_scale``): the warm-up until its
+    window opened, the window's shortest length, what it was held on past it, the drain
+    after it, and the rest (planning the schedule, starting the load generator, writing
+    the evidence, attempts set aside because the client lagged). The parts are None where
+    the level opened no window (the engine died, a stand-in server)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    wall_s: float  # the whole level, from planning it to its evidence written
+    warmup_s: float | None = None
+    window_s: float | None = None  # the shortest window (less where it stopped sooner)
+    hold_on_s: float | None = None  # held on past the shortest window
+    drain_s: float | None = None  # after the window, until the run was cut
+    other_s: float | None = None
+    time_scale: float = 1.0  # the clock it ran on (its wall seconds per emulated second)
+
+    @classmethod
+    def of(
+        cls,
+        wall_s: float,
+        window: WindowOpening | None,
+        run_wall_s: float | None,
+        time_scale: float,
+    ) -> LevelSeconds:
+        """A level's seconds from its window (``WindowOpening``, emulated seconds) and its load
+        run's wall seconds (offset 0 to its stop; None: not recorded)."""
+        if window is None or run_wall_s is None:
+            return cls(wall_s=wall_s, time_scale=time_scale)
+        k = time_scale
+        shortest = window.window_min_s if window.window_min_s is not None else window.window_s
+        warmup = window.opened_at_s * k
+        measured = min(window.window_s, shortest) * k
+        hold_on = max(0.0, window.window_s - shortest) * k
+        return cls(
+            wall_s=wall_s,
+            warmup_s=warmup,
+            window_s=measured,
+            hold_on_s=hold_on,
+            drain_s=max(0.0, run_wall_s - warmup - measured - hold_on),
+            other_s=max(0.0, wall_s - run_wall_s),
+            time_scale=time_scale,
+        )
+
+    def text(self) -> str:
+        """E.g. ``166 s (warm-up 32, window 38, hold-on 90, drain 5, other 1)``."""
+        named = (
+            ("warm-up", self.warmup_s),
+            ("window", self.window_s),
+            ("hold-on", self.hold_on_s),
+            ("drain", self.drain_s),
+            ("other", self.other_s),
+        )
+        parts = [(name, value) for name, value in named if value is not None]
+        inner = ", ".join(f"{name} {value:.0f}" for name, value in parts)
+        return f"{self.wall_s:.0f} s" + (f" ({inner})" if inner else "")
 
 
 class LevelRecord(BaseModel):
@@ -60,6 +120,8 @@ class LevelRecord(BaseModel):
     # The share of resamples of the window's requests that meet the SLO
     # (workloads.slo_bootstrap): how sure ``met`` is. None: written before it was.
     hold_share: float | None = None
+    # Where the level's wall time went (None: written before it was recorded).
+    seconds: LevelSeconds | None = None
     # The window's own percentiles met the SLO, whatever the hold rule (P(hold) at least
     # 0.9) and the backlog guard say. None: written before it was recorded.
     window_met: bool | None = None
@@ -167,6 +229,9 @@ class Evaluation(BaseModel):
     launch_s: float | None = None
     levels_s: float | None = None
     stop_s: float | None = None
+    # Of ``levels_s``, the wall seconds before the first level: the KV-cache fill and the
+    # workload's own warm-up (each level's own are in ``LevelRecord.seconds``).
+    warmup_s: float | None = None
 
     @property
     def stated_goodput(self) -> Goodput:
@@ -213,6 +278,26 @@ class Evaluation(BaseModel):
         assert last is not None
         rates = ", ".join(f"{lv.rate_per_s:.2f}/s" for lv in again)
         return f"measured again as the client lagged at {rates} (now {last.setup.describe()})"
+
+    def seconds_text(self) -> str | None:
+        """Where the launch's wall time went, as a trial's line says it, e.g. ``launch 2 s,
+        warm-up 8 s, levels 61 s (...) + 166 s (...), stop 0 s``; None: nothing launched."""
+        if self.launch_s is None:
+            return None
+        parts = [f"launch {self.launch_s:.0f} s"]
+        if self.warmup_s is not None:
+            parts.append(f"warm-up {self.warmup_s:.0f} s")
+        timed = [lv.seconds for lv in self.levels if lv.seconds is not None]
+        if timed:
+            parts.append("levels " + " + ".join(t.text() for t in timed))
+        elif self.levels_s is not None:
+            parts.append(f"levels {self.levels_s:.0f} s")
+        if self.stop_s is not None:
+            parts.append(f"stop {self.stop_s:.0f} s")
+        scales = {t.time_scale for t in timed} or {self.time_scale}
+        if scales != {1.0}:
+            parts.append("clock " + "/".join(f"{k:g}" for k in sorted(scales)))
+        return ", ".join(parts)
 
     def write(self) -> None:
         evaluation_json(self.dir).write_text(self.model_dump_json(indent=2), "utf-8")

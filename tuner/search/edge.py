@@ -497,6 +497,7 @@ class EdgeSearch:
             requests=requests,
             request_errors=errors,
             dir=str(out),
+            time_scale=time_scale,
             wall_s=wall_s,
             launch_s=launch_s,
         )

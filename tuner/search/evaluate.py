@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 
-from tuner.run.evaluation import Evaluation, LevelRecord, Verdict
+from tuner.run.evaluation import Evaluation, LevelRecord, LevelSeconds, Verdict
 from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.search.capacity_interval import capacity_interval
 from tuner.search.context import StudySetup, TuneContext
@@ -127,6 +127,7 @@ def evaluate(
     search: RateSearch | None = None
     kv_fill: KvFill | None = None
     began = time.monotonic()
+    warmed: float | None = None
     with live:
         launched = measured = time.monotonic()
         startup = live.startup
@@ -146,6 +147,7 @@ def evaluate(
                 )
             )
             live.warm_up(warm_spec, warm)
+            warmed = time.monotonic()
             search = search_rate(
                 live, ctx.workload, start_rate_per_s=start_rate_per_s, out_dir=out_dir,
                 level_duration_s=config.level_duration_s, warmup_s=config.level_warmup_s,
@@ -163,6 +165,7 @@ def evaluate(
             "launch_s": launched - began,
             "levels_s": measured - launched,
             "stop_s": time.monotonic() - measured,
+            "warmup_s": warmed - launched if warmed is not None else None,
         }
     )
     evaluation.write()
@@ -183,7 +186,7 @@ def _evaluation(
     live: TrialServer,
     kv_fill: KvFill | None,
 ) -> Evaluation:
-    levels = [_summary(level) for level in search.levels] if search else []
+    levels = [_summary(level, live.time_scale) for level in search.levels] if search else []
     best = next((s for s in levels if search and search.best and s.dir == search.best.measurement.out_dir), None)  # fmt: skip
     counted = [level for level in levels if not level.unmeasurable]  # the client kept up
     failure = startup.failure
@@ -237,13 +240,20 @@ def _evaluation(
     )
 
 
-def _summary(level: RateLevel) -> LevelRecord:
+def _summary(level: RateLevel, time_scale: float) -> LevelRecord:
     m = level.measurement
+    scale = m.client.setup.time_scale if m.client is not None else time_scale
+    seconds = (
+        LevelSeconds.of(level.wall_s, m.window, m.run_wall_s, scale)
+        if level.wall_s is not None
+        else None
+    )
     return LevelRecord(
         rate_per_s=level.rate_per_s,
         met=level.met,
         draw=level.draw,
         seed=level.seed,
+        seconds=seconds,
         stopped_early=m.stopped_early,
         dir=m.out_dir,
         load=m.load,

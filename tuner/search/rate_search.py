@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -122,6 +123,7 @@ class RateLevel(BaseModel):
     rate_per_s: float  # the workload's arrival rate at this level
     met: bool
     measurement: LoadMeasurement
+    wall_s: float | None = None  # from planning it to its evidence written, attempts included
     # The draw of the workload it measured: 0 the search's own, k > 0 an edge draw
     # (``EDGE_DRAWS``), planned with ``seed`` (None: the workload's own, not recorded).
     draw: int = 0
@@ -572,12 +574,14 @@ def search_rate(
     )  # fmt: skip
     try:
         for index in range(1 if closed else max_levels):
+            began = time.monotonic()
             one = _OneLevel(live, spec, rate, index=index, levels=levels, runs=runs, knobs=knobs)
             m = measure_with_honest_client(live, one.measure, out_dir / f"level-{index}")
             level_spec, schedule = one.level_spec, one.schedule
             runs.sent(schedule, clean=ends_clean(m))
             level = _record_level(index, rate, m, runs.requests(schedule), level_spec, model_dir)
-            levels.append(level.model_copy(update={"seed": spec.seed}))
+            wall_s = time.monotonic() - began
+            levels.append(level.model_copy(update={"seed": spec.seed, "wall_s": wall_s}))
             if m.outcome is not TrialOutcome.READY:
                 died = True
                 break
@@ -643,13 +647,15 @@ def _measure_edge_draws(
             middles += 1
         drawn = spec.model_copy(update={"seed": draw_seed(spec, draw)})
         index = len(levels)
+        began = time.monotonic()
         one = _OneLevel(live, drawn, rate, index=index, levels=levels, runs=runs, knobs=knobs)
         m = measure_with_honest_client(live, one.measure, runs.out_dir / f"level-{index}")
         runs.sent(one.schedule, clean=ends_clean(m))
         level = _record_level(
             index, rate, m, runs.requests(one.schedule), one.level_spec, knobs.model_dir
         )
-        levels.append(level.model_copy(update={"draw": draw, "seed": drawn.seed}))
+        wall_s = time.monotonic() - began
+        levels.append(level.model_copy(update={"draw": draw, "seed": drawn.seed, "wall_s": wall_s}))
         if m.outcome is not TrialOutcome.READY:
             return True
     return False

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import statistics
 import time
@@ -59,6 +60,8 @@ from tuner.vllm.space import Knob, TrialParams, clamp
 from tuner.warmup import DEFAULT_MAX_REQUESTS, WarmupPlan, warmup_plan, warmup_script
 from workloads.load_result import Percentiles
 from workloads.spec import WorkloadSpec
+
+log = logging.getLogger(__name__)
 
 HARNESS_VERSION = "0.1.0"
 WARMUP_MAX_REQUESTS_TO_FILL = 1000  # a warm-up to a KV-cache fill stops at the fill first
@@ -235,23 +238,31 @@ def confirm(
 ) -> ConfirmationResult | None:
     """``repeats`` runs of ``params`` from ``start_rate_per_s``; ``start_held``: a trial of
     these settings held there or above (``search_rate``). With ``budget``, a run is
-    launched only when its launch (as measured) and ``max_levels`` levels of ``level_s``
-    end before ``deadline_s``; what was not is added to ``skipped``. None: no run was."""
+    launched only when its launch (as measured) and ``LEAST_LEVELS`` levels of
+    ``level_s`` (or ``max_levels``, where fewer) end before ``deadline_s``, and measures as
+    many of its ``max_levels`` levels as end before it (``levels_that_fit``); what was not
+    run is added to ``skipped``. None: no run was."""
     runs: list[Evaluation] = []
+    least = min(max_levels, LEAST_LEVELS)
     for i in range(repeats):
         out_dir = RunLayout(ctx.run_dir).confirm_run_dir(name, None if repeats == 1 else i)
+        levels = max_levels
         if budget is not None:
             label = f"confirmation of {name}" + (f" (run {i + 1})" if repeats > 1 else "")
+            levels = levels_that_fit(budget, max_levels, level_s, deadline_s)
             skip = budget.fits(
                 LaunchKind.CONFIRMATION, label,
                 budget.launch_estimate_s()
-                + (max_levels + edge_levels(ctx.config.edge_draws, max_levels)) * level_s,
+                + (max(levels, least) + edge_levels(ctx.config.edge_draws, max_levels)) * level_s,
                 deadline_s=deadline_s,
+                note=f"{least} of {max_levels} rate(s) at the least" if levels < least else "",
             )  # fmt: skip
             if skip is not None:
                 if skipped is not None:
                     skipped.append(skip.text())
                 break
+            if levels < max_levels:
+                log.info("%s: %d of %d rates fit before its deadline", label, levels, max_levels)
         began = time.monotonic()
         runs.append(
             evaluate(
@@ -261,7 +272,7 @@ def confirm(
                 out_dir=out_dir,
                 registry=registry,
                 start_rate_per_s=start_rate_per_s,
-                max_levels=max_levels,
+                max_levels=max(levels, 1),
                 start_held=start_held,
             )
         )
@@ -273,6 +284,24 @@ def confirm(
                 ready=ran.verdict is not Verdict.STARTUP_FAILED, deadline_s=deadline_s,
             )  # fmt: skip
     return measured_of(runs) if runs else None
+
+
+# A confirmation of several rates runs only where two fit: one that breaks where its trial
+# held (a first level on a fresh server, its prefix cache cold) steps down to where it
+# holds; a single level that broke said "goodput 0" of settings that held 8.31/s.
+LEAST_LEVELS = 2
+
+
+def levels_that_fit(
+    budget: TimeBudget, max_levels: int, level_s: float, deadline_s: float | None
+) -> int:
+    """How many of a confirmation's ``max_levels`` levels of ``level_s`` (wall seconds) end,
+    after its launch (as measured), before ``deadline_s`` (default the budget's end):
+    ``max_levels`` where they all do, 0 where not even one does."""
+    if level_s <= 0:
+        return max_levels
+    left = budget.left_s(deadline_s) - budget.launch_estimate_s()
+    return max(0, min(max_levels, math.floor(left / level_s)))
 
 
 def make_variant(
@@ -368,16 +397,30 @@ def recommend(
     points = variant_params(ctx, best.params, edge)
     variants: list[Variant] = []
     skipped: list[str] = []
-    # a level as long as the best trial's took (its warm-up included)
-    level_s = (best.levels_s or 0.0) / len(best.levels) if best.levels else 0.0
+    # a level as long as the best trial's took (its warm-up included), on the clock of now
+    level_s = (
+        (best.levels_s or 0.0) / len(best.levels) * setup.time_scale / (best.time_scale or 1.0)
+        if best.levels
+        else 0.0
+    )
     held_rate: float | None = None  # the rate the recommendation held, for the other variants
+    confirmed = False  # the recommendation's own confirmation ran
     for name, params in points.items():
         for r in ctx.space.ranges:  # stay inside what the search allowed
             value = getattr(params, r.knob.field)
             if value is not None and r.knob is not Knob.GPU_MEMORY_UTILIZATION:
                 params = params.model_copy(update={r.knob.field: clamp(r, value)})
         measured: ConfirmationResult | None = None
-        if ctx.config.confirm:
+        if ctx.config.confirm and name != "recommended" and not confirmed:
+            # measured at the rate the recommendation held, they compare what headroom
+            # costs: without its own confirmation there is nothing to compare them with
+            line = (
+                f"confirmation of {name} not started: the recommendation's own confirmation "
+                "did not run"
+            )
+            skipped.append(line)
+            progress(f"confirm     {line}")
+        elif ctx.config.confirm:
             repeats = ctx.config.repeats if name == "recommended" else 1
             # The recommendation starts where the best trial held (or lower, if the
             # prediction for it says so) and climbs up to three rates. The other variants
@@ -410,6 +453,7 @@ def recommend(
                 continue
             if name == "recommended":
                 held_rate = measured.rate_per_s
+                confirmed = True
             at = measured.offered_rate_per_s
             unit = measured.stated_goodput.unit.label
             interval = measured.capacity_interval

@@ -55,7 +55,7 @@ from tuner.search.edge import find_edge, hold_prior_s, worst_case
 from tuner.search.optuna_store import FrozenTrial, Study, TrialState
 from tuner.search.parallelism import compare
 from tuner.search.quality_gate import gate_best, gate_need_s, may_gate
-from tuner.search.recommend import recommend
+from tuner.search.recommend import LEAST_LEVELS, recommend
 from tuner.search.study import (
     Duty,
     OpenStudy,
@@ -139,22 +139,41 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+# A short budget keeps at most this share of itself from the trials for the edge search
+# and the confirmations (``reserve_s``), and never less than their least: one edge probe
+# and the recommendation's own confirmation over ``CONFIRM_LEAST_LEVELS`` rates.
+RESERVE_SHARE = 0.4
+CONFIRM_LEAST_LEVELS = LEAST_LEVELS  # the least a confirmation of several rates runs
+CONFIRM_LEVELS = 3  # the recommendation's confirmation: up to three rates
+
+
 def edge_reserve_s(
     ctx: TuneContext,
     setup: StudySetup,
     budget: TimeBudget | None = None,
     best: Evaluation | None = None,
+    *,
+    probes: int = 3,
 ) -> float:
     """The edge search in the usual case (the calibrated model puts the edge within three
-    launches): each a launch (as measured, else the prior) and its worst case's hold
-    (``hold_prior_s``, from the best trial's answers)."""
+    launches, ``probes``): each a launch (as measured, else the prior) and its worst case's
+    hold (``hold_prior_s``, from the best trial's answers)."""
     c = ctx.config
     if not c.edge or ctx.gpu is None:
         return 0.0
     launch = budget.launch_estimate_s() if budget is not None else launch_prior_s(ctx)
     case = worst_case(ctx, 1)  # (the hold's prior needs its output and its cap only)
     hold = c.load_generators().startup_lead_s + hold_prior_s(ctx, case, best) * setup.time_scale
-    return min(c.max_edge_launches, 3) * (launch + hold)
+    return min(c.max_edge_launches, probes) * (launch + hold)
+
+
+def level_estimate_s(setup: StudySetup, best: Evaluation) -> float | None:
+    """A confirmation's level (wall seconds) as the best trial's levels took on average,
+    on the clock of now (``tuner.search.clock``: a later launch may run it faster than the
+    trial did); None: the trial measured no level."""
+    if best.levels_s is None or not best.levels:
+        return None
+    return best.levels_s / len(best.levels) * setup.time_scale / (best.time_scale or 1.0)
 
 
 def confirm_reserve_s(
@@ -164,17 +183,19 @@ def confirm_reserve_s(
     best: Evaluation | None = None,
     *,
     variants: bool = True,
+    levels: int = CONFIRM_LEVELS,
 ) -> float:
-    """The confirmation runs: the recommendation's (``repeats``, up to three rates each) and,
-    with ``variants``, the two variants' (one rate); a launch each (as measured, else the
-    prior) and its levels (a level as the best trial's took, else as planned)."""
+    """The confirmation runs: the recommendation's (``repeats``, up to ``levels`` rates each)
+    and, with ``variants``, the two variants' (one rate); a launch each (as measured, else
+    the prior) and its levels (a level as the best trial's took, else as planned)."""
     c = ctx.config
     if not c.confirm:
         return 0.0
     k = setup.time_scale
     launch = budget.launch_estimate_s() if budget is not None else launch_prior_s(ctx)
-    if best is not None and best.levels_s is not None and best.levels:
-        level = best.levels_s / len(best.levels)
+    measured = level_estimate_s(setup, best) if best is not None else None
+    if measured is not None:
+        level = measured
         warm = 0.0  # in the trial's levels_s
     else:
         rate = c.rate or ctx.workload.mean_rate_per_s
@@ -183,7 +204,7 @@ def confirm_reserve_s(
         )
         level = (plan.warmup_min_s + plan.window_s + drain_s(ctx.workload)) * k + 4.0
         warm = ctx.workload.warmup.duration_s * k
-    own = (launch + warm + 3 * level) * c.repeats
+    own = (launch + warm + levels * level) * c.repeats
     return own + 2 * (launch + warm + level) if variants else own
 
 
@@ -196,8 +217,21 @@ def edge_deadline_s(
 ) -> float:
     """When the edge's last probe must end: in time for the recommendation's own
     confirmation (a quarter more, as ``reserve_s``), not for the variants', which run in
-    what the edge leaves."""
-    return end_s - 1.25 * confirm_reserve_s(ctx, setup, budget, best, variants=False)
+    what the edge leaves; in a short budget (``RESERVE_SHARE``), for its least
+    (``CONFIRM_LEAST_LEVELS`` rates: the confirmation measures as many rates as fit).
+    Where even that least no longer fits before ``end_s``, the edge has the time to
+    itself: a 10-minute tune kept 141 s for a confirmation that needed 186 and probed
+    no edge either."""
+    levels = CONFIRM_LEVELS
+    if reserve_s(ctx, setup, budget, best) < _full_reserve_s(ctx, setup, budget, best):
+        levels = CONFIRM_LEAST_LEVELS
+    own = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=levels)
+    least = confirm_reserve_s(
+        ctx, setup, budget, best, variants=False, levels=min(levels, CONFIRM_LEAST_LEVELS)
+    )
+    if least > budget.left_s(end_s):
+        return end_s
+    return end_s - 1.25 * own
 
 
 def reserve_s(
@@ -210,9 +244,36 @@ def reserve_s(
     quality gate (where the space has a setting that changes numerics, on a real vLLM) and
     what follows them: their launches as measured so far (``budget``; before any, the
     stated prior of ``tuner.search.budget``), a quarter more (a busy machine runs them
-    slower than planned), and ``FINISH_S``."""
+    slower than planned), and ``FINISH_S``; with ``budget``, at most ``RESERVE_SHARE`` of
+    it, but never less than their least (``_least_reserve_s``): a 10-minute tune kept 22
+    minutes back and ran one trial. What is kept then runs as much of them as fits (the
+    edge's probes one by one, a confirmation's rates as many as fit, the variants last)."""
+    full = _full_reserve_s(ctx, setup, budget, best)
+    if budget is None:
+        return full
+    least = _least_reserve_s(ctx, setup, budget, best)
+    return min(full, max(least, RESERVE_SHARE * budget.budget_s))
+
+
+def _full_reserve_s(
+    ctx: TuneContext, setup: StudySetup, budget: TimeBudget | None, best: Evaluation | None
+) -> float:
+    """The edge search, every confirmation and the quality gate in the usual case."""
     parts = edge_reserve_s(ctx, setup, budget, best) + confirm_reserve_s(ctx, setup, budget, best)
     if may_gate(ctx):  # the quality gate's two launches, where a setting may need them
+        parts += gate_need_s(ctx, budget)
+    return 1.25 * parts + FINISH_S
+
+
+def _least_reserve_s(
+    ctx: TuneContext, setup: StudySetup, budget: TimeBudget | None, best: Evaluation | None
+) -> float:
+    """One edge probe, the recommendation's own confirmation over ``CONFIRM_LEAST_LEVELS``
+    rates (no variants) and the quality gate: what a tune states at the least."""
+    parts = edge_reserve_s(ctx, setup, budget, best, probes=1) + confirm_reserve_s(
+        ctx, setup, budget, best, variants=False, levels=CONFIRM_LEAST_LEVELS
+    )
+    if may_gate(ctx):
         parts += gate_need_s(ctx, budget)
     return 1.25 * parts + FINISH_S
 

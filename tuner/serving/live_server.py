@@ -134,6 +134,9 @@ class LoadMeasurement(BaseModel):
     window: WindowOpening | None = (
         None  # a rate-search level: when its window opened (tuner.serving.window)
     )
+    # Wall seconds of the load run, from its schedule's offset 0 to its stop (None: not
+    # recorded): with ``window``, where a level's time went (tuner.run.evaluation.LevelSeconds).
+    run_wall_s: float | None = None
     # A rate-search level: the ids of the requests its window measured (what was sent,
     # later turns at their answers' times), for its evidence; not written out.
     measured_ids: tuple[str, ...] = Field(default=(), exclude=True)
@@ -677,6 +680,7 @@ class LiveServer:
             stopped_early=ended.stopped_by_caller and "slo" in fired,
             backlog=backlog,
             stopped_by_backlog=ended.stopped_by_caller and "backlog" in fired,
+            run_wall_s=max(0.0, stopped_at - start),
             measured_ids=tuple(r.request_id for r in records) if opening is not None else (),
         )
 

@@ -57,6 +57,9 @@ def trial_line(study: Study, number: int, ev: Evaluation, *, deadline_s: float) 
         f"trial {number:>3}  {ev.params.short():<52} {ev.verdict.value:<14} {what:<44} "
         f"{best_text}  {left / 60:4.1f} min left"
     )
+    # where the launch's wall time went: its launch, warm-up, each level's parts, its stop
+    if (seconds := ev.seconds_text()) is not None:
+        line += f"\n{'':>9}time: {seconds}"
     # the levels its load generator could not keep up with are missing from the goodput
     return line if ev.client_note is None else f"{line}\n{'':>9}client: {ev.client_note}"
 

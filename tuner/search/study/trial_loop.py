@@ -6,8 +6,10 @@ the time budget; the twin calibrated and fitted from what each trial measured.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from tuner.errors import ConfigError, LogParseError
@@ -16,6 +18,7 @@ from tuner.run.evaluation import Evaluation, Verdict
 from tuner.run.layout import RunLayout
 from tuner.search import optuna_store
 from tuner.search.budget import RECENT_LAUNCHES, TimeBudget
+from tuner.search.clock import client_events_per_s, clock_text, measured_time_scale
 from tuner.search.compile_cache import CompileLaunches
 from tuner.search.context import StudySetup, TuneContext, auto_stream_fraction, auto_time_scale
 from tuner.search.evaluate import evaluate
@@ -181,17 +184,45 @@ class TrialLoop:
         elif config.time_scale is not None:
             scale = config.time_scale
         else:
-            scale = auto_time_scale(tokens_per_s, requests_per_s, config.max_events_per_s, fraction)
+            scale = auto_time_scale(
+                tokens_per_s, requests_per_s, config.max_events_per_s, fraction,
+                fastest=config.fastest_time_scale,
+            )  # fmt: skip
         self.progress(
             f"the busiest level offers ~{requests_per_s:,.0f} requests/s and "
             f"~{tokens_per_s:,.0f} tokens/s: streaming {fraction:.0%} of requests"
             + (
-                f", the simulated GPU's clock {scale:g}x slower (results in its own time)"
+                f", the simulated GPU's clock {clock_text(scale)} (results in its own time)"
                 if scale != 1.0
                 else ""
             )
         )
         return scale, fraction
+
+    def _adapt_clock(self, ev: Evaluation) -> str | None:
+        """On the simulated engine with an automatic clock: the next launches' clock as fast
+        as this trial's load generator showed room for (``tuner.search.clock``), said when
+        it changes; what the next trial is estimated to measure changes with it."""
+        ctx = self.ctx
+        if ctx.backend is not Backend.SIM or ctx.config.time_scale is not None or not ev.levels:
+            return None
+        scale = measured_time_scale(
+            ev.levels, max_events_per_s=ctx.config.max_events_per_s,
+            fastest=ctx.config.fastest_time_scale,
+        )  # fmt: skip
+        before = self.setup.time_scale
+        if scale is None or math.isclose(scale, before):
+            return None
+        self.setup = replace(self.setup, time_scale=scale)
+        self.levels_estimate_s *= scale / before
+        line = (
+            f"{'':>9}clock: the load generator's busiest level asked "
+            f"{max(client_events_per_s(lv) or 0.0 for lv in ev.levels):,.0f} events per "
+            f"emulated second; the next launches run the simulated GPU's clock "
+            f"{clock_text(scale)} (time scale {scale:g}, was {before:g})"
+        )
+        log.info("%s", line.strip())
+        return line
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -403,6 +434,7 @@ class TrialLoop:
             predicted_answer_times=predicted.answer_times if predicted else None,
         )  # fmt: skip
         self._count_launch(trial.number, evaluation)
+        clock = self._adapt_clock(evaluation)
         self._calibrate(evaluation)
         self._cross_check_version(evaluation)
         self.setup = self.trial_twin.learn(
@@ -414,7 +446,8 @@ class TrialLoop:
         compiled = self.compile_launches.launched(
             params, evaluation.startup_s, before=compiled_before
         )
-        self.progress(line if compiled is None else f"{line}\n{'':>9}{compiled}")
+        lines = [line, *([f"{'':>9}{compiled}"] if compiled is not None else []), clock]
+        self.progress("\n".join(text for text in lines if text))
         return objective_values(ctx.config.objective, evaluation)
 
     def start_rate(self, params: TrialParams) -> float | None:

@@ -1,0 +1,160 @@
+"""The simulated engine's clock: faster than the emulated GPU where the load generator has
+room, chosen again after each trial from what its load generator did (tuner.search.clock);
+the streamed share that fits the load generator's budget without slowing the clock; and
+where each level's wall time went (tuner.run.evaluation.LevelSeconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.run.evaluation import Evaluation, LevelRecord, LevelSeconds, Verdict
+from tuner.search.clock import client_events_per_s, clock_text, measured_time_scale
+from tuner.search.context import (
+    REQUEST_COST_EVENTS,
+    auto_stream_fraction,
+    auto_time_scale,
+    clock_scale,
+)
+from tuner.serving.client_lag import ClientSetup, LevelClient
+from tuner.serving.server import TrialOutcome
+from tuner.serving.window import WindowOpening
+from tuner.vllm.space import TrialParams
+from workloads.client_lag import ClientBounds, ClientLag, ClientVerdict, ProcessLag
+from workloads.load_result import LoadResult, Percentiles
+
+
+def test_the_streamed_share_is_rounded_down_so_the_clock_need_not_slow() -> None:
+    """The default chat tune's busiest level: 9,075 tokens/s and 30 requests/s against a
+    budget of 5,000 events/s. A share rounded up (0.52) asked 5,019 events/s and slowed
+    the clock 1.5x for every level of the run."""
+    fraction = auto_stream_fraction(9075.0, 30.0, 5000.0, 0.25)
+    assert fraction == pytest.approx(0.51)
+    assert fraction * 9075.0 + REQUEST_COST_EVENTS * 30.0 <= 5000.0
+    assert auto_time_scale(9075.0, 30.0, 5000.0, fraction) == 1.0
+    assert auto_stream_fraction(9075.0, 30.0, 1000.0, 0.25) == 0.25  # never below its floor
+    assert auto_stream_fraction(1000.0, 10.0, 5000.0, 0.25) == 1.0  # all fit: all streamed
+
+
+def test_the_clock_runs_faster_only_where_the_load_leaves_room_and_never_past_its_floor() -> None:
+    assert clock_scale(12_600.0, 5000.0) == 3.0  # no room: slower, in steps of a half
+    assert clock_scale(2600.0, 5000.0) == 1.0  # room, but never faster unless allowed
+    assert clock_scale(2600.0, 5000.0, fastest=0.5) == pytest.approx(0.55)  # 52 % -> 0.55
+    assert clock_scale(3500.0, 5000.0, fastest=0.5) == pytest.approx(0.7)
+    assert clock_scale(500.0, 5000.0, fastest=0.5) == 0.5  # a tenth of the budget: the floor
+    assert clock_scale(5000.0, 5000.0, fastest=0.5) == 1.0
+    for load in (700.0, 2600.0, 3333.0, 4999.0):
+        scale = clock_scale(load, 5000.0, fastest=0.25)
+        assert load / scale <= 5000.0 + 1e-6  # within the budget on the wall clock
+        assert load / (scale - 0.05) > 5000.0 or scale == 0.25  # and no slower than needed
+    assert auto_time_scale(1000.0, 10.0, 5000.0, fastest=0.5) == 0.5
+    assert clock_text(1.5) == "1.5x slower" and clock_text(0.7) == "1.4x faster"
+
+
+def _level(
+    rate: float,
+    *,
+    events_per_s: float,
+    sent: int,
+    wall_s: float,
+    scale: float,
+    lagged: bool = False,
+) -> LevelRecord:
+    process = ProcessLag(
+        worker="w0", sent=sent, wall_s=wall_s, send_lag_p50_ms=0.2, send_lag_p99_ms=4.7,
+        send_lag_max_ms=8.0, loop_delay_p50_ms=0.5, loop_delay_p99_ms=11.0 if lagged else 4.3,
+        loop_delay_max_ms=12.0, token_events=int(events_per_s * wall_s),
+        token_events_per_s=events_per_s, coalesced_percent=0.0, cpu_percent=5.0,
+    )  # fmt: skip
+    lag = ClientLag(
+        verdict=ClientVerdict.LAGGED if lagged else ClientVerdict.KEPT_UP,
+        reason="w0 event-loop delay p99 11.0 ms (> 10 ms)" if lagged else None,
+        bounds=ClientBounds(), processes=(process,),
+    )  # fmt: skip
+    load = LoadResult(
+        num_requests=100, num_completed=100, num_errors=0, num_not_sent=0, error_rate=0.0,
+        window_s=10.0, duration_s=10.0, offered_rate=rate, achieved_rate=rate,
+        request_throughput=rate, output_token_throughput=100 * rate, output_tokens=1000,
+        prompt_tokens=1000, slo=None, num_good=100, goodput=rate,
+        ttft_ms=Percentiles(count=100, p99=100.0), itl_ms=Percentiles(),
+        tpot_ms=Percentiles(count=100, p99=20.0), e2e_ms=Percentiles(),
+        send_lag_ms=Percentiles(), prompt_buckets=(),
+    )  # fmt: skip
+    return LevelRecord(
+        rate_per_s=rate, met=True, stopped_early=False, dir="level", load=load, violations=[],
+        num_preemptions=None, max_kv_cache_usage=None, prefix_cache_hit_rate=None,
+        client=LevelClient(lag=lag, setup=ClientSetup(processes=1, time_scale=scale)),
+    )  # fmt: skip
+
+
+def test_after_a_trial_the_clock_runs_as_fast_as_its_client_had_room_for() -> None:
+    """The default chat tune's first trial at 1.5x slower: its busiest level (6.32
+    conversations/s) asked 1,630 token events and 12.3 requests per wall second of its
+    load generator, 2,630 events per emulated second."""
+    levels = [
+        _level(6.02, events_per_s=1616.0, sent=769, wall_s=59.6, scale=1.5),
+        _level(6.32, events_per_s=1630.0, sent=2000, wall_s=162.7, scale=1.5),
+    ]
+    busiest = client_events_per_s(levels[1])
+    assert busiest == pytest.approx((1630.0 + REQUEST_COST_EVENTS * 2000 / 162.7) * 1.5)
+    scale = measured_time_scale(levels, max_events_per_s=5000.0, fastest=0.5)
+    # 2,630 events per emulated second, 1.3 times over: 3,420 of a 5,000 budget
+    assert scale == pytest.approx(0.7)
+    assert busiest * 1.3 / scale <= 5000.0
+    assert measured_time_scale(levels, max_events_per_s=5000.0, fastest=0.8) == 0.8
+
+
+def test_a_client_that_kept_up_with_more_than_its_budget_has_that_much_room() -> None:
+    """The twin's pick on the default chat tune, 1.4x faster: its busiest level held at
+    8.31 conversations/s while its one load process took 5,547 token events and 40
+    requests per wall second, its event-loop delay p99 4.6 ms (bound 10). The next trial
+    may ask 1.3 times that: within what it kept up with, 0.95; by the 5,000-event budget
+    alone it would have run 1.5x slower."""
+    levels = [
+        _level(9.88, events_per_s=2534.0, sent=1161, wall_s=34.0, scale=0.7),
+        _level(8.31, events_per_s=5547.0, sent=1194, wall_s=30.0, scale=0.7),
+    ]
+    assert measured_time_scale(levels, max_events_per_s=5000.0, fastest=0.5) == pytest.approx(0.95)
+    asked = max(e for lv in levels if (e := client_events_per_s(lv)) is not None)
+    assert asked * 1.3 / 5000.0 > 1.0  # past the stated budget on the emulated clock
+
+
+def test_a_trial_whose_client_lagged_keeps_its_clock_and_one_without_records_says_nothing() -> None:
+    lagged = [
+        _level(6.02, events_per_s=4614.0, sent=756, wall_s=20.4, scale=0.5, lagged=True),
+        _level(6.32, events_per_s=2400.0, sent=1000, wall_s=80.0, scale=1.0),
+    ]
+    assert measured_time_scale(lagged, max_events_per_s=5000.0, fastest=0.5) == 1.0
+    bare = _level(6.0, events_per_s=1.0, sent=1, wall_s=1.0, scale=1.0)
+    bare = bare.model_copy(update={"client": None})
+    assert measured_time_scale([bare], max_events_per_s=5000.0, fastest=0.5) is None
+
+
+def test_a_levels_wall_time_is_split_into_its_parts() -> None:
+    """Trial 0's second level on the default chat tune, 1.5x slower: opened 21.4 emulated
+    seconds in, a 25-s shortest window held on to 87.8 s, cut a drain after it."""
+    window = WindowOpening(
+        warmup_min_s=13.4, warmup_max_s=80.4, opened_at_s=21.4, steady_at_open=True,
+        test="", window_s=87.8, needed_requests=200, window_min_s=25.2,
+    )  # fmt: skip
+    seconds = LevelSeconds.of(171.0, window, run_wall_s=169.0, time_scale=1.5)
+    assert seconds.warmup_s == pytest.approx(32.1)
+    assert seconds.window_s == pytest.approx(37.8)
+    assert seconds.hold_on_s == pytest.approx(93.9)
+    assert seconds.drain_s == pytest.approx(169.0 - 32.1 - 37.8 - 93.9)
+    assert seconds.other_s == pytest.approx(2.0)
+    assert seconds.text() == "171 s (warm-up 32, window 38, hold-on 94, drain 5, other 2)"
+    bare = LevelSeconds.of(12.0, None, None, 1.0)
+    assert bare.warmup_s is None and bare.text() == "12 s"
+    ev = Evaluation(
+        dir="t", params=TrialParams(), flags={}, verdict=Verdict.MET,
+        outcome=TrialOutcome.READY, launch_s=1.9, levels_s=240.0, stop_s=0.2, warmup_s=8.4,
+        levels=[_level(6.3, events_per_s=1.0, sent=1, wall_s=1.0, scale=1.5).model_copy(
+            update={"seconds": seconds}
+        )],
+    )  # fmt: skip
+    assert ev.seconds_text() == (
+        "launch 2 s, warm-up 8 s, levels 171 s (warm-up 32, window 38, hold-on 94, drain 5, "
+        "other 2), stop 0 s, clock 1.5"
+    )
+    screened = ev.model_copy(update={"launch_s": None})
+    assert screened.seconds_text() is None

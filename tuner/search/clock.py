@@ -1,0 +1,95 @@
+"""The simulated engine's clock between trials: as fast as its load generator has room for.
+
+Before the first trial the clock's scale K (the engine's clock runs K times slower than
+the emulated GPU's; K < 1 runs it faster) is chosen from the twin's prediction of the
+busiest level a trial will offer (``TrialLoop._choose_measurement``,
+``tuner.search.context.auto_time_scale``): every token its schedule plans, at 1.3 times
+the twin's predicted capacity. On the default chat tune the load generator then
+handled about half of that (its token events, in ``client.json``). So after each trial
+the next launches' clock is chosen again from what the trial's load generator did
+(``measured_time_scale``): the most events per emulated second any of its levels asked
+of it, ``BUSIEST_MARGIN`` times over (a later trial's settings may hold more), within
+the load generator's budget (``TuneConfig.max_events_per_s``, or the most events per
+wall second it kept up with where that is more: on the default tune one process kept up
+with 5,900 with an event-loop delay p99 of 4.6 ms, against a 10-ms bound), never faster
+than ``TuneConfig.fastest_time_scale``.
+
+Every figure a level records is converted to the emulated GPU's seconds whatever its
+clock (``tuner.serving.load``), and each level records its own clock
+(``client.json``: ``ClientSetup.time_scale``). What a faster clock costs: the load
+generator's own lag (a send or a token read late, in wall milliseconds) is divided by
+K like everything else, so at K = 0.7 a 7 ms event-loop delay reads as 10 ms of the
+emulated GPU's; the client's bounds (``workloads.client_lag.ClientBounds``) are in wall
+milliseconds and a level whose client lagged past them is measured again with a
+slower clock (``tuner.search.client_retry``). A trial whose load generator lagged
+keeps its clock for the next one (no faster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tuner.run.evaluation import LevelRecord
+from tuner.search.context import REQUEST_COST_EVENTS, clock_scale
+
+# The next trial's busiest level over this one's: as the first trial's clock is chosen
+# for 1.3 times the twin's predicted capacity.
+BUSIEST_MARGIN = 1.3
+
+
+def client_events_per_s(level: LevelRecord) -> float | None:
+    """What a level asked of its load generator, in events per second of the emulated GPU's
+    clock: its processes' token events and ``REQUEST_COST_EVENTS`` per request sent, per
+    wall second, times the level's clock scale. None: not recorded."""
+    wall = client_wall_events_per_s(level)
+    return None if wall is None or level.client is None else wall * level.client.setup.time_scale
+
+
+def client_wall_events_per_s(level: LevelRecord) -> float | None:
+    """What a level's load generator handled per wall second: its processes' token events
+    and ``REQUEST_COST_EVENTS`` per request sent. None: not recorded."""
+    client = level.client
+    if client is None or not client.lag.processes:
+        return None
+    return sum(
+        p.token_events_per_s + REQUEST_COST_EVENTS * p.sent / p.wall_s
+        for p in client.lag.processes
+        if p.wall_s > 0
+    )
+
+
+def measured_time_scale(
+    levels: Sequence[LevelRecord], *, max_events_per_s: float, fastest: float
+) -> float | None:
+    """The next launches' clock scale from a trial's ``levels`` (the module's docstring):
+    the most any level asked of the load generator, ``BUSIEST_MARGIN`` times over, within
+    its budget: ``max_events_per_s``, or more where a level's client kept up with more per
+    wall second (its bounds are what room means; ``clock_scale``). Where a level's client
+    lagged, no faster than the slowest clock the trial's levels ran at. None: no level
+    recorded its client."""
+    asked = [events for lv in levels if (events := client_events_per_s(lv)) is not None]
+    if not asked:
+        return None
+    kept_up = [
+        wall
+        for lv in levels
+        if lv.client is not None
+        and not lv.client.lag.lagged
+        and (wall := client_wall_events_per_s(lv)) is not None
+    ]
+    budget = max([max_events_per_s, *kept_up])
+    scale = clock_scale(max(asked) * BUSIEST_MARGIN, budget, fastest)
+    lagged = [lv.client.setup.time_scale for lv in levels if lv.client and lv.client.lag.lagged]
+    if lagged:
+        ran = [lv.client.setup.time_scale for lv in levels if lv.client is not None]
+        scale = max(scale, *ran)
+    return scale
+
+
+def clock_text(scale: float) -> str:
+    """The clock as a line says it: "1.5x slower", "1.4x faster", "at the emulated GPU's pace"."""
+    if scale > 1.0:
+        return f"{scale:g}x slower"
+    if scale < 1.0:
+        return f"{1.0 / scale:.2g}x faster"
+    return "at the emulated GPU's pace"
