@@ -205,6 +205,7 @@ def test_tune_chains_its_levels_when_asked(tmp_path: Path) -> None:
         "--gpu", "L4", "--workload", str(workload), "--trials", "1", "--no-edge", "--no-confirm",
         "--level-duration", "4", "--level-warmup", "2", "--max-levels", "2", "--rate", "3",
         "--max-model-len", "4096", "--no-twin-search", "--run-dir", str(run), "--chain-levels",
+        "--edge-draws", "1",
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     # 1: no trial met the SLOs (a short level on a small GPU may build a backlog)

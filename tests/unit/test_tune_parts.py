@@ -448,6 +448,16 @@ def test_a_first_rate_the_twin_placed_that_breaks_steps_down_by_the_twins_error(
     )  # fmt: skip
     assert far.rates[2] == pytest.approx(far.rates[1] / 2.0)
     assert found.best is not None and found.best.rate_per_s <= capacity
+    # with two levels there is no coming back from a far miss: the miss halves, and the
+    # trial ends on a rate that held (the GPU-host rehearsal's twin was 64% off)
+    short = _StopsEarly(capacity_per_s=capacity)
+    held = search_rate(
+        short, load_workload("chat"), start_rate_per_s=None, out_dir=tmp_path / "short",
+        level_duration_s=2.0, warmup_s=1.0, max_levels=2, precision=0.05,
+        predicted_rate_per_s=1.6 * capacity, edge_draws=1,
+    )  # fmt: skip
+    assert short.rates[1] == pytest.approx(short.rates[0] / 2.0)
+    assert held.best is not None and held.best.rate_per_s <= capacity
 
 
 def test_both_sides_of_the_twins_rate_holding_climb_by_the_twins_error(tmp_path: Path) -> None:

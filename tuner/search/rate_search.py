@@ -97,6 +97,7 @@ MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent:
 # level's few requests say; a second break steps by its own evidence (``descent_step``).
 # Likewise the largest climb from both sides of the twin's rate where both held.
 TWIN_MISS_STEP = 1.25
+TWIN_STEP_LEVELS = 4  # the fewest levels a search steps by TWIN_MISS_STEP with
 # How many draws of the workload the bracket's ends are measured with (the edge draws):
 # where the capacity falls moves with the draw (arrivals, conversation lengths) by more
 # than one window's resamples see, so its ends are measured again with other draws and
@@ -550,8 +551,9 @@ def search_rate(
     a first level that breaks there steps down by ``growth`` only: the earlier hold puts
     the capacity near, and a collapse's share of failed requests (``descent_step``)
     would overstate how far below it lies. A first level the twin placed that breaks steps
-    down by at most ``TWIN_MISS_STEP`` (its prediction's error). A second break steps by
-    its own evidence.
+    down by at most ``TWIN_MISS_STEP`` (its prediction's error) where ``max_levels`` leaves
+    the levels to come back from a far miss (``TWIN_STEP_LEVELS``; with fewer, it halves).
+    A second break steps by its own evidence.
 
     ``edge_draws``: once the level budget is spent or the bracket closed, its two ends are
     measured again with other draws of the workload (``draw_seed``) up to this many in all,
@@ -567,6 +569,9 @@ def search_rate(
         if predicted_rate_per_s:
             rate = predicted_rate_per_s / math.sqrt(1.0 + precision)
     died = False
+    # The twin's rate is taken as near (its error the step) only with the levels to come
+    # back from a far miss: with fewer, a miss halves, so the trial ends on a rate that held.
+    near = bool(predicted_rate_per_s) and max_levels >= TWIN_STEP_LEVELS
     runs = _ChainedRuns(chain, out_dir)
     knobs = _LevelKnobs(
         window_s=level_duration_s, warmup_s=warmup_s, window_max_s=level_max_duration_s,
@@ -597,9 +602,9 @@ def search_rate(
             down = descent_step(spec, high.measurement, growth) if high is not None else 1.0
             if start_held and index == 0 and low is None:
                 down = growth  # the next break steps down by its own evidence
-            elif predicted_rate_per_s and index == 0 and low is None:
+            elif near and index == 0 and low is None:
                 down = min(down, TWIN_MISS_STEP)  # a near miss of the twin's rate
-            elif predicted_rate_per_s and index == 1 and high is None:
+            elif near and index == 1 and high is None:
                 up = min(up, TWIN_MISS_STEP)  # both sides of the twin's rate held: near
 
             rate = _next_rate(levels, precision, up=up, down=down)
