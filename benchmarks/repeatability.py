@@ -93,6 +93,7 @@ def _one(args: argparse.Namespace, seed: int, folder: Path) -> Repeat:
             gpu=args.gpu,
             workload=workload_file(args.workload, seed, folder),
             run_dir=run_dir,
+            edge_draws=args.edge_draws,
             max_levels=args.max_levels,
             space=args.space or [],
         )
@@ -171,6 +172,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--max-levels", type=int, default=4)
+    parser.add_argument(
+        "--edge-draws",
+        type=int,
+        default=2,
+        help="draws each trial's bracket ends are measured with (default 2: as the "
+        "recommendation's confirmation measures the capacity it states; a tune's trials: 1)",
+    )
     parser.add_argument(
         "--space", action="append", help="pin a knob (repeatable), e.g. max-num-seqs=64..64"
     )

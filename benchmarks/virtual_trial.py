@@ -33,13 +33,22 @@ def workload_file(name: str, seed: int, folder: Path) -> Path:
 
 
 def one_trial(
-    *, model: str, gpu: str, workload: Path, run_dir: Path, max_levels: int, space: list[str]
+    *,
+    model: str,
+    gpu: str,
+    workload: Path,
+    run_dir: Path,
+    max_levels: int,
+    space: list[str],
+    edge_draws: int = 1,
 ) -> Evaluation:
-    """Trial 0 of a one-trial tune into ``run_dir``, as its ``evaluation.json`` says."""
+    """Trial 0 of a one-trial tune into ``run_dir``, as its ``evaluation.json`` says;
+    ``edge_draws``: its bracket's ends measured with that many draws (``--trial-edge-draws``)."""
     argv = [
         "tune", "--model", model, "--gpu", gpu, "--workload", str(workload),
         "--trials", "1", "--no-edge", "--no-confirm", "--no-twin-search",
-        "--max-levels", str(max_levels), "--run-dir", str(run_dir),
+        "--max-levels", str(max_levels), "--trial-edge-draws", str(edge_draws),
+        "--run-dir", str(run_dir),
         *[a for pin in space for a in ("--space", pin)],
     ]  # fmt: skip
     parsed = build_parser().parse_args(argv)

@@ -219,8 +219,13 @@ def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_lea
     assert least < RESERVE_SHARE * budget.budget_s < full
     assert reserve_s(ctx, setup, budget, best) == pytest.approx(RESERVE_SHARE * 600.0)
     # a confirmation's level as the trial's took on average: least is one probe and two
-    own_two = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=2)
+    own_two = confirm_reserve_s(
+        ctx, setup, budget, best, variants=False, levels=2, edge_draws=False
+    )
     assert own_two == pytest.approx(2.0 + 1.0 + 2 * 124.0 / 1.5)
+    # the full one counts the two levels the confirmation's edge draws add
+    with_draws = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=2)
+    assert with_draws == pytest.approx(own_two + 2 * 124.0 / 1.5)
     # slower measured trials: the least binds, whatever the share
     slow = _trial(2480.0, [6.02, 6.32], time_scale=1.5)
     assert reserve_s(ctx, setup, budget, slow) == pytest.approx(

@@ -65,8 +65,12 @@ def add_parser(sub: Any) -> None:
                    help="warm-up per rate, seconds (default: until the server is steady)")  # fmt: skip
     p.add_argument("--max-levels", type=int, help="measured rates per trial (default 4)")
     p.add_argument("--edge-draws", dest="edge_draws", type=int,
-                   help="draws of the workload the bracket's two ends are measured with, "
-                        "beyond --max-levels (default 2; 1: none, see docs/design/measurement.md)")  # fmt: skip
+                   help="draws of the workload the recommendation's confirmation measures its "
+                        "bracket's two ends with, beyond its rates (default 2; 1: none, see "
+                        "docs/design/measurement.md)")  # fmt: skip
+    p.add_argument("--trial-edge-draws", dest="trial_edge_draws", type=int,
+                   help="the same in each trial, beyond --max-levels (default 1: none; the "
+                        "trials are ranked on one draw of the workload they all share)")  # fmt: skip
     p.add_argument("--chain-levels", dest="chain_levels", action="store_true", default=None,
                    help="carry the load and the conversations under way on from one measured "
                         "rate to the next instead of starting each from an empty server "
@@ -189,7 +193,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "kv_cache_memory_bytes",
         "tensor_parallel_size", "gpu_count", "workload", "rate", "slo_ttft_ms", "slo_itl_ms", "objective",
         "trials", "budget_min", "seed", "screen", "level_duration_s", "level_warmup_s",
-        "level_max_duration_s", "max_levels", "edge_draws", "chain_levels", "twin_fit", "twin_from", "twin_search", "dry_run",
+        "level_max_duration_s", "max_levels", "edge_draws", "trial_edge_draws", "chain_levels", "twin_fit", "twin_from", "twin_search", "dry_run",
         "sim_step_costs", "study",
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
         "repeats", "target_peak_rate", "capacity_headroom", "quality_gate", "quality_min_agreement",

@@ -90,8 +90,12 @@ class TuneConfig(BaseModel):
     level_max_duration_s: float | None = Field(default=None, gt=0)
     max_levels: int = Field(default=4, ge=1)
     # Draws of the workload the bracket's ends are measured with once the levels are spent
-    # (tuner.search.rate_search's edge draws, beyond max_levels); 1: none.
+    # (tuner.search.rate_search's edge draws, beyond max_levels); 1: none. ``edge_draws``
+    # in the recommendation's confirmation, the capacity a review acts on;
+    # ``trial_edge_draws`` in each trial, which the search ranks on one draw shared by all
+    # trials (common random numbers: their difference is the settings', not the draw's).
     edge_draws: int = Field(default=2, ge=1)
+    trial_edge_draws: int = Field(default=1, ge=1)
     # A trial's levels follow one another on one load run, the conversations under way
     # carrying on from each to the next (workloads.chain); False: each from an empty server
     # (the default: near capacity a chained level sees the healthy state of a bistable

@@ -131,7 +131,7 @@ def _trial_s(ctx: TuneContext) -> float:
     )
     level_s = plan.warmup_max_s + plan.window_s + drain_s(ctx.workload)
     startup = STARTUP_S.get(ctx.backend, VLLM_STARTUP_S)
-    edge = edge_levels(c.edge_draws, c.max_levels)  # the bracket's ends again
+    edge = edge_levels(c.trial_edge_draws, c.max_levels)  # the bracket's ends again
     return startup + (min(c.max_levels, LEVELS_PER_TRIAL) + edge) * level_s
 
 

@@ -247,13 +247,19 @@ def confirm(
     for i in range(repeats):
         out_dir = RunLayout(ctx.run_dir).confirm_run_dir(name, None if repeats == 1 else i)
         levels = max_levels
+        # the capacity a review acts on: the bracket's ends with several draws, where they fit
+        draws = ctx.config.edge_draws if max_levels > 1 else 1
         if budget is not None:
             label = f"confirmation of {name}" + (f" (run {i + 1})" if repeats > 1 else "")
             levels = levels_that_fit(budget, max_levels, level_s, deadline_s)
+            launch_s = budget.launch_estimate_s()
+            with_draws_s = launch_s + (levels + edge_levels(draws, levels)) * level_s
+            if draws > 1 and with_draws_s > budget.left_s(deadline_s):
+                log.info("%s: its edge draws do not fit before its deadline", label)
+                draws = 1
             skip = budget.fits(
                 LaunchKind.CONFIRMATION, label,
-                budget.launch_estimate_s()
-                + (max(levels, least) + edge_levels(ctx.config.edge_draws, max_levels)) * level_s,
+                launch_s + max(levels, least) * level_s,
                 deadline_s=deadline_s,
                 note=f"{least} of {max_levels} rate(s) at the least" if levels < least else "",
             )  # fmt: skip
@@ -274,6 +280,7 @@ def confirm(
                 start_rate_per_s=start_rate_per_s,
                 max_levels=max(levels, 1),
                 start_held=start_held,
+                edge_draws=draws,
             )
         )
         ran = runs[-1]

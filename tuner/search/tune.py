@@ -55,6 +55,7 @@ from tuner.search.edge import find_edge, hold_prior_s, worst_case
 from tuner.search.optuna_store import FrozenTrial, Study, TrialState
 from tuner.search.parallelism import compare
 from tuner.search.quality_gate import gate_best, gate_need_s, may_gate
+from tuner.search.rate_search import edge_levels
 from tuner.search.recommend import LEAST_LEVELS, recommend
 from tuner.search.study import (
     Duty,
@@ -184,6 +185,7 @@ def confirm_reserve_s(
     *,
     variants: bool = True,
     levels: int = CONFIRM_LEVELS,
+    edge_draws: bool = True,
 ) -> float:
     """The confirmation runs: the recommendation's (``repeats``, up to ``levels`` rates each)
     and, with ``variants``, the two variants' (one rate); a launch each (as measured, else
@@ -204,7 +206,10 @@ def confirm_reserve_s(
         )
         level = (plan.warmup_min_s + plan.window_s + drain_s(ctx.workload)) * k + 4.0
         warm = ctx.workload.warmup.duration_s * k
-    own = (launch + warm + levels * level) * c.repeats
+    # (with ``edge_draws``, the two levels each of its edge draws adds: the bracket's ends
+    # with another draw; the least confirmation goes without them where they do not fit)
+    draws = edge_levels(c.edge_draws, levels) if edge_draws else 0
+    own = (launch + warm + (levels + draws) * level) * c.repeats
     return own + 2 * (launch + warm + level) if variants else own
 
 
@@ -271,7 +276,7 @@ def _least_reserve_s(
     """One edge probe, the recommendation's own confirmation over ``CONFIRM_LEAST_LEVELS``
     rates (no variants) and the quality gate: what a tune states at the least."""
     parts = edge_reserve_s(ctx, setup, budget, best, probes=1) + confirm_reserve_s(
-        ctx, setup, budget, best, variants=False, levels=CONFIRM_LEAST_LEVELS
+        ctx, setup, budget, best, variants=False, levels=CONFIRM_LEAST_LEVELS, edge_draws=False
     )
     if may_gate(ctx):
         parts += gate_need_s(ctx, budget)
