@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from tuner.run.budget import BudgetRecord, LaunchKind, LaunchRecord, SkippedLaunch
+from tuner.run.evaluation import Evaluation, Verdict
 from tuner.search.context import TuneContext
 from tuner.serving.server import Backend
 
@@ -175,6 +176,25 @@ class TimeBudget:
         self.launches.append(record)
         self.write()
         return record
+
+    def record_evaluation(
+        self,
+        kind: LaunchKind,
+        name: str,
+        ev: Evaluation,
+        *,
+        began_s: float,
+        deadline_s: float | None = None,
+    ) -> LaunchRecord | None:
+        """The launch an evaluation measured (a trial, a confirmation, a tied setting
+        again), from its own seconds; None where nothing was launched (screened)."""
+        if ev.launch_s is None:
+            return None
+        return self.record(
+            kind, name, began_s=began_s, launch_s=ev.launch_s, measure_s=ev.levels_s,
+            stop_s=ev.stop_s, ready=ev.outcome is not None and ev.verdict is not Verdict.STARTUP_FAILED,
+            deadline_s=deadline_s,
+        )  # fmt: skip
 
     def snapshot(self) -> BudgetRecord:
         return BudgetRecord(

@@ -43,7 +43,7 @@ from tuner.deploy import (
 from tuner.drain import drain_timing
 from tuner.run.budget import LaunchKind
 from tuner.run.edge import EdgeResult
-from tuner.run.evaluation import Evaluation, Verdict
+from tuner.run.evaluation import Evaluation
 from tuner.run.goodput import Goodput, GoodputBound
 from tuner.run.layout import RECOMMENDATION_JSON, RunLayout
 from tuner.run.quality import QualityRejection, QualityResult
@@ -284,11 +284,10 @@ def confirm(
             )
         )
         ran = runs[-1]
-        if budget is not None and ran.launch_s is not None:
-            budget.record(
-                LaunchKind.CONFIRMATION, f"confirmation {out_dir.name}", began_s=began,
-                launch_s=ran.launch_s, measure_s=ran.levels_s, stop_s=ran.stop_s,
-                ready=ran.verdict is not Verdict.STARTUP_FAILED, deadline_s=deadline_s,
+        if budget is not None:
+            budget.record_evaluation(
+                LaunchKind.CONFIRMATION, f"confirmation {out_dir.name}", ran, began_s=began,
+                deadline_s=deadline_s,
             )  # fmt: skip
     return measured_of(runs) if runs else None
 

@@ -144,11 +144,10 @@ def _measure_again(
             drawn, setup, ev.params, out_dir=out_dir, registry=registry,
             start_rate_per_s=ev.rate_per_s, max_levels=AGAIN_LEVELS, start_held=True,
         )  # fmt: skip
-        if budget is not None and ran.launch_s is not None:
-            budget.record(
-                LaunchKind.TIE_BREAK, f"trial {trial.number} again", began_s=began,
-                launch_s=ran.launch_s, measure_s=ran.levels_s, stop_s=ran.stop_s,
-                ready=ran.verdict is not Verdict.STARTUP_FAILED, deadline_s=deadline_s,
+        if budget is not None:
+            budget.record_evaluation(
+                LaunchKind.TIE_BREAK, f"trial {trial.number} again", ran, began_s=began,
+                deadline_s=deadline_s,
             )  # fmt: skip
         out.append(ran)
     return out

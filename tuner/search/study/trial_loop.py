@@ -347,11 +347,9 @@ class TrialLoop:
         levels = ev.levels_s or 0.0
         self.levels_estimate_s = max(self.levels_estimate_s * 0.5, levels)
         if self.budget is not None:
-            self.budget.record(
-                LaunchKind.TRIAL, f"trial {number}",
+            self.budget.record_evaluation(
+                LaunchKind.TRIAL, f"trial {number}", ev,
                 began_s=time.monotonic() - (ev.launch_s + levels + (ev.stop_s or 0.0)),
-                launch_s=ev.launch_s, measure_s=ev.levels_s, stop_s=ev.stop_s,
-                ready=ev.outcome is not None and ev.verdict is not Verdict.STARTUP_FAILED,
                 deadline_s=self._launch_deadline_s,
             )  # fmt: skip
         self._update_deadline()  # the reserve, with this launch measured
