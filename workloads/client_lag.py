@@ -181,8 +181,38 @@ class ProcessLag(BaseModel):
         return out
 
 
+# A simulated server's steps start late by a sleep's overshoot and a token delivery's
+# work even where its core keeps up (about a millisecond): its lag counts past this.
+SERVER_LAG_FLOOR_MS = 10.0
+
+
+class ServerClockLag(BaseModel):
+    """The simulated server's own lag over one run (``GET /sim/lag``): how late its steps
+    started against the wall clock. Its engine is the measuring apparatus too: a core
+    that cannot keep up with the virtual GPU's clock delays every token of a step."""
+
+    model_config = ConfigDict(frozen=True)
+
+    steps: int
+    p99_ms: float
+    max_ms: float
+
+    def past(self, bounds: ClientBounds) -> list[str]:
+        """Its lag past ``bounds`` (the event-loop delay's: a late step delays tokens as a
+        late loop reads them late; never below ``SERVER_LAG_FLOOR_MS``), one phrase;
+        empty when it kept up."""
+        bound = max(bounds.loop_delay_p99_ms, SERVER_LAG_FLOOR_MS)
+        if self.p99_ms <= bound:
+            return []
+        return [
+            f"the simulated server's steps started {self.p99_ms:.1f} ms late at p99 "
+            f"(> {bound:g} ms; its core could not keep up with the clock)"
+        ]
+
+
 class ClientLag(BaseModel):
-    """The load generator's lag over one run, per process, and its verdict."""
+    """The load generator's lag over one run, per process, and its verdict; on the
+    simulated engine also its server's (``server``)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -190,10 +220,16 @@ class ClientLag(BaseModel):
     reason: str | None  # what was past the bounds; None when it kept up
     bounds: ClientBounds
     processes: tuple[ProcessLag, ...]
+    server: ServerClockLag | None = None
 
     @property
     def lagged(self) -> bool:
         return self.verdict is ClientVerdict.LAGGED
+
+    @property
+    def server_lagged(self) -> bool:
+        """The simulated server fell behind its clock (more load processes cannot help)."""
+        return self.server is not None and bool(self.server.past(self.bounds))
 
     @property
     def token_events_per_s(self) -> float:
@@ -201,15 +237,22 @@ class ClientLag(BaseModel):
         return sum(p.token_events_per_s for p in self.processes)
 
 
-def judge_client(workers: Sequence[SelfMeasured], bounds: ClientBounds | None = None) -> ClientLag:
-    """Every process's lag against ``bounds`` (default: the stated ones); LAGGED when any
-    process went past any bound."""
+def judge_client(
+    workers: Sequence[SelfMeasured],
+    bounds: ClientBounds | None = None,
+    server: ServerClockLag | None = None,
+) -> ClientLag:
+    """Every process's lag against ``bounds`` (default: the stated ones), and the simulated
+    server's where given; LAGGED when any went past any bound."""
     bounds = bounds or ClientBounds()
     processes = tuple(ProcessLag.of(w) for w in sorted(workers, key=lambda w: w.index))
     reasons = [phrase for p in processes for phrase in p.past(bounds)]
+    if server is not None:
+        reasons += server.past(bounds)
     return ClientLag(
         verdict=ClientVerdict.LAGGED if reasons else ClientVerdict.KEPT_UP,
         reason="; ".join(reasons) or None,
         bounds=bounds,
         processes=processes,
+        server=server,
     )

@@ -185,7 +185,7 @@ class LoadResult(BaseModel):
         last_s = timed["last_token_s"].fillna(timed["end_s"])
         multi = timed["output_tokens"] > 1
         tpot_s = (last_s - timed["first_token_s"])[multi] / (timed["output_tokens"][multi] - 1)
-        itl_s = _gaps(timed["token_times_s"])
+        itl_s = _gaps(timed["token_times_s"], timed["output_tokens"])
         sent = frame[frame["sent"]]
         lag_s = sent["sent_s"] - sent["scheduled_s"]
 
@@ -358,7 +358,7 @@ def request_latencies(
     )
     done = frame[frame["ok"]]
     e2e[done.index] = 1000 * (done["end_s"] - done["scheduled_s"])
-    gaps = _gaps(timed["token_times_s"])
+    gaps = _gaps(timed["token_times_s"], timed["output_tokens"])
     return RequestLatencies(
         ttft_ms=ttft,
         tpot_ms=tpot,
@@ -400,12 +400,18 @@ def _frame(records: Sequence[RequestRecord], *, cut_short: bool = False) -> pd.D
     return frame
 
 
-def _gaps(token_times: pd.Series) -> pd.Series:
-    """Every gap between consecutive token events of each request."""
+def _gaps(token_times: pd.Series, output_tokens: pd.Series) -> pd.Series:
+    """Every gap between consecutive token events of each request, per token: a stream
+    that batched several tokens into an event (vLLM's ``stream_interval``: fewer events
+    than tokens) has each gap divided by its request's mean tokens per gap, so the gaps
+    still average its TPOT; the spread of the tokens' times within an event is not seen."""
     if token_times.empty:
         return pd.Series(dtype="float64")
     times = token_times.explode().dropna().astype("float64")
-    return times.groupby(level=0).diff().dropna()
+    gaps = times.groupby(level=0).diff().dropna()
+    events = token_times.map(len)
+    per_gap = ((output_tokens - 1) / (events - 1)).where(events > 1, 1.0).clip(lower=1.0)
+    return gaps / per_gap.reindex(gaps.index)
 
 
 def _inferred_window_s(scheduled_s: pd.Series) -> float | None:

@@ -362,6 +362,8 @@ def request_body(request: ScheduledRequest, model: str) -> bytes:
     }
     if request.stream:
         body["stream_options"] = {"include_usage": True}
+        if request.stream_interval > 1:
+            body["stream_interval"] = request.stream_interval
     if request.api is Api.CHAT:
         body["messages"] = request.messages
     else:

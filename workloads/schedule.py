@@ -57,6 +57,9 @@ class ScheduledRequest:
     think_time_s: float = 0.0
     # False: sent without streaming, one response at the end (see sample_streams).
     stream: bool = True
+    # Streamed: tokens the server is asked to batch into each event (vLLM's per-request
+    # ``stream_interval``; 1: every token its own event; see sample_streams).
+    stream_interval: int = 1
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -112,19 +115,37 @@ def write_schedule(path: Path, requests: Iterable[ScheduledRequest]) -> int:
     return count
 
 
-def sample_streams(requests: Iterable[ScheduledRequest], fraction: float) -> list[ScheduledRequest]:
+def sample_streams(
+    requests: Iterable[ScheduledRequest], fraction: float, interval_tokens: int = 1
+) -> list[ScheduledRequest]:
     """Stream only ``fraction`` of the requests; the rest are sent without streaming.
+    Streamed ones ask for ``interval_tokens`` tokens an event.
 
     The server does the same work either way; the load generator reads one response
     instead of one event per token, so a fast server can be loaded fully while token
     timings (TTFT, ITL, TPOT) come from a uniform sample of the requests. The choice
     is a hash of the request id: the same requests are streamed in every run.
+
+    ``interval_tokens`` > 1 keeps every request's TTFT and TPOT at a fraction of the
+    events: vLLM's per-request ``stream_interval`` (from 0.27; an older server ignores
+    it and streams every token) sends the first token alone, then a chunk every
+    ``interval_tokens`` tokens, and the last one at once; what it does not show is how
+    the tokens within a chunk were spaced (the ITL is a chunk's mean).
     """
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"stream fraction {fraction} is out of range; accepted: 0 < f <= 1")
-    if fraction >= 1.0:
+    if interval_tokens < 1:
+        raise ValueError(f"stream interval {interval_tokens} is out of range; accepted: >= 1")
+    if fraction >= 1.0 and interval_tokens == 1:
         return list(requests)
-    return [replace(r, stream=in_hashed_share(r.request_id, fraction)) for r in requests]
+    return [
+        replace(
+            r,
+            stream=r.stream if fraction >= 1.0 else in_hashed_share(r.request_id, fraction),
+            stream_interval=interval_tokens,
+        )
+        for r in requests
+    ]
 
 
 def share_of(

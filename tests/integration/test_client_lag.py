@@ -99,6 +99,10 @@ def test_a_lagging_level_is_measured_again_with_more_processes(tmp_path: Path) -
     client, level_dir, clock, left = one_level(tmp_path, rule, chained=False)
     assert left == []
     (attempt,) = client.attempts
+    if attempt.lag.server_lagged:  # a loaded host: the simulated server fell behind too,
+        # and more load processes would take its core (test_client_lag.py, unit)
+        assert attempt.then.remedy is ClientRemedy.SLOWER_CLOCK
+        pytest.skip(f"this host's simulated server lagged: {attempt.lag.reason}")
     assert attempt.then.remedy is ClientRemedy.MORE_PROCESSES
     assert attempt.setup.processes == 1 and client.setup.processes == 2
     assert clock == 1.0  # the clock is left alone while processes can be added

@@ -1,14 +1,18 @@
-"""Stream sampling: only a share of requests streams; the rest are sent whole, same server work."""
+"""Stream sampling: only a share of requests streams, the rest sent whole, same server work;
+or every request streamed in chunks (vLLM's per-request ``stream_interval``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.integration.simserver import SimServer
 from tests.integration.test_locust_load import MODEL, OUTPUT_TOKENS, poisson_schedule, start_sim
+from workloads.client_lag import SERVER_LAG_FLOOR_MS, ServerClockLag
 from workloads.load_result import LoadResult
 from workloads.runner import run_load
 from workloads.schedule import read_records, sample_streams
@@ -51,6 +55,54 @@ def test_sampled_streams_time_a_share_and_count_every_token(sim: SimServer, tmp_
     assert result.output_tokens == 80 * OUTPUT_TOKENS
 
 
+@pytest.mark.parametrize(("version", "events_each"), [("0.33", 1 + 31 // 8 + 1), ("0.26", 32)])
+def test_chunked_streams_time_every_request_with_fewer_events(
+    sim: SimServer, tmp_path: Path, version: str, events_each: int
+) -> None:
+    """Each request asks for 8 tokens an event: the first token alone, then 8 at a time,
+    the rest at the end (32 tokens: 1 + 3 x 8 + 7 in 5 events). A release before the
+    request field (0.26) ignores it and streams every token."""
+    server = sim if version == "0.33" else start_sim(tmp_path, "--vllm-version", version)
+    try:
+        schedule = sample_streams(poisson_schedule(40, rate=10.0), 1.0, 8)
+        run = run_load(base_url=server.url, model=MODEL, schedule=schedule, out_dir=tmp_path)
+    finally:
+        if server is not sim:
+            server.stop()
+    records = list(read_records(run.records_path))
+    assert len(records) == 40 and all(r.ok and r.streamed for r in records)
+    assert {len(r.token_times_s) for r in records} == {events_each}
+    assert all(r.output_tokens == OUTPUT_TOKENS for r in records)  # from the usage
+    (stats,) = run.workers
+    assert stats.token_events == 40 * events_each
+    result = LoadResult.from_file(run.records_path)
+    assert result.ttft_ms.count == result.tpot_ms.count == 40
+    # the ITL, per token, averages the TPOT whatever the chunking
+    assert result.itl_ms.mean == pytest.approx(result.tpot_ms.mean, rel=0.05)
+
+
 def test_fraction_out_of_range_is_refused() -> None:
     with pytest.raises(ValueError, match="accepted"):
         sample_streams(poisson_schedule(3, rate=1.0), 0.0)
+
+
+def test_the_simulated_server_says_how_late_its_steps_started(tmp_path: Path) -> None:
+    """``GET /sim/lag``: a server whose clock runs 200 times faster than the emulated GPU
+    cannot keep to its timeline on one core, and says so; a span with no step says 0."""
+    fast = start_sim(tmp_path, "--time-scale", "0.005")
+    try:
+        began = time.time()
+        run = run_load(
+            base_url=fast.url, model=MODEL, schedule=poisson_schedule(400, rate=2000.0),
+            out_dir=tmp_path / "load",
+        )  # fmt: skip
+        assert run.records_path.is_file()
+        lag = ServerClockLag.model_validate(
+            httpx.get(f"{fast.url}/sim/lag", params={"since": began}, timeout=5).json()
+        )
+        none = httpx.get(f"{fast.url}/sim/lag", params={"until": began - 1}, timeout=5).json()
+    finally:
+        fast.stop()
+    assert lag.steps > 10 and 0 < lag.p99_ms <= lag.max_ms
+    assert lag.p99_ms > SERVER_LAG_FLOOR_MS  # a lag the level's judgement counts
+    assert ServerClockLag.model_validate(none).steps == 0

@@ -31,7 +31,13 @@ from tuner.serving.live_server import LoadMeasurement
 from tuner.serving.load import SloVerdict
 from tuner.serving.server import TrialOutcome
 from tuner.vllm.space import TrialParams
-from workloads.client_lag import ClientBounds, ClientLag, ClientVerdict, judge_client
+from workloads.client_lag import (
+    ClientBounds,
+    ClientLag,
+    ClientVerdict,
+    ServerClockLag,
+    judge_client,
+)
 from workloads.load_result import LoadResult, Percentiles
 from workloads.runner import WorkerStats, client_saturation
 from workloads.schedule import ScheduledRequest
@@ -117,6 +123,23 @@ def test_then_on_the_simulated_engine_a_slower_clock() -> None:
     assert change.after == ClientSetup(processes=2, time_scale=3.0)
     assert change.describe() == "the simulated clock 2x slower (time scale 3)"
     assert plan_remedy(RULE, setup, simulated=False, cores=2) is None  # vLLM: nothing left
+
+
+def test_a_simulated_server_behind_its_clock_lagged_and_slows_its_clock_at_once() -> None:
+    """The simulated server is part of the measurement: steps that start late delay their
+    tokens as a late client reads them late. More load processes would take its core."""
+    behind = ServerClockLag(steps=2000, p99_ms=35.0, max_ms=80.0)
+    lag = judge_client([stats()], server=behind)
+    assert lag.lagged and lag.server_lagged
+    assert lag.reason is not None and "simulated server's steps started 35.0 ms late" in lag.reason
+    kept = judge_client([stats()], server=ServerClockLag(steps=2000, p99_ms=3.0, max_ms=9.0))
+    assert not kept.lagged and not kept.server_lagged
+    wide = judge_client([stats()], ClientBounds(loop_delay_p99_ms=50.0), server=behind)
+    assert not wide.lagged  # within the bound the SLO allows
+    change = plan_remedy(
+        RULE, ClientSetup(processes=1), simulated=True, cores=16, server_lagged=True
+    )
+    assert change is not None and change.remedy is ClientRemedy.SLOWER_CLOCK
 
 
 def test_remote_workers_are_not_multiplied_here() -> None:

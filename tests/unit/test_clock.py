@@ -10,11 +10,14 @@ import pytest
 from tuner.run.evaluation import Evaluation, LevelRecord, LevelSeconds, Verdict
 from tuner.search.clock import client_events_per_s, clock_text, measured_time_scale
 from tuner.search.context import (
+    MAX_STREAM_INTERVAL,
     REQUEST_COST_EVENTS,
     auto_stream_fraction,
+    auto_stream_interval,
     auto_time_scale,
     clock_scale,
 )
+from tuner.search.context import client_events_per_s as load_events_per_s
 from tuner.serving.client_lag import ClientSetup, LevelClient
 from tuner.serving.server import TrialOutcome
 from tuner.serving.window import WindowOpening
@@ -33,6 +36,21 @@ def test_the_streamed_share_is_rounded_down_so_the_clock_need_not_slow() -> None
     assert auto_time_scale(9075.0, 30.0, 5000.0, fraction) == 1.0
     assert auto_stream_fraction(9075.0, 30.0, 1000.0, 0.25) == 0.25  # never below its floor
     assert auto_stream_fraction(1000.0, 10.0, 5000.0, 0.25) == 1.0  # all fit: all streamed
+
+
+def test_chunked_streams_stream_every_request_and_let_the_clock_run_faster() -> None:
+    """The same busiest level with vLLM's per-request stream_interval: every request
+    streamed, its first token alone and the rest in chunks, as few tokens an event as let
+    the load generator keep up at the fastest clock."""
+    assert load_events_per_s(9075.0, 30.0, 1.0, 1) == 9075.0 + REQUEST_COST_EVENTS * 30.0
+    assert load_events_per_s(9075.0, 30.0, 1.0, 5) == 30.0 + 9045.0 / 5 + REQUEST_COST_EVENTS * 30
+    interval = auto_stream_interval(9075.0, 30.0, 5000.0, fastest=0.5)
+    assert interval == 5  # 4 tokens an event ask 2,591 events/s of the 2,500 at 2x; 5: 2,139
+    assert load_events_per_s(9075.0, 30.0, 1.0, interval) <= 2500.0
+    assert load_events_per_s(9075.0, 30.0, 1.0, interval - 1) > 2500.0
+    assert auto_time_scale(9075.0, 30.0, 5000.0, 1.0, fastest=0.5, stream_interval=interval) == 0.5
+    assert auto_stream_interval(1000.0, 10.0, 5000.0, fastest=1.0) == 1  # every token fits
+    assert auto_stream_interval(1e6, 10.0, 5000.0, fastest=0.25) == MAX_STREAM_INTERVAL
 
 
 def test_the_clock_runs_faster_only_where_the_load_leaves_room_and_never_past_its_floor() -> None:

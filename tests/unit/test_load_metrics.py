@@ -102,7 +102,8 @@ class TestLatencies:
         # 5 events spanning 80 ms but 9 output tokens (several tokens per event): 80 / 8 = 10 ms.
         result = LoadResult.from_records([ok_record(0, ttft_ms=50.0, output_tokens=9)])
         assert result.tpot_ms.p50 == approx(10.0)
-        assert result.itl_ms.p50 == approx(20.0)
+        # each 20-ms gap carried 2 tokens: the ITL is per token, as the TPOT
+        assert result.itl_ms.p50 == approx(10.0)
         assert result.output_tokens == 9
 
     def test_one_token_output_has_no_tpot_or_itl(self) -> None:

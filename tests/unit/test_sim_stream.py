@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from tuner.sim.api import ReadStampingProtocol, _DirectWriter
 from tuner.sim.driver import RequestStream, Token
 from tuner.sim.engine import FinishReason, SimRequest
 from tuner.sim.openai_format import (
+    ApiError,
     Endpoint,
     StreamEvents,
     parse_generation,
@@ -145,3 +147,57 @@ def test_read_stamping_protocol_stamps_each_read_and_forgets_the_connection() ->
     assert stamps == {inner: 2.0}
     protocol.connection_lost(None)
     assert stamps == {} and inner.calls == ["made", "GET", " /", "lost"]
+
+
+def _text(event: bytes, endpoint: Endpoint) -> str:
+    chunk = json.loads(event.removeprefix(b"data: ").strip())
+    choice = chunk["choices"][0]
+    return str(choice["text"] if endpoint is Endpoint.COMPLETIONS else choice["delta"]["content"])
+
+
+@pytest.mark.parametrize("endpoint", list(Endpoint))
+@pytest.mark.parametrize("interval", [1, 2, 3, 16])
+def test_a_stream_interval_sends_the_first_token_alone_then_chunks_and_the_last_at_once(
+    endpoint: Endpoint, interval: int
+) -> None:
+    gen = generation(endpoint, stream_interval=interval)
+    assert gen.stream_interval == interval
+    events = StreamEvents(gen)
+    chunks: list[list[int]] = []
+    texts: list[str] = []
+    for i, token_id in enumerate(TOKENS):
+        reason = FinishReason.LENGTH if i == len(TOKENS) - 1 else None
+        if (chunk := events.push(token_id, reason)) is not None:
+            chunks.append(chunk)
+            texts.append(_text(events.chunk(chunk, reason), endpoint))
+    # vLLM's output processor: the first token, every `interval` waiting, the last
+    expected = [TOKENS[:1]] + [TOKENS[i : i + interval] for i in range(1, len(TOKENS), interval)]
+    assert chunks == expected
+    assert texts == ["".join(decode_token(t) for t in c) for c in expected]
+    assert json.loads(events.usage().removeprefix(b"data: "))["usage"]["completion_tokens"] == 5
+
+
+def test_a_release_before_the_request_field_streams_every_token() -> None:
+    body = {"model": "m", "prompt": "a", "max_tokens": 5, "stream": True, "stream_interval": 4}
+    kept = parse_generation(
+        Endpoint.COMPLETIONS, body, served_model_names=["m"], max_model_len=100,
+        vocab_size=150_000, request_stream_interval=False,
+    )  # fmt: skip
+    assert kept.stream_interval == 1
+    with pytest.raises(ApiError, match="stream_interval must be at least 1"):
+        generation(Endpoint.COMPLETIONS, stream_interval=0)
+
+
+def test_direct_writes_wait_for_the_rest_of_a_chunk() -> None:
+    async def make() -> RequestStream:
+        request = SimRequest(request_id="r", prompt_token_ids=[1], max_tokens=9, arrival_s=0.0)
+        return RequestStream(request=request, arrival_s=0.0, received_s=0.0)
+
+    stream = asyncio.run(make())
+    transport = FakeTransport()
+    events = StreamEvents(generation(Endpoint.COMPLETIONS, stream_interval=3))
+    writer = _DirectWriter(transport, stream, events, FakeDriver())  # type: ignore[arg-type]
+    assert all(writer.deliver(Token(t, None)) for t in (5, 6, 7))
+    assert len(transport.written) == 1  # the first token; 6 and 7 wait for a third
+    assert writer.deliver(Token(8, None))
+    assert len(transport.written) == 2 and len(stream.written_s) == 4  # one stamp per token

@@ -169,6 +169,15 @@ def add_parser(sub: Any) -> None:
         type=float,
         help="share of requests streamed for token timings, the rest sent whole (default auto)",
     )
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        metavar="TOKENS",
+        help="tokens each streamed event carries (vLLM's per-request stream_interval, 0.27 "
+        "on; the first token always alone): fewer events for the load generator, exact "
+        "TTFT and TPOT, the ITL a chunk's mean (default auto: as many as the load "
+        "generator needs, up to 16; 1 where the SLO has an ITL objective)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
     p.set_defaults(func=_cmd_tune)
 
@@ -201,6 +210,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "cache_volume", "rollout", "processes",
         "load_workers", "load_master_bind", "client_lag_ms", "client_retries",
         "gpu_source", "time_scale", "fastest_time_scale", "stream_fraction",
+        "stream_interval",
     )  # fmt: skip
     values: dict[str, Any] = {name: getattr(args, name) for name in fields}
     if values["storage"] is None and os.environ.get(STORAGE_ENV):

@@ -159,6 +159,10 @@ class TuneConfig(BaseModel):
     # budget decide, never below min_stream_fraction; 1 streams every request.
     stream_fraction: float | None = Field(default=None, gt=0, le=1)
     min_stream_fraction: float = Field(default=0.25, gt=0, le=1)
+    # Tokens a streamed event carries (vLLM's per-request stream_interval): None lets the
+    # load generator's budget decide where the target vLLM reads it and the SLO has no ITL
+    # objective (tuner.search.context.auto_stream_interval); 1 streams every token.
+    stream_interval: int | None = Field(default=None, ge=1)
     sim_startup_delay_s: float = Field(default=1.0, ge=0)
     # sim: the simulated server's own step costs (sim-serve --step-costs), unknown to the
     # twin, which learns them from the trials; None: the twin's paper factors.

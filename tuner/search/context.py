@@ -130,6 +130,7 @@ class StudySetup:
 
     time_scale: float = 1.0  # the simulator's clock slowed this many times (1.0: vLLM)
     stream_fraction: float = 1.0  # share of requests streamed (token timings); see sample_streams
+    stream_interval: int = 1  # tokens a streamed event carries (vLLM's stream_interval)
     calibration: Calibration | None = None  # the memory model's, from the first real startup
     # The twin's step costs: the paper's, a --twin-from run's, then fitted after each trial.
     timing: TimingFactors = field(default_factory=TimingFactors)
@@ -647,12 +648,49 @@ def auto_time_scale(
     stream_fraction: float = 1.0,
     *,
     fastest: float = 1.0,
+    stream_interval: int = 1,
 ) -> float:
     """The simulator's clock scale so the load generator sees at most ``max_events_per_s``
     (``clock_scale``; ``fastest`` < 1 lets it run faster than the emulated GPU where the
     load leaves room)."""
-    load = stream_fraction * predicted_tokens_per_s + REQUEST_COST_EVENTS * predicted_requests_per_s
+    load = client_events_per_s(
+        predicted_tokens_per_s, predicted_requests_per_s, stream_fraction, stream_interval
+    )
     return clock_scale(load, max_events_per_s, fastest)
+
+
+def client_events_per_s(
+    tokens_per_s: float, requests_per_s: float, stream_fraction: float, stream_interval: int
+) -> float:
+    """What a load asks of the load generator, in token events per second: each streamed
+    request's first token alone and the rest ``stream_interval`` to an event, and
+    ``REQUEST_COST_EVENTS`` per request."""
+    rest = max(tokens_per_s - requests_per_s, 0.0)
+    token_events = stream_fraction * (min(requests_per_s, tokens_per_s) + rest / stream_interval)
+    return token_events + REQUEST_COST_EVENTS * requests_per_s
+
+
+# The most tokens one streamed event is asked to carry (``auto_stream_interval``): past
+# 16 the request's own costs dominate the load generator's, and a chunk spans a few
+# hundred milliseconds of decoding.
+MAX_STREAM_INTERVAL = 16
+
+
+def auto_stream_interval(
+    predicted_tokens_per_s: float,
+    predicted_requests_per_s: float,
+    max_events_per_s: float,
+    fastest: float,
+) -> int:
+    """The fewest tokens an event (at most ``MAX_STREAM_INTERVAL``) at which the load
+    generator keeps up with every request streamed with the simulator's clock at its
+    fastest (``fastest``: its scale, 1 on vLLM): 1 where every token fits."""
+    budget = max_events_per_s * fastest
+    for interval in range(1, MAX_STREAM_INTERVAL + 1):
+        load = client_events_per_s(predicted_tokens_per_s, predicted_requests_per_s, 1.0, interval)
+        if load <= budget:
+            return interval
+    return MAX_STREAM_INTERVAL
 
 
 def auto_stream_fraction(

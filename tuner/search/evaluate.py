@@ -100,7 +100,7 @@ def live_server(
     return make(
         launch_spec(ctx, setup, params), trial_dir=out_dir, registry=registry,
         gpu_source=ctx.gpu_source, generators=ctx.config.load_generators(),
-        stream_fraction=setup.stream_fraction,
+        stream_fraction=setup.stream_fraction, stream_interval=setup.stream_interval,
     )  # fmt: skip
 
 

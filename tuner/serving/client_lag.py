@@ -8,7 +8,8 @@ on its own, with a client that has more room (``plan_remedy``):
 * more load processes, doubled, up to the host's cores and ``ClientRule.max_processes``,
   where the processes are on this host (no remote workers);
 * else, on the simulated engine, its clock twice slower (``/sim/time-scale``): the same
-  emulated load at half the events per wall second;
+  emulated load at half the events per wall second (at once where the simulated server's
+  own steps fell behind its clock, ``workloads.client_lag.ServerClockLag``);
 * else nothing more can be done.
 
 At most ``ClientRule.retries`` times; a level still lagging after them is unmeasurable
@@ -88,11 +89,18 @@ class ClientChange(BaseModel):
 
 
 def plan_remedy(
-    rule: ClientRule, setup: ClientSetup, *, simulated: bool, cores: int | None
+    rule: ClientRule,
+    setup: ClientSetup,
+    *,
+    simulated: bool,
+    cores: int | None,
+    server_lagged: bool = False,
 ) -> ClientChange | None:
-    """The next remedy for a client that lagged (the module's docstring), or None."""
+    """The next remedy for a client that lagged (the module's docstring), or None; where
+    the simulated server itself fell behind its clock (``server_lagged``), a slower clock
+    at once: more load processes would take its core."""
     cap = rule.process_cap(cores)
-    if not setup.remote_workers and setup.processes < cap:
+    if not server_lagged and not setup.remote_workers and setup.processes < cap:
         after = setup.model_copy(update={"processes": min(2 * setup.processes, cap)})
         return ClientChange(remedy=ClientRemedy.MORE_PROCESSES, before=setup, after=after)
     if simulated:

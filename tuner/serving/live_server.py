@@ -82,7 +82,7 @@ from tuner.serving.window import (
     window_closes,
 )
 from workloads.chain import LoadChain, Snapshot
-from workloads.client_lag import judge_client
+from workloads.client_lag import ServerClockLag, judge_client
 from workloads.load_errors import LoadConfigError, LoadGeneratorError
 from workloads.load_result import LoadResult
 from workloads.runner import WorkerStats
@@ -256,6 +256,7 @@ class ServerFactory(Protocol):
         gpu_source: str = ...,
         generators: LoadGenerators = ...,
         stream_fraction: float = ...,
+        stream_interval: int = ...,
     ) -> TrialServer: ...
 
 
@@ -279,7 +280,8 @@ class LiveServer:
     and the caller measures only when it is READY. On exit the sampler and the
     server stop, whatever happened, and ``gpu`` holds the timeline's summary.
     ``time_scale`` is the simulator's ``--time-scale`` (1 for vLLM);
-    ``stream_fraction`` the share of requests streamed (``workloads.schedule.sample_streams``).
+    ``stream_fraction`` the share of requests streamed and ``stream_interval`` the tokens
+    each streamed event carries (``workloads.schedule.sample_streams``).
     """
 
     def __init__(
@@ -292,9 +294,12 @@ class LiveServer:
         gpu_sample_interval_s: float = 0.1,
         generators: LoadGenerators = LOCAL_LOAD,
         stream_fraction: float = 1.0,
+        stream_interval: int = 1,
     ) -> None:
         self.launch = launch
         self.stream_fraction = stream_fraction
+        self.stream_interval = stream_interval
+        self._server_lagged = False  # the last level's simulated server fell behind its clock
         self.trial_dir = trial_dir
         self.registry = registry
         self.generators = generators
@@ -370,8 +375,9 @@ class LiveServer:
             return None
         target = warmup.kv_cache_fill
         spec, schedule = fill_schedule(
-            workload, warmup, self.launch.params.max_model_len, self.stream_fraction
-        )
+            workload, warmup, self.launch.params.max_model_len, self.stream_fraction,
+            self.stream_interval,
+        )  # fmt: skip
         if not schedule:
             return KvFill(target=target, reached=None, seconds=0.0, requests_sent=0)
         watcher = KvUsageWatcher(self.server.base_url, interval_s=0.25).start()
@@ -401,7 +407,7 @@ class LiveServer:
         due = self._after_schedule(warm, drain_s=0.0)
         try:
             run_schedule(
-                workload, sample_streams(warm, self.stream_fraction),
+                workload, sample_streams(warm, self.stream_fraction, self.stream_interval),
                 base_url=self.server.base_url, model=self.model, out_dir=out_dir,
                 registry=self.registry, generators=self.generators, time_scale=self.time_scale,
                 stop_when=lambda: due(out_dir),
@@ -483,7 +489,7 @@ class LiveServer:
             return False
 
         run = run_schedule(
-            workload, sample_streams(schedule, self.stream_fraction),
+            workload, sample_streams(schedule, self.stream_fraction, self.stream_interval),
             base_url=self.server.base_url, model=self.model, out_dir=out_dir,
             registry=self.registry, generators=self.generators, time_scale=self.time_scale,
             stop_when=stop if rule is not None or cut is not None else None,
@@ -527,6 +533,7 @@ class LiveServer:
         return plan_remedy(
             self.client_rule, self.client_setup(),
             simulated=self.launch.backend is Backend.SIM, cores=os.cpu_count(),
+            server_lagged=self._server_lagged,
         )  # fmt: skip
 
     def apply_client_change(self, change: ClientChange) -> None:
@@ -574,7 +581,9 @@ class LiveServer:
         for stale in ("backlog-stop.json", WINDOW_FILE, "requests.jsonl"):  # an earlier run's
             (out_dir / stale).unlink(missing_ok=True)
         k = self.time_scale
-        sent = sample_streams(scaled_schedule(schedule, k), self.stream_fraction)
+        sent = sample_streams(
+            scaled_schedule(schedule, k), self.stream_fraction, self.stream_interval
+        )
         write_schedule(out_dir / "schedule.jsonl", sent)  # offsets from the level's offset 0
         before = scrape(self.server.base_url)
         watcher = KvUsageWatcher(
@@ -663,9 +672,15 @@ class LiveServer:
             workload, watcher.samples, records, window=(window_start, window_end),
             stopped_unix_s=stopped_at, time_scale=k, stopped_by=stopped_by, out_dir=out_dir,
         )  # fmt: skip
-        lag = judge_client(
-            ended.workers, self.client_rule.bounds.for_slo(workload.slo, time_scale=k)
+        server_lag = (
+            sim_clock_lag(self.server.base_url, start, stopped_at)
+            if self.launch.backend is Backend.SIM
+            else None
         )
+        lag = judge_client(
+            ended.workers, self.client_rule.bounds.for_slo(workload.slo, time_scale=k), server_lag
+        )
+        self._server_lagged = lag.server_lagged
         return LoadMeasurement(
             out_dir=str(out_dir),
             outcome=died.outcome if died is not None else TrialOutcome.READY,
@@ -700,6 +715,19 @@ def set_sim_time_scale(base_url: str, time_scale: float) -> None:
         raise WorkloadLoadError(
             f"the simulated server at {base_url} did not take time scale {time_scale:g}: {exc}"
         ) from exc
+
+
+def sim_clock_lag(base_url: str, since_unix_s: float, until_unix_s: float) -> ServerClockLag | None:
+    """How late a simulated server's steps started over a span (``GET /sim/lag``); None
+    where it does not say (an older simulator, a failed read: the level is judged by its
+    client alone)."""
+    url = f"{base_url.rstrip('/')}/sim/lag?since={since_unix_s!r}&until={until_unix_s!r}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return ServerClockLag.model_validate_json(response.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        log.warning("the simulated server's clock lag over the level is unknown: %s", exc)
+        return None
 
 
 @dataclass(frozen=True)
@@ -741,7 +769,11 @@ def chained_records(
 
 
 def fill_schedule(
-    workload: WorkloadSpec, warmup: WarmupSpec, max_model_len: int | None, stream_fraction: float
+    workload: WorkloadSpec,
+    warmup: WarmupSpec,
+    max_model_len: int | None,
+    stream_fraction: float,
+    stream_interval: int = 1,
 ) -> tuple[WorkloadSpec, list[ScheduledRequest]]:
     """What a warm-up by KV-cache fill sends (``fill_kv_cache``): the workload without its
     own warm-up, for ``warmup.max_s``, on a seed of its own, and its schedule, every
@@ -751,7 +783,7 @@ def fill_schedule(
     )
     schedule = plan_schedule(spec, max_model_len=max_model_len)
     return spec, sample_streams(
-        [dataclasses.replace(r, warmup=True) for r in schedule], stream_fraction
+        [dataclasses.replace(r, warmup=True) for r in schedule], stream_fraction, stream_interval
     )
 
 

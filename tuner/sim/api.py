@@ -74,6 +74,7 @@ ROUTES: tuple[tuple[str, str], ...] = (
     ("/v1/chat/completions", "POST"),
     ("/metrics", "GET"),
     ("/sim/gpu", "GET"),
+    ("/sim/lag", "GET"),
     ("/sim/requests", "GET"),
     ("/sim/stall", "POST"),
     ("/sim/time-scale", "POST"),
@@ -94,6 +95,9 @@ class ServeSettings:
     stats_interval_s: float = STATS_INTERVAL_S
     # vLLM's --api-key / VLLM_API_KEY: one of them is required on every /v1 path.
     api_keys: tuple[str, ...] = ()
+    # The emulated release reads a request's own ``stream_interval``
+    # (``tuner.vllm.versions.REQUEST_STREAM_INTERVAL``).
+    request_stream_interval: bool = True
 
 
 class GpuReport(BaseModel):
@@ -259,6 +263,7 @@ class SimServer:
             "/v1/chat/completions": partial(self.generate, Endpoint.CHAT),
             "/metrics": self.prometheus,
             "/sim/gpu": self.sim_gpu,
+            "/sim/lag": self.sim_lag,
             "/sim/requests": self.sim_requests,
             "/sim/stall": self.sim_stall,
             "/sim/time-scale": self.sim_time_scale,
@@ -410,6 +415,17 @@ class SimServer:
         """
         return _json({"requests": [timing.as_json() for timing in self.driver.timings]})
 
+    async def sim_lag(self, request: web.Request) -> web.Response:
+        """How late the steps between ``since`` and ``until`` (Unix seconds; default: all)
+        started against the wall clock: ``{"steps", "p99_ms", "max_ms"}``. A level's
+        measurement on this server holds only where its steps kept to their timeline."""
+        try:
+            since = float(request.query.get("since", "-inf"))
+            until = float(request.query.get("until", "inf"))
+        except ValueError:
+            return _json({"error": "since and until are Unix seconds"}, status=400)
+        return _json(dataclasses.asdict(self.driver.clock_lag(since, until)))
+
     async def sim_stall(self, request: web.Request) -> web.Response:
         """Freeze the virtual GPU for ``seconds`` (a server stall a load test must survive)."""
         try:
@@ -476,6 +492,7 @@ class SimServer:
                 served_model_names=self.settings.served_model_names,
                 max_model_len=self.settings.max_model_len,
                 vocab_size=self.settings.vocab_size,
+                request_stream_interval=self.settings.request_stream_interval,
             )
         except ApiError as exc:
             return _json(exc.body(), status=exc.status)
@@ -546,9 +563,12 @@ class SimServer:
                     error = error_body(500, ENGINE_DEAD_TEXT, "InternalServerError")
                     await response.write(sse_event(error))
                     break
-                data = events.token(item.token_id, item.finish_reason)
-                stream.written_s.append(self.driver.wall_s())  # as it goes to the kernel
-                await response.write(data)
+                chunk = events.push(item.token_id, item.finish_reason)
+                if chunk is not None:
+                    data = events.chunk(chunk, item.finish_reason)
+                    # as it goes to the kernel
+                    stream.written_s.extend([self.driver.wall_s()] * len(chunk))
+                    await response.write(data)
                 if item.finish_reason is not None:
                     if gen.include_usage:
                         await response.write(events.usage())
@@ -610,9 +630,12 @@ class _DirectWriter:
         ):
             self.stream.deliver = None  # this token and the rest through the queue, in order
             return False
-        event = self.events.token(token.token_id, None)
+        chunk = self.events.push(token.token_id, None)
+        if chunk is None:  # waits for the rest of its chunk (the request's stream_interval)
+            return True
+        event = self.events.chunk(chunk, None)
         data = b"%x\r\n%b\r\n" % (len(event), event)
-        self.stream.written_s.append(self.driver.wall_s())
+        self.stream.written_s.extend([self.driver.wall_s()] * len(chunk))
         transport.write(data)
         return True
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 BUSY_WINDOW_S = 1.0
 IDLE_RETRY_S = 0.001  # when a step scheduled nothing (nothing fits yet), wait this long
 TIMINGS_KEPT = 100_000  # finished requests whose server-side timings /sim/requests returns
+STEP_LAGS_KEPT = 500_000  # steps whose lag /sim/lag reads (about 40 minutes at 200 a second)
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,16 @@ class BusyTracker:
         return min(busy / self.window_s, 1.0)
 
 
+@dataclass(frozen=True)
+class ClockLag:
+    """How late a span's steps started against the wall clock (``EngineDriver.clock_lag``):
+    a core that cannot keep up with the virtual GPU delays its tokens by this much."""
+
+    steps: int
+    p99_ms: float
+    max_ms: float
+
+
 class EngineDriver:
     """The only caller of the engine once the server runs (all on one event loop)."""
 
@@ -138,6 +150,8 @@ class EngineDriver:
         self._unix_offset_s = time.time() - self._t0
         self._stall_until_s = 0.0
         self.timings: deque[ServerTiming] = deque(maxlen=TIMINGS_KEPT)
+        # Each step's (Unix start on its timeline, seconds it started late): /sim/lag.
+        self.step_lags: deque[tuple[float, float]] = deque(maxlen=STEP_LAGS_KEPT)
 
     # -- clocks -----------------------------------------------------------------------------
 
@@ -222,6 +236,7 @@ class EngineDriver:
                 await asyncio.sleep(self._stall_until_s - self.wall_s())
                 self._timeline_s = max(self._timeline_s, self.wall_s())
             start = self._timeline_s
+            self.step_lags.append((start + self._unix_offset_s, max(self.wall_s() - start, 0.0)))
             try:
                 result = self.engine.step((start - self._t0) / self.time_scale)
             except EngineDead as exc:
@@ -248,6 +263,15 @@ class EngineDriver:
                 if reason is not None:
                     self.streams.pop(event.request.request_id, None)
                     self._finish(stream, reason)
+
+    def clock_lag(self, since_unix_s: float, until_unix_s: float) -> ClockLag:
+        """How late the steps that started between two Unix times (on the virtual GPU's
+        timeline) began against the wall clock: a late step delays every token it makes."""
+        lags = sorted(lag for at, lag in self.step_lags if since_unix_s <= at < until_unix_s)
+        if not lags:
+            return ClockLag(steps=0, p99_ms=0.0, max_ms=0.0)
+        p99 = lags[min(len(lags) - 1, math.ceil(0.99 * len(lags)) - 1)]
+        return ClockLag(steps=len(lags), p99_ms=1000.0 * p99, max_ms=1000.0 * lags[-1])
 
     def stall(self, seconds: float) -> None:
         """Freeze the virtual GPU: no step starts for ``seconds`` of wall time."""

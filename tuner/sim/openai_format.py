@@ -73,6 +73,9 @@ class GenerationRequest:
     include_usage: bool
     continuous_usage: bool
     logprobs: int | None  # top alternatives per token; None: no logprobs
+    # Tokens batched into each streamed chunk (vLLM's per-request ``stream_interval``):
+    # the first token alone, then every this many, the last at once.
+    stream_interval: int = 1
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -133,8 +136,12 @@ def parse_generation(
     served_model_names: Sequence[str],
     max_model_len: int,
     vocab_size: int,
+    request_stream_interval: bool = True,
 ) -> GenerationRequest:
-    """Validate a generation request the way vLLM's OpenAI server does."""
+    """Validate a generation request the way vLLM's OpenAI server does;
+    ``request_stream_interval``: the emulated release reads a request's own
+    ``stream_interval`` (``tuner.vllm.versions.REQUEST_STREAM_INTERVAL``; an older one
+    ignores the field, as vLLM ignores fields it does not know)."""
     model = body.get("model")
     if model is not None and model not in served_model_names:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
@@ -184,6 +191,7 @@ def parse_generation(
         raise ApiError(400, "stream_options must be an object.")
     if options and not stream:
         raise ApiError(400, "Stream options can only be defined when `stream=True`.")
+    interval = (_int(body, "stream_interval", 1) if request_stream_interval else None) or 1
     min_tokens = _int(body, "min_tokens", 0) or 0
     if min_tokens > max_tokens:
         raise ApiError(
@@ -203,6 +211,7 @@ def parse_generation(
         include_usage=bool(options.get("include_usage", False)),
         continuous_usage=bool(options.get("continuous_usage_stats", False)),
         logprobs=logprobs,
+        stream_interval=interval,
     )
 
 
@@ -413,6 +422,7 @@ class StreamEvents:
         self.completion_tokens = 0
         self._text_offset = 0
         self._plain: tuple[bytes, bytes] | None = None
+        self._pending: list[int] = []  # tokens made but not yet streamed (push)
         if req.logprobs is None and not (req.include_usage and req.continuous_usage):
             marker = json.dumps(_TEXT_MARKER).encode()
             template = sse_event(_text_chunk(req, _TEXT_MARKER, None, None, 0))
@@ -423,21 +433,43 @@ class StreamEvents:
         return sse_event(role_chunk(self.req))
 
     def token(self, token_id: int, finish_reason: FinishReason | None) -> bytes:
-        """The event of the next token; counts it."""
-        self.completion_tokens += 1
-        text = decode_token(token_id)
+        """The event of the next token alone; counts it."""
+        return self._event([token_id], finish_reason)
+
+    def push(self, token_id: int, finish_reason: FinishReason | None) -> list[int] | None:
+        """The next token as the request's ``stream_interval`` streams it (vLLM's output
+        processor: a chunk goes out on the first token, once ``stream_interval`` tokens
+        wait, and on the last): the tokens of the chunk due now, or None while it waits."""
+        self._pending.append(token_id)
+        due = (
+            finish_reason is not None
+            or self.completion_tokens == 0
+            or len(self._pending) >= self.req.stream_interval
+        )
+        if not due:
+            return None
+        chunk, self._pending = self._pending, []
+        return chunk
+
+    def chunk(self, token_ids: list[int], finish_reason: FinishReason | None) -> bytes:
+        """The event of a chunk of tokens (``push``); counts them."""
+        return self._event(token_ids, finish_reason)
+
+    def _event(self, token_ids: list[int], finish_reason: FinishReason | None) -> bytes:
+        self.completion_tokens += len(token_ids)
+        text = "".join(decode_token(t) for t in token_ids)
         offset = self._text_offset
         self._text_offset += len(text)
         if self._plain is not None and finish_reason is None:
             head, tail = self._plain
             return head + json.dumps(text).encode() + tail
         return sse_event(
-            token_chunk(
+            _text_chunk(
                 self.req,
-                token_id,
+                text,
                 finish_reason,
-                text_offset=offset,
-                completion_tokens=self.completion_tokens,
+                _logprobs(self.req, token_ids, offset),
+                self.completion_tokens,
             )
         )
 

@@ -56,7 +56,7 @@ from tuner.vllm.flags import FLAGS, FlagForm
 from tuner.vllm.gpus import GpuSpec, get_gpu
 from tuner.vllm.memory import KV_CACHE_DTYPES, MemoryPlan, ServingParams
 from tuner.vllm.models import ModelSpec, resolve_model
-from tuner.vllm.versions import VllmVersion
+from tuner.vllm.versions import REQUEST_STREAM_INTERVAL, VllmVersion
 
 log = logging.getLogger(__name__)
 
@@ -536,6 +536,7 @@ async def _serve(launch: _Launch) -> int:
         time_scale=launch.time_scale,
         enable_prefix_caching=who.enable_prefix_caching,
         api_keys=launch.api_keys,
+        request_stream_interval=launch.version.at_least(REQUEST_STREAM_INTERVAL),
     )
     server = SimServer(engine, plan, launch.gpu, settings, vllm_log)
     runner_options: dict[str, Any] = {"access_log": None}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -209,11 +210,21 @@ def _figures(percentiles: dict[str, Percentiles]) -> dict[str, float]:
     return out
 
 
+class _OutOfTime(Exception):
+    """A fit's seconds are spent: it keeps the best factors it replayed."""
+
+
 def fit(
-    setup: Setup, levels: Sequence[MeasuredLevel], *, max_evaluations: int = MAX_EVALUATIONS
+    setup: Setup,
+    levels: Sequence[MeasuredLevel],
+    *,
+    max_evaluations: int = MAX_EVALUATIONS,
+    max_seconds: float | None = None,
 ) -> TwinFit:
     """The timing factors that bring the twin closest to ``levels`` (the most recent
-    ``MAX_LEVELS``), starting from ``setup``'s."""
+    ``MAX_LEVELS``), starting from ``setup``'s; ``max_seconds``: the search stops there
+    (once its first simplex is replayed) with the best factors it replayed, so a short
+    budget's tune does not spend a trial's time on a fit."""
     from scipy.optimize import minimize  # a second of import: only when a fit runs
 
     levels = list(levels)[-MAX_LEVELS:]
@@ -228,9 +239,14 @@ def fit(
         }
         return start.model_copy(update={**values, "source": FITTED})
 
+    began = time.monotonic()
+
     def accuracy_at(x: Sequence[float]) -> TwinAccuracy:
         key = tuple(round(v, 6) for v in x)
         if key not in cache:
+            spent = time.monotonic() - began
+            if max_seconds is not None and spent > max_seconds and len(cache) > len(names):
+                raise _OutOfTime
             cache[key] = twin_accuracy(replace(setup, timing=factors_at(x)), levels)
         return cache[key]
 
@@ -246,11 +262,14 @@ def fit(
     if gaps and first["request_overhead_s"] < LOG_FLOOR["request_overhead_s"]:
         first["request_overhead_s"] = max(statistics.median(gaps) / 1000.0, 0.0)
     x0 = [math.log(max(first[n], LOG_FLOOR.get(n, BOUNDS[n][0]))) for n in names]
-    result = minimize(
-        lambda x: accuracy_at(x).loss, x0, method="Nelder-Mead",
-        options={"maxfev": max_evaluations, "xatol": 0.01, "fatol": 1e-4, "initial_simplex": _simplex(x0)},
-    )  # fmt: skip
-    best_x = list(result.x)
+    try:
+        result = minimize(
+            lambda x: accuracy_at(x).loss, x0, method="Nelder-Mead",
+            options={"maxfev": max_evaluations, "xatol": 0.01, "fatol": 1e-4, "initial_simplex": _simplex(x0)},
+        )  # fmt: skip
+        best_x = list(result.x)
+    except _OutOfTime:
+        best_x = list(min(cache.items(), key=lambda item: item[1].loss)[0])
     after = accuracy_at(best_x)
     if after.loss >= before.loss:  # nothing better found: keep what there was
         return TwinFit(

@@ -193,6 +193,7 @@ class VirtualServer:
         gpu_sample_interval_s: float = 0.1,
         generators: LoadGenerators = LOCAL_LOAD,
         stream_fraction: float = 1.0,
+        stream_interval: int = 1,
     ) -> None:
         if launch.backend is not Backend.SIM:
             raise ConfigError(
@@ -203,6 +204,9 @@ class VirtualServer:
         self.registry = registry  # nothing is spawned: kept for the signature
         self.generators = generators
         self.stream_fraction = stream_fraction
+        # the twin's streams carry every token: a chunked stream saves the load generator's
+        # events, which the virtual clock does not spend
+        self.stream_interval = stream_interval
         self.time_scale = launch.sim_time_scale
         self.source_kind = GpuSourceKind.requested(gpu_source, simulated=True)
         self.server = NoProcess()

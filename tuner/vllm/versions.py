@@ -34,6 +34,11 @@ MODEL_S_TYPO_FIXED = (0, 25)  # "models's" -> "model's"; CPU-backend note in KV 
 SLIDING_WINDOW_IN_FLIGHT = (0, 26)  # sliding-window need uses 2 x max_num_batched_tokens
 COMBINED_KV_LOG_LINE = (0, 28)  # one "GPU KV cache size: ..., Maximum concurrency ..." line
 BIG_GPU_TIER = (0, 28)  # >= 160 GiB GPUs default to 16384 batched tokens
+# A chat or completions request's own ``stream_interval`` (tokens batched into each
+# streamed chunk, at least the server's --stream-interval): vLLM PR #49754, merged
+# 2026-07-24, between 0.25.1 (2026-07-15) and 0.27.1 (2026-08-13); read in 0.32's
+# entrypoints/openai/chat_completion/protocol.py and v1/engine/output_processor.py.
+REQUEST_STREAM_INTERVAL = (0, 27)
 STARTING_SERVER_LINE = (
     0,
     33,

@@ -207,6 +207,7 @@ def refuse_other_measurement(where: str, attrs: dict[str, Any], config: TuneConf
     for key, flag, given in (
         ("time_scale", "--time-scale", config.time_scale),
         ("stream_fraction", "--stream-fraction", config.stream_fraction),
+        ("stream_interval", "--stream-interval", config.stream_interval),
     ):
         if given is None or key not in attrs:
             continue

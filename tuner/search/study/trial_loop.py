@@ -20,7 +20,13 @@ from tuner.search import optuna_store
 from tuner.search.budget import RECENT_LAUNCHES, TimeBudget
 from tuner.search.clock import client_events_per_s, clock_text, measured_time_scale
 from tuner.search.compile_cache import CompileLaunches
-from tuner.search.context import StudySetup, TuneContext, auto_stream_fraction, auto_time_scale
+from tuner.search.context import (
+    StudySetup,
+    TuneContext,
+    auto_stream_fraction,
+    auto_stream_interval,
+    auto_time_scale,
+)
 from tuner.search.evaluate import evaluate
 from tuner.search.optuna_store import (
     FrozenTrial,
@@ -50,7 +56,12 @@ from tuner.twin.screen import TwinSearch
 from tuner.vllm.log import calibration_from_report
 from tuner.vllm.memory import Calibration
 from tuner.vllm.space import TrialParams, vllm_defaults
-from tuner.vllm.versions import VllmVersion, logged_disagreement, logged_version
+from tuner.vllm.versions import (
+    REQUEST_STREAM_INTERVAL,
+    VllmVersion,
+    logged_disagreement,
+    logged_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +120,7 @@ class TrialLoop:
         attrs = self.study.user_attrs
         if "time_scale" not in attrs:
             if self.claims.take(Duty.PREPARE):
-                time_scale, fraction = self._choose_measurement()
+                time_scale, fraction, interval = self._choose_measurement()
                 for key, value in {
                     SETTINGS_ATTR: self.settings.model_dump(mode="json"),
                     "model": self.ctx.config.model,
@@ -120,6 +131,7 @@ class TrialLoop:
                     "objective": self.ctx.config.objective.value,
                     "space": self.ctx.space.describe(),
                     "stream_fraction": fraction,
+                    "stream_interval": interval,
                 }.items():
                     self.study.set_user_attr(key, value)
                 if not self.study.trials:
@@ -148,56 +160,77 @@ class TrialLoop:
         self.setup = StudySetup(
             time_scale=float(attrs["time_scale"]),
             stream_fraction=float(attrs.get("stream_fraction", 1.0)),
+            stream_interval=int(attrs.get("stream_interval", 1)),
             calibration=calibration,
             timing=self.trial_twin.record().factors,
         )
         return self.setup
 
-    def _choose_measurement(self) -> tuple[float, float]:
-        """The simulator's time scale and the share of requests streamed, so the load
-        generator keeps up with the busiest rate the search will offer."""
+    def _choose_measurement(self) -> tuple[float, float, int]:
+        """The simulator's time scale, the share of requests streamed and the tokens a
+        streamed event carries, so the load generator keeps up with the busiest rate the
+        search will offer. Where the target vLLM reads a request's own ``stream_interval``
+        and the SLO has no ITL objective, every request is streamed with as many tokens an
+        event as the load generator needs at the fastest clock; elsewhere a share of the
+        requests is streamed, every token an event."""
         ctx = self.ctx
         config = ctx.config
         fraction = config.stream_fraction
+        interval = config.stream_interval
         if ctx.backend is not Backend.SIM and fraction is not None:
-            return 1.0, fraction
+            return 1.0, fraction, interval or 1
         if ctx.gpu is None or ctx.workload.mean_rate_per_s is None:
-            return config.time_scale or 1.0, fraction or 1.0
+            return config.time_scale or 1.0, fraction or 1.0, interval or 1
         defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu)
         rate = self.trial_twin.predicted_max_rate(
             defaults, self.setup, config.rate or ctx.workload.mean_rate_per_s
         )
         if rate <= 0:
-            return config.time_scale or 1.0, fraction or 1.0
+            return config.time_scale or 1.0, fraction or 1.0, interval or 1
         # What the busiest level offers: its schedule's requests and tokens per second.
         busiest_s = config.level_duration_s or MIN_WINDOW_S
         spec = level_workload(ctx.workload, rate * 1.3, busiest_s, window=(0.0, busiest_s))
         schedule = [r for r in plan_schedule(spec) if not r.warmup]
         requests_per_s = len(schedule) / busiest_s
         tokens_per_s = sum(r.max_tokens for r in schedule) / busiest_s
-        if fraction is None:
-            fraction = auto_stream_fraction(
-                tokens_per_s, requests_per_s, config.max_events_per_s, config.min_stream_fraction
+        sim = ctx.backend is Backend.SIM
+        fastest = (config.time_scale or config.fastest_time_scale) if sim else 1.0
+        if interval is None:
+            chunked = ctx.version.at_least(REQUEST_STREAM_INTERVAL) and ctx.workload.slo.itl is None
+            interval = (
+                auto_stream_interval(tokens_per_s, requests_per_s, config.max_events_per_s, fastest)
+                if chunked and fraction is None
+                else 1
             )
-        if ctx.backend is not Backend.SIM:
+        if fraction is None:
+            fraction = (
+                auto_stream_fraction(
+                    tokens_per_s, requests_per_s, config.max_events_per_s,
+                    config.min_stream_fraction,
+                )
+                if interval == 1
+                else 1.0
+            )  # fmt: skip
+        if not sim:
             scale = 1.0
         elif config.time_scale is not None:
             scale = config.time_scale
         else:
             scale = auto_time_scale(
                 tokens_per_s, requests_per_s, config.max_events_per_s, fraction,
-                fastest=config.fastest_time_scale,
+                fastest=config.fastest_time_scale, stream_interval=interval,
             )  # fmt: skip
+        chunks = f", {interval} tokens an event" if interval > 1 else ""
         self.progress(
             f"the busiest level offers ~{requests_per_s:,.0f} requests/s and "
-            f"~{tokens_per_s:,.0f} tokens/s: streaming {fraction:.0%} of requests"
+            f"~{tokens_per_s:,.0f} tokens/s: streaming {fraction:.0%} of requests{chunks}"
             + (
                 f", the simulated GPU's clock {clock_text(scale)} (results in its own time)"
                 if scale != 1.0
                 else ""
             )
         )
-        return scale, fraction
+        return scale, fraction, interval
 
     def _adapt_clock(self, ev: Evaluation) -> str | None:
         """On the simulated engine with an automatic clock: the next launches' clock as fast
