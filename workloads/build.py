@@ -256,9 +256,7 @@ def _lead_requests(
         np.random.default_rng(_seed(spec.seed, _LEAD_OUTPUT_LEN)),
         column=TraceColumn.OUTPUT,
     )
-    think = sample_think_s(
-        sessions, total, np.random.default_rng(_seed(spec.seed, _LEAD_THINK))
-    )
+    think = sample_think_s(sessions, total, np.random.default_rng(_seed(spec.seed, _LEAD_THINK)))
     prefix_rng = np.random.default_rng(_seed(spec.seed, _LEAD_PREFIX))
     if spec.shared_prefix is not None:
         has_prefix = prefix_rng.random(n) < spec.shared_prefix.fraction
@@ -270,9 +268,7 @@ def _lead_requests(
     # Planned offset of each session's last turn (the builder's spacing): kept when >= 0.
     # The gap after turn j is its answer and the think time before turn j + 1 (the roll
     # carries one session's first think time onto the one before's last turn, never summed).
-    step_s = (
-        sessions.expected_ttft_s + output_len * sessions.expected_tpot_s + np.roll(think, -1)
-    )
+    step_s = sessions.expected_ttft_s + output_len * sessions.expected_tpot_s + np.roll(think, -1)
     gaps = np.concatenate([[0.0], np.cumsum(step_s)])
     last_send = -ages + gaps[first_turn + turns - 1] - gaps[first_turn]
     alive = np.flatnonzero(last_send >= -1e-9)
