@@ -4,6 +4,8 @@ per round, and a goodput the twin measures on llama-3.1-8b / H100-80GB."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.virtual import tuner_cli
 from tuner.serving.level_schedule import plan_level_schedule
 from tuner.serving.load import resolve_workload
 from tuner.serving.processes import ChildRegistry
@@ -81,7 +84,7 @@ def test_at_least_90_percent_of_calls_share_the_tools_prefix(
 def test_the_transcript_grows_every_round(schedule: list[ScheduledRequest]) -> None:
     grown = 0
     for turns in _sessions(schedule).values():
-        for before, after in zip(turns, turns[1:], strict=False):
+        for before, after in itertools.pairwise(turns):
             assert before.messages is not None and after.messages is not None
             if after.turn != before.turn + 1:
                 continue  # a turn not in the schedule (a session under way at offset 0)
@@ -119,7 +122,7 @@ def test_think_times_are_the_declared_lognormal(schedule: list[ScheduledRequest]
     assert mean_think_s(spec.sessions) == pytest.approx(5.0, abs=0.1)  # the source's mean
     # turns are planned one answer and that turn's own think time apart
     for turns in _sessions(schedule).values():
-        for before, after in zip(turns, turns[1:], strict=False):
+        for before, after in itertools.pairwise(turns):
             if after.turn == before.turn + 1 and before.send_s >= 0:
                 gap = after.send_s - before.send_s
                 assert gap == pytest.approx(
@@ -209,3 +212,33 @@ def test_the_twin_measures_a_goodput_for_agents_on_an_h100(tmp_path: Path) -> No
     assert m.load.goodput > 0 and m.slo.met
     assert m.server is not None and m.server.prefix_cache_hit_rate is not None
     assert m.server.prefix_cache_hit_rate > 0.5  # the tools prefix and transcripts come back
+
+
+def test_tuner_simulate_runs_the_agent_workload() -> None:
+    """`tuner simulate --workload agent`: its sessions on the virtual clock, its own SLO."""
+    done = tuner_cli(
+        "simulate", "--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--workload", "agent",
+        "--duration", "30", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["num_finished"] > 50 and result["num_failed"] == 0
+    assert result["goodput"] > 0
+    assert result["prefix_cache_hit_rate"] > 0.5  # the tools prefix and the transcripts
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--workload", "agent", "--trace", "builtin:azure-code"),
+         "give --trace FILE or --workload NAME, not both"),
+        (("--workload", "batch"), "--workload 'batch' is a closed batch; accepted: "),
+        (("--workload", "agentt"), "workload 'agentt' is not built in; built-in workloads: agent,"),
+    ],
+)  # fmt: skip
+def test_tuner_simulate_refuses_a_bad_workload_in_one_line(
+    extra: tuple[str, ...], message: str
+) -> None:
+    done = tuner_cli("simulate", "--model", "llama-3.1-8b", *extra)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1

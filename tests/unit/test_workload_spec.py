@@ -122,7 +122,9 @@ def test_unknown_name_lists_the_builtins() -> None:
 
 
 def test_missing_file_is_one_line(tmp_path: Path) -> None:
-    with pytest.raises(WorkloadError, match="does not exist; or use a built-in workload: agent, batch"):
+    with pytest.raises(
+        WorkloadError, match="does not exist; or use a built-in workload: agent, batch"
+    ):
         load_workload(tmp_path / "nope.yaml")
 
 
