@@ -49,14 +49,15 @@ from workloads.prompts import VOCABULARY, PromptBuilder, WordPromptBuilder, text
 from workloads.schedule import Api, ScheduledRequest
 from workloads.spec import SessionStart, TraceArrival, WorkloadError, WorkloadSpec, read_trace_ref
 from workloads.stationary import lead_rate_per_s, lookback_s
+from workloads.think import FloatArray, sample_think_s
 from workloads.traces import TraceRecord, prefix_free_digits
 
 # Independent random streams of one spec's seed (changing one aspect keeps the others).
-_ARRIVALS, _PROMPT_LEN, _OUTPUT_LEN, _PREFIX, _TURNS = 1, 10, 11, 12, 13
+_ARRIVALS, _PROMPT_LEN, _OUTPUT_LEN, _PREFIX, _TURNS, _THINK = 1, 10, 11, 12, 13, 14
 _SYSTEM_TEXT, _BLOCK_TEXT, _REQUEST_TEXT, _ANSWER_TEXT = 20, 21, 22, 23
 # The sessions under way at offset 0 (sessions.start: stationary): streams of their own.
 _LEAD_ARRIVALS, _LEAD_TURNS, _LEAD_PROMPT_LEN, _LEAD_OUTPUT_LEN, _LEAD_PREFIX = 30, 31, 32, 33, 34
-_LEAD_TEXT, _LEAD_ANSWER = 35, 36
+_LEAD_TEXT, _LEAD_ANSWER, _LEAD_THINK = 35, 36, 37
 
 
 @functools.lru_cache(maxsize=1 << 16)  # a pure function: one per session turn, for every run
@@ -183,6 +184,11 @@ def build_schedule(
             spec.output_tokens, total, output_rng, column=TraceColumn.OUTPUT
         )
 
+    think = (
+        sample_think_s(spec.sessions, total, np.random.default_rng(_seed(spec.seed, _THINK)))
+        if spec.sessions is not None
+        else np.zeros(total, dtype=np.float64)
+    )
     prefix_rng = np.random.default_rng(_seed(spec.seed, _PREFIX))
     if spec.shared_prefix is not None:
         has_prefix = prefix_rng.random(n) < spec.shared_prefix.fraction
@@ -208,6 +214,7 @@ def build_schedule(
                 row=rows[i] if rows is not None else None,
                 prompt_len=prompt_len[first_turn[i] : first_turn[i] + turns[i]],
                 output_len=output_len[first_turn[i] : first_turn[i] + turns[i]],
+                think_s=think[first_turn[i] : first_turn[i] + turns[i]],
             )
         )
     if spec.sessions is not None and spec.sessions.start is SessionStart.STATIONARY:
@@ -249,6 +256,7 @@ def _lead_requests(
         np.random.default_rng(_seed(spec.seed, _LEAD_OUTPUT_LEN)),
         column=TraceColumn.OUTPUT,
     )
+    think = sample_think_s(sessions, total, np.random.default_rng(_seed(spec.seed, _LEAD_THINK)))
     prefix_rng = np.random.default_rng(_seed(spec.seed, _LEAD_PREFIX))
     if spec.shared_prefix is not None:
         has_prefix = prefix_rng.random(n) < spec.shared_prefix.fraction
@@ -258,9 +266,9 @@ def _lead_requests(
         which_prefix = np.zeros(n, dtype=np.int64)
     first_turn = np.concatenate([[0], np.cumsum(turns)[:-1]]).astype(np.int64)
     # Planned offset of each session's last turn (the builder's spacing): kept when >= 0.
-    step_s = (
-        sessions.expected_ttft_s + output_len * sessions.expected_tpot_s + sessions.think_time_s
-    )
+    # The gap after turn j is its answer and the think time before turn j + 1 (the roll
+    # carries one session's first think time onto the one before's last turn, never summed).
+    step_s = sessions.expected_ttft_s + output_len * sessions.expected_tpot_s + np.roll(think, -1)
     gaps = np.concatenate([[0.0], np.cumsum(step_s)])
     last_send = -ages + gaps[first_turn + turns - 1] - gaps[first_turn]
     alive = np.flatnonzero(last_send >= -1e-9)
@@ -284,6 +292,7 @@ def _lead_requests(
             row=None,
             prompt_len=prompt_len[first_turn[i] : first_turn[i] + turns[i]],
             output_len=output_len[first_turn[i] : first_turn[i] + turns[i]],
+            think_s=think[first_turn[i] : first_turn[i] + turns[i]],
             seeds=(_LEAD_TEXT, _LEAD_ANSWER, i),
         )
         kept = [r for r in planned if r.send_s >= 0.0]  # earlier turns: history only
@@ -305,9 +314,13 @@ def _arrival_requests(
     row: TraceRecord | None,
     prompt_len: IntArray,
     output_len: IntArray,
+    think_s: FloatArray,
     seeds: tuple[int, int, int] | None = None,
 ) -> list[ScheduledRequest]:
     """One arrival's requests: a single request, or the turns of one session.
+
+    ``think_s[t]``: the think time before turn t (its ``think_time_s``; turn 0 is sent at
+    its arrival whatever it says).
 
     ``seeds`` (text stream, answer stream, key) seed its texts; by default the run's
     own streams keyed by ``index``, the arrival's place in ``plan``."""
@@ -357,7 +370,7 @@ def _arrival_requests(
                 session_id=base_id if sessions is not None else None,
                 turn=turn,
                 follows=f"{base_id}-{turn - 1}" if turn > 0 else None,
-                think_time_s=sessions.think_time_s if sessions is not None else 0.0,
+                think_time_s=float(think_s[turn]) if sessions is not None else 0.0,
             )
         )
         if sessions is None:
@@ -369,9 +382,8 @@ def _arrival_requests(
             answer = text_of(builder, max_tokens, seed=answer_seed)
             history = [*messages, {"role": "assistant", "content": answer}]
             history_tokens = content_tokens + _content_tokens(builder, history[-1:])
-        send_s += (
-            sessions.expected_ttft_s + max_tokens * sessions.expected_tpot_s + sessions.think_time_s
-        )
+        next_think_s = float(think_s[turn + 1]) if turn + 1 < len(think_s) else 0.0
+        send_s += sessions.expected_ttft_s + max_tokens * sessions.expected_tpot_s + next_think_s
         if plan.measured_end_s is not None and send_s >= plan.measured_end_s:
             break
     return out

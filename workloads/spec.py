@@ -29,11 +29,13 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    Tag,
     ValidationError,
     ValidationInfo,
     model_validator,
@@ -284,6 +286,66 @@ class SharedPrefixSpec(_Model):
     distinct_prompts: PositiveInt = 1  # several tenants: each request picks one uniformly
 
 
+class LognormalThinkTime(_Model):
+    """Think times exp(Normal(ln median_s, sigma)) seconds, clipped to [low_s, high_s]: a
+    tool's execution time is short for most calls and long for a few (a build, a search)."""
+
+    kind: Literal["lognormal"]
+    median_s: PositiveFloat
+    sigma: NonNegativeFloat
+    low_s: NonNegativeFloat = 0.0
+    high_s: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.high_s is not None and self.low_s > self.high_s:
+            raise ValueError(f"low_s {self.low_s} is above high_s {self.high_s}")
+        return self
+
+
+class UniformThinkTime(_Model):
+    """Think times uniform in [low_s, high_s] seconds."""
+
+    kind: Literal["uniform"]
+    low_s: NonNegativeFloat
+    high_s: NonNegativeFloat
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.low_s > self.high_s:
+            raise ValueError(f"low_s {self.low_s} is above high_s {self.high_s}")
+        return self
+
+
+THINK_SECONDS_TAG = "seconds"  # the think time's tag for a plain number (not a YAML key)
+
+
+def _think_time_kind(value: Any) -> str | None:
+    """A plain number is a constant think time; a mapping is a distribution of its kind."""
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        return THINK_SECONDS_TAG
+    if isinstance(value, dict):
+        kind = value.get("kind")
+        return kind if isinstance(kind, str) else None
+    if isinstance(value, LognormalThinkTime | UniformThinkTime):
+        return value.kind
+    return None
+
+
+# Seconds from an answer to the next turn: a constant, or a distribution drawn per turn.
+ThinkTimeSpec = Annotated[
+    Annotated[NonNegativeFloat, Tag(THINK_SECONDS_TAG)]
+    | Annotated[LognormalThinkTime, Tag("lognormal")]
+    | Annotated[UniformThinkTime, Tag("uniform")],
+    Discriminator(
+        _think_time_kind,
+        custom_error_type="think_time_kind",
+        custom_error_message="Input should be a number of seconds or a mapping with kind "
+        "lognormal or uniform",
+    ),
+]
+
+
 class SessionStart(StrEnum):
     """What a schedule of sessions opens on."""
 
@@ -300,6 +362,8 @@ class SessionSpec(_Model):
     turn is sent ``think_time_s`` after the answer it extends arrived (closed loop
     within a session: a slow server delays the user's next turn, as it would a real
     user's); a turn that would then go out after the measured window is not sent.
+    ``think_time_s`` is a constant or a distribution (``lognormal``, ``uniform``) drawn
+    once per turn: an agent's next round waits for its tool to run.
     The plan spaces turns by the previous turn's expected service time
     (``expected_ttft_s`` + ``max_tokens`` × ``expected_tpot_s``) + ``think_time_s``:
     that decides how many turns fit in the window, and when a session already under
@@ -314,7 +378,9 @@ class SessionSpec(_Model):
     """
 
     turns: TurnsSpec
-    think_time_s: NonNegativeFloat = 5.0
+    # Seconds from an answer to the next turn: a constant, or a distribution drawn once
+    # per turn (``workloads.think``), e.g. {kind: lognormal, median_s: 2, sigma: 1.35}.
+    think_time_s: ThinkTimeSpec = 5.0
     expected_ttft_s: NonNegativeFloat = 0.5
     expected_tpot_s: NonNegativeFloat = 0.03
     max_context_tokens: PositiveInt | None = None
@@ -544,6 +610,8 @@ def _walk(loc: tuple[int | str, ...]) -> tuple[str, list[type[BaseModel]]]:
         if isinstance(item, int):
             parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
             continue
+        if item == THINK_SECONDS_TAG and not any(item in m.model_fields for m in models):
+            continue  # the think time's plain-number branch, not a key of the YAML
         tagged = [m for m in models if _tag(m) == item]
         if tagged and not any(item in m.model_fields for m in models):
             models = tagged  # a discriminated union's tag, not a key of the YAML
@@ -576,6 +644,11 @@ def describe_validation_error(exc: ValidationError) -> str:
         return (
             f"{where}.kind {ctx.get('tag')!r} is not accepted; "
             f"accepted: {_accepted(str(ctx.get('expected_tags', '')))}"
+        )
+    if kind == "think_time_kind" and isinstance(value, dict) and "kind" in value:
+        return (
+            f"{where}.kind {value['kind']!r} is not accepted; accepted: lognormal, uniform "
+            "(or a number of seconds)"
         )
     if kind == "union_tag_not_found":
         _, models = _walk(loc)

@@ -74,6 +74,7 @@ from workloads.spec import (
     WorkloadSpec,
     read_trace_ref,
 )
+from workloads.think import longest_think_s, mean_think_s
 from workloads.traces import TraceRecord
 
 TURN_MIX_FILE = "turn_mix.json"  # written beside each level's evidence
@@ -134,19 +135,25 @@ def largest_turns(sessions: SessionSpec) -> int:
     return _largest(sessions.turns)
 
 
-def turn_gap_s(sessions: SessionSpec, max_tokens: float) -> float:
+def turn_gap_s(sessions: SessionSpec, max_tokens: float, *, think_s: float | None = None) -> float:
     """The planned time from one turn to the next: expected service of an answer of
-    ``max_tokens``, then the think time (the builder's spacing)."""
-    return sessions.expected_ttft_s + max_tokens * sessions.expected_tpot_s + sessions.think_time_s
+    ``max_tokens``, then the think time (the builder's spacing; ``think_s``, else the
+    mean think time)."""
+    think = mean_think_s(sessions) if think_s is None else think_s
+    return sessions.expected_ttft_s + max_tokens * sessions.expected_tpot_s + think
 
 
 def lookback_s(spec: WorkloadSpec) -> float:
     """How far before offset 0 a session may have arrived and still have turns to send:
-    the most turns, each after the longest answer's gap (0 without sessions)."""
+    the most turns, each after the longest answer's gap and the longest think time (0
+    without sessions)."""
     if spec.sessions is None:
         return 0.0
     most_turns = _largest(spec.sessions.turns)
-    return (most_turns - 1) * turn_gap_s(spec.sessions, _largest(spec.output_tokens))
+    longest = turn_gap_s(
+        spec.sessions, _largest(spec.output_tokens), think_s=longest_think_s(spec.sessions)
+    )
+    return (most_turns - 1) * longest
 
 
 def lead_rate_per_s(spec: WorkloadSpec, trace: Sequence[TraceRecord] | None = None) -> float:

@@ -1,4 +1,4 @@
-"""Trace readers: Azure LLM inference CSV, Mooncake JSONL, and our own JSONL.
+"""Trace readers: Azure LLM inference CSV, Mooncake JSONL, Qwen-Bailian JSONL, our own JSONL.
 
 Every reader returns ``TraceRecord``s sorted by arrival, with arrival times in
 seconds from the first request. A malformed row is an error naming the file and
@@ -9,6 +9,18 @@ line number; nothing is silently skipped.
 * Mooncake: one JSON object per line with ``timestamp`` (ms), ``input_length``,
   ``output_length`` and ``hash_ids`` (one id per 512-token block of the prompt;
   equal ids mean equal prompt blocks, which is what prefix caching reuses).
+  The FAST'25 release's three traces (``conversation_trace.jsonl``,
+  ``toolagent_trace.jsonl``: a tool-and-agent workload, ``synthetic_trace.jsonl``) share
+  this format (kvcache-ai/Mooncake, FAST25-release/README.md). AIPerf's multi-turn
+  variant (rows with ``session_id`` and a ``delay`` after the previous answer instead
+  of a ``timestamp``) is closed-loop sessions, not arrivals: refused, saying so.
+* Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon, Apache 2.0; Wang et al.,
+  "KVCache Cache in the Wild", USENIX ATC 2025): one JSON object per line with
+  ``chat_id``, ``parent_chat_id`` (-1 for a session's first request), ``timestamp``
+  (seconds), ``input_length``, ``output_length``, ``type``, ``turn`` and ``hash_ids``
+  (one id per 16-token block). Its to-B trace is task automation with API calls: agent
+  traffic. Every row is a whole request (a later turn's blocks include its history),
+  so rows replay as open-loop arrivals whose equal blocks are equal text.
 * Own JSONL: ``arrival_s``, ``prompt_tokens``, ``output_tokens`` and optional
   ``prefix_id`` / ``prefix_tokens``: the first ``prefix_tokens`` of the prompt are
   identical in every row with the same ``prefix_id`` (a shared system prompt or
@@ -30,6 +42,8 @@ from datetime import datetime
 from pathlib import Path
 
 MOONCAKE_BLOCK_TOKENS = 512
+BAILIAN_BLOCK_TOKENS = 16
+BAILIAN_FIELDS = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length")
 BUILTIN_PREFIX = "builtin:"
 _DATA_DIR = Path(__file__).resolve().parent / "data"
 # Shipped traces, by the name that follows "builtin:".
@@ -114,6 +128,16 @@ def read_mooncake_jsonl(path: Path) -> list[TraceRecord]:
         except json.JSONDecodeError as exc:
             raise TraceError(f"{where}: not JSON ({exc.msg})") from None
         if (
+            isinstance(obj, dict)
+            and "timestamp" not in obj
+            and {"session_id", "delay"} & obj.keys()
+        ):
+            raise TraceError(
+                f"{where}: a multi-turn Mooncake row (session_id, delay: AIPerf's agentic "
+                "format) is a closed-loop session, not an arrival; accepted: rows with a "
+                "timestamp (Mooncake, Qwen-Bailian), or a workload with sessions"
+            )
+        if (
             not isinstance(obj, dict)
             or not {"timestamp", "input_length", "output_length"} <= obj.keys()
         ):
@@ -137,6 +161,51 @@ def read_mooncake_jsonl(path: Path) -> list[TraceRecord]:
     start = out[0].arrival_s
     return [
         TraceRecord(r.arrival_s - start, r.prompt_tokens, r.output_tokens, r.prefix_block_ids)
+        for r in out
+    ]
+
+
+def read_bailian_jsonl(path: Path) -> list[TraceRecord]:
+    """Qwen-Bailian rows: whole requests at ``timestamp`` seconds, 16-token hash blocks."""
+    out: list[TraceRecord] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror}") from exc
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict) or not set(BAILIAN_FIELDS) <= obj.keys():
+            raise TraceError(f"{where}: a Qwen-Bailian row needs {', '.join(BAILIAN_FIELDS)}")
+        hash_ids = obj.get("hash_ids") or []
+        if not isinstance(hash_ids, list):
+            raise TraceError(f"{where}: hash_ids must be a list of integers")
+        out.append(
+            TraceRecord(
+                arrival_s=_seconds(obj["timestamp"], "timestamp", where),
+                prompt_tokens=_positive_int(obj["input_length"], "input_length", where),
+                output_tokens=max(_positive_int(obj["output_length"], "output_length", where), 1),
+                prefix_block_ids=tuple(_positive_int(h, "hash id", where) for h in hash_ids),
+                block_tokens=BAILIAN_BLOCK_TOKENS,
+            )
+        )
+    if not out:
+        raise TraceError(f"{path}: the trace has no requests")
+    out.sort(key=lambda r: r.arrival_s)
+    start = out[0].arrival_s
+    return [
+        TraceRecord(
+            r.arrival_s - start,
+            r.prompt_tokens,
+            r.output_tokens,
+            r.prefix_block_ids,
+            r.block_tokens,
+        )
         for r in out
     ]
 
@@ -228,7 +297,8 @@ def read_own_jsonl(path: Path) -> list[TraceRecord]:
 
 
 def read_trace(path: Path) -> list[TraceRecord]:
-    """Read a trace, choosing the reader by content: CSV header, Mooncake or own JSONL."""
+    """Read a trace, choosing the reader by content: CSV header, own, Qwen-Bailian or
+    Mooncake JSONL."""
     try:
         with path.open(encoding="utf-8") as fh:
             first = fh.readline()
@@ -241,11 +311,14 @@ def read_trace(path: Path) -> list[TraceRecord]:
     if first.lstrip().startswith("{"):
         if '"arrival_s"' in first:
             return read_own_jsonl(path)
+        if '"chat_id"' in first and '"parent_chat_id"' in first:
+            return read_bailian_jsonl(path)
         return read_mooncake_jsonl(path)
     raise TraceError(
         f"{path}: unknown trace format; accepted: Azure CSV (TIMESTAMP,ContextTokens,"
-        "GeneratedTokens), Mooncake JSONL (timestamp, input_length, output_length, hash_ids)"
-        " or JSONL with arrival_s, prompt_tokens, output_tokens"
+        "GeneratedTokens), Mooncake JSONL (timestamp, input_length, output_length, hash_ids),"
+        " Qwen-Bailian JSONL (chat_id, parent_chat_id, timestamp, input_length, output_length,"
+        " hash_ids) or JSONL with arrival_s, prompt_tokens, output_tokens"
     )
 
 

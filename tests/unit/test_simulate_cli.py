@@ -135,4 +135,4 @@ def test_bad_trace_row_is_one_line(tmp_path: Path) -> None:
 
 def test_missing_workload_is_one_line() -> None:
     out = tuner(*BASE)
-    assert out.returncode == 2 and "give --trace FILE, or --rate R" in out.stderr
+    assert out.returncode == 2 and "give --trace FILE, --workload NAME, or --rate R" in out.stderr

@@ -44,7 +44,7 @@ def dump(schedule: list[ScheduledRequest]) -> list[str]:
     return [r.to_json() for r in schedule]
 
 
-@pytest.mark.parametrize("name", ["chat", "code", "rag", "batch", "mixed-long-short"])
+@pytest.mark.parametrize("name", ["chat", "code", "rag", "batch", "mixed-long-short", "agent"])
 def test_deterministic_for_a_seed(name: str) -> None:
     spec = load_workload(name)
     assert dump(build_schedule(spec)) == dump(build_schedule(spec))
@@ -52,7 +52,7 @@ def test_deterministic_for_a_seed(name: str) -> None:
     assert dump(build_schedule(other)) != dump(build_schedule(spec))
 
 
-@pytest.mark.parametrize("name", ["chat", "code", "rag", "batch", "mixed-long-short"])
+@pytest.mark.parametrize("name", ["chat", "code", "rag", "batch", "mixed-long-short", "agent"])
 def test_prompt_tokens_are_what_the_simulator_counts(name: str) -> None:
     for request in build_schedule(load_workload(name)):
         assert request.prompt_tokens == simulator_tokens(request)

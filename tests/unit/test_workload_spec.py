@@ -25,7 +25,7 @@ from workloads.spec import (
     validate_workload,
 )
 
-BUILTINS = ["batch", "chat", "code", "mixed-long-short", "rag"]
+BUILTINS = ["agent", "batch", "chat", "code", "mixed-long-short", "rag"]
 
 
 def minimal(**overrides: Any) -> dict[str, Any]:
@@ -116,13 +116,15 @@ def test_unknown_name_lists_the_builtins() -> None:
     with pytest.raises(WorkloadError) as err:
         load_workload("chatt")
     assert str(err.value) == (
-        "workload 'chatt' is not built in; built-in workloads: batch, chat, code, "
+        "workload 'chatt' is not built in; built-in workloads: agent, batch, chat, code, "
         "mixed-long-short, rag"
     )
 
 
 def test_missing_file_is_one_line(tmp_path: Path) -> None:
-    with pytest.raises(WorkloadError, match="does not exist; or use a built-in workload: batch"):
+    with pytest.raises(
+        WorkloadError, match="does not exist; or use a built-in workload: agent, batch"
+    ):
         load_workload(tmp_path / "nope.yaml")
 
 

@@ -21,7 +21,7 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
         default="chat",
-        help="built-in (chat, code, rag, batch, mixed-long-short) or a YAML file",
+        help="built-in (chat, code, rag, batch, mixed-long-short, agent) or a YAML file",
     )
     p.add_argument("--rate", type=positive_float, help="requests/s (default: the workload's)")
     p.add_argument(

@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--model", required=True, help="preset name, Hugging Face id, or model directory"
     )
-    p.add_argument("--workload", default="chat", help="built-in (chat, code, rag, batch, mixed-long-short) or YAML")  # fmt: skip
+    p.add_argument("--workload", default="chat", help="built-in (chat, code, rag, batch, mixed-long-short, agent) or YAML")  # fmt: skip
     p.add_argument("--peak", type=float, required=True, metavar="RATE",
                    help="the peak to hold, in the workload's unit (conversations/s where it "
                         "has sessions, else requests/s)")  # fmt: skip
@@ -129,7 +129,8 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     if workload.mean_rate_per_s is None:
         raise ConfigError(
             f"--workload {args.workload!r} is a closed batch: it has no arrival rate to plan "
-            "a peak for; accepted: a workload with arrivals (chat, code, rag, mixed-long-short)"
+            "a peak for; accepted: a workload with arrivals (chat, code, rag, mixed-long-short, "
+            "agent)"
         )
     version = VllmVersion.parse(args.vllm_version) if args.vllm_version else VllmVersion.current()
     runs = [read_run(path) for path in args.runs]

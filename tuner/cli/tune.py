@@ -39,7 +39,9 @@ def add_parser(sub: Any) -> None:
                    help="GPUs a server may take on this host (sim: the virtual host's, default "
                         "the --tensor-parallel-size; vllm: default all visible), e.g. for "
                         "--knobs ...,tensor-parallel-size")  # fmt: skip
-    p.add_argument("--workload", help="built-in (chat, code, rag, batch, mixed-long-short) or YAML")
+    p.add_argument(
+        "--workload", help="built-in (chat, code, rag, batch, mixed-long-short, agent) or YAML"
+    )
     p.add_argument("--rate", type=float, help="first arrival rate to measure (requests/s)")
     p.add_argument("--slo-ttft-ms", type=float, help="p99 TTFT limit (overrides the workload's)")
     p.add_argument("--slo-itl-ms", type=float, help="p99 ITL limit (overrides the workload's)")

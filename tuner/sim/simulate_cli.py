@@ -20,7 +20,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "simulate",
         help="run a workload through the simulated vLLM engine on a virtual clock",
-        description="Simulate vLLM serving a workload (a trace, or Poisson arrivals) on a "
+        description="Simulate vLLM serving a workload (a trace, a workload spec, or Poisson "
+        "arrivals) on a "
         "virtual GPU, as fast as the CPU allows, and print the metrics a load test would.",
     )
     p.add_argument(
@@ -46,12 +47,18 @@ def add_parser(sub: Any) -> None:
     source = p.add_argument_group("workload")
     source.add_argument(
         "--trace",
-        help="Azure CSV, Mooncake JSONL or own JSONL trace file, or builtin:azure-code",
+        help="Azure CSV, Mooncake, Qwen-Bailian or own JSONL trace file, or builtin:azure-code",
+    )
+    source.add_argument(
+        "--workload",
+        help="a built-in workload (agent, chat, code, rag, mixed-long-short) or a YAML file: "
+        "its arrivals, sessions (think times on the virtual clock) and SLO",
     )
     source.add_argument(
         "--rate",
         type=float,
-        help="requests/s: Poisson, or the trace scaled so that, looped, it averages this",
+        help="requests/s: Poisson, or the trace scaled so that, looped, it averages this; "
+        "with --workload its arrivals (sessions/s where it has sessions)",
     )
     source.add_argument(
         "--duration",
@@ -66,8 +73,12 @@ def add_parser(sub: Any) -> None:
     source.add_argument(
         "--max-requests", type=int, help="at most the first N requests of the replay"
     )
-    p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
-    p.add_argument("--slo-tpot-ms", type=float, default=100.0)
+    p.add_argument(
+        "--slo-ttft-ms", type=float, help="p99 TTFT limit (default 2000; --workload: its own)"
+    )
+    p.add_argument(
+        "--slo-tpot-ms", type=float, help="p99 TPOT limit (default 100; --workload: its own)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_simulate)
@@ -92,8 +103,12 @@ def _check_values(args: argparse.Namespace) -> None:
     check.non_negative_number("--swap-space", args.swap_space)
     check.non_negative_number("--cpu-offload-gb", args.cpu_offload_gb)
     check.integer_at_least("--seed", args.seed, 0)
-    if args.trace is None and args.rate is None:
-        raise ConfigError("give --trace FILE, or --rate R (> 0 requests/s) for Poisson arrivals")
+    if args.trace is not None and args.workload is not None:
+        raise ConfigError("give --trace FILE or --workload NAME, not both")
+    if args.trace is None and args.workload is None and args.rate is None:
+        raise ConfigError(
+            "give --trace FILE, --workload NAME, or --rate R (> 0 requests/s) for Poisson arrivals"
+        )
     if args.trace is None and args.max_requests is not None:
         raise ConfigError("--max-requests cuts a trace replay; give --trace FILE with it")
 
@@ -103,6 +118,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from tuner.sim.build import SimOptions, build_engine
     from tuner.sim.simulate import run, synthetic_arrivals
     from tuner.sim.simulate_text import format_result
+    from tuner.sim.simulate_workload import (
+        WorkloadRun,
+        load_for_simulation,
+        plan_workload_run,
+        simulation_slo,
+    )
     from tuner.vllm.gpus import get_gpu
     from tuner.vllm.models import resolve_model
     from tuner.vllm.versions import VllmVersion
@@ -122,7 +143,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     version = VllmVersion.parse(args.vllm_version) if args.vllm_version else VllmVersion.current()
     gpu = get_gpu(args.gpu)
     model = resolve_model(args.model)
-    if args.trace is not None:
+    planned: WorkloadRun | None = None
+    if args.workload is not None:
+        spec = load_for_simulation(args.workload, rate_per_s=args.rate, duration_s=args.duration)
+        planned = plan_workload_run(spec, vocab=model.vocab_size)
+        records = planned.records
+    elif args.trace is not None:
         try:
             trace = load_trace(resolve_trace(str(args.trace)))
         except TraceError as exc:
@@ -142,7 +168,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     chosen = policies if args.compare_eviction else [args.prefix_cache_eviction]
-    slo = Slo.p99(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
+    if planned is not None:
+        slo = simulation_slo(planned.spec, args.slo_ttft_ms, args.slo_tpot_ms)
+    else:
+        slo = Slo.p99(
+            ttft_ms=2000.0 if args.slo_ttft_ms is None else args.slo_ttft_ms,
+            tpot_ms=100.0 if args.slo_tpot_ms is None else args.slo_tpot_ms,
+        )
     results = {}
     for policy in chosen:
         options = SimOptions(
@@ -158,6 +190,15 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 f"vLLM would not start with these settings: {startup.failure.error_type}: "
                 f"{startup.failure.message}"
             )
+        if planned is not None:
+            results[policy] = run(
+                engine, records, slo=slo, vocab=model.vocab_size, seed=args.seed,
+                max_model_len=startup.max_model_len, prompt_token_ids=planned.prompt_token_ids,
+                follows=planned.follows, think_s=planned.think_s,
+                measure_from_s=planned.measure_from_s, measure_to_s=planned.measure_to_s,
+                stop_at_s=planned.stop_at_s,
+            )  # fmt: skip
+            continue
         results[policy] = run(
             engine,
             records,
