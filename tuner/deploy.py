@@ -738,6 +738,13 @@ class DeploymentConfig(_Frozen):
                 f"claim ({cache.cli}) is empty; accepted: a model cache that holds it, "
                 "hostpath:/dir or claim:NAME"
             )
+        tokenizer = self.flags.get("tokenizer")
+        if isinstance(tokenizer, str) and not tokenizer.startswith("/"):
+            raise ValueError(
+                f"flag tokenizer {tokenizer!r} names a hub repository, which a pod would "
+                "download at start (vLLM runs offline there); accepted: the model's own "
+                "tokenizer, or a directory on a volume"
+            )
         if self.hf_token_secret is not None and not isinstance(source, HubSource):
             raise ValueError(
                 f"hf_token_secret is for a model from the Hugging Face hub, and the model "
@@ -1412,7 +1419,7 @@ def _model_cache_note(cfg: DeploymentConfig) -> str:
 
 def _compile_cache_note(cfg: DeploymentConfig) -> str:
     cache = cfg.cache_volume
-    budget = f"the startup probe's {cfg.startup_timeout_s} s count a cold compile"
+    budget = f"the startup probe's {cfg.startup_timeout_s} s allow for a cold compile"
     if isinstance(cache, HostPathCache):
         return f"warm on a node that compiled this config before ({cache.path}); {budget}"
     if cache.shared:

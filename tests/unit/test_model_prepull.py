@@ -357,6 +357,14 @@ def test_bad_model_inputs_are_one_line_config_errors(
         assert needle in message, message
 
 
+def test_a_tokenizer_from_another_repository_is_refused_in_one_line() -> None:
+    # vLLM starts offline: a tokenizer it would fetch at start cannot load
+    with pytest.raises(ConfigError) as info:
+        make(flags={"tokenizer": "meta-llama/Llama-3.2-1B"})
+    assert "\n" not in str(info.value) and "'meta-llama/Llama-3.2-1B'" in str(info.value)
+    assert make(flags={"tokenizer": "/mnt/tokenizers/llama"}).flags["tokenizer"]
+
+
 def test_model_fields_set_the_token_or_the_object_stores_credentials() -> None:
     assert model_fields(LLAMA, source=None, cache=None, secret="hf-token") == {
         "hf_token_secret": SecretKeyRef(name="hf-token", key="token")
