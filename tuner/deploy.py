@@ -6,7 +6,9 @@ in and these functions render it:
 
     vllm_args(cfg)             ``vllm serve MODEL --flag value ...``, shell-quoted, one flag a line
     vllm_config_yaml(cfg)      YAML for ``vllm serve --config FILE``
-    kubernetes_manifests(cfg)  Deployment + Service (+ PersistentVolumeClaim), multi-document YAML
+    kubernetes_manifests(cfg)  Deployment + Service (+ PersistentVolumeClaim), multi-document YAML;
+                               the model on its own volume, fetched by an init container
+                               before vLLM starts offline (``model_source``, ``model_cache``)
     tuning_job_manifests(...)  Secret + Indexed Job (+ PersistentVolumeClaim) for distributed tuning
 
 vLLM's config file (``FlexibleArgumentParser.load_config_file`` in vLLM's
@@ -18,7 +20,8 @@ the command line gives no positional model. So a flag whose value is False is le
 every rendering, which means the same thing in every release.
 
 Bad input is a ``tuner.errors.ConfigError`` of one line naming the value and what is
-accepted (``DeploymentConfig.build``, ``parse_cache_volume``, ``tuning_job_manifests``).
+accepted (``DeploymentConfig.build``, ``parse_cache_volume``, ``parse_model_cache``,
+``parse_model_source``, ``model_fields``, ``tuning_job_manifests``).
 """
 
 from __future__ import annotations
@@ -47,22 +50,36 @@ from pydantic import (
 
 from tuner.drain import DrainTiming, drain_script, drain_timing
 from tuner.errors import ConfigError
+from tuner.model_fetch import FETCH_FILE, fetch_model_script
 from tuner.vllm.models import hf_id_of
 from tuner.warmup import WarmupPlan, WarmupRequest, warmup_script
 
 __all__ = [
     "CACHE_MOUNT_PATH",
+    "HF_HOME_PATH",
+    "HF_HUB_CACHE_PATH",
+    "MODEL_CACHE_MOUNT_PATH",
     "CacheVolume",
+    "ClaimCache",
     "DeploymentConfig",
     "FlagValue",
     "HostPathCache",
+    "HubSource",
+    "LocalSource",
+    "ModelCache",
+    "ModelSource",
+    "ObjectStoreSource",
     "PvcCache",
     "Rollout",
     "SecretKeyRef",
     "dns_label",
     "kubernetes_manifests",
     "kubernetes_switch",
+    "model_cache_size",
+    "model_fields",
     "parse_cache_volume",
+    "parse_model_cache",
+    "parse_model_source",
     "tuning_job_manifests",
     "vllm_args",
     "vllm_config_yaml",
@@ -85,6 +102,20 @@ WARMUP_FILE = "warmup.py"
 DRAIN_FILE = "drain.py"
 WARMUP_JOB_IMAGE = "python:3.12-slim"  # the warm-up needs only Python's standard library
 STORAGE_SECRET_KEY = "url"
+# The model cache (a volume of its own): the hub cache under HF_HOME (huggingface_hub's
+# constants.py: HF_HUB_CACHE defaults to $HF_HOME/hub; both are set, so an image that sets
+# either still uses the volume), an object store's copies under s3/.
+MODEL_CACHE_MOUNT_PATH = "/var/cache/models"
+HF_HOME_PATH = f"{MODEL_CACHE_MOUNT_PATH}/huggingface"
+HF_HUB_CACHE_PATH = f"{HF_HOME_PATH}/hub"
+OBJECT_STORE_PATH = f"{MODEL_CACHE_MOUNT_PATH}/s3"
+HUB_MODELS_PATH = f"{MODEL_CACHE_MOUNT_PATH}/hf"  # a hub model's files, the directory vLLM reads
+TUNING_HF_HOME_PATH = f"{CACHE_MOUNT_PATH}/huggingface"  # a tuning job's one volume
+DEFAULT_MODEL_CACHE_SIZE = "100Gi"
+# The object store's own client: `aws s3 sync` copies only what differs (size, or a newer
+# object than the local copy, whose time it sets to the object's), so a warm cache copies
+# nothing. AWS_ENDPOINT_URL (aws-cli 2.13 and later) reaches an S3-compatible store.
+S3_SYNC_IMAGE = "amazon/aws-cli:2.22.0"
 
 # Flags set through their own field (or never written down at all, like the API key).
 _RESERVED_FLAGS = {
@@ -266,18 +297,25 @@ _CACHE_FORMS = (
 
 def parse_cache_volume(text: str) -> PvcCache | HostPathCache:
     """The cache volume of a CLI string; ConfigError of one line when it is not one."""
+    return _parse_volume(text, what="cache volume", forms=_CACHE_FORMS, default_size="20Gi")
+
+
+def _parse_volume(
+    text: str, *, what: str, forms: str, default_size: str
+) -> PvcCache | HostPathCache:
+    """``pvc[:SIZE[:CLASS[:rwx]]]`` or ``hostpath:/path``, errors naming ``what``."""
     kind, sep, rest = text.strip().partition(":")
     kind = kind.lower()
     try:
         if kind == "pvc" and not sep:
-            return PvcCache()
+            return PvcCache(size=default_size)
         if kind == "pvc":
             size, _, rest = rest.partition(":")
             storage_class, _, mode = rest.partition(":")
             if mode not in ("", "rwx"):
                 raise ConfigError(
-                    f"cache volume {text!r}: access {mode!r} is not accepted; accepted: rwx "
-                    f"or nothing; forms: {_CACHE_FORMS}"
+                    f"{what} {text!r}: access {mode!r} is not accepted; accepted: rwx "
+                    f"or nothing; forms: {forms}"
                 )
             return PvcCache(
                 size=size, storage_class=storage_class or None,
@@ -287,14 +325,279 @@ def parse_cache_volume(text: str) -> PvcCache | HostPathCache:
             return HostPathCache(path=rest)
     except ValidationError as exc:
         reason = _first_error(exc, where=False)
-        raise ConfigError(f"cache volume {text!r}: {reason}; forms: {_CACHE_FORMS}") from None
-    raise ConfigError(f"cache volume {text!r} is not accepted; accepted: {_CACHE_FORMS}")
+        raise ConfigError(f"{what} {text!r}: {reason}; forms: {forms}") from None
+    raise ConfigError(f"{what} {text!r} is not accepted; accepted: {forms}")
 
 
 def _as_cache_volume(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return parse_cache_volume(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    return value
+
+
+# --- where the model's weights come from, and the volume they are kept on ---------------
+
+
+class ClaimCache(_Frozen):
+    """An existing PersistentVolumeClaim, by name (CLI: ``claim:NAME``): a model store the
+    cluster already has (ReadOnlyMany or ReadWriteMany), mounted by every pod."""
+
+    kind: Literal["claim"] = "claim"
+    claim_name: str
+
+    @field_validator("claim_name")
+    @classmethod
+    def _claim_name(cls, value: str) -> str:
+        if not _DNS_SUBDOMAIN.fullmatch(value):
+            raise ValueError(
+                f"claim name {value!r} is not accepted; accepted: a DNS-1123 subdomain "
+                "(lowercase letters, digits, '-' and '.')"
+            )
+        return value
+
+    @property
+    def cli(self) -> str:
+        return f"claim:{self.claim_name}"
+
+
+ModelCache = Annotated[PvcCache | HostPathCache | ClaimCache, Field(discriminator="kind")]
+
+_MODEL_CACHE_FORMS = (
+    f"pvc (a {DEFAULT_MODEL_CACHE_SIZE} claim per replica), pvc:SIZE, pvc:SIZE:STORAGECLASS, "
+    "pvc:SIZE:STORAGECLASS:rwx (one ReadWriteMany claim shared by the replicas), "
+    "hostpath:/absolute/path, claim:EXISTING-CLAIM"
+)
+
+
+def parse_model_cache(text: str) -> PvcCache | HostPathCache | ClaimCache:
+    """The model cache of a CLI string (``--cache-volume``'s forms with a bigger default
+    claim, and ``claim:NAME``); ConfigError of one line when it is not one."""
+    kind, _, rest = text.strip().partition(":")
+    if kind.lower() == "claim" and rest:
+        try:
+            return ClaimCache(claim_name=rest)
+        except ValidationError as exc:
+            reason = _first_error(exc, where=False)
+            raise ConfigError(
+                f"model cache {text!r}: {reason}; forms: {_MODEL_CACHE_FORMS}"
+            ) from None
+    return _parse_volume(
+        text, what="model cache", forms=_MODEL_CACHE_FORMS, default_size=DEFAULT_MODEL_CACHE_SIZE
+    )
+
+
+def model_cache_size(weights_bytes: int | None) -> str:
+    """A claim for a model of ``weights_bytes``: its weights and a quarter more (tokenizer,
+    the hub cache's own files, a new revision beside the old one), at least 20Gi."""
+    if weights_bytes is None or weights_bytes <= 0:
+        return DEFAULT_MODEL_CACHE_SIZE
+    return f"{max(20, math.ceil(weights_bytes * 1.25 / 2**30))}Gi"
+
+
+class HubSource(_Frozen):
+    """The model from the Hugging Face hub (the model field is its id): fetched by an init
+    container into a directory of the model cache volume, which vLLM serves (CLI: ``hub``;
+    ``tuner.model_fetch`` says why a directory and not the hub cache)."""
+
+    kind: Literal["hub"] = "hub"
+
+    @staticmethod
+    def local_dir(model: str) -> str:
+        """Where a hub model's files lie in the pod: ``hf/ORG/NAME`` on the model cache."""
+        parts = [re.sub(r"[^A-Za-z0-9._-]+", "-", p) for p in model.split("/")]
+        kept = [p for p in parts if p.strip(".-")]
+        return "/".join([HUB_MODELS_PATH, *(kept or ["model"])])
+
+    @property
+    def cli(self) -> str:
+        return "hub"
+
+
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+class ObjectStoreSource(_Frozen):
+    """A copy of the model's files in an S3 bucket (CLI: ``s3://BUCKET/PREFIX``), synced by
+    an init container of the object store's client into the model cache volume; vLLM
+    serves that directory. ``credentials_secret``: a Secret whose keys are the client's
+    environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL);
+    None for the pod's own identity (a service account bound to a cloud role)."""
+
+    kind: Literal["s3"] = "s3"
+    uri: str
+    credentials_secret: str | None = None
+    image: str = S3_SYNC_IMAGE
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        _no_control("object store URI", value)
+        bucket, _, prefix = value.removeprefix("s3://").partition("/")
+        prefix = prefix.strip("/")
+        if not value.startswith("s3://") or not _S3_BUCKET.fullmatch(bucket):
+            raise ValueError(
+                f"object store URI {value!r} is not accepted; accepted: s3://BUCKET/PREFIX "
+                "with a bucket name of 3 to 63 lowercase letters, digits, '.' and '-'"
+            )
+        if not prefix or ".." in prefix.split("/") or re.search(r"\s|//", prefix):
+            raise ValueError(
+                f"object store URI {value!r} is not accepted; accepted: s3://BUCKET/PREFIX, "
+                "the folder of the model's config.json and weights (no '..', no spaces)"
+            )
+        return f"s3://{bucket}/{prefix}"
+
+    @field_validator("credentials_secret")
+    @classmethod
+    def _secret(cls, value: str | None) -> str | None:
+        if value is not None and not _DNS_SUBDOMAIN.fullmatch(value):
+            raise ValueError(
+                f"Secret name {value!r} is not accepted; accepted: a DNS-1123 subdomain "
+                "(lowercase letters, digits, '-' and '.')"
+            )
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if not value or re.search(r"\s", value):
+            raise ValueError(f"image {value!r} is not accepted; accepted: an image reference")
+        return value
+
+    @property
+    def local_dir(self) -> str:
+        """Where the copy lies in the pod: under the model cache, by bucket and prefix."""
+        return f"{OBJECT_STORE_PATH}/{self.uri.removeprefix('s3://')}"
+
+    @property
+    def cli(self) -> str:
+        return self.uri
+
+
+class LocalSource(_Frozen):
+    """The model's files already on a volume (CLI: ``path:/dir``): mounted read-only at
+    ``path``, which vLLM is given; nothing is fetched, no init container."""
+
+    kind: Literal["path"] = "path"
+    path: str
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        _no_control("model path", value)
+        if not value.startswith("/") or value.rstrip("/") == "" or ".." in value.split("/"):
+            raise ValueError(
+                f"model path {value!r} is not accepted; accepted: an absolute directory "
+                "other than /, without '..', e.g. /mnt/models/llama-3.1-8b"
+            )
+        return value.rstrip("/")
+
+    @property
+    def cli(self) -> str:
+        return f"path:{self.path}"
+
+
+ModelSource = Annotated[HubSource | ObjectStoreSource | LocalSource, Field(discriminator="kind")]
+
+_MODEL_SOURCE_FORMS = (
+    "hub (the Hugging Face hub, the model field its id), s3://BUCKET/PREFIX (a copy in an "
+    "S3 bucket), path:/absolute/dir (the model already on a volume)"
+)
+
+
+def parse_model_source(text: str) -> HubSource | ObjectStoreSource | LocalSource:
+    """The model source of a CLI string; ConfigError of one line when it is not one."""
+    value = text.strip()
+    try:
+        if value.lower() == "hub":
+            return HubSource()
+        if value.lower().startswith("s3://"):
+            return ObjectStoreSource(uri="s3://" + value[5:])
+        if value.lower().startswith("path:"):
+            return LocalSource(path=value[5:])
+        if value.startswith("/"):
+            return LocalSource(path=value)
+    except ValidationError as exc:
+        reason = _first_error(exc, where=False)
+        raise ConfigError(f"model source {text!r}: {reason}") from None
+    raise ConfigError(f"model source {text!r} is not accepted; accepted: {_MODEL_SOURCE_FORMS}")
+
+
+def _default_model_source(model: str) -> HubSource | ObjectStoreSource | LocalSource:
+    """What a model name says of its source: an s3:// URI, an absolute directory, else a
+    Hugging Face id."""
+    if model.startswith("s3://"):
+        return ObjectStoreSource(uri=model)
+    if model.startswith("/"):
+        return LocalSource(path=model)
+    return HubSource()
+
+
+def model_fields(
+    model: str, *, source: str | None, cache: str | None, secret: str | None
+) -> dict[str, Any]:
+    """``DeploymentConfig``'s model fields from the command line's ``--model-source``,
+    ``--model-cache`` and ``--model-secret NAME[:KEY]`` (the hub's token, key default
+    ``token``; an object store's credentials, a Secret of its environment variables);
+    ConfigError of one line naming the option. None leaves a field to its default."""
+    fields: dict[str, Any] = {}
+    try:
+        if source is not None:
+            fields["model_source"] = parse_model_source(source)
+    except ConfigError as exc:  # "model source 'x' ..." -> "--model-source 'x' ..."
+        raise ConfigError("--model-source " + str(exc).removeprefix("model source ")) from None
+    try:
+        if cache is not None:
+            fields["model_cache"] = parse_model_cache(cache)
+    except ConfigError as exc:
+        raise ConfigError("--model-cache " + str(exc).removeprefix("model cache ")) from None
+    if secret is not None:
+        fields.update(_secret_fields(model, fields.get("model_source"), secret))
+    try:  # the three together (a model on a volume needs the volume that holds it)
+        DeploymentConfig(model=model, vllm_version="0.11.0", config_hash="check", **fields)
+    except ValidationError as exc:
+        raise ConfigError(f"the model's deployment: {_first_error(exc, where=False)}") from None
+    return fields
+
+
+def _secret_fields(
+    model: str, source: HubSource | ObjectStoreSource | LocalSource | None, secret: str
+) -> dict[str, Any]:
+    name, colon, key = secret.strip().partition(":")
+    try:
+        source = source or _default_model_source(model)
+        if isinstance(source, HubSource):
+            return {"hf_token_secret": SecretKeyRef(name=name, key=key or "token")}
+        if isinstance(source, ObjectStoreSource) and not colon:
+            return {"model_source": ObjectStoreSource(uri=source.uri, credentials_secret=name)}
+    except ValidationError as exc:
+        raise ConfigError(f"--model-secret {secret!r}: {_first_error(exc, where=False)}") from None
+    if isinstance(source, ObjectStoreSource):
+        raise ConfigError(
+            f"--model-secret {secret!r}: an object store's credentials are a whole Secret "
+            "(its keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY...); accepted: NAME, no key"
+        )
+    raise ConfigError(
+        f"--model-secret {secret!r}: the model source {source.cli!r} is a volume and fetches "
+        "nothing; accepted: no secret, or a model from the hub or an object store"
+    )
+
+
+def _as_model_source(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return parse_model_source(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    return value
+
+
+def _as_model_cache(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return parse_model_cache(value)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
     return value
@@ -369,13 +672,24 @@ class DeploymentConfig(_Frozen):
     cpu_request: str | None = None  # e.g. "8"; no CPU limit (throttling hurts latency)
     labels: dict[str, str] = Field(default_factory=dict)
     api_key_secret: SecretKeyRef | None = None  # VLLM_API_KEY from this Secret key
-    hf_token_secret: SecretKeyRef | None = None  # HF_TOKEN from this Secret key (gated models)
+    # HF_TOKEN from this Secret key (gated models), for the init container that fetches
+    # the model from the hub; vLLM itself starts offline and never sees it.
+    hf_token_secret: SecretKeyRef | None = None
+    # Where the weights come from (default: what the model's name says, a Hugging Face id,
+    # an s3:// URI or an absolute directory) and the volume they are kept on (default: a
+    # claim per replica for a fetched model, the directory itself on each node for a path).
+    model_source: ModelSource
+    model_cache: ModelCache
+    model_fetch_timeout_s: PositiveInt = 3600  # the init container's bound
     rollout: Rollout = Rollout.ROLLING
     # What the startup probe sends before the pod turns Ready (None: a few short
     # requests of every size class, for a deployment without a measured workload).
     warmup: WarmupPlan | None = None
     warmup_timeout_s: PositiveInt = 600  # the warm-up's own bound, inside the startup's
-    startup_timeout_s: PositiveInt = 1800  # model download + load + compile + warm-up
+    # Load + compile + warm-up, from an empty compile cache: a pod on a new node, or with a
+    # new claim of its own, compiles from cold (the model was fetched before, in the init
+    # container, within model_fetch_timeout_s).
+    startup_timeout_s: PositiveInt = 1800
     # preStop: wait for the endpoints to drop the pod, then for the requests in flight.
     drain: DrainTiming = Field(default_factory=lambda: drain_timing(None))
     shm_size: str = "2Gi"  # /dev/shm for NCCL when a replica has more than one GPU
@@ -399,7 +713,44 @@ class DeploymentConfig(_Frozen):
             data["name"] = dns_label(data["model"], max_len=50)
         if "cache_volume" in data:
             data["cache_volume"] = _as_cache_volume(data["cache_volume"])
+        if data.get("model_source") is None and isinstance(data.get("model"), str):
+            try:
+                data["model_source"] = _default_model_source(data["model"])
+            except ValidationError as exc:
+                reason = _first_error(exc, where=False)
+                raise ValueError(f"the model's source: {reason}") from None
+        source = data["model_source"] = _as_model_source(data.get("model_source"))
+        if data.get("model_cache") is None:
+            if isinstance(source, LocalSource):  # the directory itself, on each node
+                data["model_cache"] = HostPathCache(path=source.path)
+            elif isinstance(source, HubSource | ObjectStoreSource):
+                data["model_cache"] = PvcCache(size=DEFAULT_MODEL_CACHE_SIZE)
+        else:
+            data["model_cache"] = _as_model_cache(data["model_cache"])
         return data
+
+    @model_validator(mode="after")
+    def _model_source_fits(self) -> DeploymentConfig:
+        source, cache = self.model_source, self.model_cache
+        if isinstance(source, LocalSource) and isinstance(cache, PvcCache):
+            raise ValueError(
+                f"model source {source.cli!r} reads a model already on a volume and a new "
+                f"claim ({cache.cli}) is empty; accepted: a model cache that holds it, "
+                "hostpath:/dir or claim:NAME"
+            )
+        tokenizer = self.flags.get("tokenizer")
+        if isinstance(tokenizer, str) and not tokenizer.startswith("/"):
+            raise ValueError(
+                f"flag tokenizer {tokenizer!r} names a hub repository, which a pod would "
+                "download at start (vLLM runs offline there); accepted: the model's own "
+                "tokenizer, or a directory on a volume"
+            )
+        if self.hf_token_secret is not None and not isinstance(source, HubSource):
+            raise ValueError(
+                f"hf_token_secret is for a model from the Hugging Face hub, and the model "
+                f"source is {source.cli!r}; accepted: no token, or model source hub"
+            )
+        return self
 
     @field_validator("model", "served_model_name")
     @classmethod
@@ -716,6 +1067,14 @@ def kubernetes_manifests(cfg: DeploymentConfig) -> str:
         )
         claim["metadata"]["annotations"] = _serving_annotations(cfg)
         docs.append(claim)
+    model_cache = cfg.model_cache
+    if isinstance(model_cache, PvcCache) and model_cache.shared:
+        claim = _claim(
+            model_cache, name=_model_claim_name(cfg), pods=cfg.replicas,
+            labels=_hashed_labels(cfg),
+        )  # fmt: skip
+        claim["metadata"]["annotations"] = _serving_annotations(cfg)
+        docs.append(claim)
     if cfg.rollout is Rollout.ROLLING:
         docs += [_deployment(cfg), _service(cfg, name=cfg.name, selector=_selector(cfg.name))]
     else:
@@ -724,7 +1083,8 @@ def kubernetes_manifests(cfg: DeploymentConfig) -> str:
             _service(cfg, name=versioned, selector=_version_selector(cfg), headless=True),
             _stateful_set(cfg),
         ]
-    return _header(cfg) + _dump_all(docs)
+    notes = "".join(f"# {what}: {note}\n" for what, note in _cache_notes(cfg).items())
+    return _header(cfg) + notes + _dump_all(docs)
 
 
 def kubernetes_switch(cfg: DeploymentConfig) -> str | None:
@@ -771,7 +1131,10 @@ def warmup_job_manifests(cfg: DeploymentConfig) -> str:
         },
         "spec": {
             "backoffLimit": 2,
-            "activeDeadlineSeconds": cfg.startup_timeout_s + cfg.warmup_timeout_s,
+            # The serving pods' whole start: the model fetched, a cold compile, the warm-up.
+            "activeDeadlineSeconds": _fetch_budget_s(cfg)
+            + cfg.startup_timeout_s
+            + cfg.warmup_timeout_s,
             "ttlSecondsAfterFinished": 3600,
             "template": {
                 "metadata": {"labels": labels},
@@ -797,6 +1160,11 @@ def _header(cfg: DeploymentConfig) -> str:
 def _serving_claim_name(cfg: DeploymentConfig) -> str:
     """The name of the shared cache claim (ReadWriteMany; every version mounts it)."""
     return f"{cfg.name}-vllm-cache"
+
+
+def _model_claim_name(cfg: DeploymentConfig) -> str:
+    """The name of the shared model cache claim (ReadWriteMany; every version mounts it)."""
+    return f"{cfg.name}-model-cache"
 
 
 def _serving_labels(cfg: DeploymentConfig) -> dict[str, str]:
@@ -832,6 +1200,11 @@ def _scripts_config_map(cfg: DeploymentConfig) -> dict[str, Any]:
         "data": {
             WARMUP_FILE: warmup_script(warmup_plan_of(cfg)),
             DRAIN_FILE: drain_script(),
+            **(
+                {FETCH_FILE: fetch_model_script()}
+                if isinstance(cfg.model_source, HubSource)
+                else {}
+            ),
         },
     }
 
@@ -843,17 +1216,29 @@ def _scripts_volume(cfg: DeploymentConfig) -> dict[str, Any]:
 def _serving_env(cfg: DeploymentConfig) -> list[dict[str, Any]]:
     """The vLLM container's environment: the cache directory, and the Secrets' keys."""
     env: list[dict[str, Any]] = [{"name": CACHE_ROOT_ENV, "value": CACHE_MOUNT_PATH}]
+    if not isinstance(cfg.model_source, LocalSource):
+        env += _hub_cache_env()
+    # The model is on a volume before vLLM starts: it never asks the hub (huggingface_hub's
+    # HF_HUB_OFFLINE), so a pod neither downloads at start nor needs a token.
+    env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
     if cfg.api_key_secret is not None:
         env.append(_secret_env("VLLM_API_KEY", cfg.api_key_secret))
-    if cfg.hf_token_secret is not None:
-        env.append(_secret_env("HF_TOKEN", cfg.hf_token_secret))
     return env
+
+
+def _hub_cache_env() -> list[dict[str, Any]]:
+    """HF_HOME and HF_HUB_CACHE on the model cache volume."""
+    return [
+        {"name": "HF_HOME", "value": HF_HOME_PATH},
+        {"name": "HF_HUB_CACHE", "value": HF_HUB_CACHE_PATH},
+    ]
 
 
 def _serving_mounts(cfg: DeploymentConfig) -> list[dict[str, Any]]:
     """The vLLM container's mounts: the cache, the scripts, and /dev/shm with several GPUs."""
     mounts: list[dict[str, Any]] = [
         {"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH},
+        _model_mount(cfg),
         {"name": "scripts", "mountPath": SCRIPTS_MOUNT_PATH, "readOnly": True},
     ]
     if cfg.gpus_per_replica > 1:
@@ -882,14 +1267,166 @@ def _cache_volume(cfg: DeploymentConfig) -> dict[str, Any] | None:
 
 def _serving_volumes(cfg: DeploymentConfig) -> list[dict[str, Any]]:
     """The pod's volumes: the cache, the scripts, an in-memory /dev/shm with several GPUs."""
-    cache = _cache_volume(cfg)
-    volumes: list[dict[str, Any]] = [cache] if cache is not None else []
+    volumes: list[dict[str, Any]] = [
+        v for v in (_cache_volume(cfg), _model_volume(cfg)) if v is not None
+    ]
     volumes.append(_scripts_volume(cfg))
     if cfg.gpus_per_replica > 1:
         volumes.append(
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm_size}}
         )
     return volumes
+
+
+# --- the model before the server: its volume, the init container, what a new pod finds --
+
+
+def _fetches(cfg: DeploymentConfig) -> bool:
+    """An init container fetches the model (from the hub or an object store)."""
+    return not isinstance(cfg.model_source, LocalSource)
+
+
+def _fetch_budget_s(cfg: DeploymentConfig) -> int:
+    """The init container's bound (0 without one): before the startup probe's budget."""
+    return cfg.model_fetch_timeout_s if _fetches(cfg) else 0
+
+
+def _vllm_model(cfg: DeploymentConfig) -> str:
+    """What the pod's vLLM is given: the directory the init container filled from the hub
+    or the object store, or the model's own directory on a volume."""
+    source = cfg.model_source
+    if isinstance(source, ObjectStoreSource):
+        return source.local_dir
+    if isinstance(source, LocalSource):
+        return source.path
+    return HubSource.local_dir(cfg.model)
+
+
+def _pod_argv(cfg: DeploymentConfig) -> list[str]:
+    """``_argv`` with the model vLLM reads in the pod; served under the model's own name
+    where that is another (clients and the warm-up ask for it by that name)."""
+    argv = _argv(cfg)
+    argv[0] = _vllm_model(cfg)
+    if argv[0] != cfg.model and cfg.served_model_name is None:
+        argv[1:1] = ["--served-model-name", cfg.model]
+    return argv
+
+
+def _model_mount(cfg: DeploymentConfig) -> dict[str, Any]:
+    """The model cache in a container: at its own path, or read-only at the model's
+    directory for a model already on a volume."""
+    if isinstance(cfg.model_source, LocalSource):
+        return {"name": "model-cache", "mountPath": cfg.model_source.path, "readOnly": True}
+    return {"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT_PATH}
+
+
+def _model_volume(cfg: DeploymentConfig) -> dict[str, Any] | None:
+    """The pod's model volume (None: a StatefulSet's claim template provides it)."""
+    cache = cfg.model_cache
+    local = isinstance(cfg.model_source, LocalSource)
+    if isinstance(cache, HostPathCache):
+        # A model already there must be there: no empty directory made in its place.
+        kind = "Directory" if local else "DirectoryOrCreate"
+        return {"name": "model-cache", "hostPath": {"path": cache.path, "type": kind}}
+    if isinstance(cache, ClaimCache):
+        claim: dict[str, Any] = {"claimName": cache.claim_name}
+        if local:
+            claim["readOnly"] = True
+        return {"name": "model-cache", "persistentVolumeClaim": claim}
+    if cache.shared:
+        return {
+            "name": "model-cache",
+            "persistentVolumeClaim": {"claimName": _model_claim_name(cfg)},
+        }
+    if cfg.rollout is Rollout.BLUE_GREEN:
+        return None
+    return {
+        "name": "model-cache",
+        "ephemeral": {
+            "volumeClaimTemplate": {
+                "metadata": {"labels": _hashed_labels(cfg)},
+                "spec": _claim_spec(cache, "ReadWriteOnce"),
+            }
+        },
+    }
+
+
+def _init_containers(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    """The container that puts the model on the model cache before vLLM starts (none for
+    a model already on a volume). Idempotent: on a warm cache it fetches nothing."""
+    source = cfg.model_source
+    cache_mount = {"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT_PATH}
+    if isinstance(source, HubSource):
+        # vLLM's own image: its huggingface_hub is the one vLLM reads the cache with.
+        command = [
+            "python3", f"{SCRIPTS_MOUNT_PATH}/{FETCH_FILE}", "--repo", _k8s_literal(cfg.model),
+            "--local-dir", _k8s_literal(_vllm_model(cfg)),
+            "--timeout-s", str(cfg.model_fetch_timeout_s),
+        ]  # fmt: skip
+        revision = cfg.flags.get("revision")
+        if isinstance(revision, str):
+            command += ["--revision", _k8s_literal(revision)]
+        env = [*_hub_cache_env(), {"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"}]
+        if cfg.hf_token_secret is not None:
+            env.append(_secret_env("HF_TOKEN", cfg.hf_token_secret))
+        return [
+            {
+                "name": "fetch-model",
+                "image": cfg.image,
+                "command": command,
+                "env": env,
+                "volumeMounts": [
+                    cache_mount,
+                    {"name": "scripts", "mountPath": SCRIPTS_MOUNT_PATH, "readOnly": True},
+                ],
+            }
+        ]
+    if isinstance(source, ObjectStoreSource):
+        container: dict[str, Any] = {
+            "name": "fetch-model",
+            "image": source.image,
+            "command": ["aws", "s3", "sync", source.uri, source.local_dir, "--only-show-errors"],
+            "volumeMounts": [cache_mount],
+        }
+        if source.credentials_secret is not None:
+            container["envFrom"] = [{"secretRef": {"name": source.credentials_secret}}]
+        return [container]
+    return []
+
+
+def _cache_notes(cfg: DeploymentConfig) -> dict[str, str]:
+    """What a new pod finds in each cache, said on the pods and atop the manifests: warm
+    where the volume outlives the pod, cold (fetched, compiled) where it is new."""
+    return {"model-cache": _model_cache_note(cfg), "compile-cache": _compile_cache_note(cfg)}
+
+
+def _model_cache_note(cfg: DeploymentConfig) -> str:
+    source, cache = cfg.model_source, cfg.model_cache
+    if isinstance(source, LocalSource):
+        return f"the model is read from {source.path} on {cache.cli}; nothing is fetched"
+    where = "the Hugging Face hub" if isinstance(source, HubSource) else source.uri
+    fetched = f"the init container fetch-model copies it from {where} before vLLM starts"
+    if isinstance(cache, HostPathCache):
+        return f"warm on a node that held it before ({cache.path}); on a new node {fetched}"
+    if isinstance(cache, ClaimCache):
+        return f"warm once fetched (the claim {cache.claim_name}, shared); else {fetched}"
+    if cache.shared:
+        return f"warm after the first pod (one ReadWriteMany claim); for that pod {fetched}"
+    if cfg.rollout is Rollout.BLUE_GREEN:
+        return f"cold in each new replica (a claim per replica, kept across restarts): {fetched}"
+    return f"cold in every new pod (a claim per pod): {fetched}"
+
+
+def _compile_cache_note(cfg: DeploymentConfig) -> str:
+    cache = cfg.cache_volume
+    budget = f"the startup probe's {cfg.startup_timeout_s} s allow for a cold compile"
+    if isinstance(cache, HostPathCache):
+        return f"warm on a node that compiled this config before ({cache.path}); {budget}"
+    if cache.shared:
+        return f"warm after the first pod compiled (one ReadWriteMany claim); {budget}"
+    if cfg.rollout is Rollout.BLUE_GREEN:
+        return f"cold in each new replica (a claim per replica, kept across restarts); {budget}"
+    return f"cold in every new pod (a claim per pod); {budget}"
 
 
 def _serving_resources(cfg: DeploymentConfig) -> dict[str, Any]:
@@ -954,7 +1491,7 @@ def _serving_container(cfg: DeploymentConfig) -> dict[str, Any]:
         "name": "vllm",
         "image": cfg.image,
         "command": ["vllm", "serve"],
-        "args": [_k8s_literal(arg) for arg in _argv(cfg)],
+        "args": [_k8s_literal(arg) for arg in _pod_argv(cfg)],
         "env": _serving_env(cfg),
         "ports": [{"name": "http", "containerPort": cfg.port, "protocol": "TCP"}],
         "resources": _serving_resources(cfg),
@@ -968,7 +1505,13 @@ def _serving_container(cfg: DeploymentConfig) -> dict[str, Any]:
 
 def _pod_template(cfg: DeploymentConfig) -> dict[str, Any]:
     return {
-        "metadata": {"labels": _hashed_labels(cfg), "annotations": _serving_annotations(cfg)},
+        "metadata": {
+            "labels": _hashed_labels(cfg),
+            "annotations": {
+                **_serving_annotations(cfg),
+                **{f"{LABEL_PREFIX}/{what}": note for what, note in _cache_notes(cfg).items()},
+            },
+        },
         "spec": {
             # No FOO_PORT variables from Services: a Service named vllm would set
             # VLLM_PORT, which vLLM reads as its own setting.
@@ -976,6 +1519,7 @@ def _pod_template(cfg: DeploymentConfig) -> dict[str, Any]:
             "terminationGracePeriodSeconds": cfg.drain.grace_period_s,
             **({"nodeSelector": dict(cfg.node_selector)} if cfg.node_selector else {}),
             "tolerations": [_GPU_TOLERATION],
+            **({"initContainers": inits} if (inits := _init_containers(cfg)) else {}),
             "containers": [_serving_container(cfg)],
             "volumes": _serving_volumes(cfg),
         },
@@ -1000,8 +1544,9 @@ def _deployment(cfg: DeploymentConfig) -> dict[str, Any]:
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
             },
-            # A new pod loads, compiles and warms up before it counts as progress.
-            "progressDeadlineSeconds": cfg.startup_timeout_s + 600,
+            # A new pod fetches the model, loads, compiles (from cold on a new node) and
+            # warms up before it counts as progress.
+            "progressDeadlineSeconds": _fetch_budget_s(cfg) + cfg.startup_timeout_s + 600,
             "template": _pod_template(cfg),
         },
     }
@@ -1017,14 +1562,16 @@ def _stateful_set(cfg: DeploymentConfig) -> dict[str, Any]:
         "selector": {"matchLabels": _version_selector(cfg)},
         "template": _pod_template(cfg),
     }
-    volume = cfg.cache_volume
-    if isinstance(volume, PvcCache) and not volume.shared:
-        spec["volumeClaimTemplates"] = [
-            {
-                "metadata": {"name": "vllm-cache", "labels": _hashed_labels(cfg)},
-                "spec": _claim_spec(volume, "ReadWriteOnce"),
-            }
-        ]
+    templates = [
+        {
+            "metadata": {"name": name, "labels": _hashed_labels(cfg)},
+            "spec": _claim_spec(volume, "ReadWriteOnce"),
+        }
+        for name, volume in (("vllm-cache", cfg.cache_volume), ("model-cache", cfg.model_cache))
+        if isinstance(volume, PvcCache) and not volume.shared
+    ]
+    if templates:
+        spec["volumeClaimTemplates"] = templates
         spec["persistentVolumeClaimRetentionPolicy"] = {
             "whenDeleted": "Delete",  # the old side's claims go with it
             "whenScaled": "Retain",
@@ -1293,6 +1840,9 @@ def _tuner_container(
             _secret_env("TUNER_STORAGE", secret_ref),
             # The tuner launches its servers with this cache (tuner.serving.server).
             {"name": CACHE_ROOT_ENV, "value": CACHE_MOUNT_PATH},
+            # ... and fetches the model before trial 0 into this hub cache (tuner.serving.hub),
+            # on the same volume: a retried worker's pod finds it there.
+            {"name": "HF_HOME", "value": TUNING_HF_HOME_PATH},
         ],
         "resources": {"limits": {GPU_RESOURCE: 1}},
         "volumeMounts": [{"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH}],

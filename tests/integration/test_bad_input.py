@@ -53,6 +53,12 @@ TUNE_CASES = [
     (("--space", "swap-space=-1..4"), ("swap-space", "-1", ">= 0")),
     (("--cache-volume", "nfs:/x"), ("nfs:/x", "hostpath:/absolute/path")),
     (("--cache-volume", "hostpath:relative"), ("relative", "absolute")),
+    (("--model-cache", "nfs:/x"), ("--model-cache 'nfs:/x'", "claim:EXISTING-CLAIM")),
+    (("--model-source", "gs://bucket/llama"), ("--model-source 'gs://bucket/llama'", "s3://")),
+    (
+        ("--model-source", "path:/mnt/models/llama", "--model-secret", "hf"),
+        ("--model-secret 'hf'", "fetches nothing"),
+    ),
     (("--max-model-len", "200000"), ("200000", "131072", "VLLM_ALLOW_LONG_MAX_MODEL_LEN")),
     (("--budget-min", "inf"), ("--budget-min", "inf", "finite")),
     (("--rate", "nan"), ("--rate", "nan", "finite")),

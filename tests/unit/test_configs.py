@@ -17,6 +17,7 @@ from kubernetes_validate.utils import latest_version
 
 from tuner.deploy import (
     CACHE_MOUNT_PATH,
+    MODEL_CACHE_MOUNT_PATH,
     SCRIPTS_MOUNT_PATH,
     DeploymentConfig,
     HostPathCache,
@@ -264,7 +265,8 @@ def test_deployment_serves_the_flags_on_the_gpus_with_probes_and_drain() -> None
     (container,) = pod["containers"]
     assert container["image"] == "vllm/vllm-openai:v0.11.0"
     assert container["command"] == ["vllm", "serve"]
-    assert container["args"][0] == cfg.model
+    # the directory the init container fetched the model into (served as "chat")
+    assert container["args"][0] == f"{MODEL_CACHE_MOUNT_PATH}/hf/{cfg.model}"
     # Kubernetes reads $$ as a literal $ (the chat template has one).
     args = [arg.replace("$$", "$") for arg in container["args"][1:]]
     assert parse_flags(args) == expected_flags(cfg)
@@ -320,7 +322,7 @@ def test_a_rolling_update_never_takes_a_replica_down() -> None:
 
 def test_single_gpu_has_no_shm_volume_and_pipeline_parallel_counts_gpus() -> None:
     pod = by_kind(docs_of(kubernetes_manifests(make())), "Deployment")["spec"]["template"]["spec"]
-    assert [v["name"] for v in pod["volumes"]] == ["vllm-cache", "scripts"]
+    assert [v["name"] for v in pod["volumes"]] == ["vllm-cache", "model-cache", "scripts"]
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     cfg = make(tensor_parallel_size=2, flags={"pipeline-parallel-size": 2})
     container = by_kind(docs_of(kubernetes_manifests(cfg)), "Deployment")["spec"]["template"][
@@ -382,9 +384,10 @@ def test_blue_green_renders_one_side_per_config_hash_and_a_switch() -> None:
     assert sts["metadata"]["name"] == f"{new.name}-22222222"
     assert sts["spec"]["selector"]["matchLabels"][HASH_KEY] == new.config_hash
     assert sts["spec"]["podManagementPolicy"] == "Parallel"
-    (claim,) = sts["spec"]["volumeClaimTemplates"]  # a cache claim per replica, kept
-    assert claim["metadata"]["name"] == "vllm-cache"
-    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    # a compile cache claim and a model cache claim per replica, kept
+    claims = sts["spec"]["volumeClaimTemplates"]
+    assert [c["metadata"]["name"] for c in claims] == ["vllm-cache", "model-cache"]
+    assert all(c["spec"]["accessModes"] == ["ReadWriteOnce"] for c in claims)
     side = by_kind(new_docs, "Service")
     assert (
         side["spec"]["clusterIP"] == "None"
@@ -428,8 +431,11 @@ def test_hostile_model_name_is_literal_in_the_container_args() -> None:
     container = by_kind(docs_of(kubernetes_manifests(cfg)), "Deployment")["spec"]["template"][
         "spec"
     ]["containers"][0]
-    # Kubernetes expands $(VAR) in args; $$ is its escape for a literal $.
-    assert container["args"][0] == NASTY_MODEL.replace("$", "$$")
+    # Kubernetes expands $(VAR) in args; $$ is its escape for a literal $. The model is
+    # served from the directory it was fetched into, under its own name.
+    assert container["args"][1:3] == ["--served-model-name", NASTY_MODEL.replace("$", "$$")]
+    assert container["args"][0].startswith(f"{MODEL_CACHE_MOUNT_PATH}/hf/acme/")
+    assert not re.search(r"[$`<>' ]", container["args"][0])
     assert DNS_1035.fullmatch(cfg.name)
 
 
@@ -474,7 +480,8 @@ def test_warmup_job_runs_the_same_program_through_the_service() -> None:
     ],
 )
 def test_dns_invalid_model_names_become_valid_names(model: str, name: str) -> None:
-    cfg = make(model=model)
+    # "///" is no directory a pod can read the model from: its source is said
+    cfg = make(model=model, model_source="hub" if model == "///" else None)
     assert cfg.name == name
     assert DNS_1035.fullmatch(cfg.name) and len(cfg.name) <= 50
     assert_valid_k8s(docs_of(kubernetes_manifests(cfg)))

@@ -138,6 +138,24 @@ def add_parser(sub: Any) -> None:
         "pvc:SIZE:CLASS:rwx (one ReadWriteMany claim) or hostpath:/path",
     )
     p.add_argument(
+        "--model-source",
+        help="where the pods get the weights, before vLLM starts: hub (default for a Hugging "
+        "Face id: an init container fetches it), s3://BUCKET/PREFIX (an init container "
+        "syncs the copy there) or path:/dir (already on a volume; default for a directory)",
+    )
+    p.add_argument(
+        "--model-cache",
+        help="the volume the weights are kept on (HF_HOME): pvc[:SIZE[:CLASS]] (a claim per "
+        "replica, sized from the weights, default), pvc:SIZE:CLASS:rwx (one ReadWriteMany "
+        "claim), hostpath:/path or claim:EXISTING",
+    )
+    p.add_argument(
+        "--model-secret",
+        metavar="NAME[:KEY]",
+        help="the Secret the fetch reads: the hub's token (HF_TOKEN from key KEY, default "
+        "token) or an object store's credentials (its keys are the environment)",
+    )
+    p.add_argument(
         "--rollout",
         help="how the Kubernetes manifests replace a serving version: rolling (default: "
         "new pods warm up before old ones drain) or blue-green (a StatefulSet per config, "
@@ -209,7 +227,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
         "repeats", "target_peak_rate", "capacity_headroom", "quality_gate", "quality_min_agreement",
         "quality_max_logprob_divergence_nats", "quality_prompts", "quality_max_tokens",
-        "cache_volume", "rollout", "processes",
+        "cache_volume", "model_source", "model_cache", "model_secret", "rollout", "processes",
         "load_workers", "load_master_bind", "client_lag_ms", "client_retries",
         "gpu_source", "time_scale", "fastest_time_scale", "stream_fraction",
         "stream_interval",

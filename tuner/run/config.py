@@ -138,6 +138,12 @@ class TuneConfig(BaseModel):
     quality_prompts: int = Field(default=32, ge=1, le=1000)
     quality_max_tokens: int = Field(default=32, ge=1, le=4096)
     cache_volume: str = "pvc"
+    # The recommendation's model before vLLM starts (tuner.deploy.model_fields): where the
+    # weights come from (None: what the model's name says), the volume they are kept on
+    # (None: a claim per replica sized from the weights), the Secret the fetch reads.
+    model_source: str | None = None
+    model_cache: str | None = None
+    model_secret: str | None = None
     rollout: str = "rolling"  # how a new recommendation replaces the serving one
     # Measurement
     processes: int = Field(default=1, ge=0)  # Locust processes here (0: all on load hosts)

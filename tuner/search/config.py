@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from tuner.deploy import Rollout, parse_cache_volume
+from tuner.deploy import Rollout, model_fields, parse_cache_volume
 from tuner.errors import ConfigError
 from tuner.run.config import TuneConfig
 
@@ -65,7 +65,17 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:
     except ConfigError as exc:
         raise ConfigError(f"--cache-volume: {exc}") from None
     Rollout.parse(config.rollout)
+    deploy_model_fields(config, config.model)
     return config
+
+
+def deploy_model_fields(config: TuneConfig, model: str) -> dict[str, Any]:
+    """The recommendation's model fields (``tuner.deploy.model_fields``): a model directory
+    of this host, unless a source is given, is read from the same directory on the nodes."""
+    source = config.model_source
+    if source is None and Path(model).expanduser().is_dir():
+        source = f"path:{Path(model).expanduser().absolute()}"
+    return model_fields(model, source=source, cache=config.model_cache, secret=config.model_secret)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -10,7 +10,9 @@ recommended one's sit directly in ``recommendation/``:
     vllm-config.yaml     for `vllm serve --config`
     kubernetes.yaml      the serving objects of --rollout (rolling: a Deployment and its
                          Service; blue-green: this version's StatefulSet and Service), the
-                         warm-up and drain programs (a ConfigMap), the shared cache claim
+                         warm-up, drain and model-fetch programs (a ConfigMap), the shared
+                         cache claims; the model fetched by an init container before vLLM
+                         starts offline (--model-source, --model-cache, --model-secret)
     kubernetes-switch.yaml  blue-green: the Service, switched to this version
     warmup.py            the warm-up the pods run, from the measured workload, standalone
     warmup-job.yaml      the same warm-up as a Kubernetes Job, through the Service
@@ -32,9 +34,12 @@ from typing import Any, cast
 
 from tuner.deploy import (
     DeploymentConfig,
+    LocalSource,
+    PvcCache,
     Rollout,
     kubernetes_manifests,
     kubernetes_switch,
+    model_cache_size,
     vllm_args,
     vllm_config_yaml,
     warmup_job_manifests,
@@ -51,11 +56,13 @@ from tuner.run.recommendation import Capacity, ConfirmationResult, Recommendatio
 from tuner.run.ties import TieBreak
 from tuner.search.budget import TimeBudget
 from tuner.search.capacity_interval import capacity_gain, capacity_interval
+from tuner.search.config import deploy_model_fields
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.evaluate import evaluate
 from tuner.search.rate_search import edge_levels
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend
+from tuner.vllm.memory import weights_bytes
 from tuner.vllm.space import Knob, TrialParams, clamp
 from tuner.warmup import DEFAULT_MAX_REQUESTS, WarmupPlan, warmup_plan, warmup_script
 from workloads.load_result import Percentiles
@@ -135,7 +142,20 @@ def deployment(
         replicas=replicas,
         flags=flags,
         labels={"app.kubernetes.io/managed-by": "vllm-capacity-tuner"},
+        **_model_fields(ctx),
     )
+
+
+def _model_fields(ctx: TuneContext) -> dict[str, Any]:
+    """The model before vLLM starts (--model-source, --model-cache, --model-secret); a
+    fetched model's claim, unless given, sized from the model's weights."""
+    fields = deploy_model_fields(ctx.config, ctx.model.name)
+    source = fields.get("model_source")
+    fetched = source is None or not isinstance(source, LocalSource)
+    if ctx.config.model_cache is None and fetched:
+        weights = ctx.model.checkpoint_bytes or weights_bytes(ctx.model, 1)
+        fields["model_cache"] = PvcCache(size=model_cache_size(weights))
+    return fields
 
 
 def _warmup(ctx: TuneContext, params: TrialParams) -> WarmupPlan:
