@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.sim.blocks import EvictionPolicy
+from tuner.sim.cpu_tier import CpuTierConfig, OffloadPolicy
 from tuner.sim.engine import EngineConfig, SimEngine
 from tuner.sim.timing import StepTimer, TimingFactors
 from tuner.vllm.gpus import GiB, GpuSpec
@@ -24,6 +25,9 @@ class SimOptions:
     enable_prefix_caching: bool = True
     swap_space_gib: float = 0.0
     eviction_policy: EvictionPolicy = EvictionPolicy.LRU
+    kv_offloading_size_gib: float = 0.0  # --kv-offloading-size (0: no CPU tier)
+    offload_policy: OffloadPolicy = OffloadPolicy.LRU  # its eviction_policy
+    store_threshold: int = 0  # its store_threshold (< 2: every block)
     seed: int = 0
 
 
@@ -58,6 +62,7 @@ def build_engine(
         pcie_bytes_per_s=gpu.pcie_bandwidth_bytes_per_s,
         runtime_headroom_bytes=runtime_headroom_bytes(startup),
         reserve_full_sequence=version.reserves_full_sequence,
+        cpu_tier=cpu_tier_config(options, gpu, bytes_per_block, startup.tensor_parallel_size),
         seed=options.seed,
     )
     timer = StepTimer(
@@ -69,3 +74,19 @@ def build_engine(
         factors=factors,
     )
     return startup, SimEngine(config, timer)
+
+
+def cpu_tier_config(
+    options: SimOptions, gpu: GpuSpec, bytes_per_block: int, tensor_parallel_size: int
+) -> CpuTierConfig | None:
+    """The CPU tier of ``--kv-offloading-size``: the size is the total over the ranks
+    (vLLM gives each ``size / (tp x pp)``), each rank's blocks cross its own host link."""
+    if options.kv_offloading_size_gib <= 0:
+        return None
+    return CpuTierConfig.sized(
+        options.kv_offloading_size_gib / tensor_parallel_size,
+        bytes_per_block,
+        gpu.pcie_bandwidth_bytes_per_s,
+        options.offload_policy,
+        options.store_threshold,
+    )
