@@ -121,6 +121,8 @@ class LaunchSpec:
     served_model_name: str | None = None
     swap_space_gib: float | None = None
     enable_prefix_caching: bool | None = None
+    # --kv-offloading-size, its backend and --kv-transfer-config (TrialParams.offloading_flags)
+    offloading_flags: tuple[tuple[str, object], ...] = ()
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
     cuda_visible_devices: str | None = None
@@ -218,6 +220,7 @@ def _flag_args(spec: LaunchSpec) -> list[tuple[str, str | None]]:
     values["swap-space"] = spec.swap_space_gib
     values["enable-prefix-caching"] = spec.enable_prefix_caching
     values["served-model-name"] = spec.served_model_name or None
+    values.update(spec.offloading_flags)
     return command_line(values)
 
 

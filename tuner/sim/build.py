@@ -6,7 +6,7 @@ simulator's startup and the `tuner plan` prediction can never disagree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuner.sim.blocks import EvictionPolicy
 from tuner.sim.cpu_tier import CpuTierConfig, OffloadPolicy
@@ -15,6 +15,7 @@ from tuner.sim.timing import StepTimer, TimingFactors
 from tuner.vllm.gpus import GiB, GpuSpec
 from tuner.vllm.memory import MemoryPlan, ServingParams, plan, runtime_headroom_bytes
 from tuner.vllm.models import ModelSpec
+from tuner.vllm.space import TrialParams
 from tuner.vllm.versions import VllmVersion
 
 
@@ -74,6 +75,20 @@ def build_engine(
         factors=factors,
     )
     return startup, SimEngine(config, timer)
+
+
+def offloading_options(params: TrialParams, options: SimOptions | None = None) -> SimOptions:
+    """``options`` (default: vLLM's) with a setting's KV offloading: the simulated server a
+    launch of ``params`` would run, for the twin's predictions of it."""
+    options = options or SimOptions()
+    if not params.offloads_kv:
+        return options
+    assert params.kv_offloading_size_gib is not None
+    return replace(
+        options,
+        kv_offloading_size_gib=params.kv_offloading_size_gib,
+        offload_policy=OffloadPolicy(params.kv_offloading_policy or OffloadPolicy.LRU.value),
+    )
 
 
 def cpu_tier_config(

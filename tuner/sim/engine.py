@@ -138,6 +138,9 @@ class EngineDead(Exception):
 # from its id alone, so a preempted request recomputes the same tokens and finds its own
 # cached blocks (SimEngine._next_token; tuner.sim.deferred makes a request's in bulk).
 TOKEN_STRIDE = 7919
+# A load from the CPU tier counts as done this close to its end: a clock that adds step
+# times to a large wall-clock reading cannot land on the end itself.
+LOAD_DONE_SLACK_S = 1e-6
 
 
 def token_seed(request_id: str) -> int:
@@ -272,7 +275,7 @@ class SimEngine:
         i = start
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            if request.load_done_s > now_s:  # its blocks are still coming from the CPU
+            if request.load_done_s > now_s + LOAD_DONE_SLACK_S:  # blocks still on their way
                 i += 1
                 continue
             n = min(request.num_tokens - request.num_computed_tokens, budget)
@@ -318,7 +321,7 @@ class SimEngine:
     def idle_until_s(self, now_s: float) -> float:
         """When a step with nothing to schedule should end: the first load from the CPU tier
         still under way (``now_s`` when none is)."""
-        pending = [r.load_done_s for r in self.running if r.load_done_s > now_s]
+        pending = [r.load_done_s for r in self.running if r.load_done_s > now_s + LOAD_DONE_SLACK_S]
         return min(pending) if pending else now_s
 
     # -- internals --------------------------------------------------------------------------

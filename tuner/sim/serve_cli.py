@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -136,7 +137,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--cpu-offload-gb", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument(
-        "--kv-offloading-size", type=float, default=None, metavar="GIB",
+        "--kv-offloading-size", default=None, metavar="GIB",
         help="KV offloading buffer in host memory, GiB over all ranks (vLLM >= 0.11.1)",
     )  # fmt: skip
     p.add_argument(
@@ -408,20 +409,27 @@ def _kv_offloading(
                 f"{OFFLOADING_CONNECTOR} (vLLM's native KV offloading), or none"
             )
         extra = config.get("kv_connector_extra_config") or {}
-    size = args.kv_offloading_size
-    if size is None:
+    size_text = args.kv_offloading_size
+    if size_text is None:
         if extra:
             raise ConfigError(
                 "--kv-transfer-config without --kv-offloading-size: the simulated engine sizes "
                 "its CPU tier from --kv-offloading-size; accepted: both together"
             )
         return _Offloading()
+    try:
+        size = float(size_text)
+    except ValueError:
+        raise _VllmArgumentError(
+            "vllm serve: error: argument --kv-offloading-size: invalid float value: "
+            f"{size_text!r}"
+        ) from None
     if backend is None and not version.at_least(KV_OFFLOADING_NATIVE_DEFAULT):
         raise _VllmConfigError(
             "ValueError: kv_offloading_backend must be specified when kv_offloading_size is "
             "set. Available backends: " + ", ".join(KV_OFFLOADING_BACKENDS)
         )
-    if not (size > 0 and size == size):
+    if not (size > 0 and math.isfinite(size)):
         raise _VllmConfigError(f"ValueError: kv_offloading_size must be positive, got {size}")
     if backend == "lmcache":
         raise ConfigError(

@@ -128,6 +128,11 @@ FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("port", FlagForm.VALUE, int),
 )  # fmt: skip
 
+# The native offloading connector's built-in eviction policies (kv_connector_extra_config's
+# "eviction_policy"; vllm/v1/kv_offload/cpu/policies: lru.py, arc.py). SLRU and a
+# session-aware policy are open pull requests, not in a release.
+KV_OFFLOAD_EVICTION_POLICIES = ("lru", "arc")
+
 FLAGS_BY_NAME: Mapping[str, VllmFlag] = {f.name: f for f in FLAGS}
 FLAGS_BY_OPTION: Mapping[str, VllmFlag] = {o: f for f in FLAGS for o in f.options()}
 
