@@ -133,9 +133,11 @@ def test_without_offloading_no_offload_metrics(launch: Launch) -> None:
         ),
         (
             (
-                "--kv-offloading-size", "4", "--kv-transfer-config",
+                "--kv-offloading-size",
+                "4",
+                "--kv-transfer-config",
                 '{"kv_connector_extra_config": {"eviction_policy": "lfu"}}',
-            ),  # fmt: skip
+            ),
             2,
             "tuner: error: --kv-transfer-config eviction_policy 'lfu' is not one of vLLM's; "
             "accepted: lru, arc",
@@ -174,7 +176,7 @@ def test_a_tune_searches_the_offloading_size_and_policy(tmp_path: Path) -> None:
 
 
 def test_the_knob_is_left_out_where_the_target_vllm_lacks_it(tmp_path: Path) -> None:
-    done = virtual_tune(
+    virtual_tune(
         tmp_path / "run", "--vllm-version", "0.10", "--knobs",
         "max-num-seqs,kv-offloading-size", "--trials", "1", "--no-edge", "--no-confirm",
     )  # fmt: skip

@@ -421,8 +421,7 @@ def _kv_offloading(
         size = float(size_text)
     except ValueError:
         raise _VllmArgumentError(
-            "vllm serve: error: argument --kv-offloading-size: invalid float value: "
-            f"{size_text!r}"
+            f"vllm serve: error: argument --kv-offloading-size: invalid float value: {size_text!r}"
         ) from None
     if backend is None and not version.at_least(KV_OFFLOADING_NATIVE_DEFAULT):
         raise _VllmConfigError(
