@@ -129,7 +129,7 @@ def test_without_offloading_no_offload_metrics(launch: Launch) -> None:
         (
             ("--kv-offloading-size", "64", "--host-memory-gib", "32"),
             1,
-            "accepted: at most 29 GiB",
+            "RuntimeError: Insufficient space in /dev/shm: 65536 MiB required, 29491 MiB free.",
         ),
         (
             (

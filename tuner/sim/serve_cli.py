@@ -462,11 +462,16 @@ def _kv_offloading(
         swap_space_gib=swap_space_gib if version.has_swap_space else 0.0,
         cpu_offload_gb=args.cpu_offload_gb or 0.0,
     )
-    refusal = pinned.refusal()
-    if refusal is not None:
+    if not pinned.fits:
+        # vLLM (vllm/v1/kv_offload/cpu/shared_offload_region.py) maps the buffer from
+        # /dev/shm and checks its free space first (shm_broadcast.check_shm_free_space);
+        # the virtual host's /dev/shm gives what a server may pin of its RAM.
+        mib = 1 << 20
+        free = max(pinned.pinnable_bytes - pinned.swap_space_bytes - pinned.cpu_offload_bytes, 0)
         raise _VllmConfigError(
-            f"RuntimeError: cannot pin {pinned.pinned_bytes / GiB:.1f} GiB of host memory "
-            f"for the KV offloading buffer ({refusal})"
+            f"RuntimeError: Insufficient space in /dev/shm: "
+            f"{pinned.kv_offloading_bytes / mib:.0f} MiB required, {free / mib:.0f} MiB free. "
+            "Increase /dev/shm (e.g. --shm-size or --ipc=host)."
         )
     return _Offloading(size_gib=size, policy=policy, store_threshold=threshold)
 

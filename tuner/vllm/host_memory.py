@@ -2,8 +2,12 @@
 
 ``--kv-offloading-size`` is allocated up front as pinned (page-locked) host memory, the
 whole size summed over the tensor-parallel ranks (``vllm/v1/kv_offload/cpu/spec.py``:
-``cpu_bytes_to_use``; ``vllm/v1/kv_offload/worker/cpu_gpu.py`` allocates the CPU blocks
-with ``pin_memory``). ``--swap-space`` (before 0.18) and ``--cpu-offload-gb`` hold host
+``cpu_bytes_to_use``). Earlier releases allocate the CPU blocks as pinned tensors
+(``worker/cpu_gpu.py``); recent ones map one region from ``/dev/shm``
+(``cpu/shared_offload_region.py``: ``/dev/shm/vllm_offload_<engine id>.mmap``, checked
+against the free space first: "Insufficient space in /dev/shm: ... Increase /dev/shm
+(e.g. --shm-size or --ipc=host).") and register it with CUDA, so in a container the
+shared-memory mount must hold the whole size. ``--swap-space`` (before 0.18) and ``--cpu-offload-gb`` hold host
 memory the same way. Pinned memory cannot be swapped out: a buffer larger than what the
 host can give fails the server's start (the allocation raises, or the kernel's OOM
 killer ends the process), so the tuner refuses such a size before anything starts.
