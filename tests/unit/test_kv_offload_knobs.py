@@ -110,3 +110,27 @@ def test_simulate_says_which_evictions_are_vllms() -> None:
         eviction_choices("arc", 0.0, current)
     with pytest.raises(ConfigError, match=r"vLLM 0\.10\.0 has no KV offloading"):
         eviction_choices("lru", 8.0, VllmVersion.parse("0.10"))
+
+
+def test_a_launch_leaves_the_flags_out_with_the_reason_where_vllm_lacks_them() -> None:
+    from tuner.serving.server import Backend, LaunchSpec, _flag_args, adapt_flags
+
+    params = TrialParams(kv_offloading_size_gib=8.0, kv_offloading_policy="arc")
+    spec = LaunchSpec(
+        backend=Backend.SIM, model="llama-3.1-8b",
+        offloading_flags=tuple(params.offloading_flags().items()),
+    )  # fmt: skip
+    pairs = _flag_args(spec)
+    assert ("--kv-offloading-size", "8.0") in pairs
+    assert ("--kv-offloading-backend", "native") in pairs
+    old = VllmVersion.parse("0.10")
+    kept, dropped = adapt_flags(pairs, accepted_options(old), "the emulated vLLM 0.10")
+    assert kept == []  # the policy goes with the size it is the policy of
+    reasons = {d.flag: d.reason for d in dropped}
+    assert (
+        reasons["--kv-offloading-size"] == "--kv-offloading-size does not exist before vLLM 0.11.1"
+    )
+    assert "--kv-offloading-backend" in reasons
+    assert "left out with it" in reasons["--kv-transfer-config"]
+    kept_now, none = adapt_flags(pairs, accepted_options(VllmVersion.current()), "vLLM")
+    assert none == [] and kept_now == pairs

@@ -227,9 +227,15 @@ def _flag_args(spec: LaunchSpec) -> list[tuple[str, str | None]]:
 def adapt_flags(
     pairs: list[tuple[str, str | None]], accepted: frozenset[str], version_note: str
 ) -> tuple[list[tuple[str, str | None]], list[DroppedFlag]]:
-    """Leave out the knobs the target vLLM lacks, each with the reason."""
+    """Leave out the knobs the target vLLM lacks, each with the reason (the offloading
+    connector's --kv-transfer-config with the --kv-offloading-size it configures)."""
     kept, dropped = [], []
+    no_offloading = "--kv-offloading-size" not in accepted
     for flag, value in pairs:
+        if flag == "--kv-transfer-config" and no_offloading and flag in accepted:
+            reason = "the eviction policy of --kv-offloading-size, left out with it"
+            dropped.append(DroppedFlag(flag=flag, reason=reason))
+            continue
         if flag in accepted:
             kept.append((flag, value))
             continue
