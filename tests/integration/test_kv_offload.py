@@ -88,6 +88,8 @@ def test_a_prefix_the_gpu_evicted_comes_back_from_cpu_memory(launch: Launch) -> 
     gpu_before = metric(before, "vllm:prefix_cache_hits_total") or 0.0
     from_gpu = (metric(text, "vllm:prefix_cache_hits_total") or 0.0) - gpu_before
     assert from_cpu is not None and from_cpu >= 64
+    queries = metric(text, "vllm:external_prefix_cache_queries_total")
+    assert queries == 5 * 700  # every request's tokens, looked up in the CPU tier
     assert from_gpu + from_cpu >= 700 - 16 - 1
     assert (metric(text, "vllm:kv_offload_cpu_cache_usage_perc") or 0) > 0
     assert (metric(text, "vllm:kv_offload_stores_skipped_total") or 0) > 0

@@ -387,6 +387,8 @@ class SimEngine:
             self.prefix_queries_tokens += request.num_tokens
             self.prefix_hits_tokens += hit_tokens
             request.cached_prompt_tokens = hit_tokens
+            if self.cpu_tier is not None:  # the connector's lookup found nothing
+                self.cpu_tier.external_queries_tokens += request.num_tokens
         self._cache_full_blocks(request, request.num_computed_tokens + n, now_s)
         return n, swap_in_s
 
