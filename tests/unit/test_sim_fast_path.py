@@ -20,6 +20,7 @@ from tuner.serving.level_schedule import level_workload
 from tuner.sim import simulate
 from tuner.sim.blocks import EvictionPolicy
 from tuner.sim.build import SimOptions, build_engine
+from tuner.sim.cpu_tier import OffloadPolicy, TransferType
 from tuner.sim.deferred import DeferredStepper, StepOutcome
 from tuner.sim.engine import RequestStatus, SimEngine, SimRequest
 from tuner.sim.simulate import SimulationResult, run, synthetic_arrivals
@@ -209,6 +210,20 @@ def test_preemption_swapping_to_host_memory() -> None:
     )
     slow, fast = _run_both(make, _overload(20.0))
     assert slow.engine.swaps > 10  # swapped out to host memory, then back in
+    _assert_same(slow, fast)
+
+
+@pytest.mark.parametrize("policy", list(OffloadPolicy))
+def test_kv_offloading_to_cpu_memory(policy: OffloadPolicy) -> None:
+    make = _engine(
+        options=SimOptions(kv_offloading_size_gib=4.0, offload_policy=policy), **SMALL_CACHE
+    )
+    slow, fast = _run_both(make, _overload(15.0))
+    tiers = [run.engine.cpu_tier for run in (slow, fast)]
+    assert tiers[0] is not None and tiers[1] is not None
+    assert tiers[0].transfers[TransferType.LOAD].count > 0  # preempted ones came back
+    assert tiers[0].external_hits_tokens == tiers[1].external_hits_tokens
+    assert tiers[0].transfers == tiers[1].transfers
     _assert_same(slow, fast)
 
 

@@ -36,6 +36,7 @@ from tuner.sim.timing import TimingFactors
 from tuner.vllm.failures import StartupFailureKind
 from tuner.vllm.flags import accepted_options
 from tuner.vllm.gpus import GpuSpec, cpu_device, get_gpu, gpu_from_nvml
+from tuner.vllm.host_memory import simulated_host_bytes, this_host_bytes
 from tuner.vllm.memory import Calibration, ServingParams
 from tuner.vllm.models import ModelSpec, launch_name, load_model_dir, resolve_model
 from tuner.vllm.platform import DEFAULT_CPU_KV_CACHE_BYTES
@@ -322,6 +323,9 @@ def resolve(config: TuneConfig) -> TuneContext:
             model=model, gpu=gpu, version=version, accepted_flags=accepted,
             overrides=overrides, extra=wanted, base=base, backend_note=note,
             gpu_count=gpu_count,
+            host_bytes=(
+                simulated_host_bytes(gpu_count) if backend is Backend.SIM else this_host_bytes()
+            ),
         )  # fmt: skip
         if config.knobs is not None:
             # --cpu-offload-gb joins on its own where the model does not fit otherwise: a
@@ -505,8 +509,18 @@ def _cpu_space(
                 knob=Knob.TENSOR_PARALLEL_SIZE, reason="no GPU: vLLM's CPU build here is one device"
             )
         )
+    offloading = (Knob.KV_OFFLOADING_SIZE, Knob.KV_OFFLOADING_POLICY)
+    left += [
+        LeftOut(
+            knob=knob,
+            reason="no GPU: vLLM offloads KV to CPU memory only from CUDA-alike GPUs ('CPU "
+            "Offloading is currently only supported on CUDA-alike GPUs')",
+        )
+        for knob in offloading
+        if knob in knobs
+    ]
     for knob in knobs:
-        if knob in gpu_only or knob is Knob.TENSOR_PARALLEL_SIZE:
+        if knob in gpu_only or knob in offloading or knob is Knob.TENSOR_PARALLEL_SIZE:
             continue
         if accepted is not None and knob.flag not in accepted:
             left.append(LeftOut(knob=knob, reason=f"the target vLLM does not accept {knob.flag}"))

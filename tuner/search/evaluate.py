@@ -48,6 +48,7 @@ def launch_spec(ctx: TuneContext, setup: StudySetup, params: TrialParams) -> Lau
         vllm_cmd=ctx.vllm_cmd,
         swap_space_gib=params.swap_space_gib,
         enable_prefix_caching=params.enable_prefix_caching,
+        offloading_flags=tuple(params.offloading_flags().items()),
         cache_dir=ctx.run_dir / "vllm-cache",
         sim_startup_delay_s=ctx.config.sim_startup_delay_s,
         sim_time_scale=setup.time_scale,

@@ -270,6 +270,7 @@ def settings_of(spec: LaunchSpec) -> dict[str, object]:
         **params,
         "swap_space_gib": spec.swap_space_gib,
         "enable_prefix_caching": spec.enable_prefix_caching,
+        **{name.replace("-", "_"): value for name, value in spec.offloading_flags},
     }
 
 

@@ -121,6 +121,8 @@ class LaunchSpec:
     served_model_name: str | None = None
     swap_space_gib: float | None = None
     enable_prefix_caching: bool | None = None
+    # --kv-offloading-size, its backend and --kv-transfer-config (TrialParams.offloading_flags)
+    offloading_flags: tuple[tuple[str, object], ...] = ()
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
     cuda_visible_devices: str | None = None
@@ -218,15 +220,22 @@ def _flag_args(spec: LaunchSpec) -> list[tuple[str, str | None]]:
     values["swap-space"] = spec.swap_space_gib
     values["enable-prefix-caching"] = spec.enable_prefix_caching
     values["served-model-name"] = spec.served_model_name or None
+    values.update(spec.offloading_flags)
     return command_line(values)
 
 
 def adapt_flags(
     pairs: list[tuple[str, str | None]], accepted: frozenset[str], version_note: str
 ) -> tuple[list[tuple[str, str | None]], list[DroppedFlag]]:
-    """Leave out the knobs the target vLLM lacks, each with the reason."""
+    """Leave out the knobs the target vLLM lacks, each with the reason (the offloading
+    connector's --kv-transfer-config with the --kv-offloading-size it configures)."""
     kept, dropped = [], []
+    no_offloading = "--kv-offloading-size" not in accepted
     for flag, value in pairs:
+        if flag == "--kv-transfer-config" and no_offloading and flag in accepted:
+            reason = "the eviction policy of --kv-offloading-size, left out with it"
+            dropped.append(DroppedFlag(flag=flag, reason=reason))
+            continue
         if flag in accepted:
             kept.append((flag, value))
             continue

@@ -6,14 +6,16 @@ simulator's startup and the `tuner plan` prediction can never disagree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuner.sim.blocks import EvictionPolicy
+from tuner.sim.cpu_tier import CpuTierConfig, OffloadPolicy
 from tuner.sim.engine import EngineConfig, SimEngine
 from tuner.sim.timing import StepTimer, TimingFactors
 from tuner.vllm.gpus import GiB, GpuSpec
 from tuner.vllm.memory import MemoryPlan, ServingParams, plan, runtime_headroom_bytes
 from tuner.vllm.models import ModelSpec
+from tuner.vllm.space import TrialParams
 from tuner.vllm.versions import VllmVersion
 
 
@@ -24,6 +26,9 @@ class SimOptions:
     enable_prefix_caching: bool = True
     swap_space_gib: float = 0.0
     eviction_policy: EvictionPolicy = EvictionPolicy.LRU
+    kv_offloading_size_gib: float = 0.0  # --kv-offloading-size (0: no CPU tier)
+    offload_policy: OffloadPolicy = OffloadPolicy.LRU  # its eviction_policy
+    store_threshold: int = 0  # its store_threshold (< 2: every block)
     seed: int = 0
 
 
@@ -58,6 +63,7 @@ def build_engine(
         pcie_bytes_per_s=gpu.pcie_bandwidth_bytes_per_s,
         runtime_headroom_bytes=runtime_headroom_bytes(startup),
         reserve_full_sequence=version.reserves_full_sequence,
+        cpu_tier=cpu_tier_config(options, gpu, bytes_per_block, startup.tensor_parallel_size),
         seed=options.seed,
     )
     timer = StepTimer(
@@ -69,3 +75,33 @@ def build_engine(
         factors=factors,
     )
     return startup, SimEngine(config, timer)
+
+
+def offloading_options(params: TrialParams, options: SimOptions | None = None) -> SimOptions:
+    """``options`` (default: vLLM's) with a setting's KV offloading: the simulated server a
+    launch of ``params`` would run, for the twin's predictions of it."""
+    options = options or SimOptions()
+    if not params.offloads_kv:
+        return options
+    assert params.kv_offloading_size_gib is not None
+    return replace(
+        options,
+        kv_offloading_size_gib=params.kv_offloading_size_gib,
+        offload_policy=OffloadPolicy(params.kv_offloading_policy or OffloadPolicy.LRU.value),
+    )
+
+
+def cpu_tier_config(
+    options: SimOptions, gpu: GpuSpec, bytes_per_block: int, tensor_parallel_size: int
+) -> CpuTierConfig | None:
+    """The CPU tier of ``--kv-offloading-size``: the size is the total over the ranks
+    (vLLM gives each ``size / (tp x pp)``), each rank's blocks cross its own host link."""
+    if options.kv_offloading_size_gib <= 0:
+        return None
+    return CpuTierConfig.sized(
+        options.kv_offloading_size_gib / tensor_parallel_size,
+        bytes_per_block,
+        gpu.pcie_bandwidth_bytes_per_s,
+        options.offload_policy,
+        options.store_threshold,
+    )

@@ -151,6 +151,8 @@ class DeferredStepper:
             self.logprob_rows + sum(1 for request, _ in scheduled if request.logprobs)
         )
         duration = engine.timer.step_s(work) + extra_s if work.num_seqs else extra_s
+        if not work.num_seqs:
+            duration = max(duration, engine.idle_until_s(now_s) - now_s)
         end_s = now_s + duration
         self.step_ends_s.append(end_s)
         self.step_index = s + 1
@@ -233,6 +235,7 @@ class DeferredStepper:
         elif full > cached:
             self.engine.pool.cache_blocks(request.block_ids, hashes, cached, full, now_s)
         request.num_cached_blocks = max(full, cached)
+        self.engine.offer_to_cpu(request, full, now_s)
 
     def _tokens(self, entry: _Deferred, start: int, end: int) -> list[int]:
         """Tokens ``start .. end - 1`` of the request's prompt and output, deferred ones too."""

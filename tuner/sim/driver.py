@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuner.sim.engine import EngineDead, FinishReason, SimEngine, SimRequest
-from tuner.sim.prometheus import EngineSnapshot, FinishedRequest, ServerMetrics
+from tuner.sim.prometheus import EngineSnapshot, FinishedRequest, OffloadSnapshot, ServerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +216,7 @@ class EngineDriver:
             generation_tokens=engine.generation_tokens_total,
             prefix_cache_queries=engine.prefix_queries_tokens,
             prefix_cache_hits=engine.prefix_hits_tokens,
+            offload=OffloadSnapshot.of(engine.cpu_tier) if engine.cpu_tier is not None else None,
         )
 
     # -- the loop ---------------------------------------------------------------------------

@@ -16,7 +16,11 @@ when ``now_s`` is. Scheduling follows ``vllm/v1/core/sched/scheduler.py``:
   free blocks (``scheduler_reserve_full_isl``), not just its first prefill chunk;
 * full blocks (prompt and output) are cached by chained hash when they are
   scheduled, so a request admitted later in the same step already reuses them,
-  and a preempted request resumes from its own cached blocks.
+  and a preempted request resumes from its own cached blocks;
+* with KV offloading (``--kv-offloading-size``, ``tuner.sim.cpu_tier``) the same blocks
+  are written through to the CPU tier as they fill; a new request's blocks past its GPU
+  prefix hit are looked up there, and those found are loaded over the host link while
+  the request waits (the rest of the batch runs on), then its prefill goes on from them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from tuner.sim.blocks import BlockPool, EvictionPolicy
+from tuner.sim.cpu_tier import CpuTier, CpuTierConfig
 from tuner.sim.timing import StepTimer, StepWork
 
 
@@ -68,6 +73,8 @@ class SimRequest:
     num_cached_blocks: int = 0
     num_preemptions: int = 0
     cached_prompt_tokens: int = 0
+    num_offered_blocks: int = 0  # blocks offered to the CPU tier (its store index)
+    load_done_s: float = 0.0  # its blocks from the CPU tier are on the GPU from then
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
@@ -119,6 +126,7 @@ class EngineConfig:
     pcie_bytes_per_s: float = 25e9
     runtime_headroom_bytes: int = 1 << 62  # device memory left while running
     reserve_full_sequence: bool = True  # admit only if the whole sequence fits (vLLM >= 0.19)
+    cpu_tier: CpuTierConfig | None = None  # KV offloading to host memory (None: off)
     seed: int = 0
 
 
@@ -130,6 +138,9 @@ class EngineDead(Exception):
 # from its id alone, so a preempted request recomputes the same tokens and finds its own
 # cached blocks (SimEngine._next_token; tuner.sim.deferred makes a request's in bulk).
 TOKEN_STRIDE = 7919
+# A load from the CPU tier counts as done this close to its end: a clock that adds step
+# times to a large wall-clock reading cannot land on the end itself.
+LOAD_DONE_SLACK_S = 1e-6
 
 
 def token_seed(request_id: str) -> int:
@@ -176,6 +187,7 @@ class SimEngine:
         self.config = config
         self.timer = timer
         self.pool = BlockPool(config.num_gpu_blocks, config.eviction_policy)
+        self.cpu_tier = CpuTier(config.cpu_tier) if config.cpu_tier is not None else None
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.requests: dict[str, SimRequest] = {}
@@ -236,6 +248,8 @@ class SimEngine:
         work = self._work(scheduled)
         self._check_runtime_memory(sum(1 for request, _ in scheduled if request.logprobs))
         duration = self.timer.step_s(work) + extra_s if scheduled else extra_s
+        if not scheduled:
+            duration = max(duration, self.idle_until_s(now_s) - now_s)
         end_s = now_s + duration
         events = self._advance(scheduled, end_s)
         return StepResult(
@@ -261,6 +275,9 @@ class SimEngine:
         i = start
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            if request.load_done_s > now_s + LOAD_DONE_SLACK_S:  # blocks still on their way
+                i += 1
+                continue
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             while not self._grow(request, n, now_s):
                 victim = self.running.pop()
@@ -296,9 +313,16 @@ class SimEngine:
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = now_s
             self.running.append(request)
-            scheduled.append((request, n))
+            if n:  # else it waits for its blocks from the CPU tier
+                scheduled.append((request, n))
             budget -= n
         return budget, extra_s
+
+    def idle_until_s(self, now_s: float) -> float:
+        """When a step with nothing to schedule should end: the first load from the CPU tier
+        still under way (``now_s`` when none is)."""
+        pending = [r.load_done_s for r in self.running if r.load_done_s > now_s + LOAD_DONE_SLACK_S]
+        return min(pending) if pending else now_s
 
     # -- internals --------------------------------------------------------------------------
 
@@ -338,6 +362,10 @@ class SimEngine:
             request.num_cached_blocks = len(hits)
             request.num_computed_tokens = len(hits) * self.config.block_size
             hit_tokens = request.num_computed_tokens
+            if self.cpu_tier is not None:
+                loading = self._admit_from_cpu(request, hit_tokens, usable, now_s)
+                if loading is not None:  # it waits for its blocks, or has no room for them
+                    return (0, 0.0) if loading else None
         n = min(request.num_tokens - request.num_computed_tokens, budget)
         whole_fits = (
             not self.config.reserve_full_sequence
@@ -359,11 +387,52 @@ class SimEngine:
             self.prefix_queries_tokens += request.num_tokens
             self.prefix_hits_tokens += hit_tokens
             request.cached_prompt_tokens = hit_tokens
+            if self.cpu_tier is not None:  # the connector's lookup found nothing
+                self.cpu_tier.external_queries_tokens += request.num_tokens
         self._cache_full_blocks(request, request.num_computed_tokens + n, now_s)
         return n, swap_in_s
 
+    def _admit_from_cpu(
+        self, request: SimRequest, hit_tokens: int, usable: int, now_s: float
+    ) -> bool | None:
+        """The blocks after the GPU prefix hit that the CPU tier holds: GPU blocks for them
+        and their load queued, the request waiting for it (True); None when the tier has
+        none of them (admission goes on as without it); False, the admission taken back
+        as a refused one is, when the GPU has no room for them."""
+        tier = self.cpu_tier
+        assert tier is not None
+        size = self.config.block_size
+        first = hit_tokens // size
+        tier.touch(request.block_hashes[: request.num_tokens // size])
+        found = tier.lookup(request.block_hashes[first:usable]) if usable > first else 0
+        if found == 0:
+            return None
+        request.num_computed_tokens = (first + found) * size
+        need = self._blocks_needed(request, 0)
+        whole = self._blocks_needed(request, request.num_tokens - request.num_computed_tokens)
+        fits = need <= self.pool.num_free and (
+            not self.config.reserve_full_sequence or whole <= self.pool.num_free
+        )
+        if not fits or not self._grow(request, 0, now_s):
+            self.pool.free(request.block_ids, now_s)
+            request.block_ids = []
+            request.num_computed_tokens = 0
+            request.num_cached_blocks = 0
+            return False
+        if request.num_preemptions == 0:
+            self.prefix_queries_tokens += request.num_tokens
+            self.prefix_hits_tokens += hit_tokens
+            request.cached_prompt_tokens = request.num_computed_tokens
+            tier.external_queries_tokens += request.num_tokens
+            tier.external_hits_tokens += found * size
+        request.num_offered_blocks = first + found  # loaded blocks are not stored again
+        request.load_done_s = tier.load(found, now_s)
+        self._cache_full_blocks(request, request.num_computed_tokens, now_s)
+        return True
+
     def _cache_full_blocks(self, request: SimRequest, num_tokens: int, now_s: float) -> None:
-        """Cache the blocks the first num_tokens fill, at scheduling as vLLM's allocate_slots does."""
+        """Cache the blocks the first num_tokens fill, at scheduling as vLLM's allocate_slots
+        does (and offer them to the CPU tier, as the offloading connector stores them)."""
         if not self.config.enable_prefix_caching:
             return
         full = min(num_tokens // self.config.block_size, len(request.block_hashes))
@@ -372,6 +441,14 @@ class SimEngine:
                 request.block_ids, request.block_hashes, request.num_cached_blocks, full, now_s
             )
             request.num_cached_blocks = full
+        self.offer_to_cpu(request, full, now_s)
+
+    def offer_to_cpu(self, request: SimRequest, full: int, now_s: float) -> None:
+        """Write the request's blocks up to ``full`` through to the CPU tier (once each)."""
+        if self.cpu_tier is None or full <= request.num_offered_blocks:
+            return
+        self.cpu_tier.offer(request.block_hashes[request.num_offered_blocks : full], now_s)
+        request.num_offered_blocks = full
 
     def _preempt(self, request: SimRequest, now_s: float) -> float:
         """Preempt: swap out if the host pool has room, else free and recompute later."""
@@ -396,6 +473,7 @@ class SimEngine:
         request.block_ids = []
         request.num_computed_tokens = 0
         request.num_cached_blocks = 0
+        request.load_done_s = 0.0
 
     def _work(self, scheduled: list[tuple[SimRequest, int]]) -> StepWork:
         tokens = context = 0

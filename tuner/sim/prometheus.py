@@ -16,9 +16,15 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
+from tuner.sim.cpu_tier import TRANSFER_SIZE_BUCKETS_BYTES, CpuTier, TransferType
 from tuner.sim.engine import FinishReason
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -48,6 +54,52 @@ class FinishedRequest:
 
 
 @dataclass(frozen=True)
+class TransferSnapshot:
+    """One direction of the host link: vLLM's kv_offload counters and size histogram."""
+
+    bytes: int
+    time_s: float
+    count: int
+    size_sum_bytes: float
+    bucket_counts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OffloadSnapshot:
+    """The CPU tier's metrics (``--kv-offloading-size``) at one moment."""
+
+    cpu_cache_usage: float
+    store_threshold_on: bool
+    stores_skipped: int
+    external_queries_tokens: int
+    external_hits_tokens: int
+    transfers: tuple[tuple[TransferType, TransferSnapshot], ...]
+
+    @classmethod
+    def of(cls, tier: CpuTier) -> OffloadSnapshot:
+        return cls(
+            cpu_cache_usage=tier.usage,
+            store_threshold_on=tier.config.store_threshold >= 2,
+            stores_skipped=tier.stores_skipped,
+            external_queries_tokens=tier.external_queries_tokens,
+            external_hits_tokens=tier.external_hits_tokens,
+            transfers=tuple(
+                (
+                    direction,
+                    TransferSnapshot(
+                        bytes=t.bytes,
+                        time_s=t.time_s,
+                        count=t.count,
+                        size_sum_bytes=t.size_sum_bytes,
+                        bucket_counts=tuple(t.bucket_counts),
+                    ),
+                )
+                for direction, t in tier.transfers.items()
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class EngineSnapshot:
     """The engine's gauges and counters at one moment."""
 
@@ -59,6 +111,7 @@ class EngineSnapshot:
     generation_tokens: int
     prefix_cache_queries: int
     prefix_cache_hits: int
+    offload: OffloadSnapshot | None = None  # with --kv-offloading-size
 
 
 _HISTOGRAMS = (
@@ -129,6 +182,71 @@ class _EngineCollector(Collector):
                 labels, float(getattr(snapshot, attr)), created=self.metrics.created_s
             )
             yield counter
+        if snapshot.offload is not None:
+            yield from _offload_metrics(snapshot.offload, labels, self.metrics.created_s)
+
+
+def _offload_metrics(
+    offload: OffloadSnapshot, labels: list[str], created_s: float
+) -> Iterable[Metric]:
+    """The offloading connector's metrics under vLLM's names (``tuner.sim.cpu_tier``)."""
+    counter = CounterMetricFamily(
+        "vllm:external_prefix_cache_queries",
+        "External prefix cache queries from KV connector cross-instance cache sharing, in "
+        "terms of number of queried tokens.",
+        labels=_LABELS,
+    )
+    counter.add_metric(labels, float(offload.external_queries_tokens), created=created_s)
+    yield counter
+    counter = CounterMetricFamily(
+        "vllm:external_prefix_cache_hits",
+        "External prefix cache hits from KV connector cross-instance cache sharing, in "
+        "terms of number of cached tokens.",
+        labels=_LABELS,
+    )
+    counter.add_metric(labels, float(offload.external_hits_tokens), created=created_s)
+    yield counter
+    kinds = [*_LABELS, "transfer_type"]
+    total_bytes = CounterMetricFamily(
+        "vllm:kv_offload_total_bytes", "Number of bytes offloaded by KV connector", labels=kinds
+    )
+    total_time = CounterMetricFamily(
+        "vllm:kv_offload_total_time",
+        "Total time measured by all KV offloading operations",
+        labels=kinds,
+    )
+    sizes = HistogramMetricFamily(
+        "vllm:kv_offload_size", "Histogram of KV offload transfer size, in bytes.", labels=kinds
+    )
+    for direction, t in offload.transfers:
+        key = [*labels, direction.value]
+        total_bytes.add_metric(key, float(t.bytes), created=created_s)
+        total_time.add_metric(key, t.time_s, created=created_s)
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip(TRANSFER_SIZE_BUCKETS_BYTES, t.bucket_counts, strict=True):
+            cumulative += count
+            buckets.append((repr(float(bound)), float(cumulative)))
+        buckets.append(("+Inf", float(t.count)))
+        sizes.add_metric(key, buckets, t.size_sum_bytes)
+    yield total_bytes
+    yield total_time
+    yield sizes
+    gauge = GaugeMetricFamily(
+        "vllm:kv_offload_cpu_cache_usage_perc",
+        "CPU KV cache usage of the offloading connector. 1 means 100 percent usage.",
+        labels=_LABELS,
+    )
+    gauge.add_metric(labels, offload.cpu_cache_usage)
+    yield gauge
+    if offload.store_threshold_on:
+        counter = CounterMetricFamily(
+            "vllm:kv_offload_stores_skipped",
+            "Number of KV offload stores skipped because the reuse threshold was not reached.",
+            labels=_LABELS,
+        )
+        counter.add_metric(labels, float(offload.stores_skipped), created=created_s)
+        yield counter
 
 
 class ServerMetrics:

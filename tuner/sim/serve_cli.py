@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
+import math
 import os
 import re
 import signal
@@ -30,6 +32,7 @@ from tuner.sim import flag_values as check
 from tuner.sim.blocks import EvictionPolicy
 from tuner.sim.build import SimOptions, build_engine
 from tuner.sim.compile_cache import CompileCache
+from tuner.sim.cpu_tier import OffloadPolicy
 from tuner.sim.engine import SimEngine
 from tuner.sim.serve_log import (
     COMPILE_BACKBONE_DIR,
@@ -54,9 +57,15 @@ from tuner.vllm import messages as msg
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
 from tuner.vllm.flags import FLAGS, FlagForm
 from tuner.vllm.gpus import GpuSpec, get_gpu
+from tuner.vllm.host_memory import GiB, host_plan, simulated_host_bytes
 from tuner.vllm.memory import KV_CACHE_DTYPES, MemoryPlan, ServingParams
 from tuner.vllm.models import ModelSpec, resolve_model
-from tuner.vllm.versions import REQUEST_STREAM_INTERVAL, VllmVersion
+from tuner.vllm.versions import (
+    KV_OFFLOAD_STORE_THRESHOLD,
+    KV_OFFLOADING_NATIVE_DEFAULT,
+    REQUEST_STREAM_INTERVAL,
+    VllmVersion,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +99,12 @@ _VLLM_FLAGS = (
     "enable_prefix_caching",
     "enable_chunked_prefill",
     "seed",
+    "kv_offloading_size",
+    "kv_offloading_backend",
+    "kv_transfer_config",
 )
+KV_OFFLOADING_BACKENDS = ("native", "lmcache")  # vLLM's KVOffloadingBackend
+OFFLOADING_CONNECTOR = "OffloadingConnector"  # what "native" configures
 
 
 def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -123,6 +137,20 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--kv-cache-memory-bytes", metavar="BYTES", help="e.g. 8589934592 or 8G")
     p.add_argument("--cpu-offload-gb", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--kv-offloading-size", default=None, metavar="GIB",
+        help="KV offloading buffer in host memory, GiB over all ranks (vLLM >= 0.11.1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-offloading-backend",
+        help="native or lmcache (default native from vLLM 0.14); the simulator models native",
+    )
+    p.add_argument(
+        "--kv-transfer-config",
+        metavar="JSON",
+        help='e.g. \'{"kv_connector_extra_config": {"eviction_policy": "arc", '
+        '"store_threshold": 2}}\' beside --kv-offloading-size',
+    )
     p.add_argument("--vllm-version", help="emulated vLLM version X.Y (default: current release)")
     p.add_argument("--disable-uvicorn-access-log", action="store_true")
     p.add_argument(
@@ -165,6 +193,14 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--tensor-parallel-size fails as vLLM does",
     )
     sim.add_argument(
+        "--host-memory-gib",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="RAM of the virtual host, GiB (default 256 per GPU of --gpu-count); pinned "
+        "host memory (--kv-offloading-size, --swap-space) beyond it fails the start",
+    )
+    sim.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -175,13 +211,18 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--prefix-cache-eviction",
         choices=[policy.value for policy in EvictionPolicy],
         default=EvictionPolicy.LRU.value,
-        help="which cached prefix block is evicted first (vLLM: lru)",
+        help="which cached GPU prefix block is evicted first: lru is vLLM's; lfu, fifo "
+        "and tiered are what-ifs, not in vLLM",
     )
     p.set_defaults(func=run)
 
 
 class _VllmArgumentError(Exception):
     """What vLLM's own argparse would reject: printed as vLLM prints it, exit code 2."""
+
+
+class _VllmConfigError(Exception):
+    """What vLLM's config checks reject after parsing (a ValueError): exit code 1."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +253,9 @@ def run(args: argparse.Namespace) -> int:
     except _VllmArgumentError as exc:
         print(str(exc), file=sys.stderr, flush=True)
         return 2
+    except _VllmConfigError as exc:
+        print(str(exc), file=sys.stderr, flush=True)
+        return 1
     return asyncio.run(_serve(launch))
 
 
@@ -258,6 +302,7 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
     check.non_negative_number("--compile-delay", args.compile_delay)
     check.non_negative_number("--swap-space", swap_space_gib)
     check.non_negative_number("--cpu-offload-gb", args.cpu_offload_gb)
+    check.positive_number("--host-memory-gib", args.host_memory_gib)
     if args.gpu_count < 1:
         raise ConfigError(f"--gpu-count {args.gpu_count} is not accepted; accepted: 1 or more")
     if args.port is not None and not 0 <= args.port <= 65535:
@@ -280,10 +325,14 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
         enable_chunked_prefill=args.enable_chunked_prefill is not False,
     ).checked()
     prefix_caching = args.enable_prefix_caching is not False
+    offload = _kv_offloading(args, version, swap_space_gib)
     options = SimOptions(
         enable_prefix_caching=prefix_caching,
         swap_space_gib=swap_space_gib,
         eviction_policy=EvictionPolicy(args.prefix_cache_eviction),
+        kv_offloading_size_gib=offload.size_gib,
+        offload_policy=offload.policy,
+        store_threshold=offload.store_threshold,
         seed=args.seed or 0,
     )
     given = {name: getattr(args, name) for name in _VLLM_FLAGS}
@@ -325,6 +374,107 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
         # As vLLM: --api-key takes precedence over VLLM_API_KEY; empty keys do not count.
         api_keys=tuple(k for k in (args.api_key or [os.environ.get(API_KEY_ENV)]) if k),
     )
+
+
+@dataclass(frozen=True)
+class _Offloading:
+    size_gib: float = 0.0
+    policy: OffloadPolicy = OffloadPolicy.LRU
+    store_threshold: int = 0
+
+
+def _kv_offloading(
+    args: argparse.Namespace, version: VllmVersion, swap_space_gib: float
+) -> _Offloading:
+    """``--kv-offloading-size``, its backend and the native connector's extra config, as
+    vLLM checks them (``vllm/config/kv_offloading.py``); the host must pin the buffer."""
+    backend = args.kv_offloading_backend
+    if backend is not None and backend not in KV_OFFLOADING_BACKENDS:
+        failure = msg.invalid_choice("--kv-offloading-backend", backend, KV_OFFLOADING_BACKENDS)
+        raise _VllmArgumentError(f"vllm serve: error: {failure.message}")
+    extra: dict[str, Any] = {}
+    if args.kv_transfer_config is not None:
+        try:
+            config = json.loads(args.kv_transfer_config)
+        except json.JSONDecodeError:
+            config = None
+        if not isinstance(config, dict):
+            raise _VllmArgumentError(
+                "vllm serve: error: argument --kv-transfer-config: Value "
+                f"{args.kv_transfer_config} cannot be converted to KVTransferConfig."
+            )
+        connector = config.get("kv_connector")
+        if connector not in (None, OFFLOADING_CONNECTOR):
+            raise ConfigError(
+                f"--kv-transfer-config kv_connector {connector!r} is not simulated; accepted: "
+                f"{OFFLOADING_CONNECTOR} (vLLM's native KV offloading), or none"
+            )
+        extra = config.get("kv_connector_extra_config") or {}
+    size_text = args.kv_offloading_size
+    if size_text is None:
+        if extra:
+            raise ConfigError(
+                "--kv-transfer-config without --kv-offloading-size: the simulated engine sizes "
+                "its CPU tier from --kv-offloading-size; accepted: both together"
+            )
+        return _Offloading()
+    try:
+        size = float(size_text)
+    except ValueError:
+        raise _VllmArgumentError(
+            f"vllm serve: error: argument --kv-offloading-size: invalid float value: {size_text!r}"
+        ) from None
+    if backend is None and not version.at_least(KV_OFFLOADING_NATIVE_DEFAULT):
+        raise _VllmConfigError(
+            "ValueError: kv_offloading_backend must be specified when kv_offloading_size is "
+            "set. Available backends: " + ", ".join(KV_OFFLOADING_BACKENDS)
+        )
+    if not (size > 0 and math.isfinite(size)):
+        raise _VllmConfigError(f"ValueError: kv_offloading_size must be positive, got {size}")
+    if backend == "lmcache":
+        raise ConfigError(
+            "--kv-offloading-backend lmcache is not simulated; accepted: native (vLLM's own "
+            "offloading connector)"
+        )
+    policy_name = str(extra.get("eviction_policy", OffloadPolicy.LRU.value))
+    try:
+        policy = OffloadPolicy(policy_name)
+    except ValueError:
+        raise ConfigError(
+            f"--kv-transfer-config eviction_policy {policy_name!r} is not one of vLLM's; "
+            "accepted: " + ", ".join(p.value for p in OffloadPolicy)
+        ) from None
+    threshold = extra.get("store_threshold", 0)
+    if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
+        raise ConfigError(
+            f"--kv-transfer-config store_threshold {threshold!r} is not accepted; accepted: "
+            "an integer >= 0 (below 2: every block is stored)"
+        )
+    if not version.at_least(KV_OFFLOAD_STORE_THRESHOLD):
+        threshold = 0  # older releases ignore the key
+    host_bytes = (
+        int(args.host_memory_gib * GiB)
+        if args.host_memory_gib is not None
+        else simulated_host_bytes(args.gpu_count)
+    )
+    pinned = host_plan(
+        kv_offloading_size_gib=size,
+        host_bytes=host_bytes,
+        swap_space_gib=swap_space_gib if version.has_swap_space else 0.0,
+        cpu_offload_gb=args.cpu_offload_gb or 0.0,
+    )
+    if not pinned.fits:
+        # vLLM (vllm/v1/kv_offload/cpu/shared_offload_region.py) maps the buffer from
+        # /dev/shm and checks its free space first (shm_broadcast.check_shm_free_space);
+        # the virtual host's /dev/shm gives what a server may pin of its RAM.
+        mib = 1 << 20
+        free = max(pinned.pinnable_bytes - pinned.swap_space_bytes - pinned.cpu_offload_bytes, 0)
+        raise _VllmConfigError(
+            f"RuntimeError: Insufficient space in /dev/shm: "
+            f"{pinned.kv_offloading_bytes / mib:.0f} MiB required, {free / mib:.0f} MiB free. "
+            "Increase /dev/shm (e.g. --shm-size or --ipc=host)."
+        )
+    return _Offloading(size_gib=size, policy=policy, store_threshold=threshold)
 
 
 # --- startup ----------------------------------------------------------------------------
@@ -394,6 +544,9 @@ def start_offline(
     except _VllmArgumentError as exc:
         vllm_log.emit(Process.API_SERVER, str(exc), stderr=True)
         return OfflineStart(exit_code=2, plan=None, engine=None, launch=None)
+    except _VllmConfigError as exc:
+        vllm_log.emit(Process.API_SERVER, str(exc), stderr=True)
+        return OfflineStart(exit_code=1, plan=None, engine=None, launch=None)
     except TunerError as exc:  # as the tuner's command line says one (tuner.cli.main)
         vllm_log.emit(Process.API_SERVER, f"tuner: error: {exc}", stderr=True)
         return OfflineStart(exit_code=2, plan=None, engine=None, launch=None)

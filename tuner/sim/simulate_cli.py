@@ -34,7 +34,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--prefix-cache-eviction",
         default="lru",
-        help="simulator-only what-if: lru (vLLM's), lfu, fifo, tiered",
+        help="lru and arc as vLLM runs them (the GPU prefix cache is LRU; with "
+        "--kv-offloading-size the CPU tier evicts by lru or arc); lfu, fifo and tiered are "
+        "what-ifs for the GPU prefix cache, not in vLLM",
+    )
+    p.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        default=0.0,
+        metavar="GIB",
+        help="vLLM's KV offloading to CPU memory, GiB (default 0: off; vLLM >= 0.11.1)",
     )
     p.add_argument("--compare-eviction", action="store_true", help="run once per eviction policy")
     p.add_argument(
@@ -102,6 +111,7 @@ def _check_values(args: argparse.Namespace) -> None:
     check.positive_number("--slo-tpot-ms", args.slo_tpot_ms)
     check.non_negative_number("--swap-space", args.swap_space)
     check.non_negative_number("--cpu-offload-gb", args.cpu_offload_gb)
+    check.non_negative_number("--kv-offloading-size", args.kv_offloading_size)
     check.integer_at_least("--seed", args.seed, 0)
     if args.trace is not None and args.workload is not None:
         raise ConfigError("give --trace FILE or --workload NAME, not both")
@@ -114,10 +124,10 @@ def _check_values(args: argparse.Namespace) -> None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from tuner.sim.blocks import EvictionPolicy
-    from tuner.sim.build import SimOptions, build_engine
+    from tuner.sim.build import build_engine
+    from tuner.sim.eviction import eviction_choices
     from tuner.sim.simulate import run, synthetic_arrivals
-    from tuner.sim.simulate_text import format_result
+    from tuner.sim.simulate_text import format_cpu_tier, format_result
     from tuner.sim.simulate_workload import (
         WorkloadRun,
         load_for_simulation,
@@ -134,13 +144,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     _check_values(args)
     factors = twin_factors(args.twin_from) if args.twin_from is not None else None
     params = params_from_args(args)
-    policies = [p.value for p in EvictionPolicy]
-    if args.prefix_cache_eviction not in policies:
-        raise ConfigError(
-            f"--prefix-cache-eviction {args.prefix_cache_eviction!r} is not a policy; "
-            f"accepted: {', '.join(policies)}"
-        )
     version = VllmVersion.parse(args.vllm_version) if args.vllm_version else VllmVersion.current()
+    evictions = eviction_choices(args.prefix_cache_eviction, args.kv_offloading_size, version)
     gpu = get_gpu(args.gpu)
     model = resolve_model(args.model)
     planned: WorkloadRun | None = None
@@ -167,7 +172,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             shared_fraction=args.shared_fraction,
             seed=args.seed,
         )
-    chosen = policies if args.compare_eviction else [args.prefix_cache_eviction]
+    chosen = evictions if args.compare_eviction else evictions[:1]
     if planned is not None:
         slo = simulation_slo(planned.spec, args.slo_ttft_ms, args.slo_tpot_ms)
     else:
@@ -176,11 +181,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             tpot_ms=100.0 if args.slo_tpot_ms is None else args.slo_tpot_ms,
         )
     results = {}
-    for policy in chosen:
-        options = SimOptions(
+    tiers = {}
+    for eviction in chosen:
+        options = eviction.options(
             enable_prefix_caching=args.enable_prefix_caching,
             swap_space_gib=args.swap_space,
-            eviction_policy=EvictionPolicy(policy),
+            kv_offloading_size_gib=args.kv_offloading_size,
             seed=args.seed,
         )
         startup, engine = build_engine(model, gpu, params, version, options, factors)
@@ -190,6 +196,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 f"vLLM would not start with these settings: {startup.failure.error_type}: "
                 f"{startup.failure.message}"
             )
+        policy = eviction.name
+        tiers[policy] = engine.cpu_tier
         if planned is not None:
             results[policy] = run(
                 engine, records, slo=slo, vocab=model.vocab_size, seed=args.seed,
@@ -209,11 +217,17 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         )
     if args.json:
         payload = {k: v.model_dump(mode="json") for k, v in results.items()}
-        print(json.dumps(payload if args.compare_eviction else payload[chosen[0]], indent=2))
+        print(json.dumps(payload if args.compare_eviction else payload[chosen[0].name], indent=2))
     else:
-        for policy, result in results.items():
-            title = f"{model.name} on {gpu.name} (simulated, vLLM {version}, eviction {policy})"
-            print(format_result(title, result))
+        for eviction in chosen:
+            title = (
+                f"{model.name} on {gpu.name} (simulated, vLLM {version}, eviction "
+                f"{eviction.describe()})"
+            )
+            print(format_result(title, results[eviction.name]))
+            tier = tiers[eviction.name]
+            if tier is not None:
+                print(format_cpu_tier(tier))
     return 0
 
 

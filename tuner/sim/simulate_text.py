@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tuner.sim.cpu_tier import CpuTier, TransferType
 from tuner.sim.simulate import FailedRequests, SimulationResult
 from workloads.load_result import Percentiles
 
@@ -39,3 +40,20 @@ def format_result(title: str, r: SimulationResult) -> str:
     if r.engine_died:
         lines.append(f"  ENGINE DIED       {r.engine_died}")
     return "\n".join(lines)
+
+
+def format_cpu_tier(tier: CpuTier) -> str:
+    """The CPU tier's share of a simulation (``--kv-offloading-size``)."""
+    loads = tier.transfers[TransferType.LOAD]
+    stores = tier.transfers[TransferType.STORE]
+    gib = float(1 << 30)
+    return "\n".join(
+        [
+            f"  CPU tier          {tier.config.num_blocks} blocks ({tier.config.policy.value}), "
+            f"{tier.usage:.1%} used, {tier.evictions} evicted",
+            f"  CPU hits          {tier.external_hits_tokens} tokens loaded instead of "
+            f"recomputed ({loads.bytes / gib:.2f} GiB in {loads.time_s:.2f} s)",
+            f"  stored to CPU     {stores.bytes / gib:.2f} GiB in {stores.time_s:.2f} s"
+            + (f", {tier.stores_skipped} blocks below store_threshold" if tier.counts else ""),
+        ]
+    )

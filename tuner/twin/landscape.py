@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.serving.processes import set_parent_death_signal
+from tuner.sim.build import offloading_options
 from tuner.sim.timing import TimingFactors
 from tuner.twin.prediction import Setup, answer_times_of, steady_run
 from tuner.vllm.gpus import GpuSpec
@@ -162,8 +163,9 @@ class ScreenJob:
 
     def setup(self, params: TrialParams) -> Setup:
         return Setup(
-            self.model, self.gpu, self.version, params.serving(self.base), timing=self.factors
-        )
+            self.model, self.gpu, self.version, params.serving(self.base),
+            options=offloading_options(params), timing=self.factors,
+        )  # fmt: skip
 
     def rate(self, rung: int) -> float:
         return self.base_rate_per_s * self.ladder_step**rung

@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from tuner.vllm.memory import ServingParams
-from tuner.vllm.versions import KV_CACHE_MEMORY_BYTES_FLAG, SWAP_SPACE_REMOVED, VllmVersion
+from tuner.vllm.versions import (
+    KV_CACHE_MEMORY_BYTES_FLAG,
+    KV_OFFLOADING_FLAGS,
+    SWAP_SPACE_REMOVED,
+    VllmVersion,
+)
 
 
 class FlagForm(StrEnum):
@@ -105,10 +110,28 @@ FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("enforce-eager", FlagForm.SWITCH, memory=True),
     VllmFlag("enable-chunked-prefill", FlagForm.TOGGLE, unset=True, memory=True),
     VllmFlag("enable-prefix-caching", FlagForm.TOGGLE, short="prefix"),
+    # KV offloading to CPU memory (vllm/config/cache.py: kv_offloading_size, GiB over all
+    # ranks; kv_offloading_backend native | lmcache). The native connector's eviction policy
+    # and store threshold ride in --kv-transfer-config's kv_connector_extra_config.
+    VllmFlag(
+        "kv-offloading-size", FlagForm.VALUE, float, field="kv_offloading_size_gib",
+        short="cpu-kv", since=KV_OFFLOADING_FLAGS,
+        gone="--kv-offloading-size does not exist before vLLM 0.11.1",
+    ),
+    VllmFlag(
+        "kv-offloading-backend", FlagForm.VALUE, str, since=KV_OFFLOADING_FLAGS,
+        gone="--kv-offloading-backend does not exist before vLLM 0.11.1",
+    ),
+    VllmFlag("kv-transfer-config", FlagForm.VALUE, str, short="kv-transfer"),
     VllmFlag("served-model-name", FlagForm.VALUE, str),
     VllmFlag("host", FlagForm.VALUE, str),
     VllmFlag("port", FlagForm.VALUE, int),
 )  # fmt: skip
+
+# The native offloading connector's built-in eviction policies (kv_connector_extra_config's
+# "eviction_policy"; vllm/v1/kv_offload/cpu/policies: lru.py, arc.py). SLRU and a
+# session-aware policy are open pull requests, not in a release.
+KV_OFFLOAD_EVICTION_POLICIES = ("lru", "arc")
 
 FLAGS_BY_NAME: Mapping[str, VllmFlag] = {f.name: f for f in FLAGS}
 FLAGS_BY_OPTION: Mapping[str, VllmFlag] = {o: f for f in FLAGS for o in f.options()}

@@ -4,6 +4,10 @@ Five knobs are searched by default: ``--gpu-memory-utilization``, ``--max-num-se
 ``--block-size``, ``--swap-space`` and ``--kv-cache-dtype``. ``--max-num-batched-tokens``,
 ``--enable-prefix-caching``, ``--cpu-offload-gb`` and ``--tensor-parallel-size`` join when
 asked for (``--cpu-offload-gb`` on its own when the model does not fit the GPU otherwise).
+``--kv-offloading-size`` (GiB of host memory for vLLM's native KV offloading, 0 = off)
+and ``kv-offloading-policy`` (its eviction policy, ``lru`` or ``arc``, set through
+``--kv-transfer-config``) join when asked for, where the target vLLM has them (0.11.1
+on) and the host can pin the size.
 ``--tensor-parallel-size`` takes the sizes that divide the model's attention heads and fit
 the host's GPUs; where it is searched, settings are compared per GPU (``per_gpu``): one
 server over k GPUs against k servers of one.
@@ -18,6 +22,7 @@ comma list of choices, e.g. ``--space max-num-seqs=32..512`` or
 from __future__ import annotations
 
 import decimal
+import json
 import math
 from enum import StrEnum
 from typing import Any
@@ -26,8 +31,9 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.vllm.failures import StartupFailureKind
-from tuner.vllm.flags import FLAGS_BY_NAME
+from tuner.vllm.flags import FLAGS_BY_NAME, KV_OFFLOAD_EVICTION_POLICIES
 from tuner.vllm.gpus import GpuSpec
+from tuner.vllm.host_memory import host_plan
 from tuner.vllm.memory import KV_CACHE_DTYPES, ServingParams, default_limits, plan
 from tuner.vllm.models import ModelSpec
 from tuner.vllm.versions import VllmVersion
@@ -43,13 +49,21 @@ class Knob(StrEnum):
     ENABLE_PREFIX_CACHING = "enable-prefix-caching"
     CPU_OFFLOAD_GB = "cpu-offload-gb"
     TENSOR_PARALLEL_SIZE = "tensor-parallel-size"
+    KV_OFFLOADING_SIZE = "kv-offloading-size"
+    # the native offloading connector's eviction_policy: no flag of its own, it rides in
+    # --kv-transfer-config's kv_connector_extra_config
+    KV_OFFLOADING_POLICY = "kv-offloading-policy"
 
     @property
     def flag(self) -> str:
+        if self is Knob.KV_OFFLOADING_POLICY:
+            return FLAGS_BY_NAME["kv-transfer-config"].option
         return FLAGS_BY_NAME[self.value].option
 
     @property
     def field(self) -> str:
+        if self is Knob.KV_OFFLOADING_POLICY:
+            return "kv_offloading_policy"
         return FLAGS_BY_NAME[self.value].dest
 
     @classmethod
@@ -144,6 +158,12 @@ class TrialParams(BaseModel):
     enable_prefix_caching: bool | None = None
     cpu_offload_gb: float = 0.0
     tensor_parallel_size: int | None = None
+    kv_offloading_size_gib: float | None = None  # GiB of host memory; 0 or None: off
+    kv_offloading_policy: str | None = None  # its eviction policy (None: vLLM's lru)
+
+    @property
+    def offloads_kv(self) -> bool:
+        return bool(self.kv_offloading_size_gib)
 
     @property
     def gpus(self) -> int:
@@ -174,11 +194,37 @@ class TrialParams(BaseModel):
                 continue
             if knob is Knob.KV_CACHE_DTYPE and value == "auto":
                 continue
+            if knob in (Knob.KV_OFFLOADING_SIZE, Knob.KV_OFFLOADING_POLICY):
+                continue
             out[knob.value] = value
+        out.update(self.offloading_flags())
+        return out
+
+    def offloading_flags(self) -> dict[str, Choice]:
+        """``--kv-offloading-size`` with the native backend, and the eviction policy in
+        ``--kv-transfer-config`` (as vLLM reads it: kv_connector_extra_config's
+        eviction_policy); nothing when the size is 0 or not searched."""
+        if not self.offloads_kv:
+            return {}
+        assert self.kv_offloading_size_gib is not None
+        out: dict[str, Choice] = {
+            "kv-offloading-size": self.kv_offloading_size_gib,
+            "kv-offloading-backend": "native",  # required before vLLM 0.14
+        }
+        if self.kv_offloading_policy is not None:
+            extra = {"eviction_policy": self.kv_offloading_policy}
+            out["kv-transfer-config"] = json.dumps({"kv_connector_extra_config": extra})
         return out
 
     def short(self) -> str:
-        return " ".join(f"{FLAGS_BY_NAME[k].short or k} {_fmt(v)}" for k, v in self.flags().items())
+        parts = [
+            f"{FLAGS_BY_NAME[k].short or k} {_fmt(v)}"
+            for k, v in self.flags().items()
+            if k not in ("kv-offloading-backend", "kv-transfer-config")
+        ]
+        if self.offloads_kv and self.kv_offloading_policy is not None:
+            parts.append(f"evict {self.kv_offloading_policy}")
+        return " ".join(parts)
 
 
 class SearchSpace(BaseModel):
@@ -275,7 +321,7 @@ def parse_range(knob: Knob, text: str) -> Range:
             step = float(step_text) if step_text else None
         except ValueError:
             raise bad from None
-        if knob in (Knob.KV_CACHE_DTYPE, Knob.ENABLE_PREFIX_CACHING) or not low <= high:
+        if knob in _CHOICE_KNOBS or not low <= high:
             raise bad
         if step is not None and step <= 0:
             raise bad
@@ -296,8 +342,11 @@ def parse_range(knob: Knob, text: str) -> Range:
     return r
 
 
+_CHOICE_KNOBS = (Knob.KV_CACHE_DTYPE, Knob.ENABLE_PREFIX_CACHING, Knob.KV_OFFLOADING_POLICY)
+
+
 def _choice(knob: Knob, text: str) -> Choice:
-    if knob is Knob.KV_CACHE_DTYPE:
+    if knob in (Knob.KV_CACHE_DTYPE, Knob.KV_OFFLOADING_POLICY):
         return text
     if knob is Knob.ENABLE_PREFIX_CACHING:
         lowered = text.lower()
@@ -337,10 +386,15 @@ def _check_values(r: Range) -> None:
             raise ConfigError(
                 f"--space {knob.value} value {value} is out of range; accepted: integers >= 1"
             )
-        if knob in (Knob.SWAP_SPACE, Knob.CPU_OFFLOAD_GB) and not (
+        if knob in (Knob.SWAP_SPACE, Knob.CPU_OFFLOAD_GB, Knob.KV_OFFLOADING_SIZE) and not (
             isinstance(value, int | float) and value >= 0
         ):
             raise ConfigError(f"--space {knob.value} value {value} is negative; accepted: >= 0")
+        if knob is Knob.KV_OFFLOADING_POLICY and value not in KV_OFFLOAD_EVICTION_POLICIES:
+            raise ConfigError(
+                f"--space kv-offloading-policy value {value!r} is not one of vLLM's eviction "
+                "policies; accepted: " + ", ".join(KV_OFFLOAD_EVICTION_POLICIES)
+            )
         if knob is Knob.KV_CACHE_DTYPE and value not in KV_CACHE_DTYPES:
             raise ConfigError(
                 f"--space kv-cache-dtype value {value!r} is not accepted; accepted: "
@@ -431,6 +485,10 @@ def default_range(
             return Range(knob=knob, choices=(0.0, 8.0, 16.0, 32.0))
         case Knob.TENSOR_PARALLEL_SIZE:
             return Range(knob=knob, choices=sizes)
+        case Knob.KV_OFFLOADING_SIZE:
+            return Range(knob=knob, choices=(0.0, 16.0, 64.0))
+        case Knob.KV_OFFLOADING_POLICY:
+            return Range(knob=knob, choices=KV_OFFLOAD_EVICTION_POLICIES)
     raise AssertionError(knob)
 
 
@@ -445,9 +503,11 @@ def build_space(
     base: ServingParams | None = None,
     backend_note: str = "",
     gpu_count: int = 1,
+    host_bytes: int | None = None,
 ) -> SearchSpace:
     """The space for this model, GPU and vLLM; ``accepted_flags`` None: every flag is
-    accepted; ``gpu_count``: the GPUs one server may take (``--tensor-parallel-size``)."""
+    accepted; ``gpu_count``: the GPUs one server may take (``--tensor-parallel-size``);
+    ``host_bytes``: the host's RAM, which caps ``--kv-offloading-size`` (None: unknown)."""
     overrides = overrides or {}
     base = base or ServingParams()
     knobs = list(DEFAULT_KNOBS) + [k for k in (*extra, *overrides) if k not in DEFAULT_KNOBS]
@@ -469,6 +529,14 @@ def build_space(
         reason = _unusable(knob, r, gpu, version, accepted_flags, backend_note)
         if reason is None and knob is Knob.TENSOR_PARALLEL_SIZE and gpu_count < 2:
             reason = "this host has one GPU (--gpu-count): no server to spread over several"
+        if (
+            reason is None
+            and knob is Knob.KV_OFFLOADING_POLICY
+            and Knob.KV_OFFLOADING_SIZE not in knobs
+        ):
+            reason = "the policy of a CPU tier: searched beside kv-offloading-size"
+        if reason is None and knob is Knob.KV_OFFLOADING_SIZE and host_bytes is not None:
+            r = _pinnable_part(r, host_bytes, explicit=knob in overrides)
         if reason is not None:
             left.append(LeftOut(knob=knob, reason=reason))
             continue
@@ -481,6 +549,21 @@ def build_space(
     return SearchSpace(ranges=tuple(ranges), left_out=tuple(left))
 
 
+def _pinnable_part(r: Range, host_bytes: int, *, explicit: bool) -> Range:
+    """The sizes this host can pin: one ConfigError line for a size asked for with
+    ``--space`` that it cannot, the default sizes it cannot left out."""
+    cap = host_plan(kv_offloading_size_gib=0.0, host_bytes=host_bytes).max_kv_offloading_gib()
+    values = list(r.choices) if r.choices is not None else [r.high]
+    too_big = [v for v in values if isinstance(v, int | float) and float(v) > cap]
+    if not too_big:
+        return r
+    if explicit:
+        refusal = host_plan(kv_offloading_size_gib=float(too_big[0]), host_bytes=host_bytes)
+        raise ConfigError(f"--space kv-offloading-size: {refusal.refusal()}")
+    assert r.choices is not None
+    return r.model_copy(update={"choices": tuple(v for v in r.choices if v not in too_big)})
+
+
 def _unusable(
     knob: Knob,
     r: Range,
@@ -491,6 +574,12 @@ def _unusable(
 ) -> str | None:
     if knob is Knob.SWAP_SPACE and not version.has_swap_space:
         return f"vLLM {version} has no --swap-space (removed in 0.18)"
+    if knob in (Knob.KV_OFFLOADING_SIZE, Knob.KV_OFFLOADING_POLICY) and not (
+        version.has_kv_offloading
+    ):
+        return (
+            f"vLLM {version} has no KV offloading to CPU memory (--kv-offloading-size, 0.11.1 on)"
+        )
     if accepted is not None and knob.flag not in accepted:
         return f"{note or 'the target vLLM'} does not accept {knob.flag}"
     if knob is Knob.KV_CACHE_DTYPE and r.choices is not None:
@@ -549,6 +638,10 @@ def vllm_defaults(space: SearchSpace, version: VllmVersion, gpu: GpuSpec) -> Tri
                 values[r.knob.field] = True
             case Knob.TENSOR_PARALLEL_SIZE:
                 values[r.knob.field] = 1 if r.contains(1) else _first(r)
+            case Knob.KV_OFFLOADING_SIZE:
+                values[r.knob.field] = 0.0 if r.contains(0.0) else _first(r)
+            case Knob.KV_OFFLOADING_POLICY:
+                values[r.knob.field] = "lru" if r.contains("lru") else _first(r)
             case _:
                 values[r.knob.field] = _first(r)
         values[r.knob.field] = clamp(r, values[r.knob.field])

@@ -39,6 +39,17 @@ BIG_GPU_TIER = (0, 28)  # >= 160 GiB GPUs default to 16384 batched tokens
 # 2026-07-24, between 0.25.1 (2026-07-15) and 0.27.1 (2026-08-13); read in 0.32's
 # entrypoints/openai/chat_completion/protocol.py and v1/engine/output_processor.py.
 REQUEST_STREAM_INTERVAL = (0, 27)
+# KV offloading to CPU memory (not read in the wheels: the merge dates of vLLM's pull
+# requests, and the first release cut after each). --kv-offloading-size and
+# --kv-offloading-backend: #27621, merged 2025-10-28 (vllm/config/kv_offloading.py); the
+# native connector's "eviction_policy" "arc" beside "lru": #27039, October 2025.
+KV_OFFLOADING_FLAGS = (0, 11, 1)
+# --kv-offloading-backend defaults to "native" (#32421, merged 2026-01-15); before, a size
+# without a backend is a ValueError ("kv_offloading_backend must be specified ...").
+KV_OFFLOADING_NATIVE_DEFAULT = (0, 14)
+# kv_connector_extra_config "store_threshold" (#35342, merged 2026-02-26): a block is stored
+# to the CPU only once it was seen that many times; older releases ignore the key.
+KV_OFFLOAD_STORE_THRESHOLD = (0, 17)
 STARTING_SERVER_LINE = (
     0,
     33,
@@ -75,6 +86,11 @@ class VllmVersion(BaseModel):
     @property
     def cudagraph_in_budget(self) -> bool:
         return self.at_least(CUDAGRAPH_IN_BUDGET)
+
+    @property
+    def has_kv_offloading(self) -> bool:
+        """``--kv-offloading-size`` and ``--kv-offloading-backend`` exist."""
+        return self.at_least(KV_OFFLOADING_FLAGS)
 
     @property
     def default_gpu_memory_utilization(self) -> float:

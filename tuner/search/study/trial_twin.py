@@ -20,6 +20,7 @@ from tuner.search.optuna_store import FrozenTrial
 from tuner.search.study.records import Progress, load_evaluation
 from tuner.search.study.trial_lines import twin_line
 from tuner.serving.level_schedule import plan_level_schedule
+from tuner.sim.build import offloading_options
 from tuner.twin.fit import (
     FITTED,
     MAX_LEVELS,
@@ -94,8 +95,9 @@ class TrialTwin:
         assert twin is not None
         device, base = twin
         return Setup(
-            self.ctx.model, device, self.ctx.version, params.serving(base), timing=setup.timing
-        )
+            self.ctx.model, device, self.ctx.version, params.serving(base),
+            options=offloading_options(params), timing=setup.timing,
+        )  # fmt: skip
 
     def predicted_max_rate(
         self, params: TrialParams, setup: StudySetup, start: float | None
