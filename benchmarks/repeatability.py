@@ -95,6 +95,7 @@ def _one(args: argparse.Namespace, seed: int, folder: Path) -> Repeat:
             run_dir=run_dir,
             edge_draws=args.edge_draws,
             max_levels=args.max_levels,
+            level_duration_s=args.level_duration,
             space=args.space or [],
         )
         interval = evaluation.capacity_interval
@@ -172,6 +173,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--max-levels", type=int, default=4)
+    parser.add_argument(
+        "--level-duration",
+        type=float,
+        help="every level's window fixed at this many emulated seconds (default: sized for "
+        "the SLO's percentiles, as a tune sizes it)",
+    )
     parser.add_argument(
         "--edge-draws",
         type=int,

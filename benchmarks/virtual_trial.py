@@ -41,15 +41,18 @@ def one_trial(
     max_levels: int,
     space: list[str],
     edge_draws: int = 1,
+    level_duration_s: float | None = None,
 ) -> Evaluation:
     """Trial 0 of a one-trial tune into ``run_dir``, as its ``evaluation.json`` says;
-    ``edge_draws``: its bracket's ends measured with that many draws (``--trial-edge-draws``)."""
+    ``edge_draws``: its bracket's ends measured with that many draws (``--trial-edge-draws``);
+    ``level_duration_s``: every level's window fixed at that (``--level-duration``)."""
     argv = [
         "tune", "--model", model, "--gpu", gpu, "--workload", str(workload),
         "--trials", "1", "--no-edge", "--no-confirm", "--no-twin-search",
         "--max-levels", str(max_levels), "--trial-edge-draws", str(edge_draws),
         "--run-dir", str(run_dir),
         *[a for pin in space for a in ("--space", pin)],
+        *(["--level-duration", str(level_duration_s)] if level_duration_s else []),
     ]  # fmt: skip
     parsed = build_parser().parse_args(argv)
     _absolute_paths(parsed)

@@ -80,6 +80,15 @@ def test_a_fit_finds_the_engines_step_costs(levels: list[MeasuredLevel]) -> None
     assert result.evaluations <= MAX_EVALUATIONS + 1 and took < 120.0  # + the error before
 
 
+def test_a_fit_out_of_time_keeps_the_best_factors_it_replayed(levels: list[MeasuredLevel]) -> None:
+    """A short budget's fit stops once its first simplex is replayed (``max_seconds``) and
+    keeps the best of what it replayed: never worse than where it started."""
+    result = fit(_setup(TimingFactors()), levels, max_seconds=0.0)
+    assert result.evaluations == 4 + 1 + 1  # four factors' simplex of five, and the error before
+    before, after = result.error_before.median_share, result.error_after.median_share
+    assert before is not None and after is not None and after <= before
+
+
 def test_a_fit_that_finds_nothing_better_keeps_the_factors(levels: list[MeasuredLevel]) -> None:
     result = fit(_setup(HIDDEN), levels, max_evaluations=6)
     assert result.after == HIDDEN
