@@ -35,8 +35,9 @@ import json
 __all__ = ["CONFIG_FILES", "FETCH_FILE", "fetch_model_script"]
 
 FETCH_FILE = "fetch_model.py"
-# Top-level files vLLM reads besides the weights: ``tuner.serving.hub.CONFIG_FILES`` (the
-# layers keep the two modules apart; a test keeps them equal).
+# Top-level files vLLM reads besides the weights (transformers' config, tokenizer and
+# chat template loaders, vLLM's own generation config and Mistral-format readers): the
+# pods' fetch and the tune's (``tuner.serving.hub``) choose the same files.
 CONFIG_FILES = frozenset(
     {
         "config.json",

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.errors import ConfigError
+from tuner.model_fetch import CONFIG_FILES
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -40,28 +41,6 @@ log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _TRUE = ("1", "on", "yes", "true")
 
-# Top-level files vLLM reads besides the weights (transformers' config, tokenizer and
-# chat template loaders, vLLM's own generation config and Mistral-format readers).
-CONFIG_FILES = frozenset(
-    {
-        "config.json",
-        "generation_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "added_tokens.json",
-        "tokenizer.model",
-        "vocab.json",
-        "vocab.txt",
-        "merges.txt",
-        "chat_template.jinja",
-        "chat_template.json",
-        "preprocessor_config.json",
-        "processor_config.json",
-        "params.json",
-        "tekken.json",
-    }
-)
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 _WEIGHT_KINDS = (  # the first kind a repository has is the one vLLM loads
     (".safetensors", SAFETENSORS_INDEX),
