@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -15,6 +16,7 @@ from tuner.serving.window import (
     FAR_CORRELATIONS,
     MAX_WINDOW_REQUESTS,
     MAX_WINDOW_S,
+    MIN_SESSION_WINDOW_S,
     MIN_WINDOW_S,
     VERDICT_BAND,
     WINDOW_CORRELATIONS,
@@ -30,6 +32,7 @@ from tuner.serving.window import (
 )
 from tuner.twin.prediction import REFERENCE_WINDOW_S, reference_window_s
 from workloads.spec import load_workload, parse_workload
+from workloads.stationary import expected_turns, turn_gap_s
 
 SINGLE = """
 name: single
@@ -47,9 +50,12 @@ def test_a_chat_window_holds_enough_requests_for_its_p99() -> None:
     spec = load_workload("chat")
     level, plan, schedule = plan_level_schedule(spec, 2.0)
     assert plan.needed_requests == needed_requests(spec) == 200
-    # About 7 requests/s at 2 conversations/s: 200 requests take about 29 s.
+    # About 7 requests/s at 2 conversations/s: 200 requests take about 29 s, and a chat
+    # window holds at least a mean conversation's lifetime, and 60 s
     assert 5.0 < plan.requests_per_s < 9.0
-    assert plan.window_s == pytest.approx(200 / plan.requests_per_s)
+    assert 200 / plan.requests_per_s < plan.window_s == MIN_SESSION_WINDOW_S
+    _, slower, _ = plan_level_schedule(spec, 0.5)
+    assert slower.window_s == pytest.approx(200 / slower.requests_per_s)  # 200 take longer
     # The shortest warm-up is one turn gap (think 5 s + an expected answer); the longest,
     # one turn gap per turn of the longest conversation (6).
     assert 8.0 < plan.warmup_min_s < 16.0
@@ -59,12 +65,27 @@ def test_a_chat_window_holds_enough_requests_for_its_p99() -> None:
 
 
 def test_a_busy_level_is_held_to_three_lifetimes_and_a_slow_one_to_the_cap() -> None:
-    spec = load_workload("chat")
+    spec = load_workload("rag")  # no sessions: a request's lifetime sets the shortest
     _, busy, _ = plan_level_schedule(spec, 40.0)
     assert busy.window_s >= MIN_WINDOW_S
-    assert busy.window_s == pytest.approx(3 * (0.5 + 250 * 0.03), rel=0.15)  # median answer
+    lifetime = 0.5 + statistics.median(r.max_tokens for r in plan_schedule(spec)) * 0.03
+    assert busy.window_s == pytest.approx(3 * lifetime, rel=0.15)
     _, slow, _ = plan_level_schedule(spec, 0.05)
     assert slow.window_s == MAX_WINDOW_S
+
+
+def test_a_session_window_holds_a_mean_conversation() -> None:
+    """A busy chat level holds 60 s (1.3 mean conversations: 3.5 turns of a turn gap);
+    agent sessions, longer than 60 s, hold one mean session."""
+    _, chat, _ = plan_level_schedule(load_workload("chat"), 40.0)
+    assert chat.window_s == MIN_SESSION_WINDOW_S
+    agent = load_workload("agent")
+    _, level, schedule = plan_level_schedule(agent, 2.0)
+    assert agent.sessions is not None
+    median = statistics.median(r.max_tokens for r in schedule)
+    lifetime = expected_turns(agent) * turn_gap_s(agent.sessions, median)
+    assert level.window_s == pytest.approx(lifetime, rel=0.02)  # the provisional plan's median
+    assert lifetime > MIN_SESSION_WINDOW_S
 
 
 def test_a_trace_replay_measures_one_pass_or_its_busiest_stretch() -> None:

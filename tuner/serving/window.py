@@ -97,7 +97,7 @@ from tuner.serving.prometheus_scrape import MetricsSample
 from workloads.replay import pass_s, window_in_pass_s
 from workloads.schedule import ScheduledRequest
 from workloads.spec import WorkloadSpec
-from workloads.stationary import largest_turns, lookback_s, turn_gap_s
+from workloads.stationary import expected_turns, largest_turns, lookback_s, turn_gap_s
 
 WINDOW_FILE = WINDOW_JSON
 MIN_WARMUP_S = 3.0
@@ -105,6 +105,12 @@ MIN_EXTRA_WARMUP_S = 10.0
 MIN_STEADY_SPAN_S = 5.0
 MIN_REQUESTS = 50
 MIN_WINDOW_S = 8.0
+# A session workload's shortest window: at least this, and at least one mean conversation's
+# planned lifetime (its expected turns, each a turn gap). Where a level holds depends on
+# the conversations under way, which a window shorter than one of them draws few of: the
+# default chat tune's goodput spread 18.5% over five draws of the workload with its 18-s
+# windows, 5% with 60-s ones (benchmarks/repeatability.md).
+MIN_SESSION_WINDOW_S = 60.0
 LIFETIMES = 3.0
 MAX_WINDOW_S = 600.0  # 10 minutes: 200 requests for a p99 down to 0.33 req/s
 WINDOW_CORRELATIONS = 20.0  # correlation times of the server's state a window holds
@@ -259,6 +265,16 @@ def needed_requests(spec: WorkloadSpec) -> int:
     return max(MIN_REQUESTS, math.ceil(2.0 / (1.0 - tightest / 100.0)))
 
 
+def session_window_s(spec: WorkloadSpec, schedule: Sequence[ScheduledRequest]) -> float:
+    """A session workload's shortest window (``MIN_SESSION_WINDOW_S``, or one mean
+    conversation's planned lifetime where that is longer); 0 without sessions."""
+    if spec.sessions is None:
+        return 0.0
+    median = statistics.median(r.max_tokens for r in schedule) if schedule else 0
+    lifetime = expected_turns(spec) * turn_gap_s(spec.sessions, median)
+    return max(MIN_SESSION_WINDOW_S, lifetime)
+
+
 def expected_lifetime_s(spec: WorkloadSpec, schedule: Sequence[ScheduledRequest]) -> float:
     """The planned lifetime of the median request: first token, then its answer."""
     sessions = spec.sessions
@@ -311,7 +327,8 @@ def plan_level(
     if window_s is None:
         cap = window_max_s if window_max_s is not None else MAX_WINDOW_S
         enough_s = needed / rate if rate > 0 else cap  # none planned: as long as allowed
-        window_s = min(max(MIN_WINDOW_S, LIFETIMES * lifetime, enough_s), cap, MAX_WINDOW_S)
+        shortest = max(MIN_WINDOW_S, LIFETIMES * lifetime, session_window_s(spec, schedule))
+        window_s = min(max(shortest, enough_s), cap, MAX_WINDOW_S)
         by_requests = MAX_WINDOW_REQUESTS / rate if rate > 0 else cap
         held_max_s = max(window_s, min(cap, by_requests))
         in_pass = window_in_pass_s(spec, min(cap, MAX_WINDOW_S))
