@@ -469,7 +469,7 @@ def tradeoffs(data: RunData) -> Chart:
             assert t.evaluation is not None
             lat = _p99(t.evaluation, metric)
             if lat is not None:
-                pts.append((lat, t.evaluation.goodput, t.number))
+                pts.append((lat, t.evaluation.goodput_requests_per_s, t.number))
         front = pareto(p for p in pts if by_number[p[2]].verdict is Verdict.MET)
         if len(front) > 1:
             fig.add_trace(
@@ -503,7 +503,7 @@ def tradeoffs(data: RunData) -> Chart:
                 continue
             fig.add_trace(
                 go.Scatter(
-                    x=[lat], y=[row.evaluation.goodput], mode="markers",
+                    x=[lat], y=[row.evaluation.goodput_requests_per_s], mode="markers",
                     marker={"symbol": symbol, "size": 18 if symbol == "star" else 16, "color": color,
                             "line": {"width": 2, "color": color}},
                     name=label, legendgroup=label, showlegend=col == 1,
@@ -512,7 +512,7 @@ def tradeoffs(data: RunData) -> Chart:
                 row=1, col=col,
             )  # fmt: skip
             fig.add_annotation(
-                x=lat, y=row.evaluation.goodput, text=f"{label} (trial {row.number})", ax=ax, ay=ay,
+                x=lat, y=row.evaluation.goodput_requests_per_s, text=f"{label} (trial {row.number})", ax=ax, ay=ay,
                 showarrow=True, arrowhead=0, arrowcolor=color, font={"size": 11, "color": color},
                 bgcolor="rgba(255,255,255,0.85)", row=1, col=col,
             )  # fmt: skip
@@ -543,7 +543,7 @@ def _trial_hover(t: TrialRow) -> str:
     settings = ", ".join(f"{esc(k)} {esc(v)}" for k, v in ev.flags.items()) or "vLLM defaults"
     return (
         f"<b>trial {t.number}</b> ({esc(t.role)})<br>{settings}<br>"
-        f"goodput {ev.goodput:.2f} req/s · throughput {ev.throughput:,.0f} tok/s<br>"
+        f"goodput {ev.goodput_requests_per_s:.2f} req/s · throughput {ev.output_tokens_per_s:,.0f} tok/s<br>"
         f"p99 TTFT {_fmt_ms(_p99(ev, 'ttft_ms'))} · p99 e2e {_fmt_ms(_p99(ev, 'e2e_ms'))}"
     )
 

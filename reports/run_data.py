@@ -145,7 +145,9 @@ class RunData:
         return max(
             feasible,
             key=lambda t: (
-                (t.evaluation.goodput, t.evaluation.throughput) if t.evaluation else (0, 0)
+                (t.evaluation.goodput_requests_per_s, t.evaluation.output_tokens_per_s)
+                if t.evaluation
+                else (0, 0)
             ),
         )
 

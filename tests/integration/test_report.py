@@ -319,7 +319,7 @@ def test_a_run_without_recommendation_edge_or_study_still_reports(
     (run / "study.db").unlink()
     for path in run.glob("trials/*/evaluation.json"):  # no trial met the SLOs
         doc = json.loads(path.read_text())
-        doc.update(verdict="slo_missed", best=None, goodput=0.0, rate_per_s=None)
+        doc.update(verdict="slo_missed", best=None, goodput_requests_per_s=0.0, rate_per_s=None)
         path.write_text(json.dumps(doc))
     text = write_report(run).read_text(encoding="utf-8")
     assert "No recommendation: no trial met the SLOs." in text

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from tuner.run.goodput import CapacityInterval, Goodput, GoodputBound, GoodputUnit
 from tuner.run.layout import evaluation_json
@@ -185,9 +185,11 @@ def level_hold_probability(
 
 
 class Evaluation(BaseModel):
-    """Everything one candidate came to."""
+    """Everything one candidate came to. (``goodput_requests_per_s`` and
+    ``output_tokens_per_s`` were ``goodput`` and ``throughput`` in an evaluation.json
+    written before their names said their units: read under either.)"""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     dir: str
     params: TrialParams
@@ -203,11 +205,15 @@ class Evaluation(BaseModel):
     startup: StartupReport | None = None
     startup_s: float | None = None
     dropped_flags: list[str] = []
-    goodput: float = 0.0  # requests/s at the best level meeting the SLOs
+    goodput_requests_per_s: float = Field(  # at the best level meeting the SLOs
+        default=0.0, validation_alias=AliasChoices("goodput_requests_per_s", "goodput")
+    )
     # BRACKETED: a higher rate broke; LOWER_BOUND: none did, the server holds at least this
     goodput_bound: GoodputBound = GoodputBound.NONE
     rate_per_s: float | None = None  # the workload's arrival rate at that level
-    throughput: float = 0.0  # output tokens/s at that level
+    output_tokens_per_s: float = Field(  # at that level
+        default=0.0, validation_alias=AliasChoices("output_tokens_per_s", "throughput")
+    )
     # The same goodput stated whole: in the workload's unit, requests/s, output tokens/s
     # (None in an evaluation.json written before it was: ``stated_goodput`` rebuilds it)
     goodput_figures: Goodput | None = None
@@ -239,8 +245,8 @@ class Evaluation(BaseModel):
         if self.goodput_figures is not None:
             return self.goodput_figures
         return Goodput(
-            arrival_rate_per_s=self.goodput, unit=GoodputUnit.REQUESTS_PER_S,
-            requests_per_s=self.goodput, output_tokens_per_s=self.throughput,
+            arrival_rate_per_s=self.goodput_requests_per_s, unit=GoodputUnit.REQUESTS_PER_S,
+            requests_per_s=self.goodput_requests_per_s, output_tokens_per_s=self.output_tokens_per_s,
             bound=self.goodput_bound,
         )  # fmt: skip
 

@@ -210,7 +210,7 @@ def measured_of(runs: list[Evaluation]) -> ConfirmationResult:
     def lat(name: str) -> Percentiles | None:
         return None if best is None else cast(Percentiles, getattr(best, name))
 
-    goodputs = [r.goodput for r in runs]
+    goodputs = [r.goodput_requests_per_s for r in runs]
     return ConfirmationResult(
         goodput_figures=Goodput.mean([r.stated_goodput for r in runs]),
         verdict=last.verdict,
@@ -219,7 +219,7 @@ def measured_of(runs: list[Evaluation]) -> ConfirmationResult:
         goodput_bound=combined_bound([r.goodput_bound for r in runs]),
         rate_per_s=last.rate_per_s,
         rates_per_s=[level.rate_per_s for level in last.levels],
-        throughput=statistics.fmean(r.throughput for r in runs),
+        throughput=statistics.fmean(r.output_tokens_per_s for r in runs),
         ttft_ms=lat("ttft_ms"),
         itl_ms=lat("itl_ms"),
         tpot_ms=lat("tpot_ms"),

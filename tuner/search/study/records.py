@@ -69,7 +69,7 @@ def objective_values(objective: Objective, ev: Evaluation) -> float | tuple[floa
         return (
             per_gpu(ev.stated_goodput.arrival_rate_per_s, ev.params) if ev.verdict.feasible else 0.0
         )
-    throughput = per_gpu(ev.throughput, ev.params) if ev.verdict.feasible else 0.0
+    throughput = per_gpu(ev.output_tokens_per_s, ev.params) if ev.verdict.feasible else 0.0
     if objective is Objective.THROUGHPUT:
         return throughput
     p99 = ev.p99_ttft_ms if ev.verdict.feasible and ev.p99_ttft_ms is not None else 1e9
@@ -89,9 +89,9 @@ def record(trial: Trial, ev: Evaluation, *, role: str) -> None:
         "outcome": ev.outcome.value if ev.outcome else None,
         "dir": ev.dir,
         "flags": ev.flags,
-        "goodput": ev.goodput,
+        "goodput": ev.goodput_requests_per_s,
         "goodput_bound": ev.goodput_bound.value,
-        "throughput": ev.throughput,
+        "throughput": ev.output_tokens_per_s,
         # the goodput in the workload's own unit (conversations/s where it has sessions):
         # what the sampler and best_trial compare (a window's requests per conversation
         # vary with its few hundred requests; the conversations/s is the rate it was sent
