@@ -110,6 +110,17 @@ class LostHistory:
     def evicted_under_way_share(self) -> float | None:
         return evicted_under_way_share(self.miss_tokens)
 
+    def counts(self) -> tuple[int, int, int, int]:
+        """(continuing requests, of those with their history evicted, tokens they missed,
+        of those their own history evicted while under way)."""
+        misses = self.miss_tokens
+        return (
+            self.continuing_requests,
+            self.history_evicted_requests,
+            sum(n for (by, _), n in misses.items() if by is MissedBy.CONTINUING),
+            misses[MissedBy.CONTINUING, MissCause.EVICTED_UNDER_WAY],
+        )
+
 
 def evicted_under_way_share(miss_tokens: dict[tuple[MissedBy, MissCause], int]) -> float | None:
     """Of the tokens later turns missed, the share that was their own conversation's

@@ -27,7 +27,14 @@ from prometheus_client.registry import Collector
 from tuner.sim.cpu_tier import TRANSFER_SIZE_BUCKETS_BYTES, CpuTier, TransferType
 from tuner.sim.engine import FinishReason
 from tuner.sim.lost_history import LostHistory, MissCause, MissedBy
-from tuner.sim.residency import KV_CACHE_RESIDENCY_BUCKETS_S, RESIDENCY_METRICS, EvictionEvent
+from tuner.sim.residency import EvictionEvent
+from tuner.vllm.kv_cache_metrics import (
+    KV_CACHE_RESIDENCY_BUCKETS_S,
+    RESIDENCY_METRICS,
+    SIM_CONTINUING_METRIC,
+    SIM_HISTORY_EVICTED_METRIC,
+    SIM_MISS_TOKENS_METRIC,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -116,12 +123,6 @@ class LostHistorySnapshot:
             continuing_requests=history.continuing_requests,
             history_evicted_requests=history.history_evicted_requests,
         )
-
-
-# Simulator-only metrics: vLLM has no such series, so they never carry its prefix.
-SIM_MISS_TOKENS_METRIC = "tuner_sim:prefix_cache_miss_tokens"
-SIM_CONTINUING_METRIC = "tuner_sim:continuing_requests"
-SIM_HISTORY_EVICTED_METRIC = "tuner_sim:history_evicted_requests"
 
 
 @dataclass(frozen=True)

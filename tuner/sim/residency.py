@@ -26,36 +26,10 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-# vllm/v1/metrics/buckets.py KV_CACHE_RESIDENCY_BUCKETS (0.32): "millisecond-scale reuse
-# gaps up to 30-minute block lifetimes".
-KV_CACHE_RESIDENCY_BUCKETS_S: tuple[float, ...] = (
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
-    10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0,
-)  # fmt: skip
-DEFAULT_SAMPLE_RATE = 0.01  # ObservabilityConfig.kv_cache_metrics_sample
-ACCESS_HISTORY = 4  # BlockMetricsState.access_history: deque(maxlen=4)
+from tuner.vllm.kv_cache_metrics import DEFAULT_SAMPLE_RATE
 
-LIFETIME_METRIC = "vllm:kv_block_lifetime_seconds"
-IDLE_BEFORE_EVICT_METRIC = "vllm:kv_block_idle_before_evict_seconds"
-REUSE_GAP_METRIC = "vllm:kv_block_reuse_gap_seconds"
-RESIDENCY_METRICS: tuple[tuple[str, str], ...] = (
-    (
-        LIFETIME_METRIC,
-        "Histogram of KV cache block lifetime from allocation to eviction. Sampled "
-        "metrics (controlled by --kv-cache-metrics-sample).",
-    ),
-    (
-        IDLE_BEFORE_EVICT_METRIC,
-        "Histogram of idle time before KV cache block eviction. Sampled metrics "
-        "(controlled by --kv-cache-metrics-sample).",
-    ),
-    (
-        REUSE_GAP_METRIC,
-        "Histogram of time gaps between consecutive KV cache block accesses. Only the "
-        "most recent accesses are recorded (ring buffer). Sampled metrics (controlled by "
-        "--kv-cache-metrics-sample).",
-    ),
-)
+__all__ = ["DEFAULT_SAMPLE_RATE", "EvictionEvent", "ResidencyRecorder"]
+ACCESS_HISTORY = 4  # BlockMetricsState.access_history: deque(maxlen=4)
 
 
 @dataclass(frozen=True)

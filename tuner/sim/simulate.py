@@ -82,6 +82,13 @@ class EngineSample:
     preemptions_total: int = 0
     prefix_queries_tokens: int = 0
     prefix_hits_tokens: int = 0
+    # The simulator's own truth so far (tuner.sim.lost_history; its tuner_sim: series):
+    # admitted later turns, those whose history was evicted, the tokens later turns
+    # missed and, of those, their own history evicted while under way.
+    continuing_requests: int = 0
+    history_evicted_requests: int = 0
+    continuing_miss_tokens: int = 0
+    evicted_under_way_tokens: int = 0
 
 
 class SimulationResult(BaseModel):
@@ -364,9 +371,11 @@ def run(
         steps += 1
         peak_usage = max(peak_usage, result.kv_usage)
         if sample_every_s is not None and now >= next_sample_s:
+            lost = engine.pool.history
             sample = EngineSample(
                 now, result.num_waiting, result.num_running, result.kv_usage,
                 engine.num_preemptions, engine.prefix_queries_tokens, engine.prefix_hits_tokens,
+                *(lost.counts() if lost is not None else (0, 0, 0, 0)),
             )  # fmt: skip
             samples.append(sample)
             next_sample_s = now + sample_every_s

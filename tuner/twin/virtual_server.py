@@ -58,6 +58,7 @@ from typing import overload
 
 from tuner.errors import ConfigError
 from tuner.serving.backlog import BacklogCheck, check_backlog, clearly_growing
+from tuner.serving.eviction_scrape import EvictionEvidence, LostHistoryCounts
 from tuner.serving.gpu_sampler import (
     NOT_SAMPLED_NOTE,
     TIMELINE_COLUMNS,
@@ -920,6 +921,23 @@ def _counters(
         prefix_cache_hits=hits,
         prefix_cache_hit_rate=hits / queries if queries > 0 else None,
         max_kv_cache_usage=max((s.kv_cache_usage for s in samples), default=None),
+        eviction=EvictionEvidence(lost_history=_lost_history(last)),
+    )
+
+
+def _lost_history(last: EngineSample | None) -> LostHistoryCounts:
+    """The twin's own truth of later turns' misses (the engine's, as the simulated server
+    exports it under ``tuner_sim:``), from its counters at the last sample."""
+    if last is None:
+        return LostHistoryCounts(
+            continuing_requests=0, history_evicted_requests=0,
+            continuing_miss_tokens=0, evicted_under_way_tokens=0,
+        )  # fmt: skip
+    return LostHistoryCounts(
+        continuing_requests=last.continuing_requests,
+        history_evicted_requests=last.history_evicted_requests,
+        continuing_miss_tokens=last.continuing_miss_tokens,
+        evicted_under_way_tokens=last.evicted_under_way_tokens,
     )
 
 
