@@ -111,6 +111,10 @@ class SimulationResult(BaseModel):
     engine_steps: int
     engine_died: str | None = None
     failures: tuple[FailedRequests, ...] = ()  # num_failed, by reason
+    # Of the prompt tokens later turns missed over the run, the share that was their own
+    # conversation's history evicted while under way (tuner.sim.lost_history; None: no
+    # later turn missed, or prefix caching off).
+    evicted_under_way_share: float | None = None
     # The arrival each record was given (a later turn: its answer's time plus think time;
     # None: never sent), and the engine's state over the run (``run(sample_every_s=)``).
     # Left out of ``model_dump``: the JSON a run prints is its summary.
@@ -371,11 +375,11 @@ def run(
         steps += 1
         peak_usage = max(peak_usage, result.kv_usage)
         if sample_every_s is not None and now >= next_sample_s:
-            lost = engine.pool.history
+            history = engine.pool.history
             sample = EngineSample(
                 now, result.num_waiting, result.num_running, result.kv_usage,
                 engine.num_preemptions, engine.prefix_queries_tokens, engine.prefix_hits_tokens,
-                *(lost.counts() if lost is not None else (0, 0, 0, 0)),
+                *(history.counts() if history is not None else (0, 0, 0, 0)),
             )  # fmt: skip
             samples.append(sample)
             next_sample_s = now + sample_every_s
@@ -576,6 +580,9 @@ def _summarise(
         prefix_cache_hit_rate=engine.prefix_hits_tokens / queries if queries else 0.0,
         engine_steps=steps,
         engine_died=died,
+        evicted_under_way_share=(
+            engine.pool.history.evicted_under_way_share if engine.pool.history else None
+        ),
         failures=failed,
         arrivals_s=tuple(arrivals),
         samples=tuple(samples),
