@@ -16,7 +16,8 @@ against the workload's think time is the closest evidence it gives.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import bisect
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -85,6 +86,20 @@ class ResidencyHistogram(BaseModel):
             if bound <= limit_s
         )
         return below / self.count
+
+    @classmethod
+    def of(cls, metric: str, values_s: Sequence[float]) -> ResidencyHistogram:
+        """The histogram vLLM's logger would hold after observing ``values_s``."""
+        counts = [0] * (len(KV_CACHE_RESIDENCY_BUCKETS_S) + 1)
+        for value in values_s:
+            counts[bisect.bisect_left(KV_CACHE_RESIDENCY_BUCKETS_S, value)] += 1
+        return cls(
+            metric=metric,
+            bounds_s=KV_CACHE_RESIDENCY_BUCKETS_S,
+            bucket_counts=tuple(counts),
+            count=len(values_s),
+            sum_s=float(sum(values_s)),
+        )
 
     @classmethod
     def between(

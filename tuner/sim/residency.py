@@ -39,6 +39,7 @@ class EvictionEvent:
     lifetime_s: float
     idle_s: float
     reuse_gaps_s: tuple[float, ...]
+    at_s: float = 0.0  # when the block was handed out again
 
 
 class _Sample:
@@ -77,6 +78,7 @@ class ResidencyRecorder:
                         lifetime_s=now_s - ended.born_s,
                         idle_s=now_s - ended.last_access_s,
                         reuse_gaps_s=gaps,
+                        at_s=now_s,
                     )
                 )
             if draw() < rate:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.sim.deferred import DeferredStepper, StepOutcome
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.openai_format import EMPTY_PROMPT_MESSAGE, context_length_message
+from tuner.sim.residency import EvictionEvent
 from workloads.load_result import Percentiles
 from workloads.slo import Slo
 from workloads.traces import TraceRecord, prefix_free_digits
@@ -115,6 +116,9 @@ class SimulationResult(BaseModel):
     # conversation's history evicted while under way (tuner.sim.lost_history; None: no
     # later turn missed, or prefix caching off).
     evicted_under_way_share: float | None = None
+    # --kv-cache-metrics: the sampled evictions of the run (engine seconds; not dumped;
+    # None: the engine ran without it).
+    evictions: tuple[EvictionEvent, ...] | None = Field(default=None, exclude=True)
     # The arrival each record was given (a later turn: its answer's time plus think time;
     # None: never sent), and the engine's state over the run (``run(sample_every_s=)``).
     # Left out of ``model_dump``: the JSON a run prints is its summary.
@@ -583,6 +587,7 @@ def _summarise(
         evicted_under_way_share=(
             engine.pool.history.evicted_under_way_share if engine.pool.history else None
         ),
+        evictions=tuple(engine.pool.residency.drain()) if engine.pool.residency else None,
         failures=failed,
         arrivals_s=tuple(arrivals),
         samples=tuple(samples),
