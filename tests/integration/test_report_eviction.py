@@ -15,8 +15,8 @@ from pathlib import Path
 
 from reports.eviction import NOT_MEASURABLE, SHARE_LABEL
 from reports.html import write_report
-from tests.integration.test_report_evidence import _level_block
 from tests.integration.test_report import copy_run
+from tests.integration.test_report_evidence import _level_block
 from tuner.run.evaluation import Evaluation
 from tuner.serving.eviction_scrape import EvictionEvidence, LostHistoryCounts, ResidencyHistogram
 from tuner.vllm.kv_cache_metrics import (
@@ -34,9 +34,11 @@ EVIDENCE = EvictionEvidence(
     ),
     reuse_gap=ResidencyHistogram.of(REUSE_GAP_METRIC, [4.0, 6.0]),
     lost_history=LostHistoryCounts(
-        continuing_requests=10, history_evicted_requests=3,
-        continuing_miss_tokens=4000, evicted_under_way_tokens=3000,
-    ),  # fmt: skip
+        continuing_requests=10,
+        history_evicted_requests=3,
+        continuing_miss_tokens=4000,
+        evicted_under_way_tokens=3000,
+    ),
 )
 
 

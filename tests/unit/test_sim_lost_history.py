@@ -27,7 +27,9 @@ def engine(kv_mib: int, *, sample: float | None = None) -> SimEngine:
     return eng
 
 
-def run(eng: SimEngine, prompts: list[list[int]], now_s: float, out: int = 16) -> tuple[float, list[SimRequest]]:
+def run(
+    eng: SimEngine, prompts: list[list[int]], now_s: float, out: int = 16
+) -> tuple[float, list[SimRequest]]:
     reqs = [
         SimRequest(request_id=f"r{next(_ids)}", prompt_token_ids=p, max_tokens=out, arrival_s=now_s)
         for p in prompts
@@ -49,7 +51,9 @@ def chat_with_floods(kv_mib: int, *, flood: int, sample: float | None = None) ->
     for _turn in range(4):
         now, turns = run(eng, list(history.values()), now)
         for c, r in zip(history, turns, strict=True):
-            history[c] = [*r.prompt_token_ids, *r.output_token_ids] + [next(token) for _ in range(300)]
+            history[c] = [*r.prompt_token_ids, *r.output_token_ids] + [
+                next(token) for _ in range(300)
+            ]
         now, _ = run(eng, [[next(token) for _ in range(400)] for _ in range(flood)], now + 5.0)
         now += 5.0
     return eng
