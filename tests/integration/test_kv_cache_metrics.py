@@ -12,6 +12,8 @@ import httpx
 import pytest
 
 from tests.integration.simserver import SimServer, spawn_sim
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import Backend, LaunchSpec, ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -146,3 +148,23 @@ def test_a_conversation_that_lost_its_history_is_counted(launch: Launch) -> None
     # the long request needed 57 of the 79 blocks: the first turn's tail (evicted first, as
     # vLLM frees a request's blocks tail first) went, its head stayed
     assert lost_tokens and 100 <= lost_tokens[0] < 500
+
+
+def test_a_launch_asks_for_them_where_the_target_has_them(tmp_path: Path) -> None:
+    """A tune's launch (``kv_cache_metrics``) passes --kv-cache-metrics to a release that
+    has it, and leaves it out of an older one with the reason."""
+    registry = ChildRegistry(tmp_path)
+
+    def server(version: str) -> ServerProcess:
+        spec = LaunchSpec(
+            backend=Backend.SIM, model="qwen2.5-7b", vllm_version=version, kv_cache_metrics=True
+        )
+        return ServerProcess(spec, registry=registry, log_path=tmp_path / f"{version}.log")
+
+    current = server("0.13")
+    assert "--kv-cache-metrics" in current.command and current.dropped == []
+    old = server("0.12")
+    assert "--kv-cache-metrics" not in old.command
+    assert [(d.flag, d.reason) for d in old.dropped] == [
+        ("--kv-cache-metrics", "--kv-cache-metrics does not exist before vLLM 0.13")
+    ]
