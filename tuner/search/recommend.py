@@ -331,8 +331,13 @@ def confirm(
                 LaunchKind.CONFIRMATION, f"confirmation {out_dir.name}", ran, began_s=began,
                 deadline_s=deadline_s,
             )  # fmt: skip
-    if not runs:
-        return None
+    return confirmed_of(ctx, setup, params, runs) if runs else None
+
+
+def confirmed_of(
+    ctx: TuneContext, setup: StudySetup, params: TrialParams, runs: list[Evaluation]
+) -> ConfirmationResult:
+    """``measured_of(runs)`` with the twin's eviction share on the decided level."""
     last = runs[-1]
     decided = last.best or (last.levels[-1] if last.levels else None)
     return with_twin_eviction_share(
@@ -521,7 +526,13 @@ def recommend(
             )
         variants.append(make_variant(ctx, name, params, measured, edge))
     default_variant = (
-        make_variant(ctx, "vllm-default", default.params, measured_of([default]), edge)
+        make_variant(
+            ctx,
+            "vllm-default",
+            default.params,
+            confirmed_of(ctx, setup, default.params, [default]),
+            edge,
+        )
         if default is not None
         else None
     )
