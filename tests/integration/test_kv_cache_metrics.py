@@ -111,6 +111,11 @@ def test_without_the_flag_no_residency_histograms(launch: Launch) -> None:
             "vllm: error: unrecognized arguments: --kv-cache-metrics",
         ),
         (
+            ("--vllm-version", "0.12", "--no-kv-cache-metrics"),
+            2,
+            "vllm: error: unrecognized arguments: --no-kv-cache-metrics",
+        ),
+        (
             ("--vllm-version", "0.12", "--kv-cache-metrics-sample", "0.5"),
             2,
             "vllm: error: unrecognized arguments: --kv-cache-metrics-sample 0.5",

@@ -292,8 +292,9 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
             continue
         if flag.form is FlagForm.VALUE:
             raise _VllmArgumentError(f"vllm: error: unrecognized arguments: {flag.option} {given}")
-        if flag.form is FlagForm.SWITCH and given is True:
-            raise _VllmArgumentError(f"vllm: error: unrecognized arguments: {flag.option}")
+        if flag.form is FlagForm.SWITCH and isinstance(given, bool):  # --x or --no-x
+            spelled = flag.option if given else f"--no-{flag.name}"
+            raise _VllmArgumentError(f"vllm: error: unrecognized arguments: {spelled}")
     choices = version.block_size_choices
     if args.block_size is not None and choices is not None and args.block_size not in choices:
         failure = msg.invalid_choice("--block-size", args.block_size, choices)
