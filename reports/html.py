@@ -41,6 +41,7 @@ from reports.charts import (
     probe_memory,
     tradeoffs,
 )
+from reports.eviction import SHARE_LABEL, SHARE_NOTE, idle_cell, level_lines, share_cell
 from reports.run_data import RunData, TrialRow, load_run
 from reports.twin import twin_section
 from tuner.errors import ReportError
@@ -440,6 +441,7 @@ class SummaryView:
     noise_note: str
     units_note: str  # the gain in each unit, and why they differ where they do
     default_note: str
+    eviction_note: str  # what the eviction rows mean; "" where nothing was measured
     ties_note: str  # the trials within the noise of the best; "" where none
     # The quality gate in words: the recommendation's result, "quality not measured" and
     # why, or the faster setting passed over for its result (empty: no recommendation and
@@ -484,9 +486,12 @@ def _summary(data: RunData) -> SummaryView:
         kpis=_kpis(data, rec_measured, default_measured, util_edge, free_bytes, rec, capacity),
         status=_status(data),
         recommended_label=recommended.label,
-        compare_rows=_compare_rows(
-            rec_measured, default_measured, rec.capacity_gain if rec is not None else None
-        )
+        compare_rows=[
+            *_compare_rows(
+                rec_measured, default_measured, rec.capacity_gain if rec is not None else None
+            ),
+            *_eviction_rows(data, rec_measured, default_measured),
+        ]
         if (rec_measured or default_measured)
         else [],
         setting_rows=_setting_rows(recommended.flags, default.flags)
@@ -501,9 +506,25 @@ def _summary(data: RunData) -> SummaryView:
         noise_note=_noise_note(rec_measured),
         units_note=_units_note(rec_measured, default_measured),
         default_note="" if default_measured else "vLLM's defaults were not measured in this run.",
+        eviction_note=SHARE_NOTE if (rec_measured or default_measured) else "",
         ties_note=_ties_note(data),
         quality_lines=_quality_lines(data),
     )
+
+
+def _eviction_rows(
+    data: RunData, rec: ConfirmationResult | None, default: ConfirmationResult | None
+) -> list[CompareRow]:
+    """The share of later turns' misses lost to eviction while under way (measured, and
+    the twin's) and vLLM's median idle time before eviction, beside the defaults'."""
+    simulated = data.tune.simulated
+    return [
+        CompareRow(
+            SHARE_LABEL, share_cell(rec, simulated=simulated),
+            share_cell(default, simulated=simulated), "", None,
+        ),
+        CompareRow("Idle before eviction, median (vLLM)", idle_cell(rec), idle_cell(default), "", None),
+    ]  # fmt: skip
 
 
 def _quality_lines(data: RunData) -> list[str]:
@@ -1169,6 +1190,7 @@ def _steady_state(data: RunData) -> list[TrialEvidenceView]:
         levels = []
         for lv, level in zip(ev.levels, level_evidence(t.dir, ev), strict=True):
             verdict, color = _level_verdict(lv)
+            evictions = level_lines(lv, simulated=data.tune.simulated)
             scale = lv.time_scale or data.time_scale  # a level measured again: its own clock
             chart = level_timeline(f"level-{t.number}-{level.index}", level, scale)
             levels.append(
@@ -1176,7 +1198,9 @@ def _steady_state(data: RunData) -> list[TrialEvidenceView]:
                     title=f"Rate {level.index + 1}: {lv.rate_per_s:.2f} {unit}{_draw_note(lv)}",
                     verdict=verdict, verdict_color=color,
                     parts=[_window_part(level), _backlog_part(level),
-                           _turn_mix_part(level, sessions), _prompt_part(level)],
+                           _turn_mix_part(level, sessions), _prompt_part(level),
+                           *([EvidencePart("Evictions", evictions.text, evictions.tone,
+                                           evictions.details)] if evictions else [])],
                     chart=_figure(chart), dir=str(level.dir.relative_to(data.run_dir)),
                 )
             )  # fmt: skip

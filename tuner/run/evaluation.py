@@ -15,6 +15,7 @@ from tuner.run.goodput import CapacityInterval, Goodput, GoodputBound, GoodputUn
 from tuner.run.layout import evaluation_json
 from tuner.serving.backlog import BacklogCheck
 from tuner.serving.client_lag import LevelClient
+from tuner.serving.eviction_scrape import EvictionEvidence
 from tuner.serving.gpu_sampler import GpuSummary
 from tuner.serving.live_server import KvFill
 from tuner.serving.server import TrialOutcome
@@ -131,6 +132,11 @@ class LevelRecord(BaseModel):
     # were recorded; one draw, the workload's own seed).
     draw: int = 0
     seed: int | None = None
+    # What the window shows of KV evictions: --kv-cache-metrics' histograms where the
+    # server exported them, and on the simulated engine (and the twin) the share of later
+    # turns' missed tokens that were their history evicted while under way. None: neither
+    # was exported, or written before they were read.
+    eviction: EvictionEvidence | None = None
 
     @property
     def hold_probability(self) -> float:

@@ -24,6 +24,7 @@ from tuner.run.goodput import (
 )
 from tuner.run.quality import QualityRejection, QualityResult
 from tuner.run.ties import TieBreak
+from tuner.serving.eviction_scrape import EvictionEvidence
 from tuner.serving.server import Backend
 from tuner.vllm.memory import Calibration
 from tuner.vllm.space import TrialParams
@@ -56,6 +57,12 @@ class ConfirmationResult(BaseModel):
     dir: str
     # Where the capacity lies, from the runs' levels pooled (tuner.search.capacity_interval)
     capacity_interval: CapacityInterval | None = None
+    # Eviction evidence at the level goodput was decided at (last run): --kv-cache-metrics'
+    # histograms and, on the simulated engine, the share of later turns' missed tokens
+    # that were their history evicted while under way; and the twin's share on the same
+    # schedule (tuner.twin.eviction_share). None: not exported, not replayable.
+    eviction: EvictionEvidence | None = None
+    twin_evicted_under_way_share: float | None = None
 
     @property
     def offered_rate_per_s(self) -> float | None:

@@ -49,6 +49,7 @@ def launch_spec(ctx: TuneContext, setup: StudySetup, params: TrialParams) -> Lau
         swap_space_gib=params.swap_space_gib,
         enable_prefix_caching=params.enable_prefix_caching,
         offloading_flags=tuple(params.offloading_flags().items()),
+        kv_cache_metrics=True,  # eviction evidence per level, where the target has it
         cache_dir=ctx.run_dir / "vllm-cache",
         sim_startup_delay_s=ctx.config.sim_startup_delay_s,
         sim_time_scale=setup.time_scale,
@@ -266,6 +267,7 @@ def _summary(level: RateLevel, time_scale: float) -> LevelRecord:
         num_preemptions=m.server.num_preemptions if m.server else None,
         max_kv_cache_usage=m.server.max_kv_cache_usage if m.server else None,
         prefix_cache_hit_rate=m.server.prefix_cache_hit_rate if m.server else None,
+        eviction=m.server.eviction if m.server else None,
         backlog=m.backlog,
         stopped_by_backlog=m.stopped_by_backlog,
         hold_share=m.slo.hold_share,

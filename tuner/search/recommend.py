@@ -62,6 +62,9 @@ from tuner.search.evaluate import evaluate
 from tuner.search.rate_search import edge_levels
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend
+from tuner.sim.build import offloading_options
+from tuner.twin.eviction_share import twin_evicted_under_way_share
+from tuner.twin.prediction import Setup
 from tuner.vllm.memory import weights_bytes
 from tuner.vllm.space import Knob, TrialParams, clamp
 from tuner.warmup import DEFAULT_MAX_REQUESTS, WarmupPlan, warmup_plan, warmup_script
@@ -229,7 +232,26 @@ def measured_of(runs: list[Evaluation]) -> ConfirmationResult:
         kv_cache_tokens=last.startup.kv_cache_tokens if last.startup else None,
         dir=last.dir,
         capacity_interval=capacity_interval([level for run in runs for level in run.levels]),
+        eviction=decided.eviction if decided else None,
     )
+
+
+def with_twin_eviction_share(
+    ctx: TuneContext, setup: StudySetup, params: TrialParams, result: ConfirmationResult,
+    level_dir: Path | None, time_scale: float | None,
+) -> ConfirmationResult:  # fmt: skip
+    """``result`` with the twin's share of later turns' misses that were evictions of a
+    conversation under way, replaying the decided level's schedule (where the twin can)."""
+    twin = ctx.twin
+    if twin is None or level_dir is None:
+        return result
+    device, base = twin
+    twin_setup = Setup(
+        ctx.model, device, ctx.version, params.serving(base),
+        options=offloading_options(params), timing=setup.timing,
+    )  # fmt: skip
+    share = twin_evicted_under_way_share(twin_setup, level_dir, time_scale=time_scale or 1.0)
+    return result.model_copy(update={"twin_evicted_under_way_share": share})
 
 
 def combined_bound(bounds: list[GoodputBound]) -> GoodputBound:
@@ -309,7 +331,20 @@ def confirm(
                 LaunchKind.CONFIRMATION, f"confirmation {out_dir.name}", ran, began_s=began,
                 deadline_s=deadline_s,
             )  # fmt: skip
-    return measured_of(runs) if runs else None
+    return confirmed_of(ctx, setup, params, runs) if runs else None
+
+
+def confirmed_of(
+    ctx: TuneContext, setup: StudySetup, params: TrialParams, runs: list[Evaluation]
+) -> ConfirmationResult:
+    """``measured_of(runs)`` with the twin's eviction share on the decided level."""
+    last = runs[-1]
+    decided = last.best or (last.levels[-1] if last.levels else None)
+    return with_twin_eviction_share(
+        ctx, setup, params, measured_of(runs),
+        Path(decided.dir) if decided else None,
+        (decided.time_scale or last.time_scale) if decided else None,
+    )  # fmt: skip
 
 
 # A confirmation of several rates runs only where two fit: one that breaks where its trial
@@ -491,7 +526,13 @@ def recommend(
             )
         variants.append(make_variant(ctx, name, params, measured, edge))
     default_variant = (
-        make_variant(ctx, "vllm-default", default.params, measured_of([default]), edge)
+        make_variant(
+            ctx,
+            "vllm-default",
+            default.params,
+            confirmed_of(ctx, setup, default.params, [default]),
+            edge,
+        )
         if default is not None
         else None
     )

@@ -13,6 +13,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.serving.eviction_scrape import EvictionEvidence, labelled_key
+
 COUNTERS = {
     "generation_tokens": "vllm:generation_tokens_total",
     "prompt_tokens": "vllm:prompt_tokens_total",
@@ -28,7 +30,9 @@ def parse_prometheus(text: str) -> dict[str, float]:
     read with ``prometheus_client``'s parser, as vLLM writes them with its exposition:
     label values may hold spaces, commas and escaped quotes, and a sample may carry a
     timestamp after its value. A text that does not parse from some line on gives what
-    was read before it (a truncated scrape is not an error)."""
+    was read before it (a truncated scrape is not an error). The residency histograms of
+    ``--kv-cache-metrics`` and the simulator's ``tuner_sim:`` series are also kept per
+    label set (``tuner.serving.eviction_scrape.labelled_key``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     values: dict[str, float] = {}
@@ -36,6 +40,9 @@ def parse_prometheus(text: str) -> dict[str, float]:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+                key = labelled_key(sample.name, sample.labels)
+                if key is not None:
+                    values[key] = values.get(key, 0.0) + float(sample.value)
     except ValueError:
         pass
     return values
@@ -63,6 +70,9 @@ class ServerCounters(BaseModel):
     prefix_cache_hits: int
     prefix_cache_hit_rate: float | None
     max_kv_cache_usage: float | None
+    # --kv-cache-metrics' histograms and the simulated engine's ground truth of evictions
+    # (None: the server exported neither, or written before they were read).
+    eviction: EvictionEvidence | None = None
 
     @classmethod
     def between(
@@ -73,7 +83,12 @@ class ServerCounters(BaseModel):
         }
         queries = delta["prefix_cache_queries"]
         rate = delta["prefix_cache_hits"] / queries if queries > 0 else None
-        return cls(**delta, prefix_cache_hit_rate=rate, max_kv_cache_usage=max_kv_usage)
+        return cls(
+            **delta,
+            prefix_cache_hit_rate=rate,
+            max_kv_cache_usage=max_kv_usage,
+            eviction=EvictionEvidence.between(before, after),
+        )
 
 
 class KvUsageWatcher:

@@ -15,6 +15,9 @@ import itertools
 from collections import OrderedDict
 from enum import StrEnum
 
+from tuner.sim.lost_history import LostHistory
+from tuner.sim.residency import ResidencyRecorder
+
 
 class EvictionPolicy(StrEnum):
     """Which free cached block to reuse first. Only LRU is vLLM's; the rest are what-ifs."""
@@ -61,6 +64,10 @@ class BlockPool:
         self._by_hash: dict[int, int] = {}
         self.cache_queries_tokens = 0
         self.cache_hits_tokens = 0
+        # --kv-cache-metrics: sampled block lifecycles (None: off).
+        self.residency: ResidencyRecorder | None = None
+        # The simulator's own record of evicted hashes (None: prefix caching off).
+        self.history: LostHistory | None = None
 
     # -- accounting -------------------------------------------------------------------------
 
@@ -91,6 +98,8 @@ class BlockPool:
             block.ref_count += 1
             block.hits += 1
             block.last_used_s = now_s
+        if self.residency is not None and found:
+            self.residency.accessed(found, now_s)
         return found
 
     def cache_block(self, block_id: int, block_hash: int, depth: int, now_s: float) -> None:
@@ -103,6 +112,8 @@ class BlockPool:
         block.first_cached_s = now_s
         block.last_used_s = now_s
         self._by_hash[block_hash] = block_id
+        if self.history is not None:
+            self.history.cached(block_hash)
 
     def cache_blocks(
         self, block_ids: list[int], block_hashes: list[int], start: int, end: int, now_s: float
@@ -111,10 +122,13 @@ class BlockPool:
         (a prefill caches a prompt's worth at once)."""
         by_hash = self._by_hash
         blocks = self._blocks
+        history = self.history
         for depth in range(start, end):
             block_hash = block_hashes[depth]
             if block_hash in by_hash:
                 continue
+            if history is not None:
+                history.cached(block_hash)
             block_id = block_ids[depth]
             block = blocks[block_id]
             block.hash = block_hash
@@ -149,6 +163,8 @@ class BlockPool:
             block.ref_count = 1
             block.hits = 0
             block.last_used_s = now_s
+        if self.residency is not None:
+            self.residency.allocated(out, now_s)
         return out
 
     def allocate_one(self, now_s: float) -> int | None:
@@ -165,6 +181,8 @@ class BlockPool:
         block.ref_count = 1
         block.hits = 0
         block.last_used_s = now_s
+        if self.residency is not None:
+            self.residency.allocated([block_id], now_s)
         return block_id
 
     def _take_fresh(self, n: int) -> list[int]:
@@ -215,12 +233,15 @@ class BlockPool:
         popitem = self._free_cached.popitem
         blocks = self._blocks
         by_hash = self._by_hash
+        history = self.history
         out: list[int] = []
         for _ in range(n):
             block_id = popitem(last=False)[0]
             block = blocks[block_id]
             if block.hash is not None and by_hash.get(block.hash) == block_id:
                 del by_hash[block.hash]
+                if history is not None:
+                    history.evicted(block.hash)
             block.hash = None
             out.append(block_id)
         return out
@@ -242,5 +263,7 @@ class BlockPool:
         block = self._blocks[block_id]
         if block.hash is not None and self._by_hash.get(block.hash) == block_id:
             del self._by_hash[block.hash]
+            if self.history is not None:
+                self.history.evicted(block.hash)
         block.hash = None
         return block_id

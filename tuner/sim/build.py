@@ -29,6 +29,7 @@ class SimOptions:
     kv_offloading_size_gib: float = 0.0  # --kv-offloading-size (0: no CPU tier)
     offload_policy: OffloadPolicy = OffloadPolicy.LRU  # its eviction_policy
     store_threshold: int = 0  # its store_threshold (< 2: every block)
+    kv_cache_metrics_sample: float | None = None  # --kv-cache-metrics' sample (None: off)
     seed: int = 0
 
 
@@ -64,6 +65,7 @@ def build_engine(
         runtime_headroom_bytes=runtime_headroom_bytes(startup),
         reserve_full_sequence=version.reserves_full_sequence,
         cpu_tier=cpu_tier_config(options, gpu, bytes_per_block, startup.tensor_parallel_size),
+        kv_cache_metrics_sample=options.kv_cache_metrics_sample,
         seed=options.seed,
     )
     timer = StepTimer(

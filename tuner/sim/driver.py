@@ -20,7 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuner.sim.engine import EngineDead, FinishReason, SimEngine, SimRequest
-from tuner.sim.prometheus import EngineSnapshot, FinishedRequest, OffloadSnapshot, ServerMetrics
+from tuner.sim.prometheus import (
+    EngineSnapshot,
+    FinishedRequest,
+    LostHistorySnapshot,
+    OffloadSnapshot,
+    ServerMetrics,
+)
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +145,8 @@ class EngineDriver:
     ) -> None:
         self.engine = engine
         self.metrics = metrics
+        if engine.pool.residency is not None:
+            metrics.enable_residency()
         self.time_scale = time_scale
         self.on_dead = on_dead
         self.busy = BusyTracker()
@@ -207,6 +215,8 @@ class EngineDriver:
 
     def snapshot(self) -> EngineSnapshot:
         engine = self.engine
+        if engine.pool.residency is not None:  # vLLM drains them each stats interval
+            self.metrics.observe_evictions(engine.pool.residency.drain(), self.time_scale)
         return EngineSnapshot(
             num_running=len(engine.running),
             num_waiting=len(engine.waiting),
@@ -217,6 +227,11 @@ class EngineDriver:
             prefix_cache_queries=engine.prefix_queries_tokens,
             prefix_cache_hits=engine.prefix_hits_tokens,
             offload=OffloadSnapshot.of(engine.cpu_tier) if engine.cpu_tier is not None else None,
+            lost_history=(
+                LostHistorySnapshot.of(engine.pool.history)
+                if engine.pool.history is not None
+                else None
+            ),
         )
 
     # -- the loop ---------------------------------------------------------------------------

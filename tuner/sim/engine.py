@@ -33,6 +33,8 @@ from enum import StrEnum
 
 from tuner.sim.blocks import BlockPool, EvictionPolicy
 from tuner.sim.cpu_tier import CpuTier, CpuTierConfig
+from tuner.sim.lost_history import LostHistory
+from tuner.sim.residency import ResidencyRecorder
 from tuner.sim.timing import StepTimer, StepWork
 
 
@@ -127,6 +129,7 @@ class EngineConfig:
     runtime_headroom_bytes: int = 1 << 62  # device memory left while running
     reserve_full_sequence: bool = True  # admit only if the whole sequence fits (vLLM >= 0.19)
     cpu_tier: CpuTierConfig | None = None  # KV offloading to host memory (None: off)
+    kv_cache_metrics_sample: float | None = None  # --kv-cache-metrics' sample rate (None: off)
     seed: int = 0
 
 
@@ -187,6 +190,14 @@ class SimEngine:
         self.config = config
         self.timer = timer
         self.pool = BlockPool(config.num_gpu_blocks, config.eviction_policy)
+        if config.enable_prefix_caching:
+            self.pool.history = LostHistory(config.block_size)
+        if config.kv_cache_metrics_sample is not None:
+            self.pool.residency = ResidencyRecorder(
+                config.kv_cache_metrics_sample,
+                prefix_caching=config.enable_prefix_caching,
+                seed=config.seed,
+            )
         self.cpu_tier = CpuTier(config.cpu_tier) if config.cpu_tier is not None else None
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -345,6 +356,7 @@ class SimEngine:
         """Take a waiting request in: prefix-cache hits, blocks for its first chunk."""
         swap_in_s = 0.0
         hit_tokens: int | None = None
+        usable = 0
         if request.status is RequestStatus.SWAPPED:
             swapped = request.num_computed_tokens
             need = -(-swapped // self.config.block_size)
@@ -389,6 +401,7 @@ class SimEngine:
             request.cached_prompt_tokens = hit_tokens
             if self.cpu_tier is not None:  # the connector's lookup found nothing
                 self.cpu_tier.external_queries_tokens += request.num_tokens
+            self._sort_misses(request, usable, hit_tokens // self.config.block_size)
         self._cache_full_blocks(request, request.num_computed_tokens + n, now_s)
         return n, swap_in_s
 
@@ -425,10 +438,20 @@ class SimEngine:
             request.cached_prompt_tokens = request.num_computed_tokens
             tier.external_queries_tokens += request.num_tokens
             tier.external_hits_tokens += found * size
+            self._sort_misses(request, usable, first + found)
         request.num_offered_blocks = first + found  # loaded blocks are not stored again
         request.load_done_s = tier.load(found, now_s)
         self._cache_full_blocks(request, request.num_computed_tokens, now_s)
         return True
+
+    def _sort_misses(self, request: SimRequest, usable: int, hit_blocks: int) -> None:
+        """The simulator's ground truth of why the prompt's other blocks missed
+        (``tuner.sim.lost_history``); the prompt is a turn a later request may continue."""
+        history = self.pool.history
+        if history is None:
+            return
+        history.admitted(request.block_hashes, usable, hit_blocks)
+        history.turn_ended(request.block_hashes, request.num_tokens // self.config.block_size)
 
     def _cache_full_blocks(self, request: SimRequest, num_tokens: int, now_s: float) -> None:
         """Cache the blocks the first num_tokens fill, at scheduling as vLLM's allocate_slots
@@ -529,6 +552,8 @@ class SimEngine:
         """The request is done at end_s: out of the batch, its blocks back to the pool."""
         self.running.remove(request)
         self.pool.free(request.block_ids, end_s)
+        if self.pool.history is not None:  # prompt and answer: a turn a later one continues
+            self.pool.history.turn_ended(request.block_hashes, len(request.block_hashes))
         request.block_ids = []
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason

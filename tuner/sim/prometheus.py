@@ -26,6 +26,15 @@ from prometheus_client.registry import Collector
 
 from tuner.sim.cpu_tier import TRANSFER_SIZE_BUCKETS_BYTES, CpuTier, TransferType
 from tuner.sim.engine import FinishReason
+from tuner.sim.lost_history import LostHistory, MissCause, MissedBy
+from tuner.sim.residency import EvictionEvent
+from tuner.vllm.kv_cache_metrics import (
+    KV_CACHE_RESIDENCY_BUCKETS_S,
+    RESIDENCY_METRICS,
+    SIM_CONTINUING_METRIC,
+    SIM_HISTORY_EVICTED_METRIC,
+    SIM_MISS_TOKENS_METRIC,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -100,6 +109,23 @@ class OffloadSnapshot:
 
 
 @dataclass(frozen=True)
+class LostHistorySnapshot:
+    """The simulator's own ground truth of prefix misses (``tuner.sim.lost_history``)."""
+
+    miss_tokens: tuple[tuple[MissedBy, MissCause, int], ...]
+    continuing_requests: int
+    history_evicted_requests: int
+
+    @classmethod
+    def of(cls, history: LostHistory) -> LostHistorySnapshot:
+        return cls(
+            miss_tokens=tuple((by, cause, n) for (by, cause), n in history.miss_tokens.items()),
+            continuing_requests=history.continuing_requests,
+            history_evicted_requests=history.history_evicted_requests,
+        )
+
+
+@dataclass(frozen=True)
 class EngineSnapshot:
     """The engine's gauges and counters at one moment."""
 
@@ -112,6 +138,7 @@ class EngineSnapshot:
     prefix_cache_queries: int
     prefix_cache_hits: int
     offload: OffloadSnapshot | None = None  # with --kv-offloading-size
+    lost_history: LostHistorySnapshot | None = None  # with prefix caching
 
 
 _HISTOGRAMS = (
@@ -184,6 +211,41 @@ class _EngineCollector(Collector):
             yield counter
         if snapshot.offload is not None:
             yield from _offload_metrics(snapshot.offload, labels, self.metrics.created_s)
+        if snapshot.lost_history is not None:
+            yield from _lost_history_metrics(snapshot.lost_history, labels, self.metrics.created_s)
+
+
+def _lost_history_metrics(
+    lost: LostHistorySnapshot, labels: list[str], created_s: float
+) -> Iterable[Metric]:
+    """The simulator's ground truth of prefix misses, under its own ``tuner_sim:`` names."""
+    misses = CounterMetricFamily(
+        SIM_MISS_TOKENS_METRIC,
+        "Simulator only (not a vLLM metric): missed full prompt blocks, in tokens, by the "
+        "requests that missed (continuing: a later turn of a conversation; other) and by "
+        "cause: evicted_under_way (an earlier turn of the same conversation, evicted before "
+        "this turn), evicted (cached once, not this conversation's history), new (never "
+        "cached).",
+        labels=[*_LABELS, "request", "cause"],
+    )
+    for by, cause, tokens in lost.miss_tokens:
+        misses.add_metric([*labels, by.value, cause.value], float(tokens), created=created_s)
+    yield misses
+    continuing = CounterMetricFamily(
+        SIM_CONTINUING_METRIC,
+        "Simulator only (not a vLLM metric): admitted requests that continue an earlier turn.",
+        labels=_LABELS,
+    )
+    continuing.add_metric(labels, float(lost.continuing_requests), created=created_s)
+    yield continuing
+    lost_turns = CounterMetricFamily(
+        SIM_HISTORY_EVICTED_METRIC,
+        "Simulator only (not a vLLM metric): continuing requests whose earlier turns' "
+        "blocks were evicted while the conversation was under way.",
+        labels=_LABELS,
+    )
+    lost_turns.add_metric(labels, float(lost.history_evicted_requests), created=created_s)
+    yield lost_turns
 
 
 def _offload_metrics(
@@ -270,6 +332,31 @@ class ServerMetrics:
             ).labels(model_name, "0")
             for name, help_text, bounds in _HISTOGRAMS
         }
+        self.residency: dict[str, Histogram] = {}  # --kv-cache-metrics (empty: off)
+
+    def enable_residency(self) -> None:
+        """``--kv-cache-metrics``: the three residency histograms, as vLLM registers them."""
+        if self.residency:
+            return
+        self.residency = {
+            name: Histogram(
+                name, help_text, _LABELS, buckets=KV_CACHE_RESIDENCY_BUCKETS_S,
+                registry=self.registry,
+            ).labels(self.model_name, "0")
+            for name, help_text in RESIDENCY_METRICS
+        }  # fmt: skip
+
+    def observe_evictions(self, events: Sequence[EvictionEvent], time_scale: float) -> None:
+        """Sampled evictions (engine seconds, scaled to the server's wall clock), as vLLM's
+        logger observes each stats interval's events."""
+        if not self.residency:
+            return
+        lifetime, idle, reuse = (self.residency[name] for name, _ in RESIDENCY_METRICS)
+        for event in events:
+            lifetime.observe(event.lifetime_s * time_scale)
+            idle.observe(event.idle_s * time_scale)
+            for gap in event.reuse_gaps_s:
+                reuse.observe(gap * time_scale)
 
     def observe_finished(self, request: FinishedRequest) -> None:
         self.request_success.labels(self.model_name, "0", request.finish_reason.value).inc()

@@ -34,6 +34,7 @@ from tuner.sim.build import SimOptions, build_engine
 from tuner.sim.compile_cache import CompileCache
 from tuner.sim.cpu_tier import OffloadPolicy
 from tuner.sim.engine import SimEngine
+from tuner.sim.residency import DEFAULT_SAMPLE_RATE
 from tuner.sim.serve_log import (
     COMPILE_BACKBONE_DIR,
     Process,
@@ -102,6 +103,8 @@ _VLLM_FLAGS = (
     "kv_offloading_size",
     "kv_offloading_backend",
     "kv_transfer_config",
+    "kv_cache_metrics",
+    "kv_cache_metrics_sample",
 )
 KV_OFFLOADING_BACKENDS = ("native", "lmcache")  # vLLM's KVOffloadingBackend
 OFFLOADING_CONNECTOR = "OffloadingConnector"  # what "native" configures
@@ -151,6 +154,15 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
         help='e.g. \'{"kv_connector_extra_config": {"eviction_policy": "arc", '
         '"store_threshold": 2}}\' beside --kv-offloading-size',
     )
+    p.add_argument(
+        "--kv-cache-metrics", action=argparse.BooleanOptionalAction, default=None,
+        help="KV block residency histograms (lifetime, idle before eviction, reuse gap) "
+        "on /metrics (vLLM >= 0.13)",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-cache-metrics-sample", type=float, default=None, metavar="RATE",
+        help=f"share of blocks sampled, (0, 1] (default {DEFAULT_SAMPLE_RATE:g})",
+    )  # fmt: skip
     p.add_argument("--vllm-version", help="emulated vLLM version X.Y (default: current release)")
     p.add_argument("--disable-uvicorn-access-log", action="store_true")
     p.add_argument(
@@ -276,8 +288,13 @@ def parse_bytes(text: str) -> int:
 def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
     for flag in FLAGS:  # what this release's parser does not know
         given = getattr(args, flag.name.replace("-", "_"), None)
-        if flag.form is FlagForm.VALUE and given is not None and not flag.accepted_by(version):
+        if given is None or flag.accepted_by(version):
+            continue
+        if flag.form is FlagForm.VALUE:
             raise _VllmArgumentError(f"vllm: error: unrecognized arguments: {flag.option} {given}")
+        if flag.form is FlagForm.SWITCH and isinstance(given, bool):  # --x or --no-x
+            spelled = flag.option if given else f"--no-{flag.name}"
+            raise _VllmArgumentError(f"vllm: error: unrecognized arguments: {spelled}")
     choices = version.block_size_choices
     if args.block_size is not None and choices is not None and args.block_size not in choices:
         failure = msg.invalid_choice("--block-size", args.block_size, choices)
@@ -326,6 +343,20 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
     ).checked()
     prefix_caching = args.enable_prefix_caching is not False
     offload = _kv_offloading(args, version, swap_space_gib)
+    sample = args.kv_cache_metrics_sample
+    if sample is not None and not 0.0 < sample <= 1.0:
+        # ObservabilityConfig.kv_cache_metrics_sample: Field(gt=0, le=1), pydantic's words
+        bound, kind = (
+            ("greater than 0", "greater_than")
+            if sample <= 0
+            else ("less than or equal to 1", "less_than_equal")
+        )
+        raise _VllmConfigError(
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+            f"ObservabilityConfig\nkv_cache_metrics_sample\n  Input should be {bound} "
+            f"[type={kind}, input_value={sample}, input_type=float]"
+        )
+    metrics_sample = (sample or DEFAULT_SAMPLE_RATE) if args.kv_cache_metrics else None
     options = SimOptions(
         enable_prefix_caching=prefix_caching,
         swap_space_gib=swap_space_gib,
@@ -333,6 +364,7 @@ def _resolve(args: argparse.Namespace, version: VllmVersion) -> _Launch:
         kv_offloading_size_gib=offload.size_gib,
         offload_policy=offload.policy,
         store_threshold=offload.store_threshold,
+        kv_cache_metrics_sample=metrics_sample,
         seed=args.seed or 0,
     )
     given = {name: getattr(args, name) for name in _VLLM_FLAGS}

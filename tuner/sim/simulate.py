@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.sim.deferred import DeferredStepper, StepOutcome
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.openai_format import EMPTY_PROMPT_MESSAGE, context_length_message
+from tuner.sim.residency import EvictionEvent
 from workloads.load_result import Percentiles
 from workloads.slo import Slo
 from workloads.traces import TraceRecord, prefix_free_digits
@@ -82,6 +83,13 @@ class EngineSample:
     preemptions_total: int = 0
     prefix_queries_tokens: int = 0
     prefix_hits_tokens: int = 0
+    # The simulator's own truth so far (tuner.sim.lost_history; its tuner_sim: series):
+    # admitted later turns, those whose history was evicted, the tokens later turns
+    # missed and, of those, their own history evicted while under way.
+    continuing_requests: int = 0
+    history_evicted_requests: int = 0
+    continuing_miss_tokens: int = 0
+    evicted_under_way_tokens: int = 0
 
 
 class SimulationResult(BaseModel):
@@ -104,6 +112,13 @@ class SimulationResult(BaseModel):
     engine_steps: int
     engine_died: str | None = None
     failures: tuple[FailedRequests, ...] = ()  # num_failed, by reason
+    # Of the prompt tokens later turns missed over the run, the share that was their own
+    # conversation's history evicted while under way (tuner.sim.lost_history; None: no
+    # later turn missed, or prefix caching off).
+    evicted_under_way_share: float | None = None
+    # --kv-cache-metrics: the sampled evictions of the run (engine seconds; not dumped;
+    # None: the engine ran without it).
+    evictions: tuple[EvictionEvent, ...] | None = Field(default=None, exclude=True)
     # The arrival each record was given (a later turn: its answer's time plus think time;
     # None: never sent), and the engine's state over the run (``run(sample_every_s=)``).
     # Left out of ``model_dump``: the JSON a run prints is its summary.
@@ -364,9 +379,11 @@ def run(
         steps += 1
         peak_usage = max(peak_usage, result.kv_usage)
         if sample_every_s is not None and now >= next_sample_s:
+            history = engine.pool.history
             sample = EngineSample(
                 now, result.num_waiting, result.num_running, result.kv_usage,
                 engine.num_preemptions, engine.prefix_queries_tokens, engine.prefix_hits_tokens,
+                *(history.counts() if history is not None else (0, 0, 0, 0)),
             )  # fmt: skip
             samples.append(sample)
             next_sample_s = now + sample_every_s
@@ -567,6 +584,10 @@ def _summarise(
         prefix_cache_hit_rate=engine.prefix_hits_tokens / queries if queries else 0.0,
         engine_steps=steps,
         engine_died=died,
+        evicted_under_way_share=(
+            engine.pool.history.evicted_under_way_share if engine.pool.history else None
+        ),
+        evictions=tuple(engine.pool.residency.drain()) if engine.pool.residency else None,
         failures=failed,
         arrivals_s=tuple(arrivals),
         samples=tuple(samples),

@@ -58,6 +58,11 @@ from typing import overload
 
 from tuner.errors import ConfigError
 from tuner.serving.backlog import BacklogCheck, check_backlog, clearly_growing
+from tuner.serving.eviction_scrape import (
+    EvictionEvidence,
+    LostHistoryCounts,
+    ResidencyHistogram,
+)
 from tuner.serving.gpu_sampler import (
     NOT_SAMPLED_NOTE,
     TIMELINE_COLUMNS,
@@ -126,6 +131,7 @@ from tuner.sim.simulate import (
 from tuner.sim.tokenizer import ChatEncoder, encode
 from tuner.vllm.classify import classify_failure, engine_death_failure, log_excerpt
 from tuner.vllm.failures import StartupFailure
+from tuner.vllm.kv_cache_metrics import IDLE_BEFORE_EVICT_METRIC, LIFETIME_METRIC, REUSE_GAP_METRIC
 from tuner.vllm.log import parse_startup_log
 from tuner.vllm.versions import VllmVersion
 from workloads.chain import LoadChain
@@ -545,7 +551,7 @@ class VirtualServer:
             load=load,
             slo=verdict,
             window=opening,
-            server=_counters(records, samples, result.samples, ended.stop_s),
+            server=_counters(records, samples, result, ended.stop_s, k),
             death=died,
             stopped_early=stopped_by_caller and "slo" in ended.fired,
             backlog=backlog,
@@ -903,13 +909,15 @@ def _held(
 def _counters(
     records: Sequence[RequestRecord],
     samples: Sequence[MetricsSample],
-    engine_samples: Sequence[EngineSample],
+    result: SimulationResult,
     stop_s: float,
+    time_scale: float,
 ) -> ServerCounters:
     """What the server counted over a run, as ``ServerCounters.between`` reads /metrics
     before and after it: tokens from the records, the engine's counters at its last sample
-    before the stop (a fresh engine counts from 0)."""
-    last = next((e for e in reversed(engine_samples) if e.t_s <= stop_s), None)
+    before the stop (a fresh engine counts from 0), its sampled evictions up to the stop
+    (``--kv-cache-metrics``; in the server's seconds, as sim-serve's clock shows them)."""
+    last = next((e for e in reversed(result.samples) if e.t_s <= stop_s), None)
     queries = last.prefix_queries_tokens if last is not None else 0
     hits = last.prefix_hits_tokens if last is not None else 0
     return ServerCounters(
@@ -920,6 +928,43 @@ def _counters(
         prefix_cache_hits=hits,
         prefix_cache_hit_rate=hits / queries if queries > 0 else None,
         max_kv_cache_usage=max((s.kv_cache_usage for s in samples), default=None),
+        eviction=_eviction(result, last, stop_s, time_scale),
+    )
+
+
+def _eviction(
+    result: SimulationResult, last: EngineSample | None, stop_s: float, k: float
+) -> EvictionEvidence:
+    """The run's eviction evidence as sim-serve's /metrics would show it (the residency
+    histograms where the server runs with ``--kv-cache-metrics``)."""
+    histograms: dict[str, ResidencyHistogram] = {}
+    if result.evictions is not None:
+        events = [e for e in result.evictions if e.at_s <= stop_s]
+        histograms = {
+            "lifetime": ResidencyHistogram.of(LIFETIME_METRIC, [e.lifetime_s * k for e in events]),
+            "idle_before_evict": ResidencyHistogram.of(
+                IDLE_BEFORE_EVICT_METRIC, [e.idle_s * k for e in events]
+            ),
+            "reuse_gap": ResidencyHistogram.of(
+                REUSE_GAP_METRIC, [g * k for e in events for g in e.reuse_gaps_s]
+            ),
+        }
+    return EvictionEvidence(lost_history=_lost_history(last), **histograms)
+
+
+def _lost_history(last: EngineSample | None) -> LostHistoryCounts:
+    """The twin's own truth of later turns' misses (the engine's, as the simulated server
+    exports it under ``tuner_sim:``), from its counters at the last sample."""
+    if last is None:
+        return LostHistoryCounts(
+            continuing_requests=0, history_evicted_requests=0,
+            continuing_miss_tokens=0, evicted_under_way_tokens=0,
+        )  # fmt: skip
+    return LostHistoryCounts(
+        continuing_requests=last.continuing_requests,
+        history_evicted_requests=last.history_evicted_requests,
+        continuing_miss_tokens=last.continuing_miss_tokens,
+        evicted_under_way_tokens=last.evicted_under_way_tokens,
     )
 
 

@@ -28,6 +28,7 @@ from enum import StrEnum
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.versions import (
     KV_CACHE_MEMORY_BYTES_FLAG,
+    KV_CACHE_METRICS_FLAG,
     KV_OFFLOADING_FLAGS,
     SWAP_SPACE_REMOVED,
     VllmVersion,
@@ -123,6 +124,16 @@ FLAGS: tuple[VllmFlag, ...] = (
         gone="--kv-offloading-backend does not exist before vLLM 0.11.1",
     ),
     VllmFlag("kv-transfer-config", FlagForm.VALUE, str, short="kv-transfer"),
+    # KV block residency histograms (vllm/config/observability.py: kv_cache_metrics, and
+    # kv_cache_metrics_sample, the share of blocks sampled, default 0.01).
+    VllmFlag(
+        "kv-cache-metrics", FlagForm.SWITCH, since=KV_CACHE_METRICS_FLAG,
+        gone="--kv-cache-metrics does not exist before vLLM 0.13",
+    ),
+    VllmFlag(
+        "kv-cache-metrics-sample", FlagForm.VALUE, float, since=KV_CACHE_METRICS_FLAG,
+        gone="--kv-cache-metrics-sample does not exist before vLLM 0.13",
+    ),
     VllmFlag("served-model-name", FlagForm.VALUE, str),
     VllmFlag("host", FlagForm.VALUE, str),
     VllmFlag("port", FlagForm.VALUE, int),

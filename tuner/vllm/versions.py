@@ -50,6 +50,12 @@ KV_OFFLOADING_NATIVE_DEFAULT = (0, 14)
 # kv_connector_extra_config "store_threshold" (#35342, merged 2026-02-26): a block is stored
 # to the CPU only once it was seen that many times; older releases ignore the key.
 KV_OFFLOAD_STORE_THRESHOLD = (0, 17)
+# --kv-cache-metrics and --kv-cache-metrics-sample (KV cache residency histograms:
+# vllm:kv_block_lifetime_seconds, vllm:kv_block_idle_before_evict_seconds,
+# vllm:kv_block_reuse_gap_seconds): vLLM PR #27793, merged in the week to 2025-12-05
+# (vLLM's weekly summary), between 0.12.0 (2025-12-03) and 0.13.0; read in 0.32's
+# config/observability.py, v1/core/kv_cache_metrics.py and v1/metrics/loggers.py.
+KV_CACHE_METRICS_FLAG = (0, 13)
 STARTING_SERVER_LINE = (
     0,
     33,
@@ -91,6 +97,11 @@ class VllmVersion(BaseModel):
     def has_kv_offloading(self) -> bool:
         """``--kv-offloading-size`` and ``--kv-offloading-backend`` exist."""
         return self.at_least(KV_OFFLOADING_FLAGS)
+
+    @property
+    def has_kv_cache_metrics(self) -> bool:
+        """``--kv-cache-metrics`` (the KV block residency histograms) exists."""
+        return self.at_least(KV_CACHE_METRICS_FLAG)
 
     @property
     def default_gpu_memory_utilization(self) -> float:
