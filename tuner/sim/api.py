@@ -45,6 +45,7 @@ from tuner.sim.openai_format import (
     sse_event,
 )
 from tuner.sim.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from tuner.sim.cache_info import cache_config_labels, register_cache_config_info
 from tuner.sim.prometheus import ServerMetrics
 from tuner.sim.serve_log import (
     ENGINE_DEAD_TEXT,
@@ -94,6 +95,7 @@ class ServeSettings:
     stats_interval_s: float = STATS_INTERVAL_S
     # vLLM's --api-key / VLLM_API_KEY: one of them is required on every /v1 path.
     api_keys: tuple[str, ...] = ()
+    kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes, as given
 
 
 class GpuReport(BaseModel):
@@ -225,6 +227,13 @@ class SimServer:
         self.settings = settings
         self.vllm_log = vllm_log
         self.metrics = ServerMetrics(settings.served_model_names[0])
+        register_cache_config_info(
+            self.metrics.registry,
+            cache_config_labels(
+                plan, enable_prefix_caching=settings.enable_prefix_caching,
+                kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+            ),
+        )  # fmt: skip
         self._driver: EngineDriver | None = None
         self._read_stamps: dict[object, float] = {}
 

@@ -51,6 +51,7 @@ from tuner.sim.serve_log import (
 )
 from tuner.sim.timing import TimingFactors
 from tuner.vllm import messages as msg
+from tuner.vllm.boot import BootState
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
 from tuner.vllm.flags import FLAGS, FlagForm
 from tuner.vllm.gpus import GpuSpec, get_gpu
@@ -412,9 +413,15 @@ async def _start_engine(
 ) -> tuple[MemoryPlan, SimEngine | None]:
     """Print vLLM's startup lines up to "init engine"; the engine, or None after a failure."""
     who = launch.identity
+    cache = CompileCache.of(launch.identity.model, launch.params, launch.version, environ)
+    backbone = launch.version.at_least(COMPILE_BACKBONE_DIR)
+    warm = launch.params.enforce_eager or cache.warm(backbone=backbone)
+    # A cold start compiles inside vLLM's memory profile: a smaller KV cache (tuner.vllm.boot).
+    boot = BootState.WARM if warm else BootState.COLD
     plan, engine = build_engine(
-        launch.model, launch.gpu, launch.params, launch.version, launch.options, launch.step_costs
-    )
+        launch.model, launch.gpu, launch.params, launch.version, launch.options,
+        launch.step_costs, boot=boot,
+    )  # fmt: skip
     failure = plan.failure
     if launch.params.tensor_parallel_size > launch.gpu_count:  # vLLM's ParallelConfig check
         failure = msg.more_ranks_than_gpus(launch.params.tensor_parallel_size, launch.gpu_count)
@@ -435,7 +442,7 @@ async def _start_engine(
     log_model_loading(vllm_log, plan, time.monotonic() - started)
     compile_s = 0.0
     if not launch.params.enforce_eager:
-        compile_s = await _torch_compile(launch, plan, vllm_log, stop, environ)
+        compile_s = await _torch_compile(launch, plan, vllm_log, stop, cache, warm=warm)
     await _pause(stop, launch.startup_delay_s - load_s)
     log_profile_result(vllm_log, plan, launch.params.kv_cache_memory_bytes)
     if failure is not None and stage is _Stage.PROFILING:
@@ -456,13 +463,15 @@ async def _torch_compile(
     plan: MemoryPlan,
     vllm_log: VllmLog,
     stop: asyncio.Event,
-    environ: Mapping[str, str] | None = None,
+    cache: CompileCache,
+    *,
+    warm: bool,
 ) -> float:
     """vLLM's torch.compile: cold, it compiles for ``compile_delay_s`` and keeps the graphs
-    in $VLLM_CACHE_ROOT/torch_compile_cache/<hash>/; warm, it loads them. Its seconds."""
-    cache = CompileCache.of(launch.identity.model, launch.params, launch.version, environ)
+    in $VLLM_CACHE_ROOT/torch_compile_cache/<hash>/ (before the memory profile sizes the KV
+    cache, so a start that then fails leaves them for the next); warm, it loads them. Its
+    seconds."""
     backbone = launch.version.at_least(COMPILE_BACKBONE_DIR)
-    warm = cache.warm(backbone=backbone)
     share = WARM_COMPILE_SHARE if warm else 1.0
     began = time.monotonic()
     await _pause(stop, launch.compile_delay_s * share)
@@ -536,6 +545,7 @@ async def _serve(launch: _Launch) -> int:
         time_scale=launch.time_scale,
         enable_prefix_caching=who.enable_prefix_caching,
         api_keys=launch.api_keys,
+        kv_cache_memory_bytes=launch.params.kv_cache_memory_bytes,
     )
     server = SimServer(engine, plan, launch.gpu, settings, vllm_log)
     runner_options: dict[str, Any] = {"access_log": None}
