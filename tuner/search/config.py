@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from tuner.deploy import Rollout, parse_cache_volume
 from tuner.errors import ConfigError
 from tuner.run.config import TuneConfig
+from tuner.vllm.boot import BootState
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:
@@ -65,6 +66,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:
     except ConfigError as exc:
         raise ConfigError(f"--cache-volume: {exc}") from None
     Rollout.parse(config.rollout)
+    BootState.parse(config.production_boot)  # one line naming a bad value
     return config
 
 

@@ -30,6 +30,7 @@ from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_request import BaseRequest
 from pydantic import BaseModel, ConfigDict
 
+from tuner.sim.cache_info import cache_config_labels, register_cache_config_info
 from tuner.sim.driver import EngineDriver, EngineFailure, RequestStream, Token
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.openai_format import (
@@ -45,7 +46,6 @@ from tuner.sim.openai_format import (
     sse_event,
 )
 from tuner.sim.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from tuner.sim.cache_info import cache_config_labels, register_cache_config_info
 from tuner.sim.prometheus import ServerMetrics
 from tuner.sim.serve_log import (
     ENGINE_DEAD_TEXT,

@@ -52,15 +52,20 @@ COLD_COMPILE_SOURCE = (
 MEASURED_FACTOR_BOUNDS = (0.0, 10.0)
 
 # vLLM's torch.compile lines (vllm/compilation/backends.py, decorators.py), as public logs
-# print them and ``tuner sim-serve`` reproduces them (tuner.sim.serve_log):
+# print them (tests/fixtures/vllm_logs/boot_state) and ``tuner sim-serve`` reproduces them:
 #   warm: "Directly load the compiled graph(s) for compile range (1, 8192) from the cache"
 #         "Directly load AOT compilation from path ..."
+#         "Directly lookup the graph for shape None from the cache" (0.7 and 0.8)
 #   cold: "Compiling a graph for compile range (1, 8192) takes 21.3 s"
-#         "Compiling a graph for dynamic shape takes ..."
+#         "Compiling model again due to a load failure from ..." (an AOT artifact refused)
+# 0.7 and 0.8 also print "Compiling a graph for general shape takes 0.34 s" after a cache
+# lookup, so that line alone says cold only where no lookup hit precedes it.
 RE_WARM_COMPILE = re.compile(
     r"Directly load the compiled graph\(s\)|Directly load AOT compilation from path"
+    r"|Directly lookup the graph for"
 )
 RE_COLD_COMPILE = re.compile(r"Compiling a graph for ")
+RE_RECOMPILE = re.compile(r"Compiling model again due to a load failure")
 
 
 class BootState(StrEnum):
@@ -124,10 +129,11 @@ def boot_state_of_log(text: str) -> BootState | None:
     """The boot state a vLLM startup log shows: WARM where it loaded compiled graphs, COLD
     where it compiled; None where it shows neither (``--enforce-eager``, or a log cut short
     before torch.compile)."""
+    if RE_RECOMPILE.search(text) is not None:
+        return BootState.COLD  # an artifact refused: compiled again inside the profile
     warm = RE_WARM_COMPILE.search(text) is not None
-    cold = RE_COLD_COMPILE.search(text) is not None
-    if cold:
-        return BootState.COLD  # a partial hit (one graph loaded, another compiled) is cold
+    if RE_COLD_COMPILE.search(text) is not None and not warm:
+        return BootState.COLD
     if warm:
         return BootState.WARM
     return None

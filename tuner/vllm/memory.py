@@ -511,9 +511,7 @@ def plan(
     if boot is BootState.COLD and params.kv_cache_memory_bytes is None:
         # Given --kv-cache-memory-bytes, vLLM skips the profile the compile inflates.
         factor = calibration.compile_factor if calibration is not None else None
-        compiled = cold_compile_bytes(
-            activation, enforce_eager=params.enforce_eager, factor=factor
-        )
+        compiled = cold_compile_bytes(activation, enforce_eager=params.enforce_eager, factor=factor)
         activation += compiled
     graphs_in_budget = graphs if version.cudagraph_in_budget else 0
     if params.kv_cache_memory_bytes is not None:
