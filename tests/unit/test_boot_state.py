@@ -10,6 +10,7 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.search.boot_calibration import adopt
+from tuner.search.cold_boot import check_cold_boot, lowest_starting_utilization
 from tuner.search.config import load_config
 from tuner.sim.serve_cli import start_offline
 from tuner.sim.serve_log import VllmLog
@@ -18,6 +19,7 @@ from tuner.vllm.gpus import get_gpu
 from tuner.vllm.log import calibration_from_report, parse_startup_log
 from tuner.vllm.memory import Calibration, ServingParams, plan
 from tuner.vllm.models import resolve_model
+from tuner.vllm.space import TrialParams
 from tuner.vllm.versions import VllmVersion
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm_logs" / "boot_state"
@@ -147,3 +149,58 @@ def test_a_bad_production_boot_is_one_line(option: str) -> None:
     with pytest.raises(ConfigError) as err:
         BootState.parse("hot", option="--boot")
     assert str(err.value).startswith("--boot 'hot' is not a boot state; accepted: cold, warm")
+
+
+def _edge_setting() -> tuple[TrialParams, ServingParams, float, float]:
+    """A utilization at which llama-3.1-8b (max-model-len 32768) starts warm, not cold."""
+    base = ServingParams(max_model_len=32768)
+    version = VllmVersion.current()
+
+    def fits(u: float, boot: BootState) -> bool:
+        p = TrialParams(gpu_memory_utilization=u).serving(base)
+        return plan(MODEL, GPU, p, version, boot=boot).fits
+
+    low_warm = lowest_starting_utilization(lambda u: fits(u, BootState.WARM))
+    low_cold = lowest_starting_utilization(lambda u: fits(u, BootState.COLD))
+    assert low_warm is not None and low_cold is not None and low_cold > low_warm
+    return TrialParams(gpu_memory_utilization=low_warm), base, low_warm, low_cold
+
+
+def test_a_setting_that_starts_warm_but_not_cold_is_recommended_only_with_the_margin() -> None:
+    params, base, low_warm, low_cold = _edge_setting()
+    kept, check = check_cold_boot(
+        params, model=MODEL, gpu=GPU, version=VllmVersion.current(), base=base,
+        calibration=None, production=BootState.WARM, margin=0.02, ceiling=0.9,
+    )  # fmt: skip
+    # raised to the lowest utilization that starts cold, plus the stated margin
+    assert kept.gpu_memory_utilization == pytest.approx(low_cold + 0.02)
+    assert check.raised_from == low_warm and check.utilization == kept.gpu_memory_utilization
+    assert check.starts_cold and check.lowest_utilization_cold == low_cold
+    assert check.lowest_utilization_warm == low_warm
+    text = " ".join(check.lines())
+    assert f"raised from {low_warm:g}" in text and "plus the 0.02 margin" in text
+    # an edge too low for the margin: it still starts cold, and says where the margin went
+    tight, tight_check = check_cold_boot(
+        params, model=MODEL, gpu=GPU, version=VllmVersion.current(), base=base,
+        calibration=None, production=BootState.WARM, margin=0.02, ceiling=low_cold,
+    )  # fmt: skip
+    assert tight.gpu_memory_utilization == low_cold and tight_check.starts_cold
+    # no room at all: not raised, and the check says it does not start cold
+    stuck, stuck_check = check_cold_boot(
+        params, model=MODEL, gpu=GPU, version=VllmVersion.current(), base=base,
+        calibration=None, production=BootState.WARM, margin=0.02, ceiling=low_warm,
+    )  # fmt: skip
+    assert stuck.gpu_memory_utilization == low_warm and not stuck_check.starts_cold
+    assert "does NOT start cold" in " ".join(stuck_check.lines())
+
+
+def test_a_setting_well_above_the_cold_edge_is_kept() -> None:
+    params = TrialParams(gpu_memory_utilization=0.9)
+    kept, check = check_cold_boot(
+        params, model=MODEL, gpu=GPU, version=VllmVersion.current(), base=ServingParams(),
+        calibration=None, production=BootState.WARM, margin=0.02, ceiling=0.92,
+    )  # fmt: skip
+    assert kept == params and check.raised_from is None and check.starts_cold
+    assert check.cold_kv_cache_tokens is not None
+    assert check.cold_kv_cache_tokens < check.warm_kv_cache_tokens
+    assert check.cold_share_lost is not None and 0.02 < check.cold_share_lost < 0.08

@@ -1,0 +1,89 @@
+"""The recommendation on a cold boot on a new node, in ``recommendation.json``.
+
+A pod on a new node starts with an empty compile cache: vLLM compiles inside its memory
+profile and sizes a smaller KV cache (``tuner.vllm.boot``), so a setting near the lower
+``--gpu-memory-utilization`` edge (or a ``--max-model-len`` the KV cache barely holds)
+starts warm and fails cold. ``ColdBootCheck`` is what the calibrated memory model says of
+the recommended settings on such a boot, and what the recommendation did about it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.vllm.boot import BootState
+
+GIB = 1 << 30
+
+
+class ColdBootCheck(BaseModel):
+    """The recommended settings on a cold boot (empty compile cache), predicted."""
+
+    model_config = ConfigDict(frozen=True)
+
+    production_boot: BootState  # the boot the tune's capacity figures are for
+    calibrated: bool  # the memory model calibrated from this run's startups
+    compile_factor: float  # torch.compile's memory on a cold boot, x the warm activation
+    factor_source: str  # measured by this run's cold and warm boots, or the public figure
+    compile_bytes: int  # what a cold boot charges at the recommended settings
+    warm_kv_cache_tokens: int
+    cold_kv_cache_tokens: int | None  # None: it does not start cold
+    starts_cold: bool
+    cold_failure: str | None = None  # what vLLM would say on a cold boot
+    # The lowest --gpu-memory-utilization that starts, cold and warm (None: none does).
+    lowest_utilization_cold: float | None = None
+    lowest_utilization_warm: float | None = None
+    margin: float  # utilization kept above the cold edge (--safety-margin)
+    utilization: float  # the recommended --gpu-memory-utilization
+    # The utilization before the recommendation was raised to start cold with the margin
+    # (None: it already did)
+    raised_from: float | None = None
+
+    @property
+    def cold_share_lost(self) -> float | None:
+        """The share of the warm KV cache a cold boot does not get."""
+        if self.cold_kv_cache_tokens is None or self.warm_kv_cache_tokens <= 0:
+            return None
+        return 1 - self.cold_kv_cache_tokens / self.warm_kv_cache_tokens
+
+    def lines(self) -> list[str]:
+        """The check in words, for the tune's output and the report's memory section."""
+        compile_gib = self.compile_bytes / GIB
+        head = (
+            f"cold boot on a new node (empty compile cache): torch.compile's "
+            f"{compile_gib:.2f} GiB is charged in vLLM's memory profile "
+            f"({self.compile_factor:.2f} x the warm activation, {self.factor_source})"
+        )
+        out = [head]
+        lost = self.cold_share_lost
+        if self.starts_cold and lost is not None:
+            out.append(
+                f"it starts cold with {self.cold_kv_cache_tokens:,} KV tokens against "
+                f"{self.warm_kv_cache_tokens:,} warm ({lost:.1%} fewer) until a restart finds "
+                "the compile cache; the capacity figures are for a "
+                f"{self.production_boot.value} boot"
+            )
+        elif not self.starts_cold:
+            out.append(
+                f"at --gpu-memory-utilization {self.utilization:g} it does NOT start cold "
+                f"({self.cold_failure or 'out of memory'}): pre-fill the compile cache on its "
+                "volume (the warm-up) before pods on new nodes take traffic, or lower "
+                "--max-model-len"
+            )
+        if self.raised_from is not None:
+            out.append(
+                f"--gpu-memory-utilization raised from {self.raised_from:g} to "
+                f"{self.utilization:g}: the lowest that starts cold is "
+                f"{self.lowest_utilization_cold:g} (warm {self.lowest_utilization_warm:g}), "
+                f"plus the {self.margin:g} margin"
+            )
+        elif self.lowest_utilization_cold is not None:
+            out.append(
+                f"lowest --gpu-memory-utilization that starts: {self.lowest_utilization_cold:g} "
+                f"cold, {self.lowest_utilization_warm:g} warm; the recommendation's "
+                f"{self.utilization:g} keeps {self.utilization - self.lowest_utilization_cold:.2f} "
+                "above the cold edge"
+            )
+        if not self.calibrated:
+            out.append("(the memory model was not calibrated by a startup of this run)")
+        return out
