@@ -204,3 +204,32 @@ def test_a_setting_well_above_the_cold_edge_is_kept() -> None:
     assert check.cold_kv_cache_tokens is not None
     assert check.cold_kv_cache_tokens < check.warm_kv_cache_tokens
     assert check.cold_share_lost is not None and 0.02 < check.cold_share_lost < 0.08
+
+
+def test_a_startup_plan_recorded_cold_keeps_the_cold_kv_cache_on_warm_boots(
+    tmp_path: Path,
+) -> None:
+    """VLLM_ENABLE_STARTUP_PLAN=1 (vllm/v1/worker/startup_plan.py): the first boot saves
+    the KV memory its profile sized; later boots with the same fingerprint apply it and
+    skip the profile. Recorded on a cold boot, the warm boots keep its smaller KV cache."""
+    flags = ["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--gpu-memory-utilization", "0.9"]
+
+    def boot(env: dict[str, str]) -> str:
+        out = io.StringIO()
+        started = start_offline(flags, VllmLog(VllmVersion.current(), out=out, err=out), env)
+        assert started.exit_code is None, out.getvalue()[-2000:]
+        return out.getvalue()
+
+    planned = {"VLLM_CACHE_ROOT": str(tmp_path / "with-plan"), "VLLM_ENABLE_STARTUP_PLAN": "1"}
+    first, second = boot(planned), boot(planned)
+    assert "Saved startup plan to" in first and "Applying persisted startup plan" in second
+    cold, warm_with_plan = parse_startup_log(first), parse_startup_log(second)
+    assert cold.boot_state is BootState.COLD and warm_with_plan.boot_state is BootState.WARM
+    assert warm_with_plan.kv_cache_size_given  # the profile skipped
+    assert warm_with_plan.kv_cache_tokens == cold.kv_cache_tokens
+    plain = {"VLLM_CACHE_ROOT": str(tmp_path / "no-plan")}
+    boot(plain)
+    warm = parse_startup_log(boot(plain))
+    assert warm.boot_state is BootState.WARM and "startup plan" not in boot(plain)
+    assert cold.kv_cache_tokens is not None and warm.kv_cache_tokens is not None
+    assert warm.kv_cache_tokens > cold.kv_cache_tokens

@@ -49,12 +49,13 @@ from tuner.sim.serve_log import (
     log_startup_failure,
     log_torch_compile,
 )
+from tuner.sim.startup_plan import StartupPlan
 from tuner.sim.timing import TimingFactors
 from tuner.vllm import messages as msg
 from tuner.vllm.boot import BootState
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
 from tuner.vllm.flags import FLAGS, FlagForm
-from tuner.vllm.gpus import GpuSpec, get_gpu
+from tuner.vllm.gpus import GiB, GpuSpec, get_gpu
 from tuner.vllm.memory import KV_CACHE_DTYPES, MemoryPlan, ServingParams
 from tuner.vllm.models import ModelSpec, resolve_model
 from tuner.vllm.versions import VllmVersion
@@ -418,8 +419,19 @@ async def _start_engine(
     warm = launch.params.enforce_eager or cache.warm(backbone=backbone)
     # A cold start compiles inside vLLM's memory profile: a smaller KV cache (tuner.vllm.boot).
     boot = BootState.WARM if warm else BootState.COLD
+    params = launch.params
+    startup_plan = StartupPlan.of(
+        launch.identity.model, params, launch.version, launch.gpu,
+        params.max_model_len or launch.model.max_position_embeddings, environ,
+    )  # fmt: skip
+    applied = None
+    if startup_plan is not None and params.kv_cache_memory_bytes is None:
+        # VLLM_ENABLE_STARTUP_PLAN: a recorded plan is applied as kv_cache_memory_bytes
+        applied = startup_plan.load(launch.gpu.cuda_total_bytes - params.other_process_bytes)
+        if applied is not None:
+            params = params.model_copy(update={"kv_cache_memory_bytes": applied[0]})
     plan, engine = build_engine(
-        launch.model, launch.gpu, launch.params, launch.version, launch.options,
+        launch.model, launch.gpu, params, launch.version, launch.options,
         launch.step_costs, boot=boot,
     )  # fmt: skip
     failure = plan.failure
@@ -444,7 +456,9 @@ async def _start_engine(
     if not launch.params.enforce_eager:
         compile_s = await _torch_compile(launch, plan, vllm_log, stop, cache, warm=warm)
     await _pause(stop, launch.startup_delay_s - load_s)
-    log_profile_result(vllm_log, plan, launch.params.kv_cache_memory_bytes)
+    if startup_plan is not None and applied is not None:
+        log_startup_plan_applied(vllm_log, startup_plan.fingerprint, applied, plan.free_bytes)
+    log_profile_result(vllm_log, plan, params.kv_cache_memory_bytes)
     if failure is not None and stage is _Stage.PROFILING:
         log_startup_failure(vllm_log, failure)
         return plan, None
@@ -454,8 +468,39 @@ async def _start_engine(
         return plan, None
     if not launch.params.enforce_eager:
         log_graph_capture(vllm_log, plan, 0.0)
+    if startup_plan is not None and params.kv_cache_memory_bytes is None:
+        _save_startup_plan(startup_plan, plan, vllm_log)
     log_init_engine(vllm_log, time.monotonic() - started, compile_s)
     return plan, engine
+
+
+def _save_startup_plan(startup_plan: StartupPlan, plan: MemoryPlan, vllm_log: VllmLog) -> None:
+    """A profiled boot's KV-cache memory kept for the next (vLLM logs, never raises)."""
+    try:
+        startup_plan.save(plan.kv_cache_bytes, plan.free_bytes)
+    except OSError as exc:
+        vllm_log.log(
+            Process.ENGINE_CORE, "WARNING", "startup_plan.py:189",
+            f"Failed to save startup plan to {startup_plan.path}: {exc}",
+        )  # fmt: skip
+        return
+    vllm_log.info(
+        Process.ENGINE_CORE, "startup_plan.py:187", f"Saved startup plan to {startup_plan.path}"
+    )
+
+
+def log_startup_plan_applied(
+    vllm_log: VllmLog, fingerprint: str, applied: tuple[int, int], free_bytes: int
+) -> None:
+    kv, baseline = applied
+    vllm_log.info(
+        Process.ENGINE_CORE,
+        "startup_plan.py:158",
+        f"Applying persisted startup plan (fingerprint {fingerprint}): "
+        f"kv_cache_memory_bytes={kv} ({kv / GiB:.2f} GiB), recorded free-memory "
+        f"baseline {baseline / GiB:.2f} GiB, current {free_bytes / GiB:.2f} GiB. Memory "
+        "profiling will be skipped.",
+    )
 
 
 async def _torch_compile(
