@@ -18,6 +18,7 @@ from tuner.vllm.boot import COLD_COMPILE_FACTOR, BootState, boot_state_of_log
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.log import calibration_from_report, parse_startup_log
 from tuner.vllm.memory import Calibration, ServingParams, plan
+from tuner.vllm.memory_boundary import memory_boundary
 from tuner.vllm.models import resolve_model
 from tuner.vllm.space import TrialParams
 from tuner.vllm.versions import VllmVersion
@@ -233,3 +234,15 @@ def test_a_startup_plan_recorded_cold_keeps_the_cold_kv_cache_on_warm_boots(
     assert warm.boot_state is BootState.WARM and "startup plan" not in boot(plain)
     assert cold.kv_cache_tokens is not None and warm.kv_cache_tokens is not None
     assert warm.kv_cache_tokens > cold.kv_cache_tokens
+
+
+def test_the_memory_boundary_knows_the_cold_edge() -> None:
+    base = ServingParams(max_model_len=32768)
+    boundary = memory_boundary(
+        MODEL, GPU, VllmVersion.current(), base, TrialParams(), None, ["auto"], [16, 256]
+    )
+    rows = boundary.rows_by_dtype["auto"]
+    assert rows
+    for row in rows:
+        assert row.lowest_utilization_cold is not None
+        assert row.lowest_utilization_cold > row.lowest_utilization  # the cold edge is higher
