@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tuner_command import tuner_in_process
 from tuner.errors import ConfigError
 from tuner.search.boot_calibration import adopt
 from tuner.search.cold_boot import check_cold_boot, lowest_starting_utilization
@@ -246,3 +247,16 @@ def test_the_memory_boundary_knows_the_cold_edge() -> None:
     for row in rows:
         assert row.lowest_utilization_cold is not None
         assert row.lowest_utilization_cold > row.lowest_utilization  # the cold edge is higher
+
+
+def test_tune_refuses_a_bad_production_boot_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tuner_in_process(
+        ["tune", "--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--production-boot", "hot",
+         "--dry-run"],
+        capsys,
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--production-boot 'hot' is not a boot state" in lines[0]
