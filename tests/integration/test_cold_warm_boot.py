@@ -9,12 +9,19 @@ import re
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.integration.simserver import SimServer
+from tuner.run.config import TuneConfig
+from tuner.search.cold_boot import probe_cold_boot
+from tuner.search.context import StudySetup, resolve
+from tuner.search.evaluate import live_server
+from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import free_port
+from tuner.twin.virtual_server import VirtualServer
 from tuner.vllm.boot import BootState
 from tuner.vllm.classify import classify_failure
 from tuner.vllm.failures import StartupFailureKind
@@ -22,6 +29,9 @@ from tuner.vllm.gpus import get_gpu
 from tuner.vllm.log import parse_startup_log
 from tuner.vllm.memory import ServingParams, plan
 from tuner.vllm.models import resolve_model
+from tuner.vllm.space import TrialParams
+
+MODEL, GPU = resolve_model("llama-3.1-8b"), get_gpu("H100-80GB")
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -109,3 +119,30 @@ def test_at_the_edge_a_cold_boot_fails_and_the_warm_retry_starts(tmp_path: Path)
     finally:
         second.stop()
     assert parse_startup_log(second.log()).boot_state is BootState.WARM
+
+
+@pytest.mark.parametrize("virtual", [True, False])
+def test_the_cold_boot_probe_launches_with_an_empty_compile_cache(
+    tmp_path: Path, virtual: bool
+) -> None:
+    """The recommendation launched as a pod on a new node boots: its own empty
+    VLLM_CACHE_ROOT under edge/cold-boot/, while the run's compile cache is warm."""
+    config = TuneConfig.model_validate(
+        {"model": "llama-3.1-8b", "gpu": "H100-80GB", "run_dir": str(tmp_path / "run"),
+         "sim_startup_delay_s": 0.1}
+    )  # fmt: skip
+    ctx = replace(resolve(config), server_factory=VirtualServer if virtual else None)
+    setup = StudySetup(time_scale=1.0)
+    params = TrialParams(gpu_memory_utilization=0.9)
+    registry = ChildRegistry(tmp_path / "run")
+    lines: list[str] = []
+    with registry.guard():
+        # the run's own cache filled first (a trial): the probe must not find it
+        with live_server(ctx, setup, params, tmp_path / "trial", registry) as trial:
+            assert trial.ready
+        probe = probe_cold_boot(ctx, setup, params, registry, lines.append)
+    assert probe is not None and probe.started and probe.boot_state is BootState.COLD
+    cold = plan(MODEL, GPU, ServingParams(gpu_memory_utilization=0.9), boot=BootState.COLD)
+    assert probe.kv_cache_tokens == cold.kv_cache_tokens
+    assert Path(probe.dir, "vllm-cache", "torch_compile_cache").is_dir()
+    assert Path(probe.dir, "probe.json").is_file()

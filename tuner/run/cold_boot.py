@@ -16,6 +16,28 @@ from tuner.vllm.boot import BootState
 GIB = 1 << 30
 
 
+class ColdBootProbe(BaseModel):
+    """The recommended settings launched once with an empty compile cache (a cold boot on
+    a new node), up to ready or its failure; ``edge/cold-boot/``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    started: bool
+    boot_state: BootState | None  # what its log shows (cold, unless vLLM compiled nothing)
+    kv_cache_tokens: int | None
+    failure: str | None = None  # vLLM's words where it did not start
+    dir: str
+
+    def line(self) -> str:
+        if self.started:
+            tokens = f" with {self.kv_cache_tokens:,} KV tokens" if self.kv_cache_tokens else ""
+            return f"measured: launched with an empty compile cache, it started{tokens}"
+        return (
+            "measured: launched with an empty compile cache, it did NOT start "
+            f"({self.failure or 'see its log'}; {self.dir})"
+        )
+
+
 class ColdBootCheck(BaseModel):
     """The recommended settings on a cold boot (empty compile cache), predicted."""
 
@@ -38,6 +60,8 @@ class ColdBootCheck(BaseModel):
     # The utilization before the recommendation was raised to start cold with the margin
     # (None: it already did)
     raised_from: float | None = None
+    # The recommendation launched cold (None: not launched, or the time budget had no room)
+    measured: ColdBootProbe | None = None
 
     @property
     def cold_share_lost(self) -> float | None:
@@ -84,6 +108,8 @@ class ColdBootCheck(BaseModel):
                 f"{self.utilization:g} keeps {self.utilization - self.lowest_utilization_cold:.2f} "
                 "above the cold edge"
             )
+        if self.measured is not None:
+            out.append(self.measured.line())
         if not self.calibrated:
             out.append("(the memory model was not calibrated by a startup of this run)")
         return out

@@ -11,9 +11,19 @@ that is not possible, the check says so, with what to do.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 
-from tuner.run.cold_boot import ColdBootCheck
+from tuner.run.budget import LaunchKind
+from tuner.run.cold_boot import ColdBootCheck, ColdBootProbe
+from tuner.run.layout import RunLayout
+from tuner.search.budget import TimeBudget
+from tuner.search.context import StudySetup, TuneContext
+from tuner.search.evaluate import launch_spec
+from tuner.serving.live_server import LiveServer, ServerFactory
+from tuner.serving.processes import ChildRegistry
+from tuner.serving.server import CACHE_ROOT_ENV, TrialOutcome
 from tuner.vllm.boot import COLD_COMPILE_FACTOR, COLD_COMPILE_SOURCE, BootState
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import Calibration, MemoryPlan, ServingParams, plan
@@ -22,6 +32,9 @@ from tuner.vllm.space import TrialParams
 from tuner.vllm.versions import VllmVersion
 
 UTILIZATION_STEP = 0.01
+COLD_PROBE_DIR = "cold-boot"  # under the run's edge/
+# A cold launch compiles: it is budgeted as this many warm launches.
+COLD_LAUNCH_FACTOR = 2.0
 
 
 def lowest_starting_utilization(fits: Callable[[float], bool]) -> float | None:
@@ -95,3 +108,58 @@ def check_cold_boot(
         raised_from=raised_from,
     )
     return params, check
+
+
+def probe_cold_boot(
+    ctx: TuneContext,
+    setup: StudySetup,
+    params: TrialParams,
+    registry: ChildRegistry,
+    progress: Callable[[str], None],
+    *,
+    budget: TimeBudget | None = None,
+    deadline_s: float | None = None,
+) -> ColdBootProbe | None:
+    """Launch ``params`` once with an empty compile cache of its own (``VLLM_CACHE_ROOT``
+    under ``edge/cold-boot/``), as a pod on a new node boots, up to ready or its failure;
+    None where the time budget has no room for it (said)."""
+    out = RunLayout(ctx.run_dir).edge_dir / COLD_PROBE_DIR
+    name = "cold boot probe"
+    if budget is not None:
+        need = budget.launch_estimate_s() * COLD_LAUNCH_FACTOR
+        skip = budget.fits(LaunchKind.EDGE_PROBE, name, need, deadline_s=deadline_s)
+        if skip is not None:
+            progress(f"cold boot   {skip.text()}")
+            return None
+    spec = launch_spec(ctx, setup, params)
+    empty = out / "vllm-cache"  # a new node's: nothing compiled
+    spec = dataclasses.replace(spec, env=(*spec.env, (CACHE_ROOT_ENV, str(empty))))
+    make: ServerFactory = ctx.server_factory or LiveServer
+    began = time.monotonic()
+    server = make(
+        spec, trial_dir=out, registry=registry, gpu_source=ctx.gpu_source,
+        generators=ctx.config.load_generators(), stream_fraction=setup.stream_fraction,
+    )  # fmt: skip
+    with server:
+        ready_at = time.monotonic()
+        startup = server.startup
+    stopped_at = time.monotonic()
+    assert startup is not None
+    ready = startup.outcome is TrialOutcome.READY
+    if budget is not None:
+        budget.record(
+            LaunchKind.EDGE_PROBE, name, began_s=began, launch_s=ready_at - began,
+            measure_s=0.0, stop_s=stopped_at - ready_at, ready=ready, deadline_s=deadline_s,
+        )  # fmt: skip
+    report = startup.report
+    failure = startup.failure
+    probe = ColdBootProbe(
+        started=ready,
+        boot_state=report.boot_state if report is not None else None,
+        kv_cache_tokens=report.kv_cache_tokens if report is not None else None,
+        failure=f"{failure.kind.value}: {failure.message[:200]}" if failure else None,
+        dir=str(out),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe.json").write_text(probe.model_dump_json(indent=2), encoding="utf-8")
+    return probe

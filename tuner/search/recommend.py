@@ -52,7 +52,7 @@ from tuner.run.recommendation import Capacity, ConfirmationResult, Recommendatio
 from tuner.run.ties import TieBreak
 from tuner.search.budget import TimeBudget
 from tuner.search.capacity_interval import capacity_gain, capacity_interval
-from tuner.search.cold_boot import check_cold_boot
+from tuner.search.cold_boot import check_cold_boot, probe_cold_boot
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.evaluate import evaluate
 from tuner.search.rate_search import edge_levels
@@ -429,6 +429,13 @@ def recommend(
     the trials tied with it (``tuner.search.ties``)."""
     points = variant_params(ctx, best.params, edge)
     points, cold_boot = cold_boot_variants(ctx, setup, points, edge)
+    if cold_boot is not None and ctx.config.edge:
+        # the recommendation launched as a pod on a new node boots: an empty compile cache
+        cold_probe = probe_cold_boot(
+            ctx, setup, points["recommended"], registry, progress, budget=budget,
+            deadline_s=deadline_s,
+        )  # fmt: skip
+        cold_boot = cold_boot.model_copy(update={"measured": cold_probe})
     if cold_boot is not None:
         for line in cold_boot.lines():
             progress(f"cold boot   {line}")
