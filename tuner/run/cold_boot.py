@@ -94,17 +94,20 @@ class ColdBootCheck(BaseModel):
                 "volume (the warm-up) before pods on new nodes take traffic, or lower "
                 "--max-model-len"
             )
+        cold_edge, warm_edge = (
+            _value(self.lowest_utilization_cold),
+            _value(self.lowest_utilization_warm),
+        )
         if self.raised_from is not None:
             out.append(
                 f"--gpu-memory-utilization raised from {self.raised_from:g} to "
-                f"{self.utilization:g}: the lowest that starts cold is "
-                f"{self.lowest_utilization_cold:g} (warm {self.lowest_utilization_warm:g}), "
-                f"plus the {self.margin:g} margin"
+                f"{self.utilization:g}: the lowest that starts cold is {cold_edge} (warm "
+                f"{warm_edge}), plus the {self.margin:g} margin"
             )
         elif self.lowest_utilization_cold is not None:
             out.append(
-                f"lowest --gpu-memory-utilization that starts: {self.lowest_utilization_cold:g} "
-                f"cold, {self.lowest_utilization_warm:g} warm; the recommendation's "
+                f"lowest --gpu-memory-utilization that starts: {cold_edge} "
+                f"cold, {warm_edge} warm; the recommendation's "
                 f"{self.utilization:g} keeps {self.utilization - self.lowest_utilization_cold:.2f} "
                 "above the cold edge"
             )
@@ -113,3 +116,7 @@ class ColdBootCheck(BaseModel):
         if not self.calibrated:
             out.append("(the memory model was not calibrated by a startup of this run)")
         return out
+
+
+def _value(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}"
