@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from tuner.vllm.boot import BootState
+from tuner.vllm.failures import StartupFailure
 
 GIB = 1 << 30
 
@@ -25,7 +26,7 @@ class ColdBootProbe(BaseModel):
     started: bool
     boot_state: BootState | None  # what its log shows (cold, unless vLLM compiled nothing)
     kv_cache_tokens: int | None
-    failure: str | None = None  # vLLM's words where it did not start
+    failure: StartupFailure | None = None  # vLLM's words where it did not start
     dir: str
 
     def line(self) -> str:
@@ -34,7 +35,7 @@ class ColdBootProbe(BaseModel):
             return f"measured: launched with an empty compile cache, it started{tokens}"
         return (
             "measured: launched with an empty compile cache, it did NOT start "
-            f"({self.failure or 'see its log'}; {self.dir})"
+            f"({self.failure.describe() if self.failure else 'see its log'}; {self.dir})"
         )
 
 
@@ -51,7 +52,7 @@ class ColdBootCheck(BaseModel):
     warm_kv_cache_tokens: int
     cold_kv_cache_tokens: int | None  # None: it does not start cold
     starts_cold: bool
-    cold_failure: str | None = None  # what vLLM would say on a cold boot
+    cold_failure: StartupFailure | None = None  # what vLLM would say on a cold boot
     # The lowest --gpu-memory-utilization that starts, cold and warm (None: none does).
     lowest_utilization_cold: float | None = None
     lowest_utilization_warm: float | None = None
@@ -88,11 +89,11 @@ class ColdBootCheck(BaseModel):
                 f"{self.production_boot.value} boot"
             )
         elif not self.starts_cold:
+            why = self.cold_failure.describe() if self.cold_failure else "out of memory"
             out.append(
                 f"at --gpu-memory-utilization {self.utilization:g} it does NOT start cold "
-                f"({self.cold_failure or 'out of memory'}): pre-fill the compile cache on its "
-                "volume (the warm-up) before pods on new nodes take traffic, or lower "
-                "--max-model-len"
+                f"({why}): pre-fill the compile cache on its volume (the warm-up) before pods "
+                "on new nodes take traffic, or lower --max-model-len"
             )
         cold_edge, warm_edge = (
             _value(self.lowest_utilization_cold),

@@ -100,7 +100,7 @@ def check_cold_boot(
         warm_kv_cache_tokens=warm.kv_cache_tokens,
         cold_kv_cache_tokens=cold.kv_cache_tokens if cold.fits else None,
         starts_cold=cold.fits,
-        cold_failure=f"{failure.kind.value}: {failure.message[:200]}" if failure else None,
+        cold_failure=failure,
         lowest_utilization_cold=low_cold,
         lowest_utilization_warm=low_warm,
         margin=margin,
@@ -157,7 +157,7 @@ def probe_cold_boot(
         started=ready,
         boot_state=report.boot_state if report is not None else None,
         kv_cache_tokens=report.kv_cache_tokens if report is not None else None,
-        failure=f"{failure.kind.value}: {failure.message[:200]}" if failure else None,
+        failure=failure,
         dir=str(out),
     )
     out.mkdir(parents=True, exist_ok=True)
