@@ -299,6 +299,21 @@ def edge_map(data: RunData) -> tuple[Chart, list[MapPoint]]:
                     ),
                     row=1, col=col,
                 )  # fmt: skip
+                cold = [
+                    (r.max_num_seqs, r.lowest_utilization_cold)
+                    for r in boundary.rows_by_dtype.get(dtype, ())
+                    if r.lowest_utilization_cold is not None
+                ]
+                if cold and any(u != lo for (_, u), (_, lo, _) in zip(cold, band, strict=False)):
+                    fig.add_trace(
+                        go.Scatter(
+                            x=[u for _, u in cold], y=[s for s, _ in cold], mode="lines",
+                            line={"color": "rgba(21,101,192,0.8)", "dash": "dot", "width": 1.5},
+                            name="memory model, cold boot (empty compile cache): starts right of this",
+                            legendgroup="cold", showlegend=col == 1, hoverinfo="skip",
+                        ),
+                        row=1, col=col,
+                    )  # fmt: skip
             else:
                 notes.append(f"kv-cache-dtype {dtype}: the memory model says nothing starts")
         for key, (name, color, symbol) in EDGE_CATEGORIES.items():

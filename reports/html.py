@@ -68,6 +68,7 @@ from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTr
 from tuner.serving.gpu_sampler import AUTO_SOURCE
 from tuner.serving.server import TrialOutcome
 from tuner.serving.window import trace_part
+from tuner.vllm.memory import Calibration
 from workloads.load_result import BucketLatency, Percentiles
 from workloads.spec import WorkloadSpec
 
@@ -608,7 +609,20 @@ def _headroom_lines(
         )
     if edge is None:
         lines.append("The OOM edge was not searched, so the headroom to it is unknown.")
+    if rec is not None and rec.cold_boot is not None:
+        # The edge's probes boot warm (the trials filled the compile cache); a new node's
+        # pod boots cold, with a smaller KV cache (tuner.run.cold_boot).
+        lines += [line[0].upper() + line[1:] + "." for line in rec.cold_boot.lines()]
     return lines
+
+
+def _calibration_text(calibration: Calibration | None) -> str:
+    """Where the memory model's calibration came from, and the boot it was converted to."""
+    if calibration is None:
+        return "none (uncalibrated memory model)"
+    if calibration.boot_note:
+        return calibration.boot_note
+    return calibration.source
 
 
 def _utilization_edge_line(e: KnobEdge) -> str:
@@ -1241,7 +1255,7 @@ def _how(data: RunData) -> dict[str, Any]:
             "the emulated GPU's time)" if tune.simulated else "")),
         ("Harness version", data.recommendation.harness_version if data.recommendation else HARNESS_VERSION),
         ("Study", f"{data.study_name} ({tune.storage})"),
-        ("Calibration", data.calibration.source if data.calibration else "none (uncalibrated memory model)"),
+        ("Calibration", _calibration_text(data.calibration)),
     ]  # fmt: skip
     if data.summary is not None:
         rows.append(("Wall time", f"{data.summary.wall_s / 60:.1f} min"))

@@ -263,7 +263,11 @@ def test_sim_gpu_is_consistent(shared: SimServer) -> None:
 def test_startup_log_parses_to_the_plan(launch: Launch, version: str) -> None:
     server = launch(*SMALL, "--vllm-version", version, "--gpu-memory-utilization", "0.8")
     report = parse_startup_log(server.log())
-    plan = tuner_plan(*SMALL, "--vllm-version", version, "--gpu-memory-utilization", "0.8")
+    assert report.boot_state is not None  # its first start of that compile key: cold
+    plan = tuner_plan(
+        *SMALL, "--vllm-version", version, "--gpu-memory-utilization", "0.8",
+        "--boot", report.boot_state.value,
+    )  # fmt: skip
     assert report.ready
     assert report.vllm_version == f"{version}.0"
     assert report.kv_cache_tokens == plan["kv_cache_tokens"]

@@ -139,6 +139,10 @@ BAD_INPUT = [
         ["--model", "llama-3.1-8b", "--gpu", "h100", "--max-num-seqs", "many"],
         "argument --max-num-seqs: invalid int value: 'many'",
     ),
+    (
+        ["--model", "llama-3.1-8b", "--gpu", "h100", "--boot", "lukewarm"],
+        "--boot 'lukewarm' is not a boot state; accepted: cold, warm",
+    ),
     (["--gpu", "h100"], "the following arguments are required: --model"),
 ]
 

@@ -36,12 +36,21 @@ def _add_plan_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     add_memory_flags(p)
     p.add_argument("--calibrate-from", type=Path, metavar="LOG", help="a real vLLM startup log")
     p.add_argument("--sweep", metavar="KNOB", help="find the startup edge along one knob")
+    p.add_argument(
+        "--boot",
+        default="warm",
+        metavar="STATE",
+        help="the compile cache at the start: warm (default: compiled graphs in "
+        "VLLM_CACHE_ROOT) or cold (a new node: torch.compile's memory is charged in the "
+        "memory profile and the KV cache is smaller)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_plan)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from tuner.cli.plan_text import format_plan, format_sweep
+    from tuner.vllm.boot import BootState
     from tuner.vllm.gpus import get_gpu
     from tuner.vllm.log import calibration_from_log
     from tuner.vllm.memory import plan
@@ -50,19 +59,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from tuner.vllm.versions import VllmVersion
 
     params = params_from_args(args)
+    boot = BootState.parse(args.boot, option="--boot")
     knob = SweepKnob.parse(args.sweep) if args.sweep else None
     version = VllmVersion.parse(args.vllm_version) if args.vllm_version else VllmVersion.current()
     gpu = get_gpu(args.gpu)
     model = resolve_model(args.model)
     calibration = calibration_from_log(args.calibrate_from) if args.calibrate_from else None
     if knob is not None:
-        result = sweep(model, gpu, params, knob, version, calibration)
+        result = sweep(model, gpu, params, knob, version, calibration, boot=boot)
         if args.json:
             print(result.model_dump_json(indent=2))
         else:
             print(format_sweep(result))
         return 0
-    result_plan = plan(model, gpu, params, version, calibration)
+    result_plan = plan(model, gpu, params, version, calibration, boot=boot)
     if args.json:
         print(json.dumps(result_plan.model_dump(mode="json"), indent=2))
     else:

@@ -36,11 +36,12 @@ def format_plan(p: MemoryPlan) -> str:
         f"max-num-batched-tokens {p.max_num_batched_tokens}  block-size {p.block_size}  "
         f"kv-cache-dtype {p.kv_cache_dtype}",
         f"prediction       {_prediction(p)}",
+        f"boot             {p.boot_state.describe()}",
         "",
         f"  device total        {_gib(p.total_bytes)}",
         f"  requested budget    {_gib(p.requested_bytes)}",
         f"  weights (per rank)  {_gib(p.weights_bytes)}",
-        f"  peak activation     {_gib(p.activation_bytes)}",
+        f"  peak activation     {_gib(p.activation_bytes)}{_compile_note(p)}",
         f"  non-torch           {_gib(p.non_torch_bytes)}",
         f"  CUDA graphs         {_gib(p.cudagraph_bytes)}{graphs_note}",
         f"  KV cache            {_gib(p.kv_cache_bytes)}",
@@ -55,6 +56,12 @@ def format_plan(p: MemoryPlan) -> str:
     if p.failure is not None:
         lines.append(f"vLLM would say    {p.failure.error_type}: {p.failure.message}")
     return "\n".join(lines)
+
+
+def _compile_note(p: MemoryPlan) -> str:
+    if p.compile_bytes <= 0:
+        return ""
+    return f"  (of which torch.compile's, cold: {_gib(p.compile_bytes)})"
 
 
 def format_sweep(result: SweepResult) -> str:

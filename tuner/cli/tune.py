@@ -103,6 +103,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-edge", dest="edge", action="store_false", default=None)
     p.add_argument("--max-edge-launches", type=int)
     p.add_argument("--safety-margin", type=float, help="utilization kept below the edge (0.02)")
+    p.add_argument(
+        "--production-boot",
+        metavar="STATE",
+        help="the compile cache production pods boot with: warm (default: filled, on its "
+        "volume) or cold (empty); the memory model's calibration is converted to it",
+    )
     p.add_argument("--no-confirm", dest="confirm", action="store_false", default=None)
     p.add_argument("--repeats", type=int, help="confirmation runs of the recommendation")
     p.add_argument(
@@ -227,7 +233,8 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         "run_dir", "storage", "resume", "edge", "max_edge_launches", "safety_margin", "confirm",
         "repeats", "target_peak_rate", "capacity_headroom", "quality_gate", "quality_min_agreement",
         "quality_max_logprob_divergence_nats", "quality_prompts", "quality_max_tokens",
-        "cache_volume", "model_source", "model_cache", "model_secret", "rollout", "processes",
+        "cache_volume", "model_source", "model_cache", "model_secret", "rollout",
+        "production_boot", "processes",
         "load_workers", "load_master_bind", "client_lag_ms", "client_retries",
         "gpu_source", "time_scale", "fastest_time_scale", "stream_fraction",
         "stream_interval",

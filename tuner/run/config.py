@@ -20,6 +20,7 @@ from tuner.run.quality import DEFAULT_MAX_LOGPROB_DIVERGENCE_NATS, DEFAULT_MIN_T
 from tuner.serving.client_lag import DEFAULT_RETRIES, ClientRule
 from tuner.serving.load import LoadGenerators
 from tuner.sim.timing import TimingFactors
+from tuner.vllm.boot import BootState
 from workloads.client_lag import MAX_SEND_LAG_P99_MS, ClientBounds
 from workloads.slo import Slo
 
@@ -123,6 +124,10 @@ class TuneConfig(BaseModel):
     # the KV cache has peaked or every output finished (tuner.search.edge).
     edge_load_s: float = Field(default=120.0, gt=0)
     safety_margin: float = Field(default=0.02, ge=0, lt=0.5)  # utilization kept from the edge
+    # The boot production pods start in (tuner.vllm.boot): "warm" (the compile cache filled,
+    # on its volume) or "cold" (an empty one); the calibration is converted to it, and the
+    # recommendation must start cold on a new node either way.
+    production_boot: str = "warm"
     confirm: bool = True
     repeats: int = Field(default=1, ge=1)  # confirmation runs of the recommendation
     target_peak_rate: float | None = Field(
@@ -206,6 +211,10 @@ class TuneConfig(BaseModel):
     def _absolute(cls, value: Path | None) -> Path | None:
         # Child processes run in other directories: paths are absolute from here on.
         return None if value is None else value.absolute()
+
+    @property
+    def production_boot_state(self) -> BootState:
+        return BootState.parse(self.production_boot)
 
     def slo_overrides(self) -> Slo:
         """The objectives ``slo_ttft_ms`` and ``slo_itl_ms`` set (p99), which replace the

@@ -12,6 +12,7 @@ import statistics
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.run.cold_boot import ColdBootCheck
 from tuner.run.edge import EdgeResult
 from tuner.run.evaluation import Verdict
 from tuner.run.goodput import (
@@ -161,6 +162,9 @@ class Recommendation(BaseModel):
     # budget, each with why (tuner.search.budget)
     skipped: list[str] = []
     calibration: Calibration | None
+    # The recommended settings on a cold boot on a new node (empty compile cache), and
+    # the utilization raised for it where needed (None: no GPU, or written before it was)
+    cold_boot: ColdBootCheck | None = None
     capacity: Capacity | None
     # The recommendation's capacity against vLLM's defaults', with their noise (None:
     # either was not measured, or written before it was)

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from tuner.deploy import Rollout, model_fields, parse_cache_volume
 from tuner.errors import ConfigError
 from tuner.run.config import TuneConfig
+from tuner.vllm.boot import BootState
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:
@@ -66,6 +67,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> TuneConfig:
         raise ConfigError(f"--cache-volume: {exc}") from None
     Rollout.parse(config.rollout)
     deploy_model_fields(config, config.model)
+    BootState.parse(config.production_boot)  # one line naming a bad value
     return config
 
 

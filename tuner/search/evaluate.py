@@ -27,6 +27,7 @@ from tuner.serving.live_server import (
 from tuner.serving.load import plan_schedule, split_warmup
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec, StartupResult, TrialOutcome
+from tuner.vllm.boot import BootState
 from tuner.vllm.memory import MemoryPlan, plan
 from tuner.vllm.space import TrialParams
 from workloads.stationary import AnswerTimes
@@ -59,10 +60,16 @@ def launch_spec(ctx: TuneContext, setup: StudySetup, params: TrialParams) -> Lau
     )
 
 
-def predicted_plan(ctx: TuneContext, setup: StudySetup, params: TrialParams) -> MemoryPlan | None:
+def predicted_plan(
+    ctx: TuneContext, setup: StudySetup, params: TrialParams, boot: BootState = BootState.WARM
+) -> MemoryPlan | None:
+    """The calibrated memory model's startup for ``params`` on a ``boot`` with the compile
+    cache warm (default: what the screen and the edge predict) or cold."""
     if ctx.gpu is None:
         return None
-    return plan(ctx.model, ctx.gpu, params.serving(ctx.base), ctx.version, setup.calibration)
+    return plan(
+        ctx.model, ctx.gpu, params.serving(ctx.base), ctx.version, setup.calibration, boot=boot
+    )
 
 
 def screened(
@@ -181,6 +188,11 @@ def evaluate(
     return evaluation
 
 
+def _boot_of(startup: StartupResult) -> BootState:
+    report = startup.report
+    return report.boot_state if report is not None and report.boot_state else BootState.WARM
+
+
 def _evaluation(
     ctx: TuneContext,
     setup: StudySetup,
@@ -224,7 +236,9 @@ def _evaluation(
         failure=failure,
         log_excerpt=excerpt,
         note=note,
-        predicted=predicted_plan(ctx, setup, params),
+        # for the boot the server had (its log's torch.compile lines): a cold one's KV
+        # cache is smaller (tuner.vllm.boot)
+        predicted=predicted_plan(ctx, setup, params, _boot_of(startup)),
         startup=startup.report,
         startup_s=startup.ready_s,
         dropped_flags=startup.dropped_flags,

@@ -47,6 +47,7 @@ from tuner.deploy import (
 )
 from tuner.drain import drain_timing
 from tuner.run.budget import LaunchKind
+from tuner.run.cold_boot import ColdBootCheck
 from tuner.run.edge import EdgeResult
 from tuner.run.evaluation import Evaluation
 from tuner.run.goodput import Goodput, GoodputBound
@@ -56,6 +57,7 @@ from tuner.run.recommendation import Capacity, ConfirmationResult, Recommendatio
 from tuner.run.ties import TieBreak
 from tuner.search.budget import TimeBudget
 from tuner.search.capacity_interval import capacity_gain, capacity_interval
+from tuner.search.cold_boot import check_cold_boot, probe_cold_boot
 from tuner.search.config import deploy_model_fields
 from tuner.search.context import StudySetup, TuneContext
 from tuner.search.evaluate import evaluate
@@ -353,6 +355,31 @@ def confirmed_of(
 LEAST_LEVELS = 2
 
 
+def cold_boot_variants(
+    ctx: TuneContext,
+    setup: StudySetup,
+    points: dict[str, TrialParams],
+    edge: EdgeResult | None,
+) -> tuple[dict[str, TrialParams], ColdBootCheck | None]:
+    """Each variant as it must be to start on a cold boot on a new node, with the safety
+    margin (``tuner.search.cold_boot``), and the recommended one's check (None: no GPU)."""
+    if ctx.gpu is None:
+        return points, None
+    ceiling = edge.utilization.highest_ok if edge and edge.utilization else None
+    out: dict[str, TrialParams] = {}
+    check: ColdBootCheck | None = None
+    for name, params in points.items():
+        kept, found = check_cold_boot(
+            params, model=ctx.model, gpu=ctx.gpu, version=ctx.version, base=ctx.base,
+            calibration=setup.calibration, production=ctx.config.production_boot_state,
+            margin=ctx.config.safety_margin, ceiling=ceiling,
+        )  # fmt: skip
+        out[name] = kept
+        if name == "recommended":
+            check = found
+    return out, check
+
+
 def levels_that_fit(
     budget: TimeBudget, max_levels: int, level_s: float, deadline_s: float | None
 ) -> int:
@@ -456,6 +483,17 @@ def recommend(
     (``tuner.search.quality_gate.gate_best``); ``tie_break``: how ``best`` was chosen of
     the trials tied with it (``tuner.search.ties``)."""
     points = variant_params(ctx, best.params, edge)
+    points, cold_boot = cold_boot_variants(ctx, setup, points, edge)
+    if cold_boot is not None and ctx.config.edge:
+        # the recommendation launched as a pod on a new node boots: an empty compile cache
+        cold_probe = probe_cold_boot(
+            ctx, setup, points["recommended"], registry, progress, budget=budget,
+            deadline_s=deadline_s,
+        )  # fmt: skip
+        cold_boot = cold_boot.model_copy(update={"measured": cold_probe})
+    if cold_boot is not None:
+        for line in cold_boot.lines():
+            progress(f"cold boot   {line}")
     variants: list[Variant] = []
     skipped: list[str] = []
     # a level as long as the best trial's took (its warm-up included), on the clock of now
@@ -568,6 +606,7 @@ def recommend(
         edge=edge,
         skipped=skipped,
         calibration=setup.calibration,
+        cold_boot=cold_boot,
         capacity=capacity(ctx, goodput, gpus_per_replica=ctx.gpus_of(recommended.params)),
         capacity_gain=gain,
         quality=quality,

@@ -30,6 +30,7 @@ from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_request import BaseRequest
 from pydantic import BaseModel, ConfigDict
 
+from tuner.sim.cache_info import cache_config_labels, register_cache_config_info
 from tuner.sim.driver import EngineDriver, EngineFailure, RequestStream, Token
 from tuner.sim.engine import EngineDead, SimEngine, SimRequest
 from tuner.sim.openai_format import (
@@ -95,6 +96,7 @@ class ServeSettings:
     stats_interval_s: float = STATS_INTERVAL_S
     # vLLM's --api-key / VLLM_API_KEY: one of them is required on every /v1 path.
     api_keys: tuple[str, ...] = ()
+    kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes, as given
     # The emulated release reads a request's own ``stream_interval``
     # (``tuner.vllm.versions.REQUEST_STREAM_INTERVAL``).
     request_stream_interval: bool = True
@@ -229,6 +231,13 @@ class SimServer:
         self.settings = settings
         self.vllm_log = vllm_log
         self.metrics = ServerMetrics(settings.served_model_names[0])
+        register_cache_config_info(
+            self.metrics.registry,
+            cache_config_labels(
+                plan, enable_prefix_caching=settings.enable_prefix_caching,
+                kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+            ),
+        )  # fmt: skip
         self._driver: EngineDriver | None = None
         self._read_stamps: dict[object, float] = {}
 

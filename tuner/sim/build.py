@@ -12,6 +12,7 @@ from tuner.sim.blocks import EvictionPolicy
 from tuner.sim.cpu_tier import CpuTierConfig, OffloadPolicy
 from tuner.sim.engine import EngineConfig, SimEngine
 from tuner.sim.timing import StepTimer, TimingFactors
+from tuner.vllm.boot import BootState
 from tuner.vllm.gpus import GiB, GpuSpec
 from tuner.vllm.memory import MemoryPlan, ServingParams, plan, runtime_headroom_bytes
 from tuner.vllm.models import ModelSpec
@@ -40,11 +41,15 @@ def build_engine(
     version: VllmVersion,
     options: SimOptions | None = None,
     factors: TimingFactors | None = None,
+    *,
+    boot: BootState = BootState.WARM,
 ) -> tuple[MemoryPlan, SimEngine | None]:
     """The startup plan, and the engine when the plan says vLLM would start; its steps
-    timed with ``factors`` (default: the paper's, ``TimingFactors()``)."""
+    timed with ``factors`` (default: the paper's, ``TimingFactors()``). ``boot``: the
+    compile cache's state, cold when this start compiles (a smaller KV cache, as vLLM
+    sizes it: ``tuner.vllm.boot``)."""
     options = options or SimOptions()
-    startup = plan(model, gpu, params, version)
+    startup = plan(model, gpu, params, version, boot=boot)
     if not startup.fits:
         return startup, None
     bytes_per_block = startup.page_size_bytes * model.num_layers

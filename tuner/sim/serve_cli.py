@@ -53,8 +53,10 @@ from tuner.sim.serve_log import (
     log_startup_failure,
     log_torch_compile,
 )
+from tuner.sim.startup_plan import StartupPlan
 from tuner.sim.timing import TimingFactors
 from tuner.vllm import messages as msg
+from tuner.vllm.boot import BootState
 from tuner.vllm.failures import StartupFailure, StartupFailureKind
 from tuner.vllm.flags import FLAGS, FlagForm
 from tuner.vllm.gpus import GpuSpec, get_gpu
@@ -597,9 +599,26 @@ async def _start_engine(
 ) -> tuple[MemoryPlan, SimEngine | None]:
     """Print vLLM's startup lines up to "init engine"; the engine, or None after a failure."""
     who = launch.identity
+    cache = CompileCache.of(launch.identity.model, launch.params, launch.version, environ)
+    backbone = launch.version.at_least(COMPILE_BACKBONE_DIR)
+    warm = launch.params.enforce_eager or cache.warm(backbone=backbone)
+    # A cold start compiles inside vLLM's memory profile: a smaller KV cache (tuner.vllm.boot).
+    boot = BootState.WARM if warm else BootState.COLD
+    params = launch.params
+    startup_plan = StartupPlan.of(
+        launch.identity.model, params, launch.version, launch.gpu,
+        params.max_model_len or launch.model.max_position_embeddings, environ,
+    )  # fmt: skip
+    applied = None
+    if startup_plan is not None and params.kv_cache_memory_bytes is None:
+        # VLLM_ENABLE_STARTUP_PLAN: a recorded plan is applied as kv_cache_memory_bytes
+        applied = startup_plan.load(launch.gpu.cuda_total_bytes - params.other_process_bytes)
+        if applied is not None:
+            params = params.model_copy(update={"kv_cache_memory_bytes": applied[0]})
     plan, engine = build_engine(
-        launch.model, launch.gpu, launch.params, launch.version, launch.options, launch.step_costs
-    )
+        launch.model, launch.gpu, params, launch.version, launch.options,
+        launch.step_costs, boot=boot,
+    )  # fmt: skip
     failure = plan.failure
     if launch.params.tensor_parallel_size > launch.gpu_count:  # vLLM's ParallelConfig check
         failure = msg.more_ranks_than_gpus(launch.params.tensor_parallel_size, launch.gpu_count)
@@ -620,9 +639,11 @@ async def _start_engine(
     log_model_loading(vllm_log, plan, time.monotonic() - started)
     compile_s = 0.0
     if not launch.params.enforce_eager:
-        compile_s = await _torch_compile(launch, plan, vllm_log, stop, environ)
+        compile_s = await _torch_compile(launch, plan, vllm_log, stop, cache, warm=warm)
     await _pause(stop, launch.startup_delay_s - load_s)
-    log_profile_result(vllm_log, plan, launch.params.kv_cache_memory_bytes)
+    if startup_plan is not None and applied is not None:
+        log_startup_plan_applied(vllm_log, startup_plan.fingerprint, applied, plan.free_bytes)
+    log_profile_result(vllm_log, plan, params.kv_cache_memory_bytes)
     if failure is not None and stage is _Stage.PROFILING:
         log_startup_failure(vllm_log, failure)
         return plan, None
@@ -632,8 +653,39 @@ async def _start_engine(
         return plan, None
     if not launch.params.enforce_eager:
         log_graph_capture(vllm_log, plan, 0.0)
+    if startup_plan is not None and params.kv_cache_memory_bytes is None:
+        _save_startup_plan(startup_plan, plan, vllm_log)
     log_init_engine(vllm_log, time.monotonic() - started, compile_s)
     return plan, engine
+
+
+def _save_startup_plan(startup_plan: StartupPlan, plan: MemoryPlan, vllm_log: VllmLog) -> None:
+    """A profiled boot's KV-cache memory kept for the next (vLLM logs, never raises)."""
+    try:
+        startup_plan.save(plan.kv_cache_bytes, plan.free_bytes)
+    except OSError as exc:
+        vllm_log.log(
+            Process.ENGINE_CORE, "WARNING", "startup_plan.py:189",
+            f"Failed to save startup plan to {startup_plan.path}: {exc}",
+        )  # fmt: skip
+        return
+    vllm_log.info(
+        Process.ENGINE_CORE, "startup_plan.py:187", f"Saved startup plan to {startup_plan.path}"
+    )
+
+
+def log_startup_plan_applied(
+    vllm_log: VllmLog, fingerprint: str, applied: tuple[int, int], free_bytes: int
+) -> None:
+    kv, baseline = applied
+    vllm_log.info(
+        Process.ENGINE_CORE,
+        "startup_plan.py:158",
+        f"Applying persisted startup plan (fingerprint {fingerprint}): "
+        f"kv_cache_memory_bytes={kv} ({kv / GiB:.2f} GiB), recorded free-memory "
+        f"baseline {baseline / GiB:.2f} GiB, current {free_bytes / GiB:.2f} GiB. Memory "
+        "profiling will be skipped.",
+    )
 
 
 async def _torch_compile(
@@ -641,13 +693,15 @@ async def _torch_compile(
     plan: MemoryPlan,
     vllm_log: VllmLog,
     stop: asyncio.Event,
-    environ: Mapping[str, str] | None = None,
+    cache: CompileCache,
+    *,
+    warm: bool,
 ) -> float:
     """vLLM's torch.compile: cold, it compiles for ``compile_delay_s`` and keeps the graphs
-    in $VLLM_CACHE_ROOT/torch_compile_cache/<hash>/; warm, it loads them. Its seconds."""
-    cache = CompileCache.of(launch.identity.model, launch.params, launch.version, environ)
+    in $VLLM_CACHE_ROOT/torch_compile_cache/<hash>/ (before the memory profile sizes the KV
+    cache, so a start that then fails leaves them for the next); warm, it loads them. Its
+    seconds."""
     backbone = launch.version.at_least(COMPILE_BACKBONE_DIR)
-    warm = cache.warm(backbone=backbone)
     share = WARM_COMPILE_SHARE if warm else 1.0
     began = time.monotonic()
     await _pause(stop, launch.compile_delay_s * share)
@@ -722,6 +776,7 @@ async def _serve(launch: _Launch) -> int:
         enable_prefix_caching=who.enable_prefix_caching,
         api_keys=launch.api_keys,
         request_stream_interval=launch.version.at_least(REQUEST_STREAM_INTERVAL),
+        kv_cache_memory_bytes=launch.params.kv_cache_memory_bytes,
     )
     server = SimServer(engine, plan, launch.gpu, settings, vllm_log)
     runner_options: dict[str, Any] = {"access_log": None}

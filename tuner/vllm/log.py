@@ -44,6 +44,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import LogParseError
+from tuner.vllm.boot import BootState, boot_state_of_log
 from tuner.vllm.gpus import GiB
 from tuner.vllm.memory import Calibration
 from tuner.vllm.versions import logged_version_text
@@ -182,6 +183,9 @@ class StartupReport(BaseModel):
     kv_cache_dtype: str | None = None
     enforce_eager: bool | None = None
     ready: bool = False
+    # The compile cache's state at this boot, from torch.compile's lines (tuner.vllm.boot);
+    # None where the log shows no compilation (--enforce-eager, or cut short before it).
+    boot_state: BootState | None = None
 
 
 def _gib_bytes(text: str) -> int:
@@ -342,6 +346,7 @@ def parse_startup_log(text: str) -> StartupReport:
             once("max_num_batched_tokens", int(m[1]))
         if RE_READY.search(line):
             found["ready"] = True
+    once("boot_state", boot_state_of_log(RE_ANSI.sub("", text)))
     transient = found.pop("profile_activation_bytes", None)
     if found.pop("graph_estimate_applied", False) and transient is not None:
         # The budget line's peak activation holds the CUDA-graph estimate vLLM budgeted.
@@ -432,4 +437,5 @@ def calibration_from_report(
         max_num_batched_tokens=report.max_num_batched_tokens,
         max_num_seqs=report.max_num_seqs,
         cudagraph_in_budget=cudagraph_in_budget,
+        boot_state=report.boot_state,
     )

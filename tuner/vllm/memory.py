@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.vllm import messages as msg
+from tuner.vllm.boot import BootState, cold_compile_bytes, warm_activation_of
 from tuner.vllm.failures import StartupFailure
 from tuner.vllm.gpus import GiB, GpuSpec, MiB
 from tuner.vllm.models import AttentionKind, ModelSpec
@@ -136,6 +137,16 @@ class Calibration(BaseModel):
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     cudagraph_in_budget: bool | None = None
+    # The boot the log measured (tuner.vllm.boot): a cold one's activation holds the compile
+    # memory, taken off to predict warm boots (None: not recorded, taken as it is).
+    boot_state: BootState | None = None
+    # Cold compile memory as a share of the warm activation, measured by a cold and a warm
+    # boot of the same run (None: the model's COLD_COMPILE_FACTOR).
+    compile_factor: float | None = None
+    # The boot production pods start in, which the tune's predictions state (--production-boot).
+    production_boot: BootState | None = None
+    # How the calibration was converted to the production boot, in words.
+    boot_note: str | None = None
 
 
 class MemoryComponent(StrEnum):
@@ -195,6 +206,10 @@ class MemoryPlan(BaseModel):
     tensor_parallel_size: int
     gpu_memory_utilization: float
     estimated_max_model_len: int | None = None
+    # The boot predicted: a cold one's activation holds compile_bytes of torch.compile's
+    # memory, which its KV cache does not get (tuner.vllm.boot).
+    boot_state: BootState = BootState.WARM
+    compile_bytes: int = 0
 
     @property
     def headroom_bytes(self) -> int:
@@ -450,8 +465,11 @@ def plan(
     params: ServingParams,
     version: VllmVersion | None = None,
     calibration: Calibration | None = None,
+    *,
+    boot: BootState = BootState.WARM,
 ) -> MemoryPlan:
-    """Predict vLLM's startup for these settings: fits or which failure, and the KV cache."""
+    """Predict vLLM's startup for these settings: fits or which failure, and the KV cache,
+    on a ``boot`` with the compile cache warm (default) or cold (``tuner.vllm.boot``)."""
     params = params.checked()
     version = version or VllmVersion.current()
     tp = params.tensor_parallel_size
@@ -489,6 +507,12 @@ def plan(
             version,
             (default_seqs, default_tokens),
         )
+    compiled = 0
+    if boot is BootState.COLD and params.kv_cache_memory_bytes is None:
+        # Given --kv-cache-memory-bytes, vLLM skips the profile the compile inflates.
+        factor = calibration.compile_factor if calibration is not None else None
+        compiled = cold_compile_bytes(activation, enforce_eager=params.enforce_eager, factor=factor)
+        activation += compiled
     graphs_in_budget = graphs if version.cudagraph_in_budget else 0
     if params.kv_cache_memory_bytes is not None:
         kv_bytes = params.kv_cache_memory_bytes
@@ -535,6 +559,8 @@ def plan(
         kv_cache_dtype=params.kv_cache_dtype,
         tensor_parallel_size=tp,
         gpu_memory_utilization=utilization,
+        boot_state=boot,
+        compile_bytes=compiled,
     )
     failure = _invalid_configuration(model, gpu, params, version, sized)
     estimated = None
@@ -620,6 +646,14 @@ def _apply_calibration(
         measured.append(MemoryComponent.ACTIVATION)
     else:
         activation = activation + shift
+    if cal.boot_state is BootState.COLD and (
+        MemoryComponent.ACTIVATION in measured or MemoryComponent.ACTIVATION in derived
+    ):
+        # A cold boot's activation holds torch.compile's memory: the warm one's is less
+        # (a log that shows a cold boot compiled: it was not --enforce-eager).
+        at_log = activation - shift
+        activation = warm_activation_of(at_log, enforce_eager=False, factor=cal.compile_factor)
+        activation += shift
     known = set(measured) | set(derived)
     applied = AppliedCalibration(
         source=cal.source,

@@ -1,6 +1,7 @@
 """The memory model's boundary over the map a run's report draws: for each KV-cache dtype
 and each ``--max-num-seqs`` of a grid, the lowest and the highest
-``--gpu-memory-utilization`` (0.01 apart) at which vLLM is predicted to start.
+``--gpu-memory-utilization`` (0.01 apart) at which vLLM is predicted to start, and the
+lowest on a cold boot (an empty compile cache, ``tuner.vllm.boot``).
 
 The tune computes it once it has measured (with the calibration its first startup
 gave the memory model, and the other settings of its best trial held) and records it in
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import TunerError
+from tuner.vllm.boot import BootState
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import Calibration, ServingParams, plan
 from tuner.vllm.models import ModelSpec
@@ -34,6 +36,9 @@ class BoundaryRow(BaseModel):
     max_num_seqs: int
     lowest_utilization: float
     highest_utilization: float
+    # The lowest on a cold boot (an empty compile cache: a smaller KV cache,
+    # tuner.vllm.boot); None: none starts cold, or recorded before cold boots were.
+    lowest_utilization_cold: float | None = None
 
 
 class MemoryBoundary(BaseModel):
@@ -76,10 +81,12 @@ def memory_boundary(
             if params.max_num_batched_tokens is not None and params.max_num_batched_tokens < seqs:
                 params = params.model_copy(update={"max_num_batched_tokens": seqs})
 
-            def fits(u: float, params: TrialParams = params) -> bool:
+            def fits(
+                u: float, params: TrialParams = params, boot: BootState = BootState.WARM
+            ) -> bool:
                 at = params.model_copy(update={"gpu_memory_utilization": u})
                 try:
-                    return plan(model, gpu, at.serving(base), version, calibration).fits
+                    return plan(model, gpu, at.serving(base), version, calibration, boot=boot).fits
                 except TunerError:
                     return False
 
@@ -87,8 +94,14 @@ def memory_boundary(
             if low is None:
                 continue
             high = next(u for u in reversed(utils) if u >= low and (u == low or fits(u)))
+            cold = next((u for u in utils if u >= low and fits(u, boot=BootState.COLD)), None)
             rows.append(
-                BoundaryRow(max_num_seqs=seqs, lowest_utilization=low, highest_utilization=high)
+                BoundaryRow(
+                    max_num_seqs=seqs,
+                    lowest_utilization=low,
+                    highest_utilization=high,
+                    lowest_utilization_cold=cold,
+                )
             )
         rows_by_dtype[dtype] = tuple(rows)
     return MemoryBoundary(

@@ -14,6 +14,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
+from tuner.vllm.boot import BootState
 from tuner.vllm.gpus import GpuSpec
 from tuner.vllm.memory import Calibration, MemoryPlan, ServingParams, plan
 from tuner.vllm.models import ModelSpec
@@ -88,8 +89,11 @@ def sweep(
     version: VllmVersion | None = None,
     calibration: Calibration | None = None,
     points: int = 12,
+    *,
+    boot: BootState = BootState.WARM,
 ) -> SweepResult:
-    """Find the knob's startup edge, with the other settings held as given."""
+    """Find the knob's startup edge, with the other settings held as given, on a ``boot``
+    with the compile cache warm or cold (``tuner.vllm.boot``)."""
     low, high, step = _range(knob, model)
     is_int = step >= 1
 
@@ -100,7 +104,7 @@ def sweep(
             # Keep vLLM's rule max_num_batched_tokens >= max_num_seqs out of the way.
             default_tokens = plan(model, gpu, params, version, calibration).max_num_batched_tokens
             update["max_num_batched_tokens"] = max(int(v), default_tokens)
-        return plan(model, gpu, params.model_copy(update=update), version, calibration)
+        return plan(model, gpu, params.model_copy(update=update), version, calibration, boot=boot)
 
     upper: float | None = None
     if knob.edge_is_lowest:

@@ -17,6 +17,7 @@ from tuner.run.budget import LaunchKind
 from tuner.run.evaluation import Evaluation, Verdict
 from tuner.run.layout import RunLayout
 from tuner.search import optuna_store
+from tuner.search.boot_calibration import adopt, wants
 from tuner.search.budget import RECENT_LAUNCHES, TimeBudget
 from tuner.search.clock import client_events_per_s, clock_text, measured_time_scale
 from tuner.search.compile_cache import CompileLaunches
@@ -501,15 +502,20 @@ class TrialLoop:
         return max(rates) if rates else None
 
     def _calibrate(self, evaluation: Evaluation) -> None:
+        """The memory model calibrated from the first startup that measured vLLM's budget,
+        in the boot state production pods start in: again from a later trial that booted
+        in that state where the first did not (``tuner.search.boot_calibration``)."""
         ctx = self.ctx
-        if self.setup.calibration is not None or evaluation.startup is None or ctx.gpu is None:
+        production = ctx.config.production_boot_state
+        current = self.setup.calibration
+        if evaluation.startup is None or ctx.gpu is None or not wants(current, production):
             return
         try:
-            calibration = calibration_from_report(
+            found = calibration_from_report(
                 evaluation.startup, source=str(Path(evaluation.dir) / "server.log")
             )
         except LogParseError as exc:  # say once why the first startup cannot calibrate
-            if "calibration_skipped" not in self.study.user_attrs:
+            if current is None and "calibration_skipped" not in self.study.user_attrs:
                 self.study.set_user_attr("calibration_skipped", str(exc))
                 self.progress(f"memory model not calibrated: {exc}")
             return
@@ -518,12 +524,19 @@ class TrialLoop:
         except Exception:  # a log without the memory summary: keep the uncalibrated model
             log.info("no calibration from %s", evaluation.dir, exc_info=True)
             return
+        adopted = adopt(
+            current, found, production=production, settings=evaluation.params.serving(ctx.base),
+            model=ctx.model, gpu=ctx.gpu, version=ctx.version,
+        )  # fmt: skip
+        if adopted is None:
+            return
+        calibration = adopted.calibration
         self.setup = self.setup.calibrated(calibration)
         self.study.set_user_attr("calibration", calibration.model_dump(mode="json"))
         RunLayout(ctx.run_dir).calibration_json.write_text(
             calibration.model_dump_json(indent=2), encoding="utf-8"
         )
-        self.progress(f"memory model calibrated from {calibration.source}")
+        self.progress(adopted.line)
 
     def _cross_check_version(self, evaluation: Evaluation) -> None:
         """After the first vLLM launch: one line when the release its startup log names is
