@@ -159,6 +159,7 @@ from workloads.schedule import (
     carries_on,
     read_schedule,
     read_segment_header,
+    request_body,
     segment_path,
     share_of,
     snapshot_path,
@@ -348,27 +349,6 @@ def _worker_position(environ: Mapping[str, str], environment: Environment) -> tu
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"worker index {index} of {count} is out of range; accepted: 0..count-1")
     return index, count
-
-
-def request_body(request: ScheduledRequest, model: str) -> bytes:
-    """The JSON body vLLM generates exactly ``max_tokens`` tokens for: streamed with a usage
-    chunk, or (a request sampled out of streaming) one response carrying its usage."""
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": request.max_tokens,
-        "min_tokens": request.max_tokens,
-        "ignore_eos": True,
-        "stream": request.stream,
-    }
-    if request.stream:
-        body["stream_options"] = {"include_usage": True}
-        if request.stream_interval > 1:
-            body["stream_interval"] = request.stream_interval
-    if request.api is Api.CHAT:
-        body["messages"] = request.messages
-    else:
-        body["prompt"] = request.prompt
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _choice_text(chunk: Mapping[str, Any]) -> str | None:

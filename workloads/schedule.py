@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 
 class Api(StrEnum):
@@ -113,6 +114,30 @@ def write_schedule(path: Path, requests: Iterable[ScheduledRequest]) -> int:
             out.write(request.to_json() + "\n")
             count += 1
     return count
+
+
+def request_body(request: ScheduledRequest, model: str) -> bytes:
+    """The JSON body vLLM generates exactly ``max_tokens`` tokens for: streamed with a usage
+    chunk, or (a request sampled out of streaming) one response carrying its usage."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": request.max_tokens,
+        "min_tokens": request.max_tokens,
+        "ignore_eos": True,
+        "stream": request.stream,
+    }
+    if request.stream:
+        body["stream_options"] = {"include_usage": True}
+        if request.stream_interval > 1:
+            body["stream_interval"] = request.stream_interval
+            # each chunk says how many tokens so far: a stream cut off at a level's end
+            # counts its own tokens, not its chunks (which would make its TPOT 10x longer)
+            body["stream_options"]["continuous_usage_stats"] = True
+    if request.api is Api.CHAT:
+        body["messages"] = request.messages
+    else:
+        body["prompt"] = request.prompt
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def sample_streams(

@@ -3,6 +3,7 @@ or every request streamed in chunks (vLLM's per-request ``stream_interval``)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from tests.integration.test_locust_load import MODEL, OUTPUT_TOKENS, poisson_sch
 from workloads.client_lag import SERVER_LAG_FLOOR_MS, ServerClockLag
 from workloads.load_result import LoadResult
 from workloads.runner import run_load
-from workloads.schedule import read_records, sample_streams
+from workloads.schedule import read_records, request_body, sample_streams
 
 pytestmark = pytest.mark.integration
 
@@ -106,3 +107,20 @@ def test_the_simulated_server_says_how_late_its_steps_started(tmp_path: Path) ->
     assert lag.steps > 10 and 0 < lag.p99_ms <= lag.max_ms
     assert lag.p99_ms > SERVER_LAG_FLOOR_MS  # a lag the level's judgement counts
     assert ServerClockLag.model_validate(none).steps == 0
+
+
+def test_a_chunked_stream_says_its_tokens_so_far_in_every_chunk(sim: SimServer) -> None:
+    """A chunked request asks for the usage in every chunk (``continuous_usage_stats``): a
+    stream cut off at a level's end then counts the tokens it got, not its chunks."""
+    (request,) = sample_streams(poisson_schedule(1, rate=1.0), 1.0, 8)
+    body = json.loads(request_body(request, MODEL))
+    assert body["stream_interval"] == 8
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    so_far = []
+    with httpx.stream("POST", f"{sim.url}/v1/completions", json=body, timeout=30) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line.removeprefix("data: "))
+                if chunk.get("choices"):
+                    so_far.append(chunk["usage"]["completion_tokens"])
+    assert so_far == [1, 9, 17, 25, OUTPUT_TOKENS]  # the first alone, then 8 at a time
