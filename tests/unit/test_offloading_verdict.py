@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from tuner.run.goodput import CapacityGain, CapacityInterval, Goodput
-from tuner.run.offloading import OffloadingOutcome, OffloadingSide, OffloadingVerdict
+from tuner.run.offloading import (
+    OffloadingOutcome,
+    OffloadingSide,
+    OffloadingVerdict,
+    TwinOffloading,
+)
 
 
 def _side(trial: int, settings: str, rate: float, low: float, high: float) -> OffloadingSide:
@@ -49,4 +54,31 @@ def test_not_compared_says_which_side_is_missing() -> None:
     )  # fmt: skip
     assert verdict.text() == (
         "offloading: not compared at 16 GiB: no trial without a CPU tier met the SLOs"
+    )
+
+
+TWIN_FLAT = TwinOffloading(
+    with_per_s=6.02, with_settings="cpu-kv 64 evict arc", without_per_s=6.02,
+    without_settings="seqs 256", ladder_step=1.05,
+)  # fmt: skip
+
+
+def test_the_twins_screen_answers_where_no_trial_with_a_cpu_tier_was_measured() -> None:
+    verdict = OffloadingVerdict(
+        outcome=OffloadingOutcome.NOT_COMPARED, sizes_gib=[16.0, 64.0], with_offloading=None,
+        without_offloading=WITHOUT, note="no trial with a CPU tier was measured",
+        twin=TWIN_FLAT, unit="conversations/s",
+    )  # fmt: skip
+    assert not TWIN_FLAT.gains
+    assert verdict.text() == (
+        "offloading: no gain the twin can see, not measured: no trial with a CPU tier was "
+        "measured; twin: best with it 6.02 conversations/s (cpu-kv 64 evict arc), without it "
+        "6.02 conversations/s (seqs 256), its rungs 5% apart"
+    )
+    rung_up = TWIN_FLAT.model_copy(update={"with_per_s": 6.02 * 1.05})
+    assert rung_up.gains
+    assert (
+        verdict.model_copy(update={"twin": rung_up})
+        .text()
+        .startswith("offloading: pays on the twin, not measured")
     )

@@ -39,6 +39,31 @@ class OffloadingSide(BaseModel):
         return f"trial {self.trial} ({self.settings}) {self.goodput.text()}{bracket}"
 
 
+class TwinOffloading(BaseModel):
+    """The twin's screen of the space (``landscape.json``): its best goodput with a CPU tier
+    and without, in the workload's unit, and its ladder's step (what it can tell apart)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    with_per_s: float
+    with_settings: str
+    without_per_s: float
+    without_settings: str
+    ladder_step: float  # one rung's ratio
+
+    @property
+    def gains(self) -> bool:
+        """The best with a CPU tier a rung or more above the best without."""
+        return self.with_per_s >= self.without_per_s * self.ladder_step * (1 - 1e-9) > 0
+
+    def text(self, unit: str) -> str:
+        return (
+            f"twin: best with it {self.with_per_s:.2f} {unit} ({self.with_settings}), "
+            f"without it {self.without_per_s:.2f} {unit} ({self.without_settings}), "
+            f"its rungs {self.ladder_step - 1:.0%} apart"
+        )
+
+
 class OffloadingVerdict(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -48,12 +73,18 @@ class OffloadingVerdict(BaseModel):
     without_offloading: OffloadingSide | None
     gain: CapacityGain | None = None
     note: str = ""  # why it was not compared
+    twin: TwinOffloading | None = None  # the twin's screen, where it ran
+    unit: str = "req/s"  # the workload's unit, for the twin's figures
 
     def text(self) -> str:
         """One line: "offloading: no measurable gain at 16/64 GiB: ...", or "offloading
         pays: capacity +20% [+5%, +40%] at ...", or why it was not compared."""
         sizes = "/".join(f"{s:g}" for s in self.sizes_gib) or "no size"
+        twin = f"; {self.twin.text(self.unit)}" if self.twin is not None else ""
         if self.outcome is OffloadingOutcome.NOT_COMPARED:
+            if self.twin is not None:
+                said = "pays on the twin" if self.twin.gains else "no gain the twin can see"
+                return f"offloading: {said}, not measured: {self.note}{twin}"
             return f"offloading: not compared at {sizes} GiB: {self.note}"
         assert self.with_offloading is not None and self.without_offloading is not None
         sides = (
@@ -67,12 +98,12 @@ class OffloadingVerdict(BaseModel):
             change = f"capacity {gain.ratio - 1:+.0%} [{gain.low_ratio - 1:+.0%}, {high}]"
         match self.outcome:
             case OffloadingOutcome.PAYS:
-                return f"offloading pays: {change} at {sizes} GiB ({sides})"
+                return f"offloading pays: {change} at {sizes} GiB ({sides}{twin})"
             case OffloadingOutcome.COSTS:
-                return f"offloading costs capacity: {change} at {sizes} GiB ({sides})"
+                return f"offloading costs capacity: {change} at {sizes} GiB ({sides}{twin})"
             case _:
                 said = f"{change}, the intervals overlap" if change else "the goodputs tie"
                 return (
                     f"offloading: no measurable gain at {sizes} GiB, it does not pay for this "
-                    f"workload: {said} ({sides})"
+                    f"workload: {said} ({sides}{twin})"
                 )

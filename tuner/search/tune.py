@@ -622,7 +622,10 @@ def _finalize(
         ctx, setup, best_number=best.number, best=evaluation, default=default_eval, edge=edge,
         registry=registry, progress=progress, start_rate=start_rate, budget=budget,
         deadline_s=end, quality=gated.quality, quality_rejected=gated.rejected,
-        tie_break=tie, offloading=offloading_verdict(ctx.space, _evaluations(study)),
+        tie_break=tie, offloading=offloading_verdict(
+            ctx.space, _evaluations(study), read_landscape(RunLayout(ctx.run_dir).landscape_json),
+            GoodputUnit.of(ctx.workload).label,
+        ),
     )  # fmt: skip
     _say_recommendation(rec, ctx.run_dir, progress)
     return rec
