@@ -444,6 +444,8 @@ class SummaryView:
     default_note: str
     eviction_note: str  # what the eviction rows mean; "" where nothing was measured
     ties_note: str  # the trials within the noise of the best; "" where none
+    # whether KV offloading paid (tuner.run.offloading); "" where it was not searched
+    offloading_note: str
     # The quality gate in words: the recommendation's result, "quality not measured" and
     # why, or the faster setting passed over for its result (empty: no recommendation and
     # nothing gated)
@@ -509,6 +511,7 @@ def _summary(data: RunData) -> SummaryView:
         default_note="" if default_measured else "vLLM's defaults were not measured in this run.",
         eviction_note=SHARE_NOTE if (rec_measured or default_measured) else "",
         ties_note=_ties_note(data),
+        offloading_note=_offloading_note(data),
         quality_lines=_quality_lines(data),
     )
 
@@ -707,6 +710,15 @@ def _variants_one_rate(rec: Recommendation | None) -> bool:
     return rec is not None and any(
         v.measured is not None and len(v.measured.rates_per_s) == 1 for v in rec.variants[1:]
     )
+
+
+def _offloading_note(data: RunData) -> str:
+    """Whether KV offloading paid, as the recommendation says it; "" where not searched."""
+    rec = data.recommendation
+    if rec is None or rec.offloading is None:
+        return ""
+    text = rec.offloading.text()
+    return text[0].upper() + text[1:] + "."
 
 
 def _ties_note(data: RunData) -> str:

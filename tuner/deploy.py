@@ -750,6 +750,18 @@ class DeploymentConfig(_Frozen):
                 f"hf_token_secret is for a model from the Hugging Face hub, and the model "
                 f"source is {source.cli!r}; accepted: no token, or model source hub"
             )
+        shm_gib = shm_size_gib(self)
+        if (
+            kv_offloading_gib(self) > 0
+            and self.memory_request is not None
+            and quantity_gib(self.memory_request) < shm_gib
+        ):
+            raise ValueError(
+                f"memory_request {self.memory_request} does not hold the in-memory /dev/shm "
+                f"({shm_gib}Gi) that --kv-offloading-size "
+                f"{kv_offloading_gib(self):g} maps its buffer from; accepted: at least "
+                f"{shm_gib}Gi"
+            )
         return self
 
     @field_validator("model", "served_model_name")
@@ -1234,14 +1246,52 @@ def _hub_cache_env() -> list[dict[str, Any]]:
     ]
 
 
+# Host memory a server uses beside its KV offloading buffer, requested with it where no
+# memory_request is given: the process (Python, the tokenizer, the scheduler) and the
+# weights' staging while loading; an assumption, set memory_request to state your own.
+SERVER_HOST_GIB = 16
+_QUANTITY_GIB = {
+    "": 1 / 2**30, "Ki": 1 / 2**20, "Mi": 1 / 2**10, "Gi": 1, "Ti": 2**10, "Pi": 2**20,
+    "Ei": 2**30, "m": 1e-3 / 2**30, "k": 1e3 / 2**30, "M": 1e6 / 2**30, "G": 1e9 / 2**30,
+    "T": 1e12 / 2**30, "P": 1e15 / 2**30, "E": 1e18 / 2**30,
+}  # fmt: skip
+
+
+def quantity_gib(quantity: str) -> float:
+    """A Kubernetes quantity (already checked against ``_QUANTITY``) in GiB."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([A-Za-z]*)", quantity)
+    assert match is not None, quantity
+    return float(match.group(1)) * _QUANTITY_GIB[match.group(2)]
+
+
+def kv_offloading_gib(cfg: DeploymentConfig) -> float:
+    """The config's --kv-offloading-size in GiB (0: it does not offload)."""
+    value = cfg.flags.get("kv-offloading-size")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return 0.0
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        return 0.0
+
+
+def shm_size_gib(cfg: DeploymentConfig) -> int:
+    """Whole GiB of in-memory /dev/shm the pod mounts where the server offloads KV: the
+    whole buffer (vLLM maps it from /dev/shm, ``cpu/shared_offload_region.py``, and
+    refuses to start where it does not fit: "Insufficient space in /dev/shm") plus
+    ``shm_size`` for NCCL and the rest."""
+    return math.ceil(kv_offloading_gib(cfg) + quantity_gib(cfg.shm_size))
+
+
 def _serving_mounts(cfg: DeploymentConfig) -> list[dict[str, Any]]:
-    """The vLLM container's mounts: the cache, the scripts, and /dev/shm with several GPUs."""
+    """The vLLM container's mounts: the cache, the scripts, and /dev/shm with several GPUs
+    or a KV offloading buffer."""
     mounts: list[dict[str, Any]] = [
         {"name": "vllm-cache", "mountPath": CACHE_MOUNT_PATH},
         _model_mount(cfg),
         {"name": "scripts", "mountPath": SCRIPTS_MOUNT_PATH, "readOnly": True},
     ]
-    if cfg.gpus_per_replica > 1:
+    if cfg.gpus_per_replica > 1 or kv_offloading_gib(cfg) > 0:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     return mounts
 
@@ -1266,15 +1316,15 @@ def _cache_volume(cfg: DeploymentConfig) -> dict[str, Any] | None:
 
 
 def _serving_volumes(cfg: DeploymentConfig) -> list[dict[str, Any]]:
-    """The pod's volumes: the cache, the scripts, an in-memory /dev/shm with several GPUs."""
+    """The pod's volumes: the cache, the scripts, an in-memory /dev/shm with several GPUs
+    or a KV offloading buffer (``shm_size_gib``)."""
     volumes: list[dict[str, Any]] = [
         v for v in (_cache_volume(cfg), _model_volume(cfg)) if v is not None
     ]
     volumes.append(_scripts_volume(cfg))
-    if cfg.gpus_per_replica > 1:
-        volumes.append(
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm_size}}
-        )
+    if cfg.gpus_per_replica > 1 or kv_offloading_gib(cfg) > 0:
+        limit = f"{shm_size_gib(cfg)}Gi" if kv_offloading_gib(cfg) > 0 else cfg.shm_size
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": limit}})
     return volumes
 
 
@@ -1437,6 +1487,10 @@ def _serving_resources(cfg: DeploymentConfig) -> dict[str, Any]:
         requests["cpu"] = cfg.cpu_request
     if cfg.memory_request is not None:
         requests["memory"] = limits["memory"] = cfg.memory_request
+    elif kv_offloading_gib(cfg) > 0:
+        # the in-memory /dev/shm counts as the pod's memory: the node must have it (no
+        # limit set where none was asked for: the server's own use beside it is unknown)
+        requests["memory"] = f"{shm_size_gib(cfg) + SERVER_HOST_GIB}Gi"
     resources: dict[str, Any] = {"limits": limits}
     if requests:
         resources["requests"] = requests

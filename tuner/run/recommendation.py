@@ -23,6 +23,7 @@ from tuner.run.goodput import (
     GoodputUnit,
     gains_text,
 )
+from tuner.run.offloading import OffloadingVerdict
 from tuner.run.quality import QualityRejection, QualityResult
 from tuner.run.ties import TieBreak
 from tuner.serving.eviction_scrape import EvictionEvidence
@@ -177,6 +178,9 @@ class Recommendation(BaseModel):
     # Where other trials tied with the best within the noise: which was recommended and why,
     # after measuring the two again where the budget left the time (tuner.run.ties)
     tie_break: TieBreak | None = None
+    # Where kv-offloading-size was searched: the best trial with a CPU tier against the
+    # best without (tuner.run.offloading); None: not searched, or written before it was
+    offloading: OffloadingVerdict | None = None
     time_scale: float
     harness_version: str
     version_hash: str

@@ -492,6 +492,12 @@ def workload_context(model: ModelSpec, workload: WorkloadSpec) -> tuple[int, int
     return need, min(length, model.max_position_embeddings)
 
 
+# What vLLM's CPU build (0.32) says when started with --kv-offloading-size: the offloading
+# connector's CPUOffloadingSpec.get_worker (vllm/v1/kv_offload/cpu/spec.py) raises it once
+# the model is loaded, and the engine exits (docs/guides/kv-offloading.md records the run).
+CPU_BUILD_REFUSAL = "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs"
+
+
 def _cpu_space(
     knobs: tuple[Knob, ...], overrides: dict[Knob, Range], accepted: frozenset[str] | None
 ) -> SearchSpace:
@@ -513,8 +519,9 @@ def _cpu_space(
     left += [
         LeftOut(
             knob=knob,
-            reason="no GPU: vLLM offloads KV to CPU memory only from CUDA-alike GPUs ('CPU "
-            "Offloading is currently only supported on CUDA-alike GPUs')",
+            reason=(
+                f"no GPU: vLLM's CPU build refuses KV offloading at startup ('{CPU_BUILD_REFUSAL}')"
+            ),
         )
         for knob in offloading
         if knob in knobs

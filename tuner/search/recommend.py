@@ -52,6 +52,7 @@ from tuner.run.edge import EdgeResult
 from tuner.run.evaluation import Evaluation
 from tuner.run.goodput import Goodput, GoodputBound
 from tuner.run.layout import RECOMMENDATION_JSON, RunLayout
+from tuner.run.offloading import OffloadingVerdict
 from tuner.run.quality import QualityRejection, QualityResult
 from tuner.run.recommendation import Capacity, ConfirmationResult, Recommendation, Variant
 from tuner.run.ties import TieBreak
@@ -474,6 +475,7 @@ def recommend(
     quality: QualityResult | None = None,
     quality_rejected: QualityRejection | None = None,
     tie_break: TieBreak | None = None,
+    offloading: OffloadingVerdict | None = None,
 ) -> Recommendation:
     """Confirm the variants (when configured), write every config, return the recommendation.
     With ``budget``, no confirmation is launched that would not end before ``deadline_s``
@@ -481,7 +483,8 @@ def recommend(
     ``quality``: the quality gate's result for ``best``'s settings where they change the
     model's numerics; ``quality_rejected``: the better trial passed over for its result
     (``tuner.search.quality_gate.gate_best``); ``tie_break``: how ``best`` was chosen of
-    the trials tied with it (``tuner.search.ties``)."""
+    the trials tied with it (``tuner.search.ties``); ``offloading``: whether a CPU tier
+    paid (``tuner.search.offloading_verdict``)."""
     points = variant_params(ctx, best.params, edge)
     points, cold_boot = cold_boot_variants(ctx, setup, points, edge)
     if cold_boot is not None and ctx.config.edge:
@@ -612,6 +615,7 @@ def recommend(
         quality=quality,
         quality_rejected=quality_rejected,
         tie_break=tie_break,
+        offloading=offloading,
         time_scale=setup.time_scale,
         harness_version=HARNESS_VERSION,
         version_hash=flags_hash,

@@ -52,6 +52,7 @@ from tuner.search import optuna_store
 from tuner.search.budget import FINISH_S, TimeBudget, launch_prior_s
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.edge import find_edge, hold_prior_s, worst_case
+from tuner.search.offloading_verdict import offloading_verdict
 from tuner.search.optuna_store import FrozenTrial, Study, TrialState
 from tuner.search.parallelism import compare
 from tuner.search.quality_gate import gate_best, gate_need_s, may_gate
@@ -621,10 +622,19 @@ def _finalize(
         ctx, setup, best_number=best.number, best=evaluation, default=default_eval, edge=edge,
         registry=registry, progress=progress, start_rate=start_rate, budget=budget,
         deadline_s=end, quality=gated.quality, quality_rejected=gated.rejected,
-        tie_break=tie,
+        tie_break=tie, offloading=offloading_verdict(
+            ctx.space, _evaluations(study), read_landscape(RunLayout(ctx.run_dir).landscape_json),
+            GoodputUnit.of(ctx.workload).label,
+        ),
     )  # fmt: skip
     _say_recommendation(rec, ctx.run_dir, progress)
     return rec
+
+
+def _evaluations(study: Study) -> list[Evaluation]:
+    """The evaluations of the study's complete trials that are on this host."""
+    complete = optuna_store.trials_in(study, TrialState.COMPLETE)
+    return [e for e in (load_evaluation(t) for t in complete) if e is not None]
 
 
 def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) -> None:
@@ -668,6 +678,8 @@ def _say_recommendation(rec: Recommendation, run_dir: Path, progress: Progress) 
             f"  capacity: {c.text()}"
             + ("; each replica may hold more" if c.replicas_is_upper_bound else "")
         )
+    if rec.offloading is not None:
+        progress(f"  {rec.offloading.text()}")
     for line in rec.quality_lines():
         progress(f"  {line}")
     progress(f"  configs in {run_dir / 'recommendation'}/ (version hash {rec.version_hash})")

@@ -14,8 +14,8 @@ What vLLM does, read in its source (vllm-project/vllm, 2026):
   page size x the KV tensors (layers) x the world size x ``block_size_factor``: all the
   layers of a block in one contiguous region since 0.12 (the layout the January 2026
   post measured), copied by DMA between pinned host memory and the GPU. CPU offloading
-  runs on CUDA-alike GPUs only ("CPU Offloading is currently only supported on
-  CUDA-alike GPUs").
+  runs on CUDA-alike (and, in 0.32, XPU) GPUs only ("CPU Offloading is currently only
+  supported on CUDA-alike and XPU GPUs": vLLM 0.32's CPU build refuses to start with it).
 * ``vllm/v1/kv_offload/cpu/manager.py`` (``CPUOffloadingManager``): ``lookup`` counts
   hits and misses; ``prepare_store`` drops blocks already stored, evicts what the new
   ones need through the policy (the offered keys themselves protected) and fails the
