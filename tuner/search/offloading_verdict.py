@@ -33,7 +33,7 @@ def offloading_verdict(
     tried = {float(e.params.kv_offloading_size_gib or 0.0) for e in measured}
     sizes = sorted((searched | tried) - {0.0})
     twin = _twin(landscape)
-    served = [e for e in measured if e.goodput > 0]
+    served = [e for e in measured if e.goodput_requests_per_s > 0]
     with_it = max((e for e in served if e.params.offloads_kv), key=_goodput, default=None)
     without = max((e for e in served if not e.params.offloads_kv), key=_goodput, default=None)
     if with_it is None or without is None:
@@ -79,7 +79,7 @@ def _rate(p: ScreenedPoint) -> float:
 
 
 def _goodput(e: Evaluation) -> float:
-    return e.goodput
+    return e.goodput_requests_per_s
 
 
 def _side(e: Evaluation | None) -> OffloadingSide | None:
