@@ -163,3 +163,34 @@ def test_measured_again_the_pooled_intervals_decide(
         TieOutcome.NOT_MEASURED,
         TieChoice.MODEL_NUMERICS,
     )
+
+
+def _offloading_trial(goodput: float, low: float, high: float, *, gib: float) -> FrozenTrial:
+    """A feasible trial that keeps ``gib`` of KV in host memory (0: none)."""
+    trial = _gated_trial(goodput, low, high, kv="auto")
+    params = TrialParams(max_num_seqs=64, kv_offloading_size_gib=gib or None)
+    ev = Evaluation(dir="/nonexistent", params=params, flags={}, verdict=Verdict.MET, outcome=None)
+    trial.set_user_attr(EVALUATION_ATTR, ev.model_dump(mode="json"))
+    return trial
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_offloading_within_the_noise_of_no_offloading_is_not_recommended() -> None:
+    """A CPU tier of 64 GiB that wins within the noise is not worth pinning 64 GiB on every
+    node: the tied setting without it is the rival, and recommended while still tied."""
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(_offloading_trial(6.0, 5.6, 6.5, gib=0))  # 0: no host memory
+    study.add_trial(_offloading_trial(6.4, 6.0, 6.9, gib=64))  # 1: the best, a tie with 0
+    study.add_trial(_offloading_trial(6.3, 5.9, 6.8, gib=16))  # 2: a tie, offloads too
+    chosen, tie, _ = _settle(study)
+    assert chosen == 0 and tie is not None
+    assert [t.trial for t in tie.compared] == [1, 0] and tie.compared[0].offloads_kv
+    assert tie.choice is TieChoice.NO_HOST_MEMORY
+    assert tie.text().endswith("it pins no host memory for KV offloading, at no measurable loss")
+    # measured again and apart, the one above is recommended, offloading or not
+    best, rival = tie.compared
+    apart = [
+        best.model_copy(update={"pooled": CapacityInterval(low_per_s=7.0, high_per_s=7.5)}),
+        rival.model_copy(update={"pooled": CapacityInterval(low_per_s=6.0, high_per_s=6.5)}),
+    ]
+    assert decide(apart, measured=True) == (TieOutcome.SEPARATED, TieChoice.SERVES_MORE, 1)

@@ -32,6 +32,7 @@ class TieChoice(StrEnum):
 
     SERVES_MORE = "serves_more"  # its pooled capacity lies above the other's
     MODEL_NUMERICS = "model_numerics"  # tied, and it keeps the model's own numerics
+    NO_HOST_MEMORY = "no_host_memory"  # tied, and it keeps no KV cache in host memory
     HIGHEST_GOODPUT = "highest_goodput"  # tied: the highest goodput measured, as before
 
 
@@ -44,6 +45,7 @@ class TiedTrial(BaseModel):
     trial: int
     settings: str  # its flags, short
     changes_numerics: bool
+    offloads_kv: bool = False  # keeps KV blocks in pinned host memory (--kv-offloading-size)
     goodput_per_s: float  # the trial's, in the workload's unit
     interval: CapacityInterval | None  # the trial's own
     again_goodput_per_s: float | None = None  # measured again (None: not)
@@ -85,6 +87,9 @@ class TieBreak(BaseModel):
         why = {
             TieChoice.SERVES_MORE: "it serves more beyond the noise",
             TieChoice.MODEL_NUMERICS: "it keeps the model's own numerics at no measurable loss",
+            TieChoice.NO_HOST_MEMORY: (
+                "it pins no host memory for KV offloading, at no measurable loss"
+            ),
             TieChoice.HIGHEST_GOODPUT: "the highest goodput measured; the noise cannot rank them",
         }[self.choice]
         return f"{head}; recommended trial {self.chosen}: {why}"

@@ -7,7 +7,9 @@ capacity interval overlaps its own the measurement cannot rank the two
 1. **The rival**: among the tied trials, the highest goodput, except that where the best
    changes the model's numerics (``--kv-cache-dtype fp8``) the best tied trial that keeps
    them is the rival: that is the choice that matters (a speed-up within the noise is
-   not worth different answers).
+   not worth different answers); and where the best offloads KV to host memory
+   (``--kv-offloading-size``) the best tied trial that does not (a speed-up within the
+   noise is not worth tens of GiB of pinned memory on every node).
 2. **Measured again**, where the budget leaves the time after what the edge search and
    the confirmations need (``deadline_s``): the best and the rival, each launched once
    more on one new draw of the workload (the same draw for both: their difference is
@@ -18,7 +20,8 @@ capacity interval overlaps its own the measurement cannot rank the two
 3. **The choice**: where the pooled intervals no longer overlap, the one above serves
    more (``TieChoice.SERVES_MORE``). Still tied, or not measured again: the one that
    keeps the model's numerics where the other changes them (``MODEL_NUMERICS``), else
-   the best as before (``HIGHEST_GOODPUT``).
+   the one that pins no host memory where the other does (``NO_HOST_MEMORY``), else the
+   best as before (``HIGHEST_GOODPUT``).
 
     <run>/ties/<nnn>/   trial nnn's settings measured again (evaluation.json, levels)
 """
@@ -42,6 +45,7 @@ from tuner.search.optuna_store import FrozenTrial, Study
 from tuner.search.study import arrival_goodput, capacity_of, load_evaluation, ties_with_best
 from tuner.serving.processes import ChildRegistry
 from tuner.vllm.numerics import changes_numerics
+from tuner.vllm.space import TrialParams
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +62,17 @@ def rival_of(best: FrozenTrial, ties: list[FrozenTrial]) -> FrozenTrial | None:
         return None
     best_ev = load_evaluation(best)
     ranked = sorted(ties, key=arrival_goodput, reverse=True)
-    if best_ev is not None and changes_numerics(best_ev.params):
-        for t in ranked:
-            ev = load_evaluation(t)
-            if ev is not None and not changes_numerics(ev.params):
-                return t
+    for costlier in (changes_numerics, _offloads_kv):
+        if best_ev is not None and costlier(best_ev.params):
+            for t in ranked:
+                ev = load_evaluation(t)
+                if ev is not None and not costlier(ev.params):
+                    return t
     return ranked[0]
+
+
+def _offloads_kv(params: TrialParams) -> bool:
+    return params.offloads_kv
 
 
 def settle_ties(
@@ -163,6 +172,7 @@ def _tied(trial: FrozenTrial, ev: Evaluation, again: Evaluation | None, *, pool:
         trial=trial.number,
         settings=ev.params.short(),
         changes_numerics=changes_numerics(ev.params),
+        offloads_kv=ev.params.offloads_kv,
         goodput_per_s=arrival_goodput(trial),
         interval=capacity_of(trial),
         again_goodput_per_s=again.stated_goodput.arrival_rate_per_s if again is not None else None,
@@ -184,6 +194,12 @@ def decide(compared: list[TiedTrial], *, measured: bool) -> tuple[TieOutcome, Ti
             return outcome, TieChoice.SERVES_MORE, above.trial
     if best.changes_numerics and not rival.changes_numerics:
         return outcome, TieChoice.MODEL_NUMERICS, rival.trial
+    if (
+        best.offloads_kv
+        and not rival.offloads_kv
+        and rival.changes_numerics <= best.changes_numerics
+    ):
+        return outcome, TieChoice.NO_HOST_MEMORY, rival.trial
     return outcome, TieChoice.HIGHEST_GOODPUT, best.trial
 
 
