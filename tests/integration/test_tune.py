@@ -71,7 +71,7 @@ def test_tune_leaves_study_trials_edge_and_recommendation(tuned_run: Path) -> No
             else (GoodputBound.BRACKETED if broke_above else GoodputBound.LOWER_BOUND)
         )
         if evaluation.verdict is Verdict.MET:
-            assert trial.values[0] == pytest.approx(evaluation.goodput) and evaluation.goodput > 0
+            assert trial.values[0] == pytest.approx(evaluation.goodput_requests_per_s) and evaluation.goodput_requests_per_s > 0
             assert evaluation.best is not None and evaluation.best.met
             # the best level's measured p99s are within the workload's SLOs (1000 / 100 ms)
             assert (evaluation.best.load.ttft_ms.p99 or 0) <= 1000
@@ -114,10 +114,10 @@ def test_tune_leaves_study_trials_edge_and_recommendation(tuned_run: Path) -> No
     )
     figures = best_eval.goodput_figures
     assert figures is not None and figures.unit is GoodputUnit.REQUESTS_PER_S
-    assert figures.requests_per_s == pytest.approx(best_eval.goodput)
+    assert figures.requests_per_s == pytest.approx(best_eval.goodput_requests_per_s)
     assert figures.requests_per_s > 0
     assert figures.arrival_rate_per_s == pytest.approx(figures.requests_per_s)
-    assert figures.output_tokens_per_s == pytest.approx(best_eval.throughput)
+    assert figures.output_tokens_per_s == pytest.approx(best_eval.output_tokens_per_s)
     assert figures.output_tokens_per_s > 0
     # Issue 34: every unit the declared workload at the rate that held (its answers 8 to 24
     # tokens, uniform: 16 a request), whatever share of it the best window counted.
