@@ -71,7 +71,10 @@ def test_tune_leaves_study_trials_edge_and_recommendation(tuned_run: Path) -> No
             else (GoodputBound.BRACKETED if broke_above else GoodputBound.LOWER_BOUND)
         )
         if evaluation.verdict is Verdict.MET:
-            assert trial.values[0] == pytest.approx(evaluation.goodput_requests_per_s) and evaluation.goodput_requests_per_s > 0
+            assert (
+                trial.values[0] == pytest.approx(evaluation.goodput_requests_per_s)
+                and evaluation.goodput_requests_per_s > 0
+            )
             assert evaluation.best is not None and evaluation.best.met
             # the best level's measured p99s are within the workload's SLOs (1000 / 100 ms)
             assert (evaluation.best.load.ttft_ms.p99 or 0) <= 1000
