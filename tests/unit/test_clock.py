@@ -17,7 +17,7 @@ from tuner.search.context import (
     auto_time_scale,
     clock_scale,
 )
-from tuner.search.context import client_events_per_s as load_events_per_s
+from tuner.search.context import planned_events_per_s as load_events_per_s
 from tuner.serving.client_lag import ClientSetup, LevelClient
 from tuner.serving.server import TrialOutcome
 from tuner.serving.window import WindowOpening

@@ -58,7 +58,7 @@ def test_events_are_the_chunks_byte_for_byte(endpoint: Endpoint, options: Any) -
             token_chunk(gen, token_id, reason, text_offset=offset, completion_tokens=i + 1)
         )
         offset += len(decode_token(token_id))
-        assert events.token(token_id, reason) == expected
+        assert events.chunk([token_id], reason) == expected
     assert events.usage() == sse_event(usage_chunk(gen, len(TOKENS)))
 
 

@@ -674,18 +674,19 @@ def auto_time_scale(
     """The simulator's clock scale so the load generator sees at most ``max_events_per_s``
     (``clock_scale``; ``fastest`` < 1 lets it run faster than the emulated GPU where the
     load leaves room)."""
-    load = client_events_per_s(
+    load = planned_events_per_s(
         predicted_tokens_per_s, predicted_requests_per_s, stream_fraction, stream_interval
     )
     return clock_scale(load, max_events_per_s, fastest)
 
 
-def client_events_per_s(
+def planned_events_per_s(
     tokens_per_s: float, requests_per_s: float, stream_fraction: float, stream_interval: int
 ) -> float:
-    """What a load asks of the load generator, in token events per second: each streamed
-    request's first token alone and the rest ``stream_interval`` to an event, and
-    ``REQUEST_COST_EVENTS`` per request."""
+    """What a planned load will ask of the load generator, in token events per second:
+    each streamed request's first token alone and the rest ``stream_interval`` to an
+    event, and ``REQUEST_COST_EVENTS`` per request (``tuner.search.clock.client_events_per_s``
+    reads the same of a level that ran)."""
     rest = max(tokens_per_s - requests_per_s, 0.0)
     token_events = stream_fraction * (min(requests_per_s, tokens_per_s) + rest / stream_interval)
     return token_events + REQUEST_COST_EVENTS * requests_per_s
@@ -708,7 +709,7 @@ def auto_stream_interval(
     fastest (``fastest``: its scale, 1 on vLLM): 1 where every token fits."""
     budget = max_events_per_s * fastest
     for interval in range(1, MAX_STREAM_INTERVAL + 1):
-        load = client_events_per_s(predicted_tokens_per_s, predicted_requests_per_s, 1.0, interval)
+        load = planned_events_per_s(predicted_tokens_per_s, predicted_requests_per_s, 1.0, interval)
         if load <= budget:
             return interval
     return MAX_STREAM_INTERVAL

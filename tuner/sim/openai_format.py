@@ -432,10 +432,6 @@ class StreamEvents:
     def role(self) -> bytes:
         return sse_event(role_chunk(self.req))
 
-    def token(self, token_id: int, finish_reason: FinishReason | None) -> bytes:
-        """The event of the next token alone; counts it."""
-        return self._event([token_id], finish_reason)
-
     def push(self, token_id: int, finish_reason: FinishReason | None) -> list[int] | None:
         """The next token as the request's ``stream_interval`` streams it (vLLM's output
         processor: a chunk goes out on the first token, once ``stream_interval`` tokens
@@ -452,10 +448,8 @@ class StreamEvents:
         return chunk
 
     def chunk(self, token_ids: list[int], finish_reason: FinishReason | None) -> bytes:
-        """The event of a chunk of tokens (``push``); counts them."""
-        return self._event(token_ids, finish_reason)
-
-    def _event(self, token_ids: list[int], finish_reason: FinishReason | None) -> bytes:
+        """The event of a chunk of tokens (``push``; one token where streamed one by one);
+        counts them."""
         self.completion_tokens += len(token_ids)
         text = "".join(decode_token(t) for t in token_ids)
         offset = self._text_offset
