@@ -1,16 +1,18 @@
 """Fixtures for the integration tests: one finished small tune shared by a session (on the
-twin's virtual clock, tests/virtual.py), and one real-time `tuner tune` for the tests of
-what only processes show."""
+twin's virtual clock, tests/virtual.py), one real-time `tuner tune` for the tests of
+what only processes show, and ``launch``: sim-serve subprocesses stopped after a test."""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.simserver import Launch, SimServer, spawn_sim
 from tests.integration.tune_run import REAL_TUNE_ARGS, small_tune
 from tests.runtime_only import runtime_only_env
 from tests.virtual import virtual_tune
@@ -46,6 +48,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             f"pytest-xdist did not group {len(lost)} tests (first: {lost[0]}); this pytest "
             "and pytest-xdist do not agree on test ids: install the versions pyproject.toml names"
         )
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Launch]:
+    """Start sim-serve subprocesses (own process group, log in tmp_path); all stopped after."""
+    started: list[SimServer] = []
+
+    def start(*args: str, healthy: bool = True) -> SimServer:
+        server = spawn_sim(args, tmp_path / f"sim-serve-{len(started)}.log")
+        started.append(server)
+        if healthy:
+            server.wait_healthy()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

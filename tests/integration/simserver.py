@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +78,11 @@ class SimServer:
         )
         assert match, f"{name} not in /metrics"
         return float(match.group(1))
+
+
+# ``launch(*args, healthy=True)``: a sim-serve subprocess, stopped after the test (the
+# ``launch`` fixture of tests/integration/conftest.py).
+Launch = Callable[..., SimServer]
 
 
 def spawn_sim(args: tuple[str, ...], log_path: Path) -> SimServer:

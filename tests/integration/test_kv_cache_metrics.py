@@ -5,13 +5,12 @@ the prefix cache under ``tuner_sim:`` names (never ``vllm:``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.integration.simserver import SimServer, spawn_sim
+from tests.integration.simserver import Launch, SimServer
 from tuner.serving.processes import ChildRegistry
 from tuner.serving.server import Backend, LaunchSpec, ServerProcess
 
@@ -33,23 +32,6 @@ HISTOGRAMS = (
     "vllm:kv_block_idle_before_evict_seconds",
     "vllm:kv_block_reuse_gap_seconds",
 )
-Launch = Callable[..., SimServer]
-
-
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Launch]:
-    started: list[SimServer] = []
-
-    def start(*args: str, healthy: bool = True) -> SimServer:
-        server = spawn_sim(args, tmp_path / f"sim-serve-{len(started)}.log")
-        started.append(server)
-        if healthy:
-            server.wait_healthy()
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def samples(text: str, name: str) -> list[tuple[str, float]]:

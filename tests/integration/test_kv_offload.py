@@ -6,13 +6,12 @@ from host memory and exports the offloading metrics under vLLM's names; a tune s
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.integration.simserver import SimServer, spawn_sim
+from tests.integration.simserver import Launch, SimServer
 from tests.virtual import virtual_tune
 from tuner.errors import ConfigError
 from tuner.run.evaluation import Evaluation
@@ -24,23 +23,6 @@ SMALL_GPU = (
     *("--model", "qwen2.5-7b", "--max-model-len", "1024"),
     *("--kv-cache-memory-bytes", str(80 * 917504), "--time-scale", "0.05"),
 )
-Launch = Callable[..., SimServer]
-
-
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Launch]:
-    started: list[SimServer] = []
-
-    def start(*args: str, healthy: bool = True) -> SimServer:
-        server = spawn_sim(args, tmp_path / f"sim-serve-{len(started)}.log")
-        started.append(server)
-        if healthy:
-            server.wait_healthy()
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.simserver import SimServer, spawn_sim
+from tests.integration.simserver import Launch, SimServer, spawn_sim
 from tuner.sim.tokenizer import decode_token
 from tuner.vllm.classify import classify_failure
 from tuner.vllm.failures import StartupFailureKind
@@ -28,26 +28,6 @@ from tuner.vllm.models import resolve_model
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 SMALL = ("--model", "qwen2.5-7b", "--gpu", "H100-80GB", "--max-model-len", "4096")
-
-
-Launch = Callable[..., SimServer]
-
-
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Launch]:
-    """Start sim-serve subprocesses (own process group, log in tmp_path); all stopped after."""
-    started: list[SimServer] = []
-
-    def start(*args: str, healthy: bool = True) -> SimServer:
-        server = spawn_sim(args, tmp_path / f"sim-serve-{len(started)}.log")
-        started.append(server)
-        if healthy:
-            server.wait_healthy()
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
