@@ -36,8 +36,8 @@ import csv
 import functools
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -113,8 +113,8 @@ def read_azure_csv(path: Path) -> list[TraceRecord]:
     ]
 
 
-def read_mooncake_jsonl(path: Path) -> list[TraceRecord]:
-    out: list[TraceRecord] = []
+def _json_rows(path: Path) -> Iterator[tuple[str, object]]:
+    """A JSON-lines trace's rows, each with where it is (``path:line``), blank lines left out."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -124,9 +124,23 @@ def read_mooncake_jsonl(path: Path) -> list[TraceRecord]:
             continue
         where = f"{path}:{number}"
         try:
-            obj = json.loads(line)
+            yield where, json.loads(line)
         except json.JSONDecodeError as exc:
             raise TraceError(f"{where}: not JSON ({exc.msg})") from None
+
+
+def _from_first_arrival(path: Path, records: list[TraceRecord]) -> list[TraceRecord]:
+    """``records`` in arrival order, their times from the first one's."""
+    if not records:
+        raise TraceError(f"{path}: the trace has no requests")
+    records.sort(key=lambda r: r.arrival_s)
+    start = records[0].arrival_s
+    return [replace(r, arrival_s=r.arrival_s - start) for r in records]
+
+
+def read_mooncake_jsonl(path: Path) -> list[TraceRecord]:
+    out: list[TraceRecord] = []
+    for where, obj in _json_rows(path):
         if (
             isinstance(obj, dict)
             and "timestamp" not in obj
@@ -155,31 +169,13 @@ def read_mooncake_jsonl(path: Path) -> list[TraceRecord]:
                 prefix_block_ids=tuple(_positive_int(h, "hash id", where) for h in hash_ids),
             )
         )
-    if not out:
-        raise TraceError(f"{path}: the trace has no requests")
-    out.sort(key=lambda r: r.arrival_s)
-    start = out[0].arrival_s
-    return [
-        TraceRecord(r.arrival_s - start, r.prompt_tokens, r.output_tokens, r.prefix_block_ids)
-        for r in out
-    ]
+    return _from_first_arrival(path, out)
 
 
 def read_bailian_jsonl(path: Path) -> list[TraceRecord]:
     """Qwen-Bailian rows: whole requests at ``timestamp`` seconds, 16-token hash blocks."""
     out: list[TraceRecord] = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror}") from exc
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{where}: not JSON ({exc.msg})") from None
+    for where, obj in _json_rows(path):
         if not isinstance(obj, dict) or not set(BAILIAN_FIELDS) <= obj.keys():
             raise TraceError(f"{where}: a Qwen-Bailian row needs {', '.join(BAILIAN_FIELDS)}")
         hash_ids = obj.get("hash_ids") or []
@@ -194,20 +190,7 @@ def read_bailian_jsonl(path: Path) -> list[TraceRecord]:
                 block_tokens=BAILIAN_BLOCK_TOKENS,
             )
         )
-    if not out:
-        raise TraceError(f"{path}: the trace has no requests")
-    out.sort(key=lambda r: r.arrival_s)
-    start = out[0].arrival_s
-    return [
-        TraceRecord(
-            r.arrival_s - start,
-            r.prompt_tokens,
-            r.output_tokens,
-            r.prefix_block_ids,
-            r.block_tokens,
-        )
-        for r in out
-    ]
+    return _from_first_arrival(path, out)
 
 
 def _seconds(value: object, what: str, where: str) -> float:
