@@ -1303,9 +1303,14 @@ def _cache_volume(cfg: DeploymentConfig) -> dict[str, Any] | None:
         return _shared_cache_volume(volume, _serving_claim_name(cfg))
     if cfg.rollout is Rollout.BLUE_GREEN:
         return None
-    # A claim per pod, made with it and deleted with it (a container restart keeps it).
+    return _claim_per_pod("vllm-cache", cfg, volume)
+
+
+def _claim_per_pod(name: str, cfg: DeploymentConfig, volume: PvcCache) -> dict[str, Any]:
+    """Volume ``name`` as a claim per pod, made with it and deleted with it (a container
+    restart keeps it)."""
     return {
-        "name": "vllm-cache",
+        "name": name,
         "ephemeral": {
             "volumeClaimTemplate": {
                 "metadata": {"labels": _hashed_labels(cfg)},
@@ -1390,15 +1395,7 @@ def _model_volume(cfg: DeploymentConfig) -> dict[str, Any] | None:
         }
     if cfg.rollout is Rollout.BLUE_GREEN:
         return None
-    return {
-        "name": "model-cache",
-        "ephemeral": {
-            "volumeClaimTemplate": {
-                "metadata": {"labels": _hashed_labels(cfg)},
-                "spec": _claim_spec(cache, "ReadWriteOnce"),
-            }
-        },
-    }
+    return _claim_per_pod("model-cache", cfg, cache)
 
 
 def _init_containers(cfg: DeploymentConfig) -> list[dict[str, Any]]:
