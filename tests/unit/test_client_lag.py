@@ -134,7 +134,7 @@ def test_a_simulated_server_behind_its_clock_lagged_and_slows_its_clock_at_once(
     assert lag.reason is not None and "simulated server's steps started 35.0 ms late" in lag.reason
     kept = judge_client([stats()], server=ServerClockLag(steps=2000, p99_ms=3.0, max_ms=9.0))
     assert not kept.lagged and not kept.server_lagged
-    wide = judge_client([stats()], ClientBounds(loop_delay_p99_ms=50.0), server=behind)
+    wide = judge_client([stats()], ClientBounds(server_lag_p99_ms=50.0), server=behind)
     assert not wide.lagged  # within the bound the SLO allows
     change = plan_remedy(
         RULE, ClientSetup(processes=1), simulated=True, cores=16, server_lagged=True
@@ -408,5 +408,74 @@ def test_the_lag_bounds_widen_to_a_share_of_the_slo_limits_they_add_to() -> None
     slow = ClientBounds().for_slo(chat, time_scale=4.0)  # 4x slower: limits 4x longer
     assert slow.send_lag_p99_ms == pytest.approx(400.0)
     assert slow.loop_delay_p99_ms == pytest.approx(20.0)
+    # The simulated server's step lag adds to TTFT, gaps and e2e, not to a TPOT
+    assert bounds.server_lag_p99_ms == pytest.approx(10.0)  # 5% of the 100-ms ITL
+    tpot_only = Slo.p99(ttft_ms=2000.0, tpot_ms=100.0)
+    fast = ClientBounds().for_slo(tpot_only, time_scale=0.25)  # 4x faster: limits 4x shorter
+    assert fast.server_lag_p99_ms == pytest.approx(25.0)  # 5% of 2 s, in wall time
+    assert fast.loop_delay_p99_ms == pytest.approx(10.0)  # the client's reads: TPOT counts
+    assert ClientBounds().for_slo(Slo.p99(tpot_ms=100.0)).server_lag_p99_ms == 10.0
     assert ClientBounds(slo_share=0.0).for_slo(chat) == ClientBounds(slo_share=0.0)
     assert ClientBounds().for_slo(Slo()) == ClientBounds()  # no limits: as stated
+
+
+def _broken_level(ttft_p99_ms: float, *, server_max_ms: float, client_lag_ms: float = 2.0,
+                  time_scale: float = 0.25) -> LoadMeasurement:  # fmt: skip
+    """A level that broke its TTFT limit (2 s) while the simulated server's steps started
+    up to ``server_max_ms`` late (p99 30 ms, past its 10-ms floor)."""
+    from tuner.search.client_retry import broke_anyway
+    from workloads.slo import Slo
+
+    server = ServerClockLag(steps=2000, p99_ms=30.0, max_ms=server_max_ms)
+    lag = judge_client([stats(send_lag_p99_ms=client_lag_ms)], ClientBounds(), server=server)
+    load = _load(6.0).model_copy(
+        update={"slo": Slo.p99(ttft_ms=2000.0), "ttft_ms": Percentiles(count=100, p99=ttft_p99_ms)}
+    )
+    m = LoadMeasurement(
+        out_dir="level-0", outcome=TrialOutcome.READY, load=load,
+        slo=SloVerdict(met=False, violations=[f"ttft p99 {ttft_p99_ms} ms > 2000 ms"]),
+        client_saturated=True, client_saturation_reason=lag.reason,
+        client=LevelClient(lag=lag, setup=ClientSetup(processes=1, time_scale=time_scale)),
+    )  # fmt: skip
+    assert lag.server_lagged
+    return m.model_copy(
+        update={"client": m.client.model_copy(update={"broke_anyway": broke_anyway(m)})}
+    )  # type: ignore[union-attr]
+
+
+def test_a_level_that_broke_by_more_than_the_simulated_servers_lag_counts() -> None:
+    """The server's largest step lag, 58 ms at a 4x clock, moves any latency by at most
+    232 ms of the emulated GPU's: a TTFT p99 of 3.6 s against 2 s broke whatever it was;
+    one of 2.1 s may be the lag's, and is measured again, as is any level whose load
+    generator lagged too."""
+    clear = _broken_level(3648.0, server_max_ms=58.0)
+    assert clear.client is not None and clear.client.broke_anyway
+    assert not clear.client.unmeasurable
+    assert clear.client.summary().startswith("broke by more than the simulated server's lag")
+    close = _broken_level(2100.0, server_max_ms=58.0)
+    assert close.client is not None and not close.client.broke_anyway and close.client.unmeasurable
+    slower = _broken_level(2100.0, server_max_ms=58.0, time_scale=1.0)  # 58 ms of the GPU's
+    assert slower.client is not None and slower.client.broke_anyway
+    both = _broken_level(3648.0, server_max_ms=58.0, client_lag_ms=40.0)
+    assert both.client is not None and not both.client.broke_anyway
+
+
+def test_no_level_starts_that_would_end_past_the_searchs_deadline(tmp_path: Path) -> None:
+    """A confirmation's level count is planned from the levels' expected seconds, which a
+    slower clock after a lag outgrows: past its deadline no further level starts (the
+    first always does), edge draws included; without one the same search runs on."""
+    import time
+
+    def run(deadline: float | None, out: Path) -> list[float]:
+        server = _Server(capacity_per_s=4.0, client_per_s=100.0)
+        result = search_rate(
+            server, load_workload("chat"), start_rate_per_s=1.0, out_dir=out,
+            level_duration_s=2.0, warmup_s=1.0, max_levels=4, precision=0.05,
+            deadline=deadline,
+        )  # fmt: skip
+        return [lv.rate_per_s for lv in result.levels]
+
+    free = run(None, tmp_path / "free")
+    assert len(free) >= 4  # four levels and the edge draws
+    assert run(time.monotonic() + 3600.0, tmp_path / "later") == pytest.approx(free)
+    assert run(time.monotonic() - 1.0, tmp_path / "passed") == pytest.approx(free[:1])

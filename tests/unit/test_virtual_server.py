@@ -8,6 +8,8 @@ import dataclasses
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration.tune_run import TINY_WORKLOAD
 from tuner.serving.level_schedule import plan_level_schedule
 from tuner.serving.live_server import LoadMeasurement
@@ -128,3 +130,29 @@ def test_the_engine_runs_at_the_step_costs_sim_serve_is_given(tmp_path: Path) ->
     paper = dataclasses.replace(setup, timing=TimingFactors())
     at_paper = twin_accuracy(paper, [level]).median_share
     assert at_paper is not None and at_paper > 0.05
+
+
+@pytest.mark.parametrize("time_scale", [0.25, 2.0])
+def test_a_level_on_another_clock_is_replayed_in_the_emulated_gpus_time(
+    tmp_path: Path, time_scale: float
+) -> None:
+    """A level's ``schedule.jsonl`` is what its load generator sent, on the level's clock
+    (4x faster: every offset a quarter); the twin replays it in the emulated GPU's seconds,
+    exactly at the engine's own step costs. Read as if emulated, a 4x clock's schedule
+    arrived four times as dense and the twin was 263x off a default tune's levels."""
+    hidden = "mfu=0.4,mbu=0.6,step_overhead_ms=3"
+    launch = dataclasses.replace(
+        _launch(tmp_path), sim_step_costs=hidden, sim_time_scale=time_scale
+    )
+    server = VirtualServer(launch, trial_dir=tmp_path / "t", registry=ChildRegistry(tmp_path))
+    with server:
+        assert server.ready
+        _level(server, tmp_path / "t" / "level-0")
+    level = read_level(tmp_path / "t" / "level-0", time_scale=time_scale)
+    assert level is not None
+    setup = Setup(
+        resolve_model("llama-3.1-8b"), get_gpu("L4"), VllmVersion.current(),
+        _launch(tmp_path).params, timing=TimingFactors.parse(hidden),
+    )  # fmt: skip
+    off = twin_accuracy(setup, [level]).median_share
+    assert off is not None and off < 1e-3

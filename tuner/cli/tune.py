@@ -188,7 +188,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--fastest-time-scale", type=float,
         help="sim, automatic clock: the fastest it runs where the load generator has room "
-        "(default 0.5: twice the emulated GPU's pace; 1: never faster)",
+        "(default 0.25: four times the emulated GPU's pace; 1: never faster)",
     )  # fmt: skip
     p.add_argument(
         "--stream-fraction",

@@ -166,7 +166,7 @@ class TuneConfig(BaseModel):
     # sim, automatic clock: the fastest it runs where the load generator has room (0.5: twice
     # the emulated GPU's pace: at 4x the default chat tune's simulated server fell behind its
     # clock on two cores; 1: never faster than it); tuner.search.clock.
-    fastest_time_scale: float = Field(default=0.5, gt=0, le=1)
+    fastest_time_scale: float = Field(default=0.25, gt=0, le=1)
     # Share of requests streamed (the rest sent whole): None lets the load generator's
     # budget decide, never below min_stream_fraction; 1 streams every request.
     stream_fraction: float | None = Field(default=None, gt=0, le=1)

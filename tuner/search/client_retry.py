@@ -9,7 +9,9 @@ own, from an empty server. ``level-<i>/`` then holds the attempt that counts, an
 ``client.json`` (``LevelClient``) every attempt's lag and what changed after it. A level
 still lagging after the last attempt is unmeasurable: the search treats it as missing.
 A level that held although its client lagged is not measured again and counts
-(``held_anyway``): the client's lag only adds to the latencies it measured.
+(``held_anyway``): the client's lag only adds to the latencies it measured. Nor is one
+that broke by more than the simulated server's own lag can explain while its load
+generator kept up (``broke_anyway``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def measure_with_honest_client(
             m.client is not None
             and m.client.unmeasurable
             and not held_anyway(m)
+            and not broke_anyway(m)
             and m.outcome is TrialOutcome.READY
             and len(attempts) < rule.retries
         ):
@@ -68,7 +71,11 @@ def measure_with_honest_client(
     if m.client is None:
         return m
     client = m.client.model_copy(
-        update={"attempts": tuple(attempts), "held_anyway": m.client.lag.lagged and held_anyway(m)}
+        update={
+            "attempts": tuple(attempts),
+            "held_anyway": m.client.lag.lagged and held_anyway(m),
+            "broke_anyway": m.client.lag.lagged and broke_anyway(m),
+        }
     )
     m = m.model_copy(update={"client": client})
     write_level_client(level_dir, client)
@@ -84,6 +91,31 @@ def held_anyway(m: LoadMeasurement) -> bool:
         m.slo.met and not growing and not m.stopped_early and not m.stopped_by_backlog
         and m.outcome is TrialOutcome.READY
     )  # fmt: skip
+
+
+def broke_anyway(m: LoadMeasurement) -> bool:
+    """The level broke although the simulated server's steps started late, by more than
+    that lag can explain: only the server lagged (every load process kept up), and an
+    objective's percentile is past its limit by more than the server's largest step lag
+    in the emulated GPU's time. The engine runs on the virtual GPU's timeline, and a step
+    that starts late delays its tokens, and stamps the requests that arrive meanwhile,
+    by at most that: no latency, so no percentile, moves by more. A verdict the lag could
+    have made is measured again."""
+    client = m.client
+    if client is None or m.outcome is not TrialOutcome.READY or m.load.slo is None:
+        return False
+    lag = client.lag
+    if lag.server is None or not lag.server_lagged:
+        return False
+    if any(process.past(lag.bounds) for process in lag.processes):
+        return False  # the load generator lagged too: more room for it first
+    shift_ms = lag.server.max_ms / client.setup.time_scale
+    for objective in m.load.slo.objectives():
+        percentiles = getattr(m.load, f"{objective.metric.value}_ms")
+        value = getattr(percentiles, f"p{objective.percentile}")
+        if value is not None and value - shift_ms > objective.limit_ms:
+            return True
+    return False
 
 
 def set_aside(level_dir: Path, attempt: int) -> Path:

@@ -126,11 +126,13 @@ def evaluate(
     predicted_answer_times: AnswerTimes | None = None,
     start_held: bool = False,
     edge_draws: int | None = None,
+    deadline: float | None = None,
 ) -> Evaluation:
     """Launch the candidate and measure its goodput (screened first when configured).
     ``start_held``: the settings held at ``start_rate_per_s`` before (``search_rate``).
     ``edge_draws``: the draws the bracket's ends are measured with (None: a trial's,
-    ``trial_edge_draws``; a confirmation passes ``edge_draws``)."""
+    ``trial_edge_draws``; a confirmation passes ``edge_draws``). ``deadline``
+    (``time.monotonic()``): no level after the first starts that would end past it."""
     early = screened(ctx, setup, params, out_dir)
     if early is not None:
         return early
@@ -168,7 +170,7 @@ def evaluate(
                 predicted_rate_per_s=predicted_rate_per_s,
                 predicted_answer_times=predicted_answer_times,
                 chain=live.chain if config.chain_levels else None, start_held=start_held,
-                edge_draws=edge_draws or config.trial_edge_draws,
+                edge_draws=edge_draws or config.trial_edge_draws, deadline=deadline,
             )  # fmt: skip
             measured = time.monotonic()
     evaluation = _evaluation(ctx, setup, params, out_dir, startup, search, live, kv_fill)

