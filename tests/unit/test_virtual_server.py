@@ -101,6 +101,14 @@ def test_a_level_is_measured_alike_every_time_in_well_under_a_second(tmp_path: P
     assert first.window is not None and first.window == second.window
 
 
+def _twin(tmp_path: Path, step_costs: str) -> Setup:
+    """The twin of ``_launch``'s server at ``step_costs``."""
+    return Setup(
+        resolve_model("llama-3.1-8b"), get_gpu("L4"), VllmVersion.current(),
+        _launch(tmp_path).params, timing=TimingFactors.parse(step_costs),
+    )  # fmt: skip
+
+
 def test_the_engine_runs_at_the_step_costs_sim_serve_is_given(tmp_path: Path) -> None:
     """``--sim-step-costs`` (sim-serve's ``--step-costs``) makes the engine one the twin has
     not seen, as it does a launched sim-serve: the level is slower than at the paper's step
@@ -121,10 +129,7 @@ def test_the_engine_runs_at_the_step_costs_sim_serve_is_given(tmp_path: Path) ->
     assert paper_tpot is not None and hidden_tpot is not None and hidden_tpot > paper_tpot * 1.1
     level = read_level(tmp_path / "hidden" / "level-0")
     assert level is not None
-    setup = Setup(
-        resolve_model("llama-3.1-8b"), get_gpu("L4"), VllmVersion.current(),
-        _launch(tmp_path).params, timing=TimingFactors.parse(hidden),
-    )  # fmt: skip
+    setup = _twin(tmp_path, hidden)
     at_hidden = twin_accuracy(setup, [level]).median_share
     assert at_hidden is not None and at_hidden < 1e-3
     paper = dataclasses.replace(setup, timing=TimingFactors())
@@ -150,9 +155,6 @@ def test_a_level_on_another_clock_is_replayed_in_the_emulated_gpus_time(
         _level(server, tmp_path / "t" / "level-0")
     level = read_level(tmp_path / "t" / "level-0", time_scale=time_scale)
     assert level is not None
-    setup = Setup(
-        resolve_model("llama-3.1-8b"), get_gpu("L4"), VllmVersion.current(),
-        _launch(tmp_path).params, timing=TimingFactors.parse(hidden),
-    )  # fmt: skip
+    setup = _twin(tmp_path, hidden)
     off = twin_accuracy(setup, [level]).median_share
     assert off is not None and off < 1e-3
