@@ -163,9 +163,9 @@ class TuneConfig(BaseModel):
     gpu_source: str = "auto"
     time_scale: float | None = Field(default=None, gt=0)  # sim: slower clock; None: automatic
     max_events_per_s: float = Field(default=5000.0, gt=0)  # auto time scale keeps below this
-    # sim, automatic clock: the fastest it runs where the load generator has room (0.5: twice
-    # the emulated GPU's pace: at 4x the default chat tune's simulated server fell behind its
-    # clock on two cores; 1: never faster than it); tuner.search.clock.
+    # sim, automatic clock: the fastest it runs where the load generator has room (0.25: four
+    # times the emulated GPU's pace, where the default chat tune's levels measure as at its
+    # own pace but for 10-13 ms more TTFT p50; 1: never faster than it); tuner.search.clock.
     fastest_time_scale: float = Field(default=0.25, gt=0, le=1)
     # Share of requests streamed (the rest sent whole): None lets the load generator's
     # budget decide, never below min_stream_fraction; 1 streams every request.

@@ -88,10 +88,10 @@ from workloads.slo import SloMetric
 from workloads.spec import WorkloadSpec
 from workloads.stationary import AnswerTimes, nearest_in_rate
 
-# The goodput's rule: a rate holds when its estimated probability of holding is at
-# least this (``hold_probability``), not when one window did.
 log = logging.getLogger(__name__)
 
+# The goodput's rule: a rate holds when its estimated probability of holding is at
+# least this (``hold_probability``), not when one window did.
 HOLD_MIN = 0.9
 MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent: halving)
 # The largest step down from a first level the twin placed that broke: the twin's sustained
