@@ -40,8 +40,8 @@ MAX_CPU_PERCENT = 75.0  # of one core
 SLO_SHARE = 0.05
 # The simulated server's steps start late by a sleep's overshoot, the previous step's
 # token deliveries and the requests it parses in between, even where its core keeps up
-# (5 to 11 ms at p99 on a 2-core host under the default workload's busiest level, at
-# every clock from 1x to 4x): its lag counts past this, or past ``slo_share`` of the
+# (5 to 11 ms at p99 on a 2-core host under the default workload's levels, as many wall
+# milliseconds at 1x as at 2x): its lag counts past this, or past ``slo_share`` of the
 # limits it adds to (``ClientBounds.for_slo``).
 SERVER_LAG_FLOOR_MS = 10.0
 
