@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from workloads.load_errors import ABORTED, was_sent
 from workloads.schedule import RequestRecord, read_records
-from workloads.slo import Slo, SloMetric
+from workloads.slo import Slo, SloMetric, SloObjective
 
 DEFAULT_PROMPT_BUCKETS: tuple[int, ...] = (0, 512, 2048, 4096, 8192)
 
@@ -143,6 +143,12 @@ class LoadResult(BaseModel):
         if self.completed_output_tokens is None or not self.num_completed:
             return None
         return self.completed_output_tokens / self.num_completed
+
+    def measured_ms(self, objective: SloObjective) -> float | None:
+        """The run's value of the percentile ``objective`` limits (None: not measured)."""
+        percentiles: Percentiles = getattr(self, f"{objective.metric.value}_ms")
+        value: float | None = getattr(percentiles, f"p{objective.percentile}")
+        return value
 
     @field_validator("slo", mode="before")
     @classmethod

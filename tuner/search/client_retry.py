@@ -110,12 +110,11 @@ def broke_anyway(m: LoadMeasurement) -> bool:
     if any(process.past(lag.bounds) for process in lag.processes):
         return False  # the load generator lagged too: more room for it first
     shift_ms = lag.server.max_ms / client.setup.time_scale
-    for objective in m.load.slo.objectives():
-        percentiles = getattr(m.load, f"{objective.metric.value}_ms")
-        value = getattr(percentiles, f"p{objective.percentile}")
-        if value is not None and value - shift_ms > objective.limit_ms:
-            return True
-    return False
+    return any(
+        (value := m.load.measured_ms(objective)) is not None
+        and value - shift_ms > objective.limit_ms
+        for objective in m.load.slo.objectives()
+    )
 
 
 def set_aside(level_dir: Path, attempt: int) -> Path:

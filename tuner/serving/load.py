@@ -133,8 +133,7 @@ def percentile_shares(spec: WorkloadSpec, result: LoadResult) -> list[float]:
     objectives the run could not measure are left out."""
     shares = []
     for objective in spec.slo.objectives():
-        percentiles = getattr(result, f"{objective.metric.value}_ms")
-        value = getattr(percentiles, f"p{objective.percentile}")
+        value = result.measured_ms(objective)
         if value is not None and value > 0:
             shares.append(value / objective.limit_ms)
     return shares
@@ -144,8 +143,7 @@ def slo_verdict(spec: WorkloadSpec, result: LoadResult) -> SloVerdict:
     """Each objective (a percentile of a metric at most a limit) against the run's percentiles."""
     violations: list[str] = []
     for objective in spec.slo.objectives():
-        percentiles = getattr(result, f"{objective.metric.value}_ms")
-        value = getattr(percentiles, f"p{objective.percentile}")
+        value = result.measured_ms(objective)
         if value is not None and value > objective.limit_ms:
             violations.append(
                 f"{objective.metric.value} p{objective.percentile} {value:.1f} ms > {objective.limit_ms:g} ms"
