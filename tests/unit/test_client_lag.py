@@ -395,6 +395,9 @@ def test_the_config_sets_the_rule() -> None:
     rule = config.load_generators().client_rule
     assert rule.retries == 3
     assert rule.bounds.send_lag_p99_ms == 0.5 and rule.bounds.loop_delay_p99_ms == 0.5
+    assert rule.bounds.server_lag_p99_ms == 10.0  # the simulated server's floor
+    wide = load_config(None, {"client_lag_ms": 50.0}).load_generators().client_rule
+    assert wide.bounds.server_lag_p99_ms == 50.0  # widened with the client's, as before
 
 
 def test_the_lag_bounds_widen_to_a_share_of_the_slo_limits_they_add_to() -> None:

@@ -21,7 +21,7 @@ from tuner.serving.client_lag import DEFAULT_RETRIES, ClientRule
 from tuner.serving.load import LoadGenerators
 from tuner.sim.timing import TimingFactors
 from tuner.vllm.boot import BootState
-from workloads.client_lag import MAX_SEND_LAG_P99_MS, ClientBounds
+from workloads.client_lag import MAX_SEND_LAG_P99_MS, SERVER_LAG_FLOOR_MS, ClientBounds
 from workloads.slo import Slo
 
 
@@ -225,7 +225,11 @@ class TuneConfig(BaseModel):
     def load_generators(self) -> LoadGenerators:
         """Who sends the load (ConfigError when the three settings do not go together)."""
         bounds = ClientBounds(
-            send_lag_p99_ms=self.client_lag_ms, loop_delay_p99_ms=self.client_lag_ms
+            send_lag_p99_ms=self.client_lag_ms,
+            loop_delay_p99_ms=self.client_lag_ms,
+            # the simulated server's, as it was judged with the event loop's, never below
+            # its floor
+            server_lag_p99_ms=max(SERVER_LAG_FLOOR_MS, self.client_lag_ms),
         )
         return LoadGenerators(
             processes=self.processes,
