@@ -70,18 +70,18 @@ def check_cold_boot(
     low_cold = lowest_starting_utilization(lambda u: at(u, BootState.COLD).fits)
     low_warm = lowest_starting_utilization(lambda u: at(u, BootState.WARM).fits)
     raised_from: float | None = None
+    raise_to: float | None = None
     if low_cold is not None and util < round(low_cold + margin, 4):
         wanted = round(low_cold + margin, 4)
         top = min(ceiling if ceiling is not None else 1.0, 1.0)
         if wanted <= top:
-            raised_from, util = util, wanted
-            params = params.model_copy(update={"gpu_memory_utilization": util})
-            warm, cold = at(util, BootState.WARM), at(util, BootState.COLD)
+            raise_to = wanted
         elif cold.fits is False and low_cold <= top:
-            # no room for the whole margin: at least start cold
-            raised_from, util = util, top
-            params = params.model_copy(update={"gpu_memory_utilization": util})
-            warm, cold = at(util, BootState.WARM), at(util, BootState.COLD)
+            raise_to = top  # no room for the whole margin: at least start cold
+    if raise_to is not None:
+        raised_from, util = util, raise_to
+        params = params.model_copy(update={"gpu_memory_utilization": util})
+        warm, cold = at(util, BootState.WARM), at(util, BootState.COLD)
     measured = calibration is not None and calibration.compile_factor is not None
     factor = (
         calibration.compile_factor
