@@ -44,7 +44,7 @@ from tuner.run.goodput import UNITS_AGREE, Goodput, UnitGains
 from tuner.run.layout import WINDOW_JSON
 from tuner.serving.window import WindowOpening
 from workloads.load_errors import ABORTED
-from workloads.schedule import ScheduledRequest, read_records
+from workloads.schedule import read_records, read_schedule
 
 PICK = (
     "gpu-memory-utilization=0.97",
@@ -103,13 +103,7 @@ def _window(evaluation: Evaluation) -> Window | None:
     level = Path(best.dir)
     window = WindowOpening.model_validate_json((level / WINDOW_JSON).read_text())
     k = evaluation.time_scale
-    schedule = {
-        r.request_id: r
-        for r in (
-            ScheduledRequest.from_json(line)
-            for line in (level / "schedule.jsonl").read_text().splitlines()
-        )
-    }
+    schedule = {r.request_id: r for r in read_schedule(level / "schedule.jsonl")}
     records = list(read_records(level / "requests.jsonl"))
     zero = min(
         r.scheduled_s for r in records if schedule[r.request_id].follows is None and not r.warmup

@@ -9,7 +9,8 @@ Run by `workloads.runner.run_load` (headless subprocess), or directly with the w
 Configuration (environment variables, read when a test starts, never at import):
 
 ``TUNER_SCHEDULE``
-    Path of the schedule (`workloads.schedule.ScheduledRequest` JSON lines). Required.
+    Path of the schedule (`workloads.schedule.ScheduledRequest` JSON lines, as
+    `workloads.schedule.write_schedule` writes them). Required.
 ``TUNER_RECORDS``
     Records path. Process ``i`` appends one `RequestRecord` JSON line per request to
     ``<TUNER_RECORDS>.w<i>`` (flushed per record) and writes its `WorkerStats` to
@@ -154,6 +155,7 @@ from workloads.runner import (
 from workloads.schedule import (
     Api,
     RequestRecord,
+    ScheduleCodec,
     ScheduledRequest,
     SegmentHeader,
     carries_on,
@@ -652,10 +654,11 @@ class Dispatcher:
         at once would stall every send and stream for seconds), then take it on."""
         header = read_segment_header(path)
         requests: list[ScheduledRequest] = []
+        codec = ScheduleCodec()
         with Path(header.schedule).open(encoding="utf-8") as fh:
             for count, line in enumerate(fh, 1):
                 if line.strip():
-                    request = ScheduledRequest.from_json(line)
+                    request = codec.decode(line)
                     requests.append(replace(request, send_s=request.send_s + header.offset_s))
                 if count % SEGMENT_LINES_AT_ONCE == 0:
                     gevent.sleep(0)
@@ -1255,7 +1258,8 @@ class _Master:
             if self.schedule is None:
                 self.schedule = read_schedule(Path(os.environ["TUNER_SCHEDULE"]))
             # The same split as the local processes make (_on_test_start).
-            requests = [r.to_json() for r in share_of(self.schedule, index, self.count)]
+            codec = ScheduleCodec()  # the worker decodes its share in the same order
+            requests = [codec.encode(r) for r in share_of(self.schedule, index, self.count)]
         else:
             log.warning("worker %s (index %d) joined a run already under way", msg.node_id, index)
         cap = int(os.environ.get("TUNER_MAX_IN_FLIGHT") or DEFAULT_MAX_IN_FLIGHT)
@@ -1370,7 +1374,8 @@ def _start_remote(environment: Environment) -> None:
                 settings.worker,
                 time.time() - settings.start_at_s,
             )
-        requests = [ScheduledRequest.from_json(line) for line in share.requests]
+        codec = ScheduleCodec()
+        requests = [codec.decode(line) for line in share.requests]
         sink = MasterSink(environment, settings.worker_index)
         _State.dispatcher = Dispatcher(settings, environment, requests, sink)
     except (Exception, gevent.Timeout):

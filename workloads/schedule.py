@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -106,12 +106,59 @@ class RequestRecord:
         return cls(**json.loads(line))
 
 
+HISTORY_FIELD = "history"
+
+
+class ScheduleCodec:
+    """A schedule's JSON lines with each conversation's history written once.
+
+    A later turn's messages begin with those of the turn it follows, which grow with
+    every turn: written whole, a chat level's schedule is hundreds of megabytes, which
+    every load-generator process reads. Where the turn it follows was written before
+    it by the same codec, a line carries only its new messages and ``history``, how
+    many it takes from that turn; anything else is written whole. Lines are read back
+    in the order written, by one codec per file or share."""
+
+    def __init__(self) -> None:
+        self._messages: dict[str, list[dict[str, str]]] = {}
+
+    def encode(self, request: ScheduledRequest) -> str:
+        data: dict[str, Any] = {f.name: getattr(request, f.name) for f in fields(request)}
+        messages = request.messages
+        earlier = self._messages.get(request.follows) if request.follows is not None else None
+        if messages is not None:
+            self._messages[request.request_id] = messages
+            if earlier and messages[: len(earlier)] == earlier:
+                data["messages"] = messages[len(earlier) :]
+                data[HISTORY_FIELD] = len(earlier)
+        return json.dumps(data, separators=(",", ":"))
+
+    def decode(self, line: str) -> ScheduledRequest:
+        data = json.loads(line)
+        taken = data.pop(HISTORY_FIELD, None)
+        if taken is not None:
+            earlier = self._messages.get(data["follows"])
+            if earlier is None or len(earlier) < taken:
+                raise ValueError(
+                    f"request {data['request_id']!r} takes {taken} messages from "
+                    f"{data['follows']!r}, which is not before it in the schedule"
+                )
+            data["messages"] = earlier[:taken] + data["messages"]
+        data["api"] = Api(data["api"])
+        request = ScheduledRequest(**data)
+        if request.messages is not None:
+            self._messages[request.request_id] = request.messages
+        return request
+
+
 def write_schedule(path: Path, requests: Iterable[ScheduledRequest]) -> int:
+    """Write ``requests`` in send order (``ScheduleCodec``); how many."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    codec = ScheduleCodec()
     count = 0
     with path.open("w", encoding="utf-8") as out:
         for request in sorted(requests, key=lambda r: r.send_s):
-            out.write(request.to_json() + "\n")
+            out.write(codec.encode(request) + "\n")
             count += 1
     return count
 
@@ -270,8 +317,10 @@ def snapshot_path(segments_dir: Path, index: int, worker_index: int) -> Path:
 
 
 def read_schedule(path: Path) -> list[ScheduledRequest]:
+    """A schedule as ``write_schedule`` wrote it."""
+    codec = ScheduleCodec()
     with path.open(encoding="utf-8") as fh:
-        return [ScheduledRequest.from_json(line) for line in fh if line.strip()]
+        return [codec.decode(line) for line in fh if line.strip()]
 
 
 def write_records(path: Path, records: Iterable[RequestRecord]) -> None:

@@ -13,7 +13,14 @@ import pytest
 from tuner.sim.engine import block_hashes
 from tuner.sim.tokenizer import encode, encode_chat
 from workloads.build import block_id_words, build_schedule
-from workloads.schedule import Api, ScheduledRequest, read_schedule, write_schedule
+from workloads.schedule import (
+    Api,
+    ScheduleCodec,
+    ScheduledRequest,
+    read_schedule,
+    share_of,
+    write_schedule,
+)
 from workloads.spec import WorkloadSpec, load_workload, validate_workload
 
 VOCAB = 32_000
@@ -305,3 +312,34 @@ def test_schedule_file_round_trip(tmp_path: Path) -> None:
     assert write_schedule(path, schedule) == len(schedule)
     assert read_schedule(path) == schedule
     assert all(r.api is Api.CHAT for r in read_schedule(path))
+
+
+def test_a_schedule_file_writes_each_conversation_once(tmp_path: Path) -> None:
+    """A later turn's line carries its new messages only: the file is a fraction of the
+    schedule written whole, and reads back the same, in a share of it too."""
+    schedule = build_schedule(load_workload("chat"))
+    assert any(r.follows is not None for r in schedule)
+    path = tmp_path / "schedule.jsonl"
+    write_schedule(path, schedule)
+    whole = sum(len(r.to_json()) + 1 for r in schedule)
+    assert path.stat().st_size < whole / 2
+    # a share (one load-generator process's part) encoded and decoded on its own
+    share = share_of(schedule, 1, 3)
+    writer, reader = ScheduleCodec(), ScheduleCodec()
+    assert [reader.decode(writer.encode(r)) for r in share] == share
+
+
+def test_a_later_turn_without_its_earlier_one_is_written_whole() -> None:
+    """A turn whose earlier turn is not before it (a session under way when a schedule
+    opens) is written whole; a line that takes history it cannot find says so."""
+    schedule = build_schedule(load_workload("chat"))
+    later = next(r for r in schedule if r.follows is not None)
+    line = ScheduleCodec().encode(later)
+    assert ScheduleCodec().decode(line) == later
+    writer = ScheduleCodec()
+    earlier = next(r for r in schedule if r.request_id == later.follows)
+    writer.encode(earlier)
+    short = writer.encode(later)
+    assert len(short) < len(line)
+    with pytest.raises(ValueError, match=later.follows):
+        ScheduleCodec().decode(short)
