@@ -15,7 +15,7 @@ from tuner.errors import ConfigError
 from tuner.run.evaluation import Verdict
 from tuner.run.layout import RunLayout
 from tuner.run.twin_record import TrialFit, TwinRecord
-from tuner.twin.fit import read_twin
+from tuner.twin.fit import FIT_WITHIN_SHARE, read_twin
 from tuner.twin.landscape import Landscape, ScreenMethod, read_landscape
 
 log = logging.getLogger(__name__)
@@ -147,11 +147,12 @@ def _fit_row(f: TrialFit) -> FitRow:
         trial=f.trial,
         levels=", ".join(f.levels),
         before=_pct(f.error_before),
-        after=_pct(f.error_after),
+        after=_pct(f.error_after) if f.fitted else "not fitted",
         factors=f.after.describe()
-        + ("" if f.adopted else ": not adopted, its goodput prediction was further off"),
-        goodput=f"{_share(f.predicted_rate_per_s, f.measured_rate_per_s)} -> "
-        f"{_share(f.predicted_after_per_s, f.measured_rate_per_s)}",
+        + ("" if f.adopted else ": not adopted, its goodput prediction was further off")
+        + ("" if f.fitted else f": already within {_pct(FIT_WITHIN_SHARE)}, kept"),
+        goodput=_share(f.predicted_rate_per_s, f.measured_rate_per_s)
+        + (f" -> {_share(f.predicted_after_per_s, f.measured_rate_per_s)}" if f.fitted else ""),
     )
 
 

@@ -105,3 +105,19 @@ def test_a_fit_that_puts_the_measured_goodput_further_off_is_not_taken() -> None
     assert not goodput_worse(6.0, 8.0, 6.02, lower_bound=True)
     assert goodput_worse(6.0, 5.0, 6.02, lower_bound=True)
     assert not goodput_worse(None, 5.0, 6.02, lower_bound=False)
+
+
+def test_a_twin_already_within_the_levels_noise_is_not_fitted(
+    levels: list[MeasuredLevel],
+) -> None:
+    """Within ``within_share`` of every level no search runs and the factors stand; further
+    off (the paper's factors here), the fit runs as before."""
+    from tuner.twin.fit import FIT_WITHIN_SHARE
+
+    close = HIDDEN.model_copy(update={"mbu": HIDDEN.mbu * 1.02})
+    kept = fit(_setup(close), levels, within_share=FIT_WITHIN_SHARE)
+    error = kept.error_before.median_share
+    assert error is not None and 0.0 < error <= FIT_WITHIN_SHARE
+    assert not kept.fitted and kept.evaluations == 1 and kept.after == close
+    far = fit(_setup(TimingFactors()), levels, within_share=FIT_WITHIN_SHARE, max_seconds=0.0)
+    assert far.fitted and far.evaluations > 1

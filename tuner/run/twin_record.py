@@ -34,6 +34,9 @@ class TrialFit(BaseModel):
     # False: the fitted factors put the trial's measured goodput further off than the
     # ones before (``tuner.twin.fit.goodput_worse``): the twin kept those.
     adopted: bool = True
+    # False: the twin was already within ``tuner.twin.fit.FIT_WITHIN_SHARE`` of the levels
+    # (``error_before``); no fit ran and its factors stand.
+    fitted: bool = True
 
     @staticmethod
     def share_off(predicted: float | None, measured: float | None) -> float | None:

@@ -136,6 +136,7 @@ class TwinFit(BaseModel):
     error_before: TwinAccuracy
     error_after: TwinAccuracy
     evaluations: int
+    fitted: bool = True  # False: the twin was already within ``within_share``; no search ran
 
 
 def read_level(level_dir: Path, *, time_scale: float = 1.0) -> MeasuredLevel | None:
@@ -223,11 +224,14 @@ def fit(
     *,
     max_evaluations: int = MAX_EVALUATIONS,
     max_seconds: float | None = None,
+    within_share: float | None = None,
 ) -> TwinFit:
     """The timing factors that bring the twin closest to ``levels`` (the most recent
     ``MAX_LEVELS``), starting from ``setup``'s; ``max_seconds``: the search stops there
     (once its first simplex is replayed) with the best factors it replayed, so a short
-    budget's tune does not spend a trial's time on a fit."""
+    budget's tune does not spend a trial's time on a fit. ``within_share``: where the
+    twin replays every level and its median error is already within it, no search runs
+    (``fitted`` False) and ``setup``'s factors stand."""
     from scipy.optimize import minimize  # a second of import: only when a fit runs
 
     levels = list(levels)[-MAX_LEVELS:]
@@ -254,6 +258,17 @@ def fit(
         return cache[key]
 
     before = twin_accuracy(setup, levels)
+    error = before.median_share
+    if (
+        within_share is not None
+        and error is not None
+        and error <= within_share
+        and all(lv.predicted for lv in before.levels)
+    ):
+        return TwinFit(
+            before=start, after=start, error_before=before, error_after=before,
+            evaluations=1, fitted=False,
+        )  # fmt: skip
     first = {n: getattr(start, n) for n in names}
     # The request overhead starts from the median gap between the measured and the
     # twin's TTFT p50 (what no step cost explains), where the twin is the faster.
@@ -297,6 +312,11 @@ def _simplex(x0: Sequence[float]) -> list[list[float]]:
 
 
 GOODPUT_TOLERANCE = 0.05  # the precision a trial's goodput is measured to
+# A fit after a trial runs only where the twin is further off the trial's levels than
+# this (median share of the percentiles): no fit of the default tune's trials brought it
+# below 1 to 7%, and measured percentiles of one setting differ by as much between
+# levels, so a fit within it spends a trial's time fitting noise.
+FIT_WITHIN_SHARE = 0.05
 
 
 def goodput_worse(

@@ -16,6 +16,7 @@ from tuner.search.optuna_store import (
     TrialState,
 )
 from tuner.search.study.records import arrival_goodput, best_trial, ties_with_best
+from tuner.twin.fit import FIT_WITHIN_SHARE
 
 
 def trial_line(study: Study, number: int, ev: Evaluation, *, deadline_s: float) -> str:
@@ -90,14 +91,16 @@ def twin_line(one: TrialFit) -> str:
     def off(share: float | None) -> str:
         return "-" if share is None else f"{100 * share:.0f}%"
 
-    text = (
-        f"  twin: {off(one.error_before)} off trial {one.trial}'s measured percentiles, "
-        f"{off(one.error_after)} after fitting ({one.after.describe()})"
-    )
+    text = f"  twin: {off(one.error_before)} off trial {one.trial}'s measured percentiles, "
+    if one.fitted:
+        text += f"{off(one.error_after)} after fitting ({one.after.describe()})"
+    else:
+        text += f"within {off(FIT_WITHIN_SHARE)}: not fitted ({one.after.describe()})"
     if one.measured_rate_per_s:
         before = TrialFit.share_off(one.predicted_rate_per_s, one.measured_rate_per_s)
         after = TrialFit.share_off(one.predicted_after_per_s, one.measured_rate_per_s)
-        text += f"; its goodput prediction {pct(before)} -> {pct(after)}"
+        text += f"; its goodput prediction {pct(before)}"
+        text += f" -> {pct(after)}" if one.fitted else ""
     if not one.adopted:
         text += ": not adopted, the twin keeps its factors"
     return text

@@ -22,6 +22,7 @@ from tuner.search.study.trial_lines import twin_line
 from tuner.serving.level_schedule import plan_level_schedule
 from tuner.sim.build import offloading_options
 from tuner.twin.fit import (
+    FIT_WITHIN_SHARE,
     FITTED,
     MAX_LEVELS,
     MeasuredLevel,
@@ -147,27 +148,33 @@ class TrialTwin:
         result = fit(
             self.setup_for(params, setup), levels,
             max_seconds=FIT_BUDGET_SHARE * ctx.config.budget_min * 60.0,
+            # the first fit always runs: it is what makes the factors the device's own
+            within_share=FIT_WITHIN_SHARE if setup.timing.source == FITTED else None,
         )  # fmt: skip
-        learned = setup.learned(result.after)
-        self._predicted.clear()  # every prediction so far was made with the old factors
         measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
-        after = self._sustained(params, learned, measured or None).rate_per_s
         before = predicted.rate_per_s if predicted else None
-        # Measurements decide: factors that fit the percentiles but put the goodput the
-        # trial measured further off are not taken (the levels measured something the
-        # step costs do not explain, e.g. a load generator that fell behind).
-        adopted = not goodput_worse(
-            before, after, measured, lower_bound=ev.goodput_bound is GoodputBound.LOWER_BOUND
-        )
-        if not adopted:
-            learned = setup
-            self._predicted.clear()
+        after: float | None
+        if result.fitted:
+            learned = setup.learned(result.after)
+            self._predicted.clear()  # every prediction so far was made with the old factors
+            after = self._sustained(params, learned, measured or None).rate_per_s
+            # Measurements decide: factors that fit the percentiles but put the goodput the
+            # trial measured further off are not taken (the levels measured something the
+            # step costs do not explain, e.g. a load generator that fell behind).
+            adopted = not goodput_worse(
+                before, after, measured, lower_bound=ev.goodput_bound is GoodputBound.LOWER_BOUND
+            )
+            if not adopted:
+                learned = setup
+                self._predicted.clear()
+        else:  # already within the levels' noise: the factors and predictions stand
+            learned, after, adopted = setup, before, True
         one = TrialFit(
             trial=number, levels=[lv.name for lv in levels], before=result.before,
             after=result.after, error_before=result.error_before.median_share,
             error_after=result.error_after.median_share, evaluations=result.evaluations,
             measured_rate_per_s=measured, predicted_rate_per_s=before,
-            predicted_after_per_s=after, adopted=adopted,
+            predicted_after_per_s=after, adopted=adopted, fitted=result.fitted,
         )  # fmt: skip
         self.record().with_fit(one).write(RunLayout(ctx.run_dir).twin_json)
         line = twin_line(one)
