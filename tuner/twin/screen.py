@@ -122,6 +122,9 @@ class TwinSearch:
         self.landscape: Landscape | None = read_landscape(self.path)  # a resumed run's
         self._running: ScreenRun | None = None
         self.done = False  # the twin has nothing better to offer: the sampler's turn
+        # a setting's rate screened again, per setting and step costs: a pick screens the
+        # same candidates before each trial, again only after a fit changed the costs
+        self._rescreened: dict[tuple[str, str], float] = {}
 
     def start(self, factors: TimingFactors, base_rate_per_s: float) -> None:
         """Start the screen (once; not when the run directory has its landscape)."""
@@ -188,9 +191,13 @@ class TwinSearch:
         job = self._job(landscape, factors)
 
         def predict(params: TrialParams) -> float:
-            point = landscape.point(params)
-            hint = job.rung_of(point.rate_per_s) if point is not None and point.rate_per_s else 0
-            return screen_setting(job, params, hint).rate_per_s
+            key = (params.model_dump_json(), factors.model_dump_json())
+            if key not in self._rescreened:
+                point = landscape.point(params)
+                rate = point.rate_per_s if point is not None else None
+                hint = job.rung_of(rate) if rate else 0
+                self._rescreened[key] = screen_setting(job, params, hint).rate_per_s
+            return self._rescreened[key]
 
         picks = candidates(landscape, tried, count=RERANK)
         scored = [(predict(p.params), p) for p in picks]
