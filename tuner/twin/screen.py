@@ -126,9 +126,14 @@ class TwinSearch:
         # same candidates before each trial, again only after a fit changed the costs
         self._rescreened: dict[tuple[str, str], float] = {}
 
+    @property
+    def started(self) -> bool:
+        """The screen is running or done (or the run directory had its landscape)."""
+        return self.landscape is not None or self._running is not None
+
     def start(self, factors: TimingFactors, base_rate_per_s: float) -> None:
         """Start the screen (once; not when the run directory has its landscape)."""
-        if self.landscape is not None or self._running is not None:
+        if self.started:
             return
         job = screen_job(self.ctx, factors, base_rate_per_s)
         if job is None:

@@ -401,12 +401,15 @@ class TrialLoop:
         if self.twin.landscape is None and ctx.config.trials - len(self.complete_trials()) < 2:
             self.twin.done = True  # no trial after this one for the twin to choose
             return
-        fallback = self.fallback_rate()
-        defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu_or_default)
-        self.twin.start(
-            self.setup.timing,
-            self.trial_twin.predicted_max_rate(defaults, self.setup, fallback) or fallback or 1.0,
-        )
+        if not self.twin.started:  # (the prediction it starts from is a simulation of its own)
+            fallback = self.fallback_rate()
+            defaults = vllm_defaults(ctx.space, ctx.version, ctx.gpu_or_default)
+            self.twin.start(
+                self.setup.timing,
+                self.trial_twin.predicted_max_rate(defaults, self.setup, fallback)
+                or fallback
+                or 1.0,
+            )
         if optuna_store.trials_in(self.study, TrialState.WAITING):
             return  # enqueued first: vLLM's defaults, or a retry
         trials = optuna_store.trials_in(self.study)
