@@ -152,15 +152,29 @@ class ScheduleCodec:
 
 
 def write_schedule(path: Path, requests: Iterable[ScheduledRequest]) -> int:
-    """Write ``requests`` in send order (``ScheduleCodec``); how many."""
+    """Write ``requests`` in send order (``ScheduleCodec``), whole or not at all (a load
+    generator still reading the file it replaces reads the old one); how many."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
     codec = ScheduleCodec()
     count = 0
-    with path.open("w", encoding="utf-8") as out:
+    with tmp.open("w", encoding="utf-8") as out:
         for request in sorted(requests, key=lambda r: r.send_s):
             out.write(codec.encode(request) + "\n")
             count += 1
+    tmp.replace(path)
     return count
+
+
+def reached(
+    requests: Iterable[ScheduledRequest], records: Iterable[RequestRecord], until_s: float
+) -> list[ScheduledRequest]:
+    """The part of a schedule a run reached before it stopped at offset ``until_s``: the
+    requests planned before it, and any recorded (a later turn is sent when its answer is
+    in, which may be before its plan). A level's schedule is planned for its longest
+    window and most levels stop far sooner: what it never reached is not kept."""
+    recorded = {r.request_id for r in records}
+    return [r for r in requests if r.send_s < until_s or r.request_id in recorded]
 
 
 def request_body(request: ScheduledRequest, model: str) -> bytes:

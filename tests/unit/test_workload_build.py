@@ -15,8 +15,10 @@ from tuner.sim.tokenizer import encode, encode_chat
 from workloads.build import block_id_words, build_schedule
 from workloads.schedule import (
     Api,
+    RequestRecord,
     ScheduleCodec,
     ScheduledRequest,
+    reached,
     read_schedule,
     share_of,
     write_schedule,
@@ -343,3 +345,21 @@ def test_a_later_turn_without_its_earlier_one_is_written_whole() -> None:
     assert len(short) < len(line)
     with pytest.raises(ValueError, match=later.follows):
         ScheduleCodec().decode(short)
+
+
+def test_what_a_run_reached_of_its_schedule() -> None:
+    """Kept: the requests planned before the stop, and a later turn planned after it but
+    recorded (sent as soon as its answer was in); the rest was never reached."""
+    schedule = build_schedule(load_workload("chat"))
+    stop_s = sorted(r.send_s for r in schedule)[len(schedule) // 2]
+    early = next(r for r in schedule if r.follows is not None and r.send_s >= stop_s)
+    record = RequestRecord(
+        request_id=early.request_id, scheduled_s=1.0, sent_s=1.0, prompt_tokens=1,
+        output_tokens=1, status=200,
+    )  # fmt: skip
+    kept = reached(schedule, [record], stop_s)
+    assert early in kept
+    assert {r.request_id for r in kept} == {r.request_id for r in schedule if r.send_s < stop_s} | {
+        early.request_id
+    }
+    assert len(kept) < len(schedule)

@@ -89,6 +89,7 @@ from workloads.runner import WorkerStats
 from workloads.schedule import (
     RequestRecord,
     ScheduledRequest,
+    reached,
     read_records,
     read_schedule,
     sample_streams,
@@ -644,6 +645,8 @@ class LiveServer:
             window_rule.records_so_far(), snapshot, since_unix_s=start, until_unix_s=stopped_at
         )
         write_records(out_dir / "requests.jsonl", records)
+        # the schedule as sent: what the level reached of it (its plan ran to its longest window)
+        write_schedule(out_dir / "schedule.jsonl", reached(sent, records, stopped_at - start))
         peak_kv = watcher.stop()
         watcher.write_csv(out_dir / "metrics.csv")
         return self._conclude(
