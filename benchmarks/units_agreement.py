@@ -43,7 +43,7 @@ from tuner.run.evaluation import Evaluation
 from tuner.run.goodput import UNITS_AGREE, Goodput, UnitGains
 from tuner.run.layout import WINDOW_JSON
 from tuner.serving.window import WindowOpening
-from workloads.load_errors import ABORTED
+from workloads.load_errors import ABORTED, STOPPED_BEFORE_SEND
 from workloads.schedule import read_records, read_schedule
 
 PICK = (
@@ -105,8 +105,12 @@ def _window(evaluation: Evaluation) -> Window | None:
     k = evaluation.time_scale
     schedule = {r.request_id: r for r in read_schedule(level / "schedule.jsonl")}
     records = list(read_records(level / "requests.jsonl"))
+    # (the schedule kept is what the level sent: a record not sent has no request there)
+    planned = {r.request_id: schedule[r.request_id] for r in records if r.request_id in schedule}
     zero = min(
-        r.scheduled_s for r in records if schedule[r.request_id].follows is None and not r.warmup
+        r.scheduled_s
+        for r in records
+        if r.request_id in planned and planned[r.request_id].follows is None and not r.warmup
     )  # offset 0: the first open-loop send (at 0: the conversations under way)
     opened = zero + k * window.opened_at_s
     closed = opened + k * window.window_s
@@ -117,18 +121,23 @@ def _window(evaluation: Evaluation) -> Window | None:
         rate_per_s=best.rate_per_s,
         window_s=window.window_s,
         requests=len(kept),
-        arrived=sum(1 for r in kept if schedule[r.request_id].turn == 0),
+        arrived=sum(1 for r in kept if r.request_id in planned and planned[r.request_id].turn == 0),
         offered_per_s=load.offered_rate or 0.0,
         tokens_per_s=load.output_token_throughput,
         tokens_counted=load.output_tokens,
         duration_s=load.duration_s,
         cut=len(cut),
         cut_tokens=sum(r.output_tokens for r in cut),
-        cut_asked=sum(schedule[r.request_id].max_tokens for r in cut),
+        cut_asked=sum(planned[r.request_id].max_tokens for r in cut),
         failed=sum(1 for r in kept if not r.ok and r.error != ABORTED),
         not_sent=load.num_not_sent,
-        planned_unsent=len(schedule) - len(records),
-        declared_tokens=sum(schedule[r.request_id].max_tokens for r in kept) / max(1, len(kept)),
+        planned_unsent=sum(1 for r in records if r.error == STOPPED_BEFORE_SEND)
+        + len(schedule)
+        - len(planned),
+        declared_tokens=sum(
+            planned[r.request_id].max_tokens for r in kept if r.request_id in planned
+        )
+        / max(1, len(kept)),
     )
 
 

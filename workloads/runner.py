@@ -72,6 +72,7 @@ from workloads.schedule import (
     Api,
     RequestRecord,
     ScheduledRequest,
+    reached,
     read_records,
     write_records,
     write_schedule,
@@ -331,7 +332,9 @@ def run_load(
 
     files = _fresh_files(out_dir)
     if schedule_path is not None:
-        files = dataclasses.replace(files, schedule_path=schedule_path.absolute())
+        files = dataclasses.replace(
+            files, schedule_path=schedule_path.absolute(), schedule_written=False
+        )
         num_scheduled = len(schedule)
     else:
         num_scheduled = write_schedule(files.schedule_path, schedule)
@@ -404,6 +407,7 @@ class _RunFiles:
     merged_path: Path  # requests.jsonl, every record merged
     log_path: Path  # locust.log
     connected_path: Path  # workers-connected.json (remote workers)
+    schedule_written: bool = True  # False: the caller wrote the schedule (and keeps it)
 
 
 def _fresh_files(out_dir: Path) -> _RunFiles:
@@ -515,6 +519,9 @@ def _collect(
     records = _merge(files.worker_base, generators.total, files.merged_path)
     if not workers and not records:
         raise _nothing_measured(files, ended, generators)
+    if ended.stopped_by_caller and files.schedule_written:
+        # the schedule as sent: a level stopped by its caller reached a fraction of its plan
+        write_schedule(files.schedule_path, reached(schedule, records))
     if len(workers) < generators.total:
         log.warning(
             "only %d of %d Locust processes wrote their stats", len(workers), generators.total

@@ -28,6 +28,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from workloads.load_errors import was_sent
+
 
 class Api(StrEnum):
     COMPLETIONS = "completions"
@@ -167,14 +169,19 @@ def write_schedule(path: Path, requests: Iterable[ScheduledRequest]) -> int:
 
 
 def reached(
-    requests: Iterable[ScheduledRequest], records: Iterable[RequestRecord], until_s: float
+    requests: Iterable[ScheduledRequest], records: Iterable[RequestRecord], until_s: float = 0.0
 ) -> list[ScheduledRequest]:
-    """The part of a schedule a run reached before it stopped at offset ``until_s``: the
-    requests planned before it, and any recorded (a later turn is sent when its answer is
-    in, which may be before its plan). A level's schedule is planned for its longest
-    window and most levels stop far sooner: what it never reached is not kept."""
-    recorded = {r.request_id for r in records}
-    return [r for r in requests if r.send_s < until_s or r.request_id in recorded]
+    """The part of a schedule a run sent: every request recorded as sent (a later turn is
+    sent when its answer is in, which may be before its plan), and one without a record
+    where it was planned before offset ``until_s`` (a run that records only what it sent
+    stopped there). A level's schedule is planned for its longest window and most levels
+    stop far sooner: what it never sent is not kept."""
+    sent = {r.request_id: was_sent(r.error) for r in records}
+    return [
+        r
+        for r in requests
+        if sent.get(r.request_id, False) or (r.request_id not in sent and r.send_s < until_s)
+    ]
 
 
 def request_body(request: ScheduledRequest, model: str) -> bytes:

@@ -14,7 +14,14 @@ from tests.integration.simserver import SimServer
 from tests.integration.test_locust_load import MODEL, start_sim
 from workloads.load_errors import STOPPED_BEFORE_SEND
 from workloads.runner import LoadRun, run_load, startup_lead_s
-from workloads.schedule import Api, RequestRecord, ScheduledRequest, read_records, share_of
+from workloads.schedule import (
+    Api,
+    RequestRecord,
+    ScheduledRequest,
+    read_records,
+    read_schedule,
+    share_of,
+)
 
 # Only the test that bounds how late a send is runs with the timing tests, alone after the
 # parallel part of make test; the others check what is recorded, with bounds of seconds.
@@ -228,3 +235,5 @@ def test_a_stop_records_the_turns_still_to_come(sim: SimServer, tmp_path: Path) 
     assert later.scheduled_s == pytest.approx(later.sent_s, abs=0.5)  # the stop
     (stats,) = run.workers
     assert (stats.sent, stats.not_sent_stopped, stats.stopped_early) == (1, 2, True)
+    # the schedule kept is what the run sent: the two turns never sent are not in it
+    assert [r.request_id for r in read_schedule(run.schedule_path)] == ["t-0"]

@@ -13,6 +13,7 @@ import pytest
 from tuner.sim.engine import block_hashes
 from tuner.sim.tokenizer import encode, encode_chat
 from workloads.build import block_id_words, build_schedule
+from workloads.load_errors import STOPPED_BEFORE_SEND
 from workloads.schedule import (
     Api,
     RequestRecord,
@@ -347,19 +348,23 @@ def test_a_later_turn_without_its_earlier_one_is_written_whole() -> None:
         ScheduleCodec().decode(short)
 
 
-def test_what_a_run_reached_of_its_schedule() -> None:
-    """Kept: the requests planned before the stop, and a later turn planned after it but
-    recorded (sent as soon as its answer was in); the rest was never reached."""
+def test_what_a_run_sent_of_its_schedule() -> None:
+    """Kept: a later turn planned after the stop but recorded as sent (as soon as its
+    answer was in), and the requests without a record planned before the stop; not kept:
+    one recorded as not sent, and the rest, never reached."""
     schedule = build_schedule(load_workload("chat"))
     stop_s = sorted(r.send_s for r in schedule)[len(schedule) // 2]
     early = next(r for r in schedule if r.follows is not None and r.send_s >= stop_s)
-    record = RequestRecord(
-        request_id=early.request_id, scheduled_s=1.0, sent_s=1.0, prompt_tokens=1,
-        output_tokens=1, status=200,
-    )  # fmt: skip
-    kept = reached(schedule, [record], stop_s)
-    assert early in kept
-    assert {r.request_id for r in kept} == {r.request_id for r in schedule if r.send_s < stop_s} | {
-        early.request_id
-    }
-    assert len(kept) < len(schedule)
+    unsent = next(r for r in schedule if r.send_s < stop_s)
+
+    def record(request_id: str, error: str | None) -> RequestRecord:
+        return RequestRecord(
+            request_id=request_id, scheduled_s=1.0, sent_s=1.0, prompt_tokens=1,
+            output_tokens=1, status=0 if error else 200, error=error,
+        )  # fmt: skip
+
+    records = [record(early.request_id, None), record(unsent.request_id, STOPPED_BEFORE_SEND)]
+    kept = reached(schedule, records, stop_s)
+    before = {r.request_id for r in schedule if r.send_s < stop_s} - {unsent.request_id}
+    assert {r.request_id for r in kept} == before | {early.request_id}
+    assert [r.request_id for r in reached(schedule, records)] == [early.request_id]
