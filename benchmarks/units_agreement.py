@@ -106,11 +106,11 @@ def _window(evaluation: Evaluation) -> Window | None:
     schedule = {r.request_id: r for r in read_schedule(level / "schedule.jsonl")}
     records = list(read_records(level / "requests.jsonl"))
     # (the schedule kept is what the level sent: a record not sent has no request there)
-    planned = {r.request_id: schedule[r.request_id] for r in records if r.request_id in schedule}
+    planned = {r.request_id: p for r in records if (p := schedule.get(r.request_id)) is not None}
     zero = min(
         r.scheduled_s
         for r in records
-        if r.request_id in planned and planned[r.request_id].follows is None and not r.warmup
+        if (p := planned.get(r.request_id)) is not None and p.follows is None and not r.warmup
     )  # offset 0: the first open-loop send (at 0: the conversations under way)
     opened = zero + k * window.opened_at_s
     closed = opened + k * window.window_s
@@ -121,7 +121,7 @@ def _window(evaluation: Evaluation) -> Window | None:
         rate_per_s=best.rate_per_s,
         window_s=window.window_s,
         requests=len(kept),
-        arrived=sum(1 for r in kept if r.request_id in planned and planned[r.request_id].turn == 0),
+        arrived=sum(1 for r in kept if (p := planned.get(r.request_id)) and p.turn == 0),
         offered_per_s=load.offered_rate or 0.0,
         tokens_per_s=load.output_token_throughput,
         tokens_counted=load.output_tokens,
@@ -134,9 +134,7 @@ def _window(evaluation: Evaluation) -> Window | None:
         planned_unsent=sum(1 for r in records if r.error == STOPPED_BEFORE_SEND)
         + len(schedule)
         - len(planned),
-        declared_tokens=sum(
-            planned[r.request_id].max_tokens for r in kept if r.request_id in planned
-        )
+        declared_tokens=sum(p.max_tokens for r in kept if (p := planned.get(r.request_id)))
         / max(1, len(kept)),
     )
 

@@ -65,13 +65,13 @@ class ScheduledRequest:
     stream_interval: int = 1
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        """This request's line on its own, whole (a file's lines: ``ScheduleCodec``)."""
+        return ScheduleCodec().encode(self)
 
     @classmethod
     def from_json(cls, line: str) -> ScheduledRequest:
-        data = json.loads(line)
-        data["api"] = Api(data["api"])
-        return cls(**data)
+        """A whole line (one that takes history from an earlier one says so: ValueError)."""
+        return ScheduleCodec().decode(line)
 
 
 @dataclass(frozen=True)

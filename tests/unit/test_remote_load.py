@@ -23,7 +23,7 @@ from workloads.runner import (
     startup_lead_s,
     validate_generators,
 )
-from workloads.schedule import Api, RequestRecord, ScheduledRequest
+from workloads.schedule import Api, RequestRecord, ScheduleCodec, ScheduledRequest
 
 
 def over_the_wire(data: object) -> object:
@@ -52,14 +52,15 @@ def test_share_round_trips_through_locust_messages() -> None:
             prompt="a b c", warmup=True,
         ),
     ]  # fmt: skip
+    writer, reader = ScheduleCodec(), ScheduleCodec()  # a share's lines, as the master sends them
     share = Share(
         index=1, count=3, host="http://127.0.0.1:8000", model="m", start_at_s=1.7e9 + 0.123456,
         request_timeout_s=600.0, max_in_flight=1366, api_key="k",
-        requests=[r.to_json() for r in requests],
+        requests=[writer.encode(r) for r in requests],
     )  # fmt: skip
     back = Share.from_data(over_the_wire(share.to_data()))
     assert back == share
-    assert [ScheduledRequest.from_json(line) for line in back.requests or []] == requests
+    assert [reader.decode(line) for line in back.requests or []] == requests
     idle = Share.from_data(over_the_wire(share.model_copy(update={"requests": None}).to_data()))
     assert idle.requests is None
 
