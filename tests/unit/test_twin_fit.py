@@ -121,3 +121,35 @@ def test_a_twin_already_within_the_levels_noise_is_not_fitted(
     assert not kept.fitted and kept.evaluations == 1 and kept.after == close
     far = fit(_setup(TimingFactors()), levels, within_share=FIT_WITHIN_SHARE, max_seconds=0.0)
     assert far.fitted and far.evaluations > 1
+
+
+def test_a_goodput_prediction_within_the_trials_interval_needs_no_fit() -> None:
+    """After the first fit, a trial that cannot tell the twin's goodput from its own (the
+    prediction inside its 90% capacity interval) is not fitted; outside it, it is; the
+    terminal's line says which rule kept the factors."""
+    from types import SimpleNamespace
+
+    from tuner.run.goodput import CapacityInterval
+    from tuner.run.twin_record import TrialFit
+    from tuner.search.study.trial_lines import twin_line
+    from tuner.search.study.trial_twin import predicted_within
+    from tuner.twin.prediction import SustainedRate
+
+    trial = SimpleNamespace(capacity_interval=CapacityInterval(low_per_s=8.59, high_per_s=8.98))
+    assert predicted_within(SustainedRate(8.74), trial)  # type: ignore[arg-type]
+    assert not predicted_within(SustainedRate(9.4), trial)  # type: ignore[arg-type]
+    assert not predicted_within(SustainedRate(8.2), trial)  # type: ignore[arg-type]
+    assert not predicted_within(None, trial)  # type: ignore[arg-type]
+    open_above = SimpleNamespace(capacity_interval=CapacityInterval(low_per_s=8.0, high_per_s=None))
+    assert predicted_within(SustainedRate(12.0), open_above)  # type: ignore[arg-type]
+    assert not predicted_within(SustainedRate(8.0), SimpleNamespace(capacity_interval=None))  # type: ignore[arg-type]
+
+    why = "its goodput prediction within trial 1's 90% capacity interval"
+    kept = TrialFit(
+        trial=1, levels=["level-0"], before=HIDDEN, after=HIDDEN, error_before=0.06,
+        error_after=0.06, evaluations=1, measured_rate_per_s=8.57, predicted_rate_per_s=8.74,
+        fitted=False, kept_because=why,
+    )  # fmt: skip
+    assert f"6% off trial 1's measured percentiles, {why}: not fitted" in twin_line(kept)
+    older = kept.model_copy(update={"kept_because": None})  # a record from before the field
+    assert "within 5%: not fitted" in twin_line(older)

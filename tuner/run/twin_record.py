@@ -34,9 +34,12 @@ class TrialFit(BaseModel):
     # False: the fitted factors put the trial's measured goodput further off than the
     # ones before (``tuner.twin.fit.goodput_worse``): the twin kept those.
     adopted: bool = True
-    # False: the twin was already within ``tuner.twin.fit.FIT_WITHIN_SHARE`` of the levels
-    # (``error_before``); no fit ran and its factors stand.
+    # False: no fit ran and the factors stand: the twin was already within
+    # ``tuner.twin.fit.FIT_WITHIN_SHARE`` of the levels (``error_before``), or its goodput
+    # prediction within the trial's own capacity interval; ``kept_because`` says which
+    # (None in records from before it was kept: the first).
     fitted: bool = True
+    kept_because: str | None = None
 
     @staticmethod
     def share_off(predicted: float | None, measured: float | None) -> float | None:

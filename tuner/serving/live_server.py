@@ -31,7 +31,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -495,7 +495,7 @@ class LiveServer:
         if level is not None:
             window_rule = self._window_rule(workload, level, watcher, drain_s or 0.0).bind(out_dir)
             stop_when = AnyStop(stop_when, _Bound(window_rule))
-        rule = stop_when.bind(out_dir) if stop_when is not None else None
+        rule = stop_when.bind(out_dir, phase=window_rule) if stop_when is not None else None
         due = self._after_schedule(schedule, drain_s=drain_s) if drain_s is not None else None
         cut = (lambda: due(out_dir)) if due is not None else None
         fired: list[str] = []
@@ -525,6 +525,7 @@ class LiveServer:
                 stopped_unix_s=stopped_at, fired=tuple(fired), result=run.result,
                 verdict=run.verdict, workers=run.run.workers,
                 stopped_by_caller=run.run.stopped_by_caller,
+                stop_text=getattr(rule, "text", None) if fired else None,
             ), before=before, watcher=watcher, peak_kv=peak_kv, window_rule=window_rule,
         )  # fmt: skip
 
@@ -627,7 +628,9 @@ class LiveServer:
             window_rule = self._window_rule(workload, level, watcher, drain_s).bind(
                 out_dir, records_dir=load.out_dir, start_unix_s=start
             )
-            rule = AnyStop(stop_when, _Bound(window_rule)).bind(load.out_dir, since_unix_s=start)
+            rule = AnyStop(stop_when, _Bound(window_rule)).bind(
+                load.out_dir, since_unix_s=start, phase=window_rule
+            )
             while not rule():
                 if not load.running():
                     load.close()  # raises the run's failure
@@ -653,6 +656,7 @@ class LiveServer:
             workload, out_dir, _Ended(
                 records=records, start_unix_s=start, stopped_unix_s=stopped_at,
                 fired=(str(rule.reason),), workers=snapshot.workers, stopped_by_caller=True,
+                stop_text=rule.text,
             ), before=before, watcher=watcher, peak_kv=peak_kv, window_rule=window_rule,
         )  # fmt: skip
 
@@ -685,8 +689,9 @@ class LiveServer:
         else:
             opened = window_rule.final(watcher.samples, stopped_at)
             opening, records, load, verdict = in_window(
-                workload, opened, records, start_unix_s=start, time_scale=k, out_dir=out_dir
-            )
+                workload, opened, records, start_unix_s=start, time_scale=k, out_dir=out_dir,
+                stop_text=ended.stop_text,
+            )  # fmt: skip
             window_start = start + opening.opened_at_s * k
             window_end = window_start + opening.window_s * k
         fired = ended.fired
@@ -768,6 +773,9 @@ class _Ended:
     # The whole run summed up (None for a level: its window is, in ``_conclude``).
     result: LoadResult | None = None
     verdict: SloVerdict | None = None
+    # Why the rule that fired stopped the run, where its reason is not enough (a level
+    # stopped in its warm-up, before its window held a request): the level's verdict.
+    stop_text: str | None = None
 
 
 @dataclass
@@ -820,10 +828,12 @@ def in_window(
     start_unix_s: float,
     time_scale: float,
     out_dir: Path,
+    stop_text: str | None = None,
 ) -> tuple[WindowOpening, list[RequestRecord], LoadResult, SloVerdict]:
     """A level's records over the window its rule opened, judged against the SLO (with
     the share of resamples of them that meet it: ``workloads.slo_bootstrap``), and the
-    opening with the requests it measured (written to ``window.json``)."""
+    opening with the requests it measured (written to ``window.json``). ``stop_text``: a
+    stop before the window held a request (``SloTally.text``), which is then the verdict."""
     k = time_scale
     window_start = start_unix_s + opening.opened_at_s * k
     window_end = window_start + opening.window_s * k
@@ -833,6 +843,8 @@ def in_window(
     )
     share = hold_share(kept, workload.slo, time_scale=k, cut_short=True)
     verdict = verdict.model_copy(update={"hold_share": share})
+    if stop_text is not None:
+        verdict = verdict.model_copy(update={"met": False, "violations": [stop_text]})
     opening = opening.model_copy(update={"requests": load.num_requests})
     opening.write(out_dir)
     return opening, kept, load, verdict
@@ -869,12 +881,29 @@ def loosest_ttft_ms(workload: WorkloadSpec) -> float | None:
     return max(limits) if limits else None
 
 
+class LevelPhase(Protocol):
+    """What a level's early stop reads of its window (``WindowRule``'s bound check)."""
+
+    def opened_unix_s(self) -> float | None:
+        """When the level's window opened (Unix seconds); None while it warms up."""
+        ...
+
+    def queue_backing_up(self) -> bool:
+        """Whether the server's waiting queue is still backing up: not drained below
+        ``BACKED_UP_SHARE`` of its peak in the level so far (True where /metrics does not
+        say)."""
+        ...
+
+
 class StopFactory(Protocol):
     """Makes the ``stop_when`` check of one load run, given the run's directory."""
 
-    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> Callable[[], bool]:
+    def bind(
+        self, out_dir: Path, *, since_unix_s: float | None = None, phase: LevelPhase | None = None
+    ) -> Callable[[], bool]:
         """The check of the run whose records are written in ``out_dir``; ``since_unix_s``:
-        of its records only those intended from then on (a chained run's level)."""
+        of its records only those intended from then on (a chained run's level);
+        ``phase``: the level's window, where the run is a rate-search level."""
         ...
 
 
@@ -886,6 +915,16 @@ class StopRule:
     waiting for their first token past it), the run's p99 cannot meet the SLO. A run
     that goes on past the requests ``max_bad`` was sized for (a window held on for its
     server's correlation time) is allowed ``bad_fraction`` of the requests it recorded.
+
+    On a rate-search level (``phase``: its window) the warm-up is not judged as its window
+    is. A level starts on an empty server with its conversations already under way
+    (``workloads.stationary``), each arriving with a history the server's prefix cache has
+    never held, so its first turn gap is a surge of long prefills that queues requests past
+    the TTFT limit and then drains, at rates the server sustains. In the warm-up the rule
+    therefore stops the run only while the server's queue is still backing up
+    (``LevelPhase.queue_backing_up``): an overloaded server's queue keeps growing, a
+    surge's drains. Once the window opens, only requests intended from its opening count,
+    as only they are measured.
     """
 
     def __init__(
@@ -895,8 +934,17 @@ class StopRule:
         self.max_bad = max_bad
         self.bad_fraction = bad_fraction
 
-    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> _BoundStopRule:
-        return _BoundStopRule(self, out_dir, since_unix_s)
+    def bind(
+        self, out_dir: Path, *, since_unix_s: float | None = None, phase: LevelPhase | None = None
+    ) -> _BoundStopRule:
+        return _BoundStopRule(self, out_dir, since_unix_s, phase)
+
+
+# A level's queue still backing up (``_BoundWindowRule.queue_backing_up``): its last few
+# /metrics readings average at least this share of its peak in the level. A start's surge
+# drains to nothing within a turn gap; an overloaded server's queue stays near its peak.
+BACKED_UP_SHARE = 0.5
+BACKED_UP_SAMPLES = 3
 
 
 class RecordTail:
@@ -938,27 +986,115 @@ class RecordTail:
         return new
 
 
+class SloTally:
+    """``StopRule``'s count of a run's requests that missed the TTFT objective, as they are
+    read (``_BoundStopRule`` on a live run, the twin's replay of it on the virtual clock).
+    Times are the caller's own (Unix seconds live, emulated seconds in the replay): a
+    request counts from the window's opening on once the level's window opened
+    (``window_opened``); before it, the rule fires only while the queue backs up
+    (``fires``; ``StopRule``'s docstring says why)."""
+
+    def __init__(self, rule: StopRule) -> None:
+        self.rule = rule
+        self.bad = 0
+        self.seen = 0
+        self.from_s: float | None = None  # the window's opening, once it opened
+        self.in_warmup = False  # it fired before the level's window opened
+        self._tallied: list[tuple[float, bool]] = []  # (intended at, late), every request
+
+    def add(self, at_s: float, *, late: bool) -> None:
+        self._tallied.append((at_s, late))
+        if self.from_s is None or at_s >= self.from_s:
+            self.seen += 1
+            self.bad += late
+
+    def window_opened(self, at_s: float) -> None:
+        """From now on only requests intended from ``at_s`` on count."""
+        if self.from_s is not None:
+            return
+        self.from_s = at_s
+        kept = [late for t, late in self._tallied if t >= at_s]
+        self.seen, self.bad = len(kept), sum(kept)
+
+    def fires(self, *, warming_up: bool, backing_up: Callable[[], bool]) -> bool:
+        """Whether the run stops: more late than twice its allowance, and in a level's
+        warm-up (``warming_up``) only while its queue backs up (``backing_up``)."""
+        rule = self.rule
+        if self.bad <= max(rule.max_bad, math.ceil(rule.bad_fraction * self.seen) + 2):
+            return False
+        if warming_up:
+            self.in_warmup = backing_up()  # else a start's surge, draining
+            return self.in_warmup
+        return True
+
+    @property
+    def text(self) -> str | None:
+        """The verdict of a level it stopped in its warm-up (its window held nothing)."""
+        if not self.in_warmup:
+            return None
+        return (
+            f"stopped in its warm-up: {self.bad} of {self.seen} requests missed the TTFT limit "
+            f"and the server's queue was still backing up"
+        )
+
+
+def queue_backing_up(samples: Sequence[MetricsSample], *, since_unix_s: float | None) -> bool:
+    """Whether the server's waiting queue is still backing up: its last
+    ``BACKED_UP_SAMPLES`` readings from ``since_unix_s`` on average more than nothing and at
+    least ``BACKED_UP_SHARE`` of its peak since then (True where /metrics gives no queue:
+    an early stop then stands as it would without this test)."""
+    queue = [
+        s.waiting
+        for s in samples
+        if s.waiting is not None and (since_unix_s is None or s.unix_s >= since_unix_s)
+    ]
+    if not queue:
+        return True
+    recent = queue[-BACKED_UP_SAMPLES:]
+    now = sum(recent) / len(recent)
+    return now > 0.0 and now >= BACKED_UP_SHARE * max(queue)
+
+
 class _BoundStopRule:
     reason = "slo"
 
-    def __init__(self, rule: StopRule, out_dir: Path, since_unix_s: float | None = None) -> None:
+    def __init__(
+        self, rule: StopRule, out_dir: Path, since_unix_s: float | None = None,
+        phase: LevelPhase | None = None,
+    ) -> None:  # fmt: skip
         self.rule = rule
+        self.phase = phase
         self.tail = RecordTail(out_dir, since_unix_s=since_unix_s)
+        self.tally = SloTally(rule)
         self._last_check = 0.0
-        self._bad = 0
+
+    @property
+    def in_warmup(self) -> bool:
+        return self.tally.in_warmup
+
+    @property
+    def text(self) -> str | None:
+        return self.tally.text
 
     def __call__(self) -> bool:
         now = time.monotonic()
         if now - self._last_check < 1.0:
             return False
         self._last_check = now
-        for record in self.tail.read():
-            if record.first_token_s is None:
-                self._bad += not record.ok
-            elif record.first_token_s - record.scheduled_s > self.rule.ttft_limit_s:
-                self._bad += 1
-        seen = len(self.tail.records)
-        return self._bad > max(self.rule.max_bad, math.ceil(self.rule.bad_fraction * seen) + 2)
+        phase, tally = self.phase, self.tally
+        opened = phase.opened_unix_s() if phase is not None else None
+        if opened is not None:
+            tally.window_opened(opened)
+        limit_s = self.rule.ttft_limit_s
+        for r in self.tail.read():
+            late = (
+                not r.ok if r.first_token_s is None else r.first_token_s - r.scheduled_s > limit_s
+            )
+            tally.add(r.scheduled_s, late=late)
+        return tally.fires(
+            warming_up=phase is not None and opened is None,
+            backing_up=phase.queue_backing_up if phase is not None else lambda: True,
+        )
 
 
 def growing_backlog(
@@ -994,7 +1130,9 @@ class BacklogStopRule:
         self.time_scale = time_scale
         self.ttft_limit_ms = ttft_limit_ms
 
-    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> _BoundBacklogStop:
+    def bind(
+        self, out_dir: Path, *, since_unix_s: float | None = None, phase: LevelPhase | None = None
+    ) -> _BoundBacklogStop:
         bound = _BoundBacklogStop(self, out_dir)
         bound.start_unix_s = since_unix_s
         return bound
@@ -1140,6 +1278,17 @@ class _BoundWindowRule:
         self._shares = percentile_shares(rule.workload, load)
         return self._shares
 
+    def opened_unix_s(self) -> float | None:
+        """When the window opened (Unix seconds); None while the level warms up."""
+        if self.opening is None or self.start_unix_s is None:
+            return None
+        return self.start_unix_s + self.opening.opened_at_s * self.rule.time_scale
+
+    def queue_backing_up(self) -> bool:
+        """Whether the server's waiting queue is still backing up in this level
+        (``queue_backing_up`` since the level began)."""
+        return queue_backing_up(self.rule.samples(), since_unix_s=self.start_unix_s)
+
     def records_so_far(self) -> list[RequestRecord]:
         """Every record of the run written so far that this level's window could hold
         (intended from its offset 0 on, the warm-up's left out), read on from the last
@@ -1242,7 +1391,9 @@ class _Bound:
     def __init__(self, check: Callable[[], bool]) -> None:
         self.check = check
 
-    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> Callable[[], bool]:
+    def bind(
+        self, out_dir: Path, *, since_unix_s: float | None = None, phase: LevelPhase | None = None
+    ) -> Callable[[], bool]:
         return self.check
 
 
@@ -1253,19 +1404,25 @@ class AnyStop:
     def __init__(self, *rules: StopFactory | None) -> None:
         self.rules = [r for r in rules if r is not None]
 
-    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> _BoundAnyStop:
-        return _BoundAnyStop([r.bind(out_dir, since_unix_s=since_unix_s) for r in self.rules])
+    def bind(
+        self, out_dir: Path, *, since_unix_s: float | None = None, phase: LevelPhase | None = None
+    ) -> _BoundAnyStop:
+        return _BoundAnyStop(
+            [r.bind(out_dir, since_unix_s=since_unix_s, phase=phase) for r in self.rules]
+        )
 
 
 class _BoundAnyStop:
     def __init__(self, checks: list[Callable[[], bool]]) -> None:
         self.checks = checks
         self.reason: str | None = None
+        self.text: str | None = None  # the fired check's own account, where it gives one
 
     def __call__(self) -> bool:
         for check in self.checks:
             if check():
                 self.reason = str(getattr(check, "reason", "slo"))
+                self.text = getattr(check, "text", None)
                 return True
         return False
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 
-from tuner.serving.live_server import RecordTail
+from tuner.serving.live_server import LevelPhase, RecordTail
 from tuner.serving.prometheus_scrape import read_metrics_csv
 
 # The KV cache has peaked once it reads full and stays so this long (wall seconds: the
@@ -69,7 +69,9 @@ class WorstCaseHold:
         self.deadline_s = deadline_s
         self.bound: BoundHold | None = None
 
-    def bind(self, out_dir: Path, *, since_unix_s: float | None = None) -> BoundHold:
+    def bind(
+        self, out_dir: Path, *, since_unix_s: float | None = None, phase: LevelPhase | None = None
+    ) -> BoundHold:
         cap_at = time.monotonic() + self.cap_s
         if self.deadline_s is not None and self.deadline_s < cap_at:
             until, end = self.deadline_s, HoldEnd.DEADLINE

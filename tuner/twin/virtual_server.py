@@ -46,12 +46,13 @@ from __future__ import annotations
 import bisect
 import csv
 import dataclasses
+import functools
 import logging
 import math
 import os
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -78,6 +79,7 @@ from tuner.serving.live_server import (
     KvFill,
     LevelChain,
     LoadMeasurement,
+    SloTally,
     StopFactory,
     StopRule,
     WindowRule,
@@ -85,6 +87,7 @@ from tuner.serving.live_server import (
     fill_schedule,
     in_window,
     loosest_ttft_ms,
+    queue_backing_up,
     watch_interval_s,
 )
 from tuner.serving.load import (
@@ -182,6 +185,7 @@ class _Ended:
     fired: tuple[str, ...] = ()  # "slo", "backlog", "cut", "hold"
     opening: WindowOpening | None = None  # a level's window, when it opened before the stop
     backlog: BacklogCheck | None = None  # the check that stopped a level for its queue
+    text: str | None = None  # a level stopped in its warm-up: its verdict (``SloTally.text``)
 
 
 class VirtualServer:
@@ -536,7 +540,7 @@ class VirtualServer:
             rule.opening = ended.opening
             opening, records, load, verdict = in_window(
                 workload, rule.final(samples, stopped_unix), records,
-                start_unix_s=start, time_scale=k, out_dir=out_dir,
+                start_unix_s=start, time_scale=k, out_dir=out_dir, stop_text=ended.text,
             )  # fmt: skip
             window_start = start + opening.opened_at_s * k
             window_end = window_start + opening.window_s * k
@@ -635,10 +639,15 @@ class VirtualServer:
             samples = samples_all[: bisect.bisect_right(sample_times, now_unix)]
             written = known_all[: bisect.bisect_right(known_times, t)]
             if slo_counts and _on_beat(t, STOP_CHECK_S / k):
+                opening = window.opening if window is not None else None
                 for count in slo_counts:
-                    if count.broken(written):
+                    if count.broken(
+                        written, opened_at_s=opening.opened_at_s if opening else None,
+                        warming_up=window is not None and opening is None,
+                        backing_up=functools.partial(queue_backing_up, samples, since_unix_s=start_unix_s),
+                    ):  # fmt: skip
                         return _Ended(
-                            stop_s=t, fired=("slo",), opening=window.opening if window else None
+                            stop_s=t, fired=("slo",), opening=opening, text=count.tally.text
                         )
             if hold is not None and hold.bound is not None and _on_beat(t, HOLD_CHECK_EVERY_S / k):
                 cap_s = max(0.0, hold.cap_s - self.generators.startup_lead_s) / k
@@ -865,29 +874,41 @@ def _written_records(
 
 
 class _SloCount:
-    """``StopRule``'s check over the records written so far, counted on as they come
-    (warm-up left out; a request sent whole has no first token in its record: only its
-    failure counts)."""
+    """``StopRule``'s check (``SloTally``) over the records written so far, counted on as
+    they come (warm-up left out; a request sent whole has no first token in its record: only
+    its failure counts), in the emulated seconds of the run's offset 0."""
 
     def __init__(self, rule: StopRule, sent: Sequence[ScheduledRequest], k: float) -> None:
-        self.rule = rule
+        self.tally = SloTally(rule)
         self.sent = sent
         self.k = k
-        self.read = self.bad = self.seen = 0
+        self.read = 0
 
-    def broken(self, written: Sequence[RequestOutcome]) -> bool:
+    def broken(
+        self,
+        written: Sequence[RequestOutcome],
+        *,
+        opened_at_s: float | None,
+        warming_up: bool,
+        backing_up: Callable[[], bool],
+    ) -> bool:
+        """``opened_at_s``: the level's window's opening (None: not open, or no level);
+        ``warming_up``: a level's, before its window opened."""
+        tally = self.tally
+        if opened_at_s is not None:
+            tally.window_opened(opened_at_s)
+        limit_s = tally.rule.ttft_limit_s
         for o in written[self.read :]:
             request = self.sent[o.index]
             if request.warmup:
                 continue
-            self.seen += 1
             if o.failure is not None or o.first_token_s is None or not request.stream:
-                self.bad += o.failure is not None
-            elif (o.first_token_s - o.arrival_s) * self.k > self.rule.ttft_limit_s:
-                self.bad += 1
+                late = o.failure is not None
+            else:
+                late = (o.first_token_s - o.arrival_s) * self.k > limit_s
+            tally.add(o.arrival_s, late=late)
         self.read = len(written)
-        rule = self.rule
-        return self.bad > max(rule.max_bad, math.ceil(rule.bad_fraction * self.seen) + 2)
+        return tally.fires(warming_up=warming_up, backing_up=backing_up)
 
 
 def _held(

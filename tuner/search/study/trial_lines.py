@@ -95,7 +95,8 @@ def twin_line(one: TrialFit) -> str:
     if one.fitted:
         text += f"{off(one.error_after)} after fitting ({one.after.describe()})"
     else:
-        text += f"within {off(FIT_WITHIN_SHARE)}: not fitted ({one.after.describe()})"
+        why = one.kept_because or f"within {off(FIT_WITHIN_SHARE)}"
+        text += f"{why}: not fitted ({one.after.describe()})"
     if one.measured_rate_per_s:
         before = TrialFit.share_off(one.predicted_rate_per_s, one.measured_rate_per_s)
         after = TrialFit.share_off(one.predicted_after_per_s, one.measured_rate_per_s)

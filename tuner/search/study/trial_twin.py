@@ -8,6 +8,7 @@ the one of now to each call; a fit returns the set-up to measure with from then 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -145,11 +146,18 @@ class TrialTwin:
         levels = self._fit_levels(number, params, ev, setup, complete)
         if not levels:
             return setup
+        # The first fit always runs: it is what makes the factors the device's own. After
+        # it, none runs where the twin's goodput prediction lies within the trial's own
+        # capacity interval (the trial cannot tell the two apart: measurements decide, and
+        # a fit to its percentiles alone moves no rate the search places), or where it is
+        # within FIT_WITHIN_SHARE of the levels' percentiles.
+        fitted_before = setup.timing.source == FITTED
+        agrees = fitted_before and predicted_within(predicted, ev)
+        within = FIT_WITHIN_SHARE if fitted_before else None
         result = fit(
             self.setup_for(params, setup), levels,
             max_seconds=FIT_BUDGET_SHARE * ctx.config.budget_min * 60.0,
-            # the first fit always runs: it is what makes the factors the device's own
-            within_share=FIT_WITHIN_SHARE if setup.timing.source == FITTED else None,
+            within_share=math.inf if agrees else within,
         )  # fmt: skip
         measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
         before = predicted.rate_per_s if predicted else None
@@ -175,6 +183,10 @@ class TrialTwin:
             error_after=result.error_after.median_share, evaluations=result.evaluations,
             measured_rate_per_s=measured, predicted_rate_per_s=before,
             predicted_after_per_s=after, adopted=adopted, fitted=result.fitted,
+            kept_because=None if result.fitted else (
+                f"its goodput prediction within trial {number}'s 90% capacity interval"
+                if agrees else f"within {100 * FIT_WITHIN_SHARE:.0f}% of its levels"
+            ),
         )  # fmt: skip
         self.record().with_fit(one).write(RunLayout(ctx.run_dir).twin_json)
         line = twin_line(one)
@@ -225,3 +237,16 @@ class TrialTwin:
                 earlier.append(theirs[-1])
         own = self._held_levels(number, params, ev, setup)
         return [*reversed(earlier), *own[-(MAX_LEVELS - len(earlier)) :]] if own else []
+
+
+def predicted_within(predicted: SustainedRate | None, ev: Evaluation) -> bool:
+    """Whether the twin's goodput prediction for a trial's settings lies within the
+    capacity interval the trial measured (its levels' own statistics; open upwards where
+    no rate broke)."""
+    interval = ev.capacity_interval
+    if predicted is None or interval is None:
+        return False
+    rate = predicted.rate_per_s
+    return interval.low_per_s <= rate and (
+        interval.high_per_s is None or rate <= interval.high_per_s
+    )
