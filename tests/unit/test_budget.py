@@ -282,3 +282,15 @@ def test_the_edge_has_the_time_where_no_confirmation_would_fit_in_it(ctx: TuneCo
     assert edge_deadline_s(ctx, setup, budget, best, end_s) == pytest.approx(end_s)
     roomy = TimeBudget(began_s=time.monotonic(), budget_s=1000.0, launch_prior_s=2.0)
     assert edge_deadline_s(ctx, setup, roomy, best, roomy.deadline_s) < roomy.deadline_s
+
+
+def test_a_trial_is_started_where_its_first_two_levels_fit() -> None:
+    """The next trial is counted at a whole trial as the last took, or where less at the
+    twin's bracket (two levels), which its rate search measures before the deadline; before
+    any level was measured, a whole trial."""
+    from tuner.search.study.trial_loop import SHORT_TRIAL_LEVELS, next_trial_levels_s
+
+    assert SHORT_TRIAL_LEVELS == 2
+    assert next_trial_levels_s(149.0, 36.0) == pytest.approx(72.0)
+    assert next_trial_levels_s(60.0, 36.0) == pytest.approx(60.0)  # the last trial took two
+    assert next_trial_levels_s(149.0, 0.0) == pytest.approx(149.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -315,6 +316,39 @@ def _search(
         level_duration_s=2.0, warmup_s=1.0, max_levels=max_levels, precision=precision,
         edge_draws=1,  # the search's own levels alone (the edge draws: their own tests)
     )  # fmt: skip
+
+
+def test_no_level_after_the_first_starts_that_would_end_past_the_deadline(
+    tmp_path: Path,
+) -> None:
+    """A trial started short (its first levels fit before the search's deadline) measures
+    the levels that end before it, each taken to last as long as the longest so far; the
+    first level always runs."""
+    from tuner.search.rate_search import _ends_in_time
+
+    def took(*wall_s: float) -> list[RateLevel]:
+        return [SimpleNamespace(wall_s=w) for w in wall_s]  # type: ignore[misc]
+
+    now = time.monotonic()
+    assert _ends_in_time([], now - 1.0)  # the first level
+    assert not _ends_in_time(took(30.0), now + 20.0)
+    assert _ends_in_time(took(30.0, 10.0), now + 40.0)
+    assert not _ends_in_time(took(30.0, 50.0), now + 40.0)  # as long as the longest
+    assert _ends_in_time(took(30.0), None)
+    server = _KnownCapacity(capacity_per_s=10.0)
+    late = search_rate(
+        server, load_workload("chat"), start_rate_per_s=None, out_dir=tmp_path,
+        level_duration_s=2.0, warmup_s=1.0, max_levels=4, precision=0.05,
+        predicted_rate_per_s=10.0, edge_draws=1, deadline=time.monotonic() - 1.0,
+    )  # fmt: skip
+    assert len(late.levels) == 1 and len(server.rates) == 1
+    free = _KnownCapacity(capacity_per_s=10.0)
+    search_rate(
+        free, load_workload("chat"), start_rate_per_s=None, out_dir=tmp_path / "free",
+        level_duration_s=2.0, warmup_s=1.0, max_levels=4, precision=0.05,
+        predicted_rate_per_s=10.0, edge_draws=1,
+    )  # fmt: skip
+    assert len(free.rates) > 1
 
 
 def test_search_doubles_while_far_from_the_slo_then_bisects_to_the_capacity(

@@ -68,6 +68,11 @@ log = logging.getLogger(__name__)
 
 
 PREPARE_WAIT_S = 600.0
+# A trial is started where its first levels fit before the search's deadline, the twin's
+# bracket of its rate (``tuner.search.rate_search``: a right prediction is bracketed in
+# two), and measures as many levels as end before it; not only where a whole trial, as the
+# last took, fits. On a 10-minute default tune a trial's levels took 48 to 149 s.
+SHORT_TRIAL_LEVELS = 2
 
 
 class TrialLoop:
@@ -103,6 +108,7 @@ class TrialLoop:
         self.reserve_s = reserve_s
         self.trial_estimate_s = 0.0
         self.levels_estimate_s = 0.0  # what a trial measures once launched (wall seconds)
+        self.level_estimate_s = 0.0  # one of its levels (wall seconds; 0: none measured yet)
         self.last_evaluation: Evaluation | None = None  # this worker's last trial's
         self._launch_deadline_s = deadline_s  # what the next trial was checked against
         self._current_trial: int | None = None
@@ -249,6 +255,7 @@ class TrialLoop:
             return None
         self.setup = replace(self.setup, time_scale=scale)
         self.levels_estimate_s *= scale / before
+        self.level_estimate_s *= scale / before
         line = (
             f"{'':>9}clock: the load generator's busiest level asked "
             f"{max(client_events_per_s(lv) or 0.0 for lv in ev.levels):,.0f} events per "
@@ -352,11 +359,15 @@ class TrialLoop:
             skip = budget.fits(LaunchKind.TRIAL, "the first trial", budget.launch_estimate_s())
         else:
             self._launch_deadline_s = self.deadline_s
-            need = budget.launch_estimate_s() + self.levels_estimate_s
+            levels = next_trial_levels_s(self.levels_estimate_s, self.level_estimate_s)
+            need = budget.launch_estimate_s() + levels
             reserve = max(0.0, budget.deadline_s - self.deadline_s)
             skip = budget.fits(
                 LaunchKind.TRIAL, "the next trial", need, deadline_s=self.deadline_s,
-                note=f"{reserve:.0f} s kept for the OOM edge and the confirmations",
+                note=(
+                    f"at least its first {SHORT_TRIAL_LEVELS} levels; "
+                    f"{reserve:.0f} s kept for the OOM edge and the confirmations"
+                ),
             )  # fmt: skip
         if skip is None:
             return True
@@ -380,6 +391,8 @@ class TrialLoop:
             return  # screened: nothing launched
         levels = ev.levels_s or 0.0
         self.levels_estimate_s = max(self.levels_estimate_s * 0.5, levels)
+        if ev.levels:
+            self.level_estimate_s = max(self.level_estimate_s * 0.5, levels / len(ev.levels))
         if self.budget is not None:
             self.budget.record_evaluation(
                 LaunchKind.TRIAL, f"trial {number}", ev,
@@ -467,6 +480,7 @@ class TrialLoop:
             ctx, self.setup, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
             predicted_rate_per_s=(predicted.rate_per_s or None) if predicted else None,
             predicted_answer_times=predicted.answer_times if predicted else None,
+            deadline=self.deadline_s if self.budget is not None else None,
         )  # fmt: skip
         self._count_launch(trial.number, evaluation)
         clock = self._adapt_clock(evaluation)
@@ -559,3 +573,12 @@ class TrialLoop:
 
     def _line(self, number: int, ev: Evaluation) -> str:
         return trial_line(self.study, number, ev, deadline_s=self.deadline_s)
+
+
+def next_trial_levels_s(levels_estimate_s: float, level_estimate_s: float) -> float:
+    """What the next trial is counted to measure before the search's deadline (wall
+    seconds): a whole trial as the last ones took (``levels_estimate_s``), or where less its
+    first ``SHORT_TRIAL_LEVELS`` levels (``level_estimate_s`` one; 0: none measured yet)."""
+    if level_estimate_s <= 0.0:
+        return levels_estimate_s
+    return min(levels_estimate_s, SHORT_TRIAL_LEVELS * level_estimate_s)
