@@ -83,7 +83,7 @@ def test_vllm_launches_are_estimated_in_minutes_before_any_is_measured(ctx: Tune
 
 
 def test_the_reserve_grows_with_the_launches_measured(ctx: TuneContext) -> None:
-    ctx = _longer(ctx, 120.0)  # where no share of the budget bounds it
+    ctx = _longer(ctx, 240.0)  # where no share of the budget bounds it
     setup = StudySetup()
     budget = _budget(ctx)
     before = reserve_s(ctx, setup, budget)
@@ -209,9 +209,10 @@ def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_lea
     """A 10-minute tune of the default chat workload kept 1,325 s back for the edge and
     the confirmations (its first trial's two levels took 248 s) and ran that one trial.
     Now a short budget keeps at most ``RESERVE_SHARE`` of itself back, and never less
-    than one edge probe and the recommendation's own confirmation over two rates."""
+    than one edge probe and the recommendation's own confirmation over two rates. (Here
+    a trial whose two levels took 150 s, on a clock 1.5x slower than now's.)"""
     setup = StudySetup()  # the clock of now at the GPU's pace; the trial ran 1.5x slower
-    best = _trial(248.0, [6.02, 6.32], time_scale=1.5)
+    best = _trial(150.0, [6.02, 6.32], time_scale=1.5)
     budget = _budget(ctx)  # 10 minutes
     _launch(budget, 2.0)
     full = _full_reserve_s(ctx, setup, budget, best)
@@ -222,17 +223,17 @@ def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_lea
     own_two = confirm_reserve_s(
         ctx, setup, budget, best, variants=False, levels=2, edge_draws=False
     )
-    assert own_two == pytest.approx(2.0 + 1.0 + 2 * 124.0 / 1.5)
+    assert own_two == pytest.approx(2.0 + 1.0 + 2 * 75.0 / 1.5)
     # the full one counts the two levels the confirmation's edge draws add
     with_draws = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=2)
-    assert with_draws == pytest.approx(own_two + 2 * 124.0 / 1.5)
+    assert with_draws == pytest.approx(own_two + 2 * 75.0 / 1.5)
     # slower measured trials: the least binds, whatever the share
     slow = _trial(2480.0, [6.02, 6.32], time_scale=1.5)
     assert reserve_s(ctx, setup, budget, slow) == pytest.approx(
         _least_reserve_s(ctx, setup, budget, slow)
     )
     # a long budget keeps everything back, as before
-    long_ctx = _longer(ctx, 120.0)
+    long_ctx = _longer(ctx, 240.0)
     long_budget = _budget(long_ctx)
     _launch(long_budget, 2.0)
     assert reserve_s(long_ctx, setup, long_budget, best) == pytest.approx(

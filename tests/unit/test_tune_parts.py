@@ -351,6 +351,36 @@ def test_no_level_after_the_first_starts_that_would_end_past_the_deadline(
     assert len(free.rates) > 1
 
 
+def test_a_confirmation_straddles_its_trials_bracket(tmp_path: Path) -> None:
+    """A confirmation of a trial that held 8.84 and broke at 9.34 measures on both sides of
+    their middle first (not a climb by what its first level allows), and where both hold,
+    climbs by at most the twin's step: the capacity is near where the trial put it."""
+    from tuner.search.recommend import trial_bracket_middle
+
+    trial = SimpleNamespace(
+        rate_per_s=8.84,
+        levels=[SimpleNamespace(rate_per_s=r, met=m) for r, m in
+                [(9.34, False), (7.48, True), (8.36, True), (8.84, True), (12.0, False)]],
+    )  # fmt: skip
+    middle = trial_bracket_middle(trial)  # type: ignore[arg-type]
+    assert middle == pytest.approx(math.sqrt(8.84 * 9.34))
+    assert trial_bracket_middle(SimpleNamespace(rate_per_s=8.84, levels=[])) is None  # type: ignore[arg-type]
+    assert trial_bracket_middle(SimpleNamespace(rate_per_s=None, levels=[])) is None  # type: ignore[arg-type]
+    for edge_per_s, out in ((9.0, "near"), (14.0, "far")):
+        server = _KnownCapacity(capacity_per_s=edge_per_s)
+        search_rate(
+            server, load_workload("chat"), start_rate_per_s=8.84, out_dir=tmp_path / out,
+            level_duration_s=2.0, warmup_s=1.0, max_levels=3, precision=0.05,
+            predicted_rate_per_s=middle, start_held=True, edge_draws=1,
+        )  # fmt: skip
+        assert server.rates[0] == pytest.approx(middle / math.sqrt(1.05))
+        assert server.rates[1] == pytest.approx(server.rates[0] * 1.05)
+        if edge_per_s == 9.0:
+            assert len(server.rates) == 2  # bracketed within 5%
+        else:
+            assert server.rates[2] <= server.rates[1] * TWIN_MISS_STEP + 1e-9
+
+
 def test_search_doubles_while_far_from_the_slo_then_bisects_to_the_capacity(
     tmp_path: Path,
 ) -> None:

@@ -580,7 +580,8 @@ def search_rate(
     died = False
     # The twin's rate is taken as near (its error the step) only with the levels to come
     # back from a far miss: with fewer, a miss halves, so the trial ends on a rate that held.
-    near = bool(predicted_rate_per_s) and max_levels >= TWIN_STEP_LEVELS
+    # A confirmation (``start_held``) starts where its trial held: its rate is near too.
+    near = bool(predicted_rate_per_s) and (max_levels >= TWIN_STEP_LEVELS or start_held)
     runs = _ChainedRuns(chain, out_dir)
     knobs = _LevelKnobs(
         window_s=level_duration_s, warmup_s=warmup_s, window_max_s=level_max_duration_s,

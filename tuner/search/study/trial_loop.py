@@ -374,6 +374,16 @@ class TrialLoop:
         self.progress(f"time budget: {skip.text()}; stopping the search")
         return False
 
+    def _another_trial_fits(self) -> bool:
+        """Whether a trial after the one just measured could start before the search's
+        deadline, as ``_next_trial_fits`` will count it (nothing recorded; no budget: it
+        could)."""
+        if self.budget is None:
+            return True
+        levels = next_trial_levels_s(self.levels_estimate_s, self.level_estimate_s)
+        need = self.budget.launch_estimate_s() + levels
+        return need <= self.deadline_s - time.monotonic()
+
     def _levels_measured_before(self) -> float:
         """What the study's last trials measured once launched (their levels), for a run
         that resumes a study: the longest of the last ``RECENT_LAUNCHES``; 0 where none."""
@@ -488,7 +498,7 @@ class TrialLoop:
         self._cross_check_version(evaluation)
         self.setup = self.trial_twin.learn(
             trial.number, params, evaluation, predicted, setup=self.setup,
-            complete=self.complete_trials(),
+            complete=self.complete_trials(), last=not self._another_trial_fits(),
         )  # fmt: skip
         record(trial, evaluation, role=role)
         line = self._line(trial.number, evaluation)

@@ -134,12 +134,16 @@ class TrialTwin:
         *,
         setup: StudySetup,
         complete: list[FrozenTrial],
+        last: bool = False,
     ) -> StudySetup:
         """Fit the twin's step costs to the levels trial ``number`` measured (and the
         busiest held level of the latest ``complete`` trials before it;
         ``tuner.twin.fit``); ``twin.json`` records the fit with the twin's error before
         and after. Returns the set-up to measure with from now: ``setup`` with the fitted
-        costs where they were adopted, else ``setup`` unchanged."""
+        costs where they were adopted, else ``setup`` unchanged. ``last``: no further
+        trial fits the budget; after the first fit, none runs then (it would place the
+        rates of trials that will not run, in the time of the OOM edge and the
+        confirmation)."""
         ctx = self.ctx
         if not ctx.config.twin_fit or ctx.twin is None:
             return setup
@@ -153,11 +157,12 @@ class TrialTwin:
         # within FIT_WITHIN_SHARE of the levels' percentiles.
         fitted_before = setup.timing.source == FITTED
         agrees = fitted_before and predicted_within(predicted, ev)
+        spared = fitted_before and last and not agrees
         within = FIT_WITHIN_SHARE if fitted_before else None
         result = fit(
             self.setup_for(params, setup), levels,
             max_seconds=FIT_BUDGET_SHARE * ctx.config.budget_min * 60.0,
-            within_share=math.inf if agrees else within,
+            within_share=math.inf if agrees or spared else within,
         )  # fmt: skip
         measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
         before = predicted.rate_per_s if predicted else None
@@ -185,7 +190,9 @@ class TrialTwin:
             predicted_after_per_s=after, adopted=adopted, fitted=result.fitted,
             kept_because=None if result.fitted else (
                 f"its goodput prediction within trial {number}'s 90% capacity interval"
-                if agrees else f"within {100 * FIT_WITHIN_SHARE:.0f}% of its levels"
+                if agrees
+                else "no further trial fits the budget" if spared
+                else f"within {100 * FIT_WITHIN_SHARE:.0f}% of its levels"
             ),
         )  # fmt: skip
         self.record().with_fit(one).write(RunLayout(ctx.run_dir).twin_json)
