@@ -97,6 +97,8 @@ def launches(run_dir: Path) -> dict[str, Any]:
     ran: dict[str, int] = {}
     for launch in budget.get("launches", []):
         ran[launch["kind"]] = ran.get(launch["kind"], 0) + 1
+        if launch["kind"] == "edge_probe" and "cold boot" not in launch["name"]:
+            ran["oom_edge_probe"] = ran.get("oom_edge_probe", 0) + 1  # not the cold boot's
     skipped = [s["reason"] and f"{s['name']}: {s['reason']}" for s in budget.get("skipped", [])]
     return {"ran": ran, "skipped": skipped}
 
@@ -149,7 +151,7 @@ def report(run_dir: Path, wall_s: float, command: list[str]) -> str:
     lines += [
         "",
         f"launches: {json.dumps(ran['ran'])}",
-        f"OOM edge probed: {'yes' if ran['ran'].get('edge_probe') else 'no'}; "
+        f"OOM edge probed: {'yes' if ran['ran'].get('oom_edge_probe') else 'no'}; "
         f"recommendation confirmed: {'yes' if 'confirmed_goodput' in rec else 'no'}",
     ]
     if "confirmed_goodput" in rec:

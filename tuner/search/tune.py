@@ -144,7 +144,7 @@ def _write_atomic(path: Path, text: str) -> None:
 # A short budget keeps at most this share of itself from the trials for the edge search
 # and the confirmations (``reserve_s``), and never less than their least: one edge probe
 # and the recommendation's own confirmation over ``CONFIRM_LEAST_LEVELS`` rates.
-RESERVE_SHARE = 0.3
+RESERVE_SHARE = 0.35
 CONFIRM_LEAST_LEVELS = LEAST_LEVELS  # the least a confirmation of several rates runs
 CONFIRM_LEVELS = 3  # the recommendation's confirmation: up to three rates
 
