@@ -490,7 +490,9 @@ class TrialLoop:
             ctx, self.setup, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,
             predicted_rate_per_s=(predicted.rate_per_s or None) if predicted else None,
             predicted_answer_times=predicted.answer_times if predicted else None,
-            deadline=self.deadline_s if self.budget is not None else None,
+            # the first trial (vLLM's defaults) is started when its launch ends before the
+            # budget's end, and measured to it; the next ones to the search's deadline
+            deadline=self._launch_deadline_s if self.budget is not None else None,
         )  # fmt: skip
         self._count_launch(trial.number, evaluation)
         clock = self._adapt_clock(evaluation)
