@@ -17,6 +17,7 @@ import pytest
 
 from tuner.serving.processes import ChildRegistry, group_alive
 from tuner.serving.server import Backend, LaunchSpec, ServerProcess, TrialOutcome
+from tuner.vllm.boot import BootState
 from tuner.vllm.failures import StartupFailureKind
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams, plan
@@ -36,16 +37,27 @@ def launch(
     ), registry
 
 
-def test_fitting_config_is_ready_and_its_report_matches_the_memory_model(tmp_path: Path) -> None:
+def test_fitting_config_is_ready_and_its_report_matches_the_memory_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first start compiles (its own empty compile cache: a cold boot, whatever the
+    user's ~/.cache/vllm holds), and its KV cache is what the memory model predicts for a
+    cold boot."""
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
     params = ServingParams(max_model_len=4096, max_num_seqs=128)
-    server, _registry = launch(tmp_path, model="qwen2.5-7b", gpu="H100-80GB", params=params)
+    server, _registry = launch(
+        tmp_path, model="qwen2.5-7b", gpu="H100-80GB", params=params,
+        cache_dir=tmp_path / "vllm-cache",
+    )  # fmt: skip
     try:
         result = server.wait_ready()
         assert result.outcome is TrialOutcome.READY, result.log_excerpt
         expected = plan(
-            resolve_model("qwen2.5-7b"), get_gpu("H100-80GB"), params, VllmVersion.current()
-        )
+            resolve_model("qwen2.5-7b"), get_gpu("H100-80GB"), params, VllmVersion.current(),
+            boot=BootState.COLD,
+        )  # fmt: skip
         assert result.report is not None
+        assert result.report.boot_state is BootState.COLD
         assert result.report.kv_cache_tokens == expected.kv_cache_tokens
         assert result.report.max_concurrency == expected.max_concurrency
         assert result.ready_s is not None and result.ready_s < 30
