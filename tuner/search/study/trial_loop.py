@@ -359,8 +359,7 @@ class TrialLoop:
             skip = budget.fits(LaunchKind.TRIAL, "the first trial", budget.launch_estimate_s())
         else:
             self._launch_deadline_s = self.deadline_s
-            levels = next_trial_levels_s(self.levels_estimate_s, self.level_estimate_s)
-            need = budget.launch_estimate_s() + levels
+            need = self._next_trial_need_s(budget)
             reserve = max(0.0, budget.deadline_s - self.deadline_s)
             skip = budget.fits(
                 LaunchKind.TRIAL, "the next trial", need, deadline_s=self.deadline_s,
@@ -374,15 +373,19 @@ class TrialLoop:
         self.progress(f"time budget: {skip.text()}; stopping the search")
         return False
 
+    def _next_trial_need_s(self, budget: TimeBudget) -> float:
+        """What the next trial is counted to take: a launch as measured and its levels
+        (``next_trial_levels_s``)."""
+        levels = next_trial_levels_s(self.levels_estimate_s, self.level_estimate_s)
+        return budget.launch_estimate_s() + levels
+
     def _another_trial_fits(self) -> bool:
         """Whether a trial after the one just measured could start before the search's
         deadline, as ``_next_trial_fits`` will count it (nothing recorded; no budget: it
         could)."""
         if self.budget is None:
             return True
-        levels = next_trial_levels_s(self.levels_estimate_s, self.level_estimate_s)
-        need = self.budget.launch_estimate_s() + levels
-        return need <= self.deadline_s - time.monotonic()
+        return self._next_trial_need_s(self.budget) <= self.deadline_s - time.monotonic()
 
     def _levels_measured_before(self) -> float:
         """What the study's last trials measured once launched (their levels), for a run
