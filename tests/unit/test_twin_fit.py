@@ -153,3 +153,27 @@ def test_a_goodput_prediction_within_the_trials_interval_needs_no_fit() -> None:
     assert f"6% off trial 1's measured percentiles, {why}: not fitted" in twin_line(kept)
     older = kept.model_copy(update={"kept_because": None})  # a record from before the field
     assert "within 5%: not fitted" in twin_line(older)
+
+
+def test_a_fit_takes_only_factors_closer_by_the_median_it_reports_too() -> None:
+    """On noisy levels (vLLM's CPU build) the factors of least loss can leave the median
+    error the run reports further off: such factors are not taken, the next closer ones
+    by both are, and where none is the fit keeps what there was."""
+    from tuner.twin.fit import LevelAccuracy, TwinAccuracy, closest
+
+    def replayed(a: float, b: float, c: float) -> TwinAccuracy:
+        measured = {"ttft_ms.p50": 100.0, "ttft_ms.p99": 100.0, "tpot_ms.p50": 100.0}
+        predicted = dict(zip(measured, (a, b, c), strict=True))
+        return TwinAccuracy(
+            levels=[LevelAccuracy(level="l", measured=measured, predicted=predicted)]
+        )
+
+    before = replayed(150, 150, 150)  # 50% off each
+    least_loss = replayed(160, 160, 100)  # less loss, but a median 60% off
+    both = replayed(148, 148, 150)  # a little less loss, a median 48% off
+    farther = replayed(140, 140, 200)  # more loss
+    assert least_loss.loss < both.loss < before.loss < farther.loss
+    assert (least_loss.median_share or 0) > (before.median_share or 0) > (both.median_share or 0)
+    cache = {(0.0,): least_loss, (1.0,): both, (2.0,): farther}
+    assert closest(cache, before) == (1.0,)
+    assert closest({(0.0,): least_loss, (2.0,): farther}, before) is None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -285,19 +285,39 @@ def fit(
             lambda x: accuracy_at(x).loss, x0, method="Nelder-Mead",
             options={"maxfev": max_evaluations, "xatol": 0.01, "fatol": 1e-4, "initial_simplex": _simplex(x0)},
         )  # fmt: skip
-        best_x = list(result.x)
+        accuracy_at(list(result.x))
     except _OutOfTime:
-        best_x = list(min(cache.items(), key=lambda item: item[1].loss)[0])
-    after = accuracy_at(best_x)
-    if after.loss >= before.loss:  # nothing better found: keep what there was
+        pass
+    best = closest(cache, before)
+    if best is None:  # nothing closer found: keep what there was
         return TwinFit(
             before=start, after=start, error_before=before, error_after=before,
             evaluations=len(cache) + 1,
         )  # fmt: skip
     return TwinFit(
-        before=start, after=factors_at(best_x), error_before=before, error_after=after,
+        before=start, after=factors_at(best), error_before=before, error_after=cache[best],
         evaluations=len(cache) + 1,
     )  # fmt: skip
+
+
+def closest(
+    replayed: Mapping[tuple[float, ...], TwinAccuracy], before: TwinAccuracy
+) -> tuple[float, ...] | None:
+    """Of the factors a fit replayed, those of least loss among the ones closer than
+    ``before`` both by that loss and by the median error the run reports (None: none
+    is). The loss (squared log errors) weighs the far-off percentiles, the median the
+    typical one: on noisy levels (vLLM's CPU build) the least loss alone can leave the
+    median further off, and a fit shown as "48% off, 53% after fitting" is no fit."""
+    median = before.median_share
+
+    def closer(accuracy: TwinAccuracy) -> bool:
+        after = accuracy.median_share
+        return accuracy.loss < before.loss and (
+            median is None or (after is not None and after <= median)
+        )
+
+    found = [(accuracy.loss, x) for x, accuracy in replayed.items() if closer(accuracy)]
+    return min(found)[1] if found else None
 
 
 def _simplex(x0: Sequence[float]) -> list[list[float]]:
