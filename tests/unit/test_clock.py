@@ -176,3 +176,37 @@ def test_a_levels_wall_time_is_split_into_its_parts() -> None:
     )
     screened = ev.model_copy(update={"launch_s": None})
     assert screened.seconds_text() is None
+
+
+def test_a_busier_trial_keeps_the_clock_where_its_chunks_can_carry_more_tokens() -> None:
+    """A 10-minute default tune's twin pick (wall-h): its busiest level held 8.84
+    conversations/s at 4x, 10 tokens an event, while its one load process took 3,498
+    token events and 120 requests per wall second. 1.3 times that slowed the next
+    launches' clock to 2.9x; with 14 tokens an event the next trial asks no more than
+    the budget at 4x, and its TTFT and TPOT read the same (a request's first token is an
+    event of its own and its last ends a chunk)."""
+    from tuner.search.clock import measured_clock
+
+    levels = [
+        _level(7.48, events_per_s=3287.0, sent=2739, wall_s=24.4, scale=0.25),
+        _level(8.84, events_per_s=3498.0, sent=4883, wall_s=40.6, scale=0.25),
+    ]
+    fixed = measured_clock(levels, max_events_per_s=5000.0, fastest=0.25, stream_interval=10)
+    assert fixed is not None and (fixed.time_scale, fixed.stream_interval) == (0.35, 10)
+    assert fixed.time_scale == measured_time_scale(levels, max_events_per_s=5000.0, fastest=0.25)
+    chunked = measured_clock(
+        levels, max_events_per_s=5000.0, fastest=0.25, stream_interval=10,
+        max_stream_interval=MAX_STREAM_INTERVAL,
+    )  # fmt: skip
+    assert chunked is not None and (chunked.time_scale, chunked.stream_interval) == (0.25, 14)
+    # 14 tokens an event: the busiest level's token events after the first token, 10/14
+    requests = 4883 / 40.6
+    asked = (requests + (3498.0 - requests) * 10 / 14 + REQUEST_COST_EVENTS * requests) * 0.25
+    assert asked * 1.3 / 0.25 <= 5000.0
+    # never fewer tokens an event than the levels ran with, where fewer would do
+    quiet = [_level(2.0, events_per_s=200.0, sent=100, wall_s=20.0, scale=0.25)]
+    kept = measured_clock(
+        quiet, max_events_per_s=5000.0, fastest=0.25, stream_interval=10,
+        max_stream_interval=MAX_STREAM_INTERVAL,
+    )  # fmt: skip
+    assert kept is not None and (kept.time_scale, kept.stream_interval) == (0.25, 10)

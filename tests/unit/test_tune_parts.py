@@ -524,6 +524,36 @@ def test_a_first_rate_the_twin_placed_that_breaks_steps_down_by_the_twins_error(
     assert held.best is not None and held.best.rate_per_s <= capacity
 
 
+def test_once_a_trial_was_measured_the_twins_step_is_its_error_there(tmp_path: Path) -> None:
+    """The default 10-minute tune (wall-h): the twin was 8% over trial 0's goodput, and
+    trial 1's first level, placed 8% over its capacity, broke; a step of 1.25 took two
+    climbs to close the bracket (9.34, 7.48, 8.36, 8.84). A step of the twin's error, at
+    least two precisions, closes it with one level more; before any trial was measured,
+    or where the twin was far off, the step stays 1.25."""
+    from tuner.search.rate_search import twin_step
+
+    assert twin_step(None, 0.05) == TWIN_MISS_STEP
+    assert twin_step(0.084, 0.05) == pytest.approx(1.05**2)  # at least one bisection's
+    assert twin_step(-0.18, 0.05) == pytest.approx(1.18)
+    assert twin_step(0.64, 0.05) == TWIN_MISS_STEP
+    capacity = 10.0
+    runs = {}
+    for off in (None, 0.084):
+        server = _KnownCapacity(capacity_per_s=capacity)
+        result = search_rate(
+            server, load_workload("chat"), start_rate_per_s=None, out_dir=tmp_path / str(off),
+            level_duration_s=2.0, warmup_s=1.0, max_levels=4, precision=0.05,
+            predicted_rate_per_s=1.08 * capacity, edge_draws=1, twin_off_share=off,
+        )  # fmt: skip
+        assert not result.levels[0].met
+        assert result.best is not None and result.broken_rate_per_s is not None
+        assert result.best.rate_per_s <= capacity < result.broken_rate_per_s
+        assert result.broken_rate_per_s / result.best.rate_per_s <= 1.05 + 1e-9
+        runs[off] = server.rates
+    assert runs[0.084][1] == pytest.approx(runs[0.084][0] / 1.05**2)
+    assert len(runs[0.084]) == 3 and len(runs[None]) == 4
+
+
 def test_both_sides_of_the_twins_rate_holding_climb_by_the_twins_error(tmp_path: Path) -> None:
     """Both of the twin's levels held far below the TTFT limit (climb_step: x2): the twin is
     near, so the next level climbs by its error, and the bracket closes on the capacity."""

@@ -12,7 +12,9 @@ of it, ``BUSIEST_MARGIN`` times over (a later trial's settings may hold more), w
 the load generator's budget (``TuneConfig.max_events_per_s``, or the most events per
 wall second it kept up with where that is more: on the default tune one process kept up
 with 5,900 with an event-loop delay p99 of 4.6 ms, against a 10-ms bound), never faster
-than ``TuneConfig.fastest_time_scale``.
+than ``TuneConfig.fastest_time_scale``. Where the tokens a streamed event carries are
+the harness's to choose (vLLM's per-request ``stream_interval``, no ITL objective), a
+busier trial raises them instead of slowing the clock (``measured_clock``).
 
 Every figure a level records is converted to the emulated GPU's seconds whatever its
 clock (``tuner.serving.load``), and each level records its own clock
@@ -28,6 +30,7 @@ keeps its clock for the next one (no faster).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tuner.run.evaluation import LevelRecord
 from tuner.search.context import REQUEST_COST_EVENTS, clock_scale
@@ -67,8 +70,34 @@ def measured_time_scale(
     wall second (its bounds are what room means; ``clock_scale``). Where a level's client
     lagged, no faster than the slowest clock the trial's levels ran at. None: no level
     recorded its client."""
-    asked = [events for lv in levels if (events := client_events_per_s(lv)) is not None]
-    if not asked:
+    clock = measured_clock(levels, max_events_per_s=max_events_per_s, fastest=fastest)
+    return None if clock is None else clock.time_scale
+
+
+@dataclass(frozen=True)
+class NextClock:
+    """The next launches' clock scale, and the tokens each streamed event carries."""
+
+    time_scale: float
+    stream_interval: int
+
+
+def measured_clock(
+    levels: Sequence[LevelRecord],
+    *,
+    max_events_per_s: float,
+    fastest: float,
+    stream_interval: int = 1,
+    max_stream_interval: int | None = None,
+) -> NextClock | None:
+    """``measured_time_scale``, where the tokens a streamed event carries may also change
+    (vLLM's per-request ``stream_interval``; the levels ran with ``stream_interval``):
+    the fastest clock any interval up to ``max_stream_interval`` allows, with the fewest
+    tokens an event that allow it, never fewer than now. A request's first token is an
+    event of its own and its last ends a chunk, so its TTFT and TPOT read the same at any
+    interval: a busier trial need not slow the clock where chunks can carry more.
+    ``max_stream_interval`` None: the interval stays."""
+    if not any(client_events_per_s(lv) is not None for lv in levels):
         return None
     kept_up = [
         wall
@@ -78,12 +107,39 @@ def measured_time_scale(
         and (wall := client_wall_events_per_s(lv)) is not None
     ]
     budget = max([max_events_per_s, *kept_up])
-    scale = clock_scale(max(asked) * BUSIEST_MARGIN, budget, fastest)
     lagged = [lv.client.setup.time_scale for lv in levels if lv.client and lv.client.lag.lagged]
-    if lagged:
-        ran = [lv.client.setup.time_scale for lv in levels if lv.client is not None]
-        scale = max(scale, *ran)
-    return scale
+    ran = [lv.client.setup.time_scale for lv in levels if lv.client is not None]
+    top = max(stream_interval, max_stream_interval or stream_interval)
+    best: NextClock | None = None
+    for interval in range(stream_interval, top + 1):
+        asked = max(
+            events
+            for lv in levels
+            if (events := _events_at(lv, stream_interval, interval)) is not None
+        )
+        scale = clock_scale(asked * BUSIEST_MARGIN, budget, fastest)
+        if lagged:
+            scale = max(scale, *ran)
+        if best is None or scale < best.time_scale:
+            best = NextClock(scale, interval)
+    return best
+
+
+def _events_at(level: LevelRecord, ran: int, interval: int) -> float | None:
+    """``client_events_per_s`` of ``level`` (streamed ``ran`` tokens an event) had its
+    chunks carried ``interval``: each request's first token stays an event of its own."""
+    client = level.client
+    if client is None or not client.lag.processes:
+        return None
+    wall = 0.0
+    for p in client.lag.processes:
+        if p.wall_s <= 0:
+            continue
+        requests = p.sent / p.wall_s
+        first = min(requests, p.token_events_per_s)
+        wall += first + (p.token_events_per_s - first) * ran / interval
+        wall += REQUEST_COST_EVENTS * requests
+    return wall * client.setup.time_scale
 
 
 def clock_text(scale: float) -> str:

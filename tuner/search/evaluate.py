@@ -127,12 +127,15 @@ def evaluate(
     start_held: bool = False,
     edge_draws: int | None = None,
     deadline: float | None = None,
+    twin_off_share: float | None = None,
 ) -> Evaluation:
     """Launch the candidate and measure its goodput (screened first when configured).
     ``start_held``: the settings held at ``start_rate_per_s`` before (``search_rate``).
     ``edge_draws``: the draws the bracket's ends are measured with (None: a trial's,
     ``trial_edge_draws``; a confirmation passes ``edge_draws``). ``deadline``
-    (``time.monotonic()``): no level after the first starts that would end past it."""
+    (``time.monotonic()``): no level after the first starts that would end past it.
+    ``twin_off_share``: how far the twin's goodput prediction for the last measured trial
+    was off (``tuner.search.rate_search.twin_step``)."""
     early = screened(ctx, setup, params, out_dir)
     if early is not None:
         return early
@@ -171,6 +174,7 @@ def evaluate(
                 predicted_answer_times=predicted_answer_times,
                 chain=live.chain if config.chain_levels else None, start_held=start_held,
                 edge_draws=edge_draws or config.trial_edge_draws, deadline=deadline,
+                twin_off_share=twin_off_share,
             )  # fmt: skip
             measured = time.monotonic()
     evaluation = _evaluation(ctx, setup, params, out_dir, startup, search, live, kv_fill)

@@ -19,7 +19,9 @@ the next, if it held, just above it (``precision`` apart), so a right prediction
 bracketed in two levels; the evidence-led steps take over where it was wrong, except
 that a first level the twin placed that broke steps down by at most ``TWIN_MISS_STEP``
 (the twin's own error), not by half (a halving leaves the last levels far below the
-edge), and where both of the twin's levels held the next climbs by at most as much.
+edge), and where both of the twin's levels held the next climbs by at most as much;
+once a trial of the tune was measured, by as much as the twin was off it (``twin_step``:
+at least two ``precision`` steps, so one more level closes the bracket).
 
 Once the levels are spent or the bracket closed, its two ends are measured again with
 other draws of the workload (``EDGE_DRAWS`` in all, ``draw_seed``): where the edge falls
@@ -101,6 +103,21 @@ MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent:
 # Likewise the largest climb from both sides of the twin's rate where both held.
 TWIN_MISS_STEP = 1.25
 TWIN_STEP_LEVELS = 4  # the fewest levels a search steps by TWIN_MISS_STEP with
+
+
+def twin_step(off_share: float | None, precision: float) -> float:
+    """The step from the twin's rate where the first level it placed broke, or where both
+    of its levels held: as far as its goodput prediction for the tune's last measured
+    trial was off what that trial measured (``off_share``: predicted / measured - 1),
+    at least a bracket of two ``precision`` steps (one level more closes it), at most
+    ``TWIN_MISS_STEP``; ``TWIN_MISS_STEP`` before any trial was measured. A twin fitted
+    to this tune's trials misses by 5 to 9% (the default tune's 10-minute runs), and a
+    bracket of 25% took two levels more to close than one of 10%."""
+    if off_share is None:
+        return TWIN_MISS_STEP
+    return min(TWIN_MISS_STEP, max((1.0 + precision) ** 2, 1.0 + abs(off_share)))
+
+
 # How many draws of the workload the bracket's ends are measured with (the edge draws):
 # where the capacity falls moves with the draw (arrivals, conversation lengths) by more
 # than one window's resamples see, so its ends are measured again with other draws and
@@ -534,6 +551,7 @@ def search_rate(
     start_held: bool = False,
     edge_draws: int = EDGE_DRAWS,
     deadline: float | None = None,
+    twin_off_share: float | None = None,
 ) -> RateSearch:
     """Measure levels on a READY server until the goodput is bracketed to ``precision``
     or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
@@ -557,7 +575,9 @@ def search_rate(
     would overstate how far below it lies. A first level the twin placed that breaks steps
     down by at most ``TWIN_MISS_STEP`` (its prediction's error) where ``max_levels`` leaves
     the levels to come back from a far miss (``TWIN_STEP_LEVELS``; with fewer, it halves).
-    A second break steps by its own evidence.
+    A second break steps by its own evidence. ``twin_off_share``: how far the twin's
+    goodput prediction for the tune's last measured trial was off (``twin_step``: the
+    step from its rate is that error, not ``TWIN_MISS_STEP``, where it is smaller).
 
     ``edge_draws``: once the level budget is spent or the bracket closed, its two ends are
     measured again with other draws of the workload (``draw_seed``) up to this many in all,
@@ -582,6 +602,7 @@ def search_rate(
     # back from a far miss: with fewer, a miss halves, so the trial ends on a rate that held.
     # A confirmation (``start_held``) starts where its trial held: its rate is near too.
     near = bool(predicted_rate_per_s) and (max_levels >= TWIN_STEP_LEVELS or start_held)
+    step = TWIN_MISS_STEP if start_held else twin_step(twin_off_share, precision)
     runs = _ChainedRuns(chain, out_dir)
     knobs = _LevelKnobs(
         window_s=level_duration_s, warmup_s=warmup_s, window_max_s=level_max_duration_s,
@@ -615,9 +636,9 @@ def search_rate(
             if start_held and index == 0 and low is None:
                 down = growth  # the next break steps down by its own evidence
             elif near and index == 0 and low is None:
-                down = min(down, TWIN_MISS_STEP)  # a near miss of the twin's rate
+                down = min(down, step)  # a near miss of the twin's rate
             elif near and index == 1 and high is None:
-                up = min(up, TWIN_MISS_STEP)  # both sides of the twin's rate held: near
+                up = min(up, step)  # both sides of the twin's rate held: near
 
             rate = _next_rate(levels, precision, up=up, down=down)
             if rate is None:

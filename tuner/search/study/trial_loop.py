@@ -19,9 +19,10 @@ from tuner.run.layout import RunLayout
 from tuner.search import optuna_store
 from tuner.search.boot_calibration import adopt, wants
 from tuner.search.budget import RECENT_LAUNCHES, TimeBudget
-from tuner.search.clock import client_events_per_s, clock_text, measured_time_scale
+from tuner.search.clock import client_events_per_s, clock_text, measured_clock
 from tuner.search.compile_cache import CompileLaunches
 from tuner.search.context import (
+    MAX_STREAM_INTERVAL,
     StudySetup,
     TuneContext,
     auto_stream_fraction,
@@ -203,10 +204,9 @@ class TrialLoop:
         sim = ctx.backend is Backend.SIM
         fastest = (config.time_scale or config.fastest_time_scale) if sim else 1.0
         if interval is None:
-            chunked = ctx.version.at_least(REQUEST_STREAM_INTERVAL) and ctx.workload.slo.itl is None
             interval = (
                 auto_stream_interval(tokens_per_s, requests_per_s, config.max_events_per_s, fastest)
-                if chunked and fraction is None
+                if self._chunks_adapt()
                 else 1
             )
         if fraction is None:
@@ -239,28 +239,57 @@ class TrialLoop:
         )
         return scale, fraction, interval
 
+    def _chunks_adapt(self) -> bool:
+        """Whether the tokens a streamed event carries are the harness's to choose: the
+        target vLLM reads a request's own ``stream_interval``, the SLO has no ITL objective
+        (a chunk's tokens share one arrival), and neither the interval nor the streamed
+        share was given."""
+        ctx = self.ctx
+        config = ctx.config
+        return (
+            ctx.version.at_least(REQUEST_STREAM_INTERVAL)
+            and ctx.workload.slo.itl is None
+            and config.stream_interval is None
+            and config.stream_fraction is None
+        )
+
     def _adapt_clock(self, ev: Evaluation) -> str | None:
         """On the simulated engine with an automatic clock: the next launches' clock as fast
-        as this trial's load generator showed room for (``tuner.search.clock``), said when
+        as this trial's load generator showed room for, with more tokens an event where
+        they are the harness's to choose (``tuner.search.clock.measured_clock``), said when
         it changes; what the next trial is estimated to measure changes with it."""
         ctx = self.ctx
         if ctx.backend is not Backend.SIM or ctx.config.time_scale is not None or not ev.levels:
             return None
-        scale = measured_time_scale(
+        before, interval = self.setup.time_scale, self.setup.stream_interval
+        clock = measured_clock(
             ev.levels, max_events_per_s=ctx.config.max_events_per_s,
-            fastest=ctx.config.fastest_time_scale,
+            fastest=ctx.config.fastest_time_scale, stream_interval=interval,
+            max_stream_interval=MAX_STREAM_INTERVAL if self._chunks_adapt() else None,
         )  # fmt: skip
-        before = self.setup.time_scale
-        if scale is None or math.isclose(scale, before):
+        if clock is None or (
+            math.isclose(clock.time_scale, before) and clock.stream_interval == interval
+        ):
             return None
-        self.setup = replace(self.setup, time_scale=scale)
+        scale = clock.time_scale
+        self.setup = replace(self.setup, time_scale=scale, stream_interval=clock.stream_interval)
         self.levels_estimate_s *= scale / before
         self.level_estimate_s *= scale / before
+        chunks = (
+            f", {clock.stream_interval} tokens an event (was {interval})"
+            if clock.stream_interval != interval
+            else ""
+        )
+        run = (
+            f"keep the simulated GPU's clock {clock_text(scale)} (time scale {scale:g})"
+            if math.isclose(scale, before)
+            else f"run the simulated GPU's clock {clock_text(scale)} (time scale {scale:g}, "
+            f"was {before:g})"
+        )
         line = (
             f"{'':>9}clock: the load generator's busiest level asked "
             f"{max(client_events_per_s(lv) or 0.0 for lv in ev.levels):,.0f} events per "
-            f"emulated second; the next launches run the simulated GPU's clock "
-            f"{clock_text(scale)} (time scale {scale:g}, was {before:g})"
+            f"emulated second; the next launches {run}{chunks}"
         )
         log.info("%s", line.strip())
         return line
@@ -496,6 +525,7 @@ class TrialLoop:
             # the first trial (vLLM's defaults) is started when its launch ends before the
             # budget's end, and measured to it; the next ones to the search's deadline
             deadline=self._launch_deadline_s if self.budget is not None else None,
+            twin_off_share=self.trial_twin.last_off_share() if predicted else None,
         )  # fmt: skip
         self._count_launch(trial.number, evaluation)
         clock = self._adapt_clock(evaluation)

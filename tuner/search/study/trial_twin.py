@@ -125,6 +125,18 @@ class TrialTwin:
             )  # fmt: skip
         return self._predicted[key]
 
+    def last_off_share(self) -> float | None:
+        """How far the twin's goodput prediction for the last trial measured (and fitted
+        after, or found within its noise) was off what it measured (predicted / measured
+        - 1; None: none yet)."""
+        offs = [
+            off
+            for one in self.record().fits
+            if (off := TrialFit.share_off(one.predicted_rate_per_s, one.measured_rate_per_s))
+            is not None
+        ]
+        return offs[-1] if offs else None
+
     def learn(
         self,
         number: int,
