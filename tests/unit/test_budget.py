@@ -295,3 +295,30 @@ def test_a_trial_is_started_where_its_first_two_levels_fit() -> None:
     assert next_trial_levels_s(149.0, 36.0) == pytest.approx(72.0)
     assert next_trial_levels_s(60.0, 36.0) == pytest.approx(60.0)  # the last trial took two
     assert next_trial_levels_s(149.0, 0.0) == pytest.approx(149.0)
+
+
+def test_a_budget_that_holds_few_trials_spends_no_fit_or_extra_level_that_costs_one() -> None:
+    """The default 10-minute tune (wall-l): 202 s before the search's deadline at trial
+    1's launch, a trial of its first two levels counted at 47 s, six trials still wanted.
+    Its levels past the first two end where three more trials still fit; after it, a fit
+    (45 s) with 120 s left would leave one trial of two, so none runs. With more trials
+    ahead than FEW_TRIALS_LEFT, or none, both are spent as before."""
+    from tuner.search.study.trial_loop import (
+        FEW_TRIALS_LEFT,
+        extra_deadline_s,
+        fit_costs_a_trial,
+        further_trials,
+    )
+
+    assert further_trials(202.0, 47.0, 6) == 4 and further_trials(202.0, 47.0, 2) == 2
+    assert further_trials(-5.0, 47.0, 6) == 0
+    deadline = 1000.0
+    extra = extra_deadline_s(deadline, deadline - 202.0, 47.0, 6)
+    assert extra == pytest.approx(deadline - 3 * 47.0)  # three trials after its two levels
+    assert extra_deadline_s(deadline, deadline - 60.0, 47.0, 6) is None  # none after it anyway
+    assert extra_deadline_s(deadline, deadline - 2000.0, 47.0, 60) is None  # many ahead
+    assert extra_deadline_s(deadline, deadline - 202.0, 47.0, 0) is None  # none wanted
+    assert fit_costs_a_trial(120.0, 45.0, 47.0, 6)  # two trials fit; one after the fit
+    assert not fit_costs_a_trial(120.0, 20.0, 47.0, 6)  # still two after it
+    assert not fit_costs_a_trial(2000.0, 45.0, 47.0, 60)  # many ahead: the fit places them
+    assert FEW_TRIALS_LEFT == 3

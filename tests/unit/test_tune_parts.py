@@ -327,7 +327,7 @@ def test_no_level_after_the_first_starts_that_would_end_past_the_deadline(
     from tuner.search.rate_search import _ends_in_time
 
     def took(*wall_s: float) -> list[RateLevel]:
-        return [SimpleNamespace(wall_s=w) for w in wall_s]  # type: ignore[misc]
+        return [SimpleNamespace(wall_s=w, measurement=SimpleNamespace(client=None)) for w in wall_s]  # type: ignore[misc]
 
     now = time.monotonic()
     assert _ends_in_time([], now - 1.0)  # the first level
@@ -552,6 +552,22 @@ def test_once_a_trial_was_measured_the_twins_step_is_its_error_there(tmp_path: P
         runs[off] = server.rates
     assert runs[0.084][1] == pytest.approx(runs[0.084][0] / 1.05**2)
     assert len(runs[0.084]) == 3 and len(runs[None]) == 4
+
+
+def test_levels_past_the_bracket_end_before_the_extra_deadline(tmp_path: Path) -> None:
+    """A trial's levels past its first two end before ``extra_deadline`` (the further trials
+    of a short budget); the first two only before ``deadline``."""
+    import time as clock
+
+    for extra, count in ((None, 3), (clock.monotonic() - 1.0, 2)):
+        server = _KnownCapacity(capacity_per_s=10.0)
+        search_rate(
+            server, load_workload("chat"), start_rate_per_s=None,
+            out_dir=tmp_path / str(count), level_duration_s=2.0, warmup_s=1.0, max_levels=4,
+            precision=0.05, predicted_rate_per_s=10.8, edge_draws=1, twin_off_share=0.084,
+            extra_deadline=extra,
+        )  # fmt: skip
+        assert len(server.rates) == count
 
 
 def test_both_sides_of_the_twins_rate_holding_climb_by_the_twins_error(tmp_path: Path) -> None:
@@ -876,3 +892,35 @@ def test_each_level_opens_on_the_population_of_the_nearest_level_that_held(
     assert any(met) and len(rates) >= 3
     mix = TurnMix.model_validate_json((tmp_path / "level-0" / TURN_MIX_FILE).read_text())
     assert (mix.planned_ttft_s, mix.planned_tpot_s) == (0.2, 0.02)
+
+
+def test_the_next_levels_length_leaves_out_attempts_set_aside(tmp_path: Path) -> None:
+    """The default 10-minute tune (wall-m): trial 1's first level lagged at 4x (the
+    simulated server's steps 54 ms late), was set aside after 23 s and measured again at
+    2x, 96 s in all; its next level, at 2x from the start, takes about 73. With 94 s left
+    the search measured no second level, and the trial ended on one that broke."""
+    from tuner.search.rate_search import _ends_in_time
+    from tuner.serving.client_lag import (
+        ClientAttempt,
+        ClientChange,
+        ClientRemedy,
+        ClientSetup,
+        LevelClient,
+    )
+    from workloads.client_lag import ClientBounds, ClientLag, ClientVerdict
+
+    lag = ClientLag(verdict=ClientVerdict.KEPT_UP, reason=None, bounds=ClientBounds(), processes=())
+    fast, slow = ClientSetup(processes=1, time_scale=0.25), ClientSetup(processes=1, time_scale=0.5)
+    aside = ClientAttempt(
+        dir="level-0/lagged-0", setup=fast, lag=lag, wall_s=23.0,
+        then=ClientChange(remedy=ClientRemedy.SLOWER_CLOCK, before=fast, after=slow),
+    )  # fmt: skip
+    m = _measurement(tmp_path, 9.34, met=False, ttft_p99_ms=9000.0)
+    level = RateLevel(
+        index=0, rate_per_s=9.34, met=False, wall_s=96.0,
+        measurement=m.model_copy(update={"client": LevelClient(lag=lag, setup=slow, attempts=(aside,))}),
+    )  # fmt: skip
+    assert _ends_in_time([level], time.monotonic() + 94.0)
+    assert not _ends_in_time([level], time.monotonic() + 70.0)
+    bare = level.model_copy(update={"measurement": m})  # no attempt set aside: 96 s
+    assert not _ends_in_time([bare], time.monotonic() + 94.0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def measure_with_honest_client(
     time (not carried on from the level before). ``server``: the search's server; one
     without a client to scale (``ClientScaling``: the twin's virtual clock, a stand-in)
     measures once. The measurement that counts, with every attempt in its ``client``."""
+    began = time.monotonic()
     m = measure(False)
     attempts: list[ClientAttempt] = []
     if isinstance(server, ClientScaling):
@@ -64,9 +66,16 @@ def measure_with_honest_client(
             )  # fmt: skip
             aside = set_aside(level_dir, len(attempts))
             attempts.append(
-                ClientAttempt(dir=str(aside), setup=m.client.setup, lag=m.client.lag, then=change)
+                ClientAttempt(
+                    dir=str(aside),
+                    setup=m.client.setup,
+                    lag=m.client.lag,
+                    then=change,
+                    wall_s=time.monotonic() - began,
+                )
             )
             server.apply_client_change(change)
+            began = time.monotonic()
             m = measure(True)
     if m.client is None:
         return m

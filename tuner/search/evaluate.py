@@ -128,6 +128,7 @@ def evaluate(
     edge_draws: int | None = None,
     deadline: float | None = None,
     twin_off_share: float | None = None,
+    extra_deadline: float | None = None,
 ) -> Evaluation:
     """Launch the candidate and measure its goodput (screened first when configured).
     ``start_held``: the settings held at ``start_rate_per_s`` before (``search_rate``).
@@ -135,7 +136,8 @@ def evaluate(
     ``trial_edge_draws``; a confirmation passes ``edge_draws``). ``deadline``
     (``time.monotonic()``): no level after the first starts that would end past it.
     ``twin_off_share``: how far the twin's goodput prediction for the last measured trial
-    was off (``tuner.search.rate_search.twin_step``)."""
+    was off (``tuner.search.rate_search.twin_step``). ``extra_deadline``: levels past
+    the first two end before it too (``search_rate``)."""
     early = screened(ctx, setup, params, out_dir)
     if early is not None:
         return early
@@ -174,7 +176,7 @@ def evaluate(
                 predicted_answer_times=predicted_answer_times,
                 chain=live.chain if config.chain_levels else None, start_held=start_held,
                 edge_draws=edge_draws or config.trial_edge_draws, deadline=deadline,
-                twin_off_share=twin_off_share,
+                twin_off_share=twin_off_share, extra_deadline=extra_deadline,
             )  # fmt: skip
             measured = time.monotonic()
     evaluation = _evaluation(ctx, setup, params, out_dir, startup, search, live, kv_fill)

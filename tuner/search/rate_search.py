@@ -103,6 +103,7 @@ MAX_STEP = 2.0  # the largest climb from one level to the next (and the descent:
 # Likewise the largest climb from both sides of the twin's rate where both held.
 TWIN_MISS_STEP = 1.25
 TWIN_STEP_LEVELS = 4  # the fewest levels a search steps by TWIN_MISS_STEP with
+BRACKET_LEVELS = 2  # the levels that bracket a rate the twin placed right
 
 
 def twin_step(off_share: float | None, precision: float) -> float:
@@ -552,6 +553,7 @@ def search_rate(
     edge_draws: int = EDGE_DRAWS,
     deadline: float | None = None,
     twin_off_share: float | None = None,
+    extra_deadline: float | None = None,
 ) -> RateSearch:
     """Measure levels on a READY server until the goodput is bracketed to ``precision``
     or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
@@ -589,8 +591,11 @@ def search_rate(
     ``deadline`` (``time.monotonic()``): no level after the first starts unless it ends
     before it, taken to last as long as the longest so far (``_ends_in_time``): a plan's
     level count rests on the levels' expected seconds, which a slower clock after a lag
-    or a level measured again outgrows."""
+    or a level measured again outgrows. ``extra_deadline``: levels past the first
+    ``BRACKET_LEVELS`` (and the edge draws) end before it too (a tune's budget that holds
+    fewer trials than asked: ``TrialLoop._extra_deadline_s``)."""
     levels: list[RateLevel] = []
+    later = deadline if extra_deadline is None else min(deadline or math.inf, extra_deadline)
     closed = spec.mean_rate_per_s is None
     rate: float | None = None
     if not closed:
@@ -610,7 +615,7 @@ def search_rate(
     )  # fmt: skip
     try:
         for index in range(1 if closed else max_levels):
-            if not _ends_in_time(levels, deadline):
+            if not _ends_in_time(levels, deadline if index < BRACKET_LEVELS else later):
                 break
             began = time.monotonic()
             one = _OneLevel(live, spec, rate, index=index, levels=levels, runs=runs, knobs=knobs)
@@ -645,7 +650,7 @@ def search_rate(
                 break
         if not died and not closed and pass_s(spec) is None:
             died = _measure_edge_draws(
-                live, spec, levels, runs, knobs, edge_draws, precision, deadline
+                live, spec, levels, runs, knobs, edge_draws, precision, later
             )
     finally:
         runs.close()
@@ -704,12 +709,19 @@ def _measure_edge_draws(
     return False
 
 
+def _own_wall_s(level: RateLevel) -> float:
+    """A level's wall seconds less its attempts set aside because its client lagged (the
+    next level runs with what changed after them: a slower clock, more load processes)."""
+    client = level.measurement.client
+    return max(0.0, (level.wall_s or 0.0) - (client.set_aside_s if client is not None else 0.0))
+
+
 def _ends_in_time(levels: Sequence[RateLevel], deadline: float | None) -> bool:
-    """Whether another level, as long as the longest of ``levels``, ends before
+    """Whether another level, as long as the longest of ``levels`` (``_own_wall_s``), ends before
     ``deadline`` (``time.monotonic()``; None, or no level yet: it does)."""
     if deadline is None or not levels:
         return True
-    longest_s = max(level.wall_s or 0.0 for level in levels)
+    longest_s = max(_own_wall_s(level) for level in levels)
     if time.monotonic() + longest_s <= deadline:
         return True
     log.info(

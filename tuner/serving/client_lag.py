@@ -119,6 +119,7 @@ class ClientAttempt(BaseModel):
     setup: ClientSetup
     lag: ClientLag
     then: ClientChange  # what was changed before the next attempt
+    wall_s: float | None = None  # its wall seconds (None: records from before they were kept)
 
 
 class LevelClient(BaseModel):
@@ -143,6 +144,11 @@ class LevelClient(BaseModel):
     @property
     def verdict(self) -> ClientVerdict:
         return self.lag.verdict
+
+    @property
+    def set_aside_s(self) -> float:
+        """The wall seconds of the attempts set aside (0 where none, or not recorded)."""
+        return sum(a.wall_s or 0.0 for a in self.attempts)
 
     @property
     def unmeasurable(self) -> bool:

@@ -35,6 +35,7 @@ from tuner.search.optuna_store import (
     Trial,
     TrialState,
 )
+from tuner.search.rate_search import BRACKET_LEVELS
 from tuner.search.study.claims import Duty
 from tuner.search.study.opening import OpenStudy, retry_trial
 from tuner.search.study.records import (
@@ -48,7 +49,7 @@ from tuner.search.study.records import (
 )
 from tuner.search.study.settings import SETTINGS_ATTR
 from tuner.search.study.trial_lines import trial_line
-from tuner.search.study.trial_twin import TrialTwin
+from tuner.search.study.trial_twin import TrialTwin, fit_cost_s
 from tuner.serving.level_schedule import level_workload
 from tuner.serving.load import plan_schedule
 from tuner.serving.processes import ChildRegistry
@@ -73,7 +74,7 @@ PREPARE_WAIT_S = 600.0
 # bracket of its rate (``tuner.search.rate_search``: a right prediction is bracketed in
 # two), and measures as many levels as end before it; not only where a whole trial, as the
 # last took, fits. On a 10-minute default tune a trial's levels took 48 to 149 s.
-SHORT_TRIAL_LEVELS = 2
+SHORT_TRIAL_LEVELS = BRACKET_LEVELS
 
 
 class TrialLoop:
@@ -112,6 +113,7 @@ class TrialLoop:
         self.level_estimate_s = 0.0  # one of its levels (wall seconds; 0: none measured yet)
         self.last_evaluation: Evaluation | None = None  # this worker's last trial's
         self._launch_deadline_s = deadline_s  # what the next trial was checked against
+        self._first_launch = True  # the next trial is the first (measured to the budget's end)
         self._current_trial: int | None = None
         self._version_checked = False  # the first vLLM startup's log against the version read
         self.twin = TwinSearch(ctx, progress)  # its screen of the space and its picks
@@ -383,7 +385,8 @@ class TrialLoop:
             return True
         if done > 0 and self.levels_estimate_s == 0.0:
             self.levels_estimate_s = self._levels_measured_before()  # a resumed study's
-        if done == 0 and self.levels_estimate_s == 0.0:
+        self._first_launch = done == 0 and self.levels_estimate_s == 0.0
+        if self._first_launch:
             self._launch_deadline_s = budget.deadline_s
             skip = budget.fits(LaunchKind.TRIAL, "the first trial", budget.launch_estimate_s())
         else:
@@ -407,6 +410,33 @@ class TrialLoop:
         (``next_trial_levels_s``)."""
         levels = next_trial_levels_s(self.levels_estimate_s, self.level_estimate_s)
         return budget.launch_estimate_s() + levels
+
+    def _wanted_after(self) -> int:
+        """The trials still wanted after the one under way."""
+        return max(0, self.ctx.config.trials - len(self.complete_trials()) - 1)
+
+    def _extra_deadline_s(self) -> float | None:
+        """When the levels of the trial about to launch past its first
+        ``SHORT_TRIAL_LEVELS`` must end (``extra_deadline_s``); None: no budget, or the
+        first trial (vLLM's defaults, the baseline, measured to the budget's end)."""
+        budget = self.budget
+        if budget is None or self._first_launch:
+            return None
+        return extra_deadline_s(
+            self.deadline_s, time.monotonic(), self._next_trial_need_s(budget),
+            self._wanted_after(),
+        )  # fmt: skip
+
+    def _fit_costs_a_trial(self) -> bool:
+        """Whether a fit of the twin now would cost one of the few trials left
+        (``fit_costs_a_trial``)."""
+        budget = self.budget
+        if budget is None:
+            return False
+        return fit_costs_a_trial(
+            self.deadline_s - time.monotonic(), fit_cost_s(self.ctx.config.budget_min),
+            self._next_trial_need_s(budget), self._wanted_after(),
+        )  # fmt: skip
 
     def _another_trial_fits(self) -> bool:
         """Whether a trial after the one just measured could start before the search's
@@ -526,6 +556,7 @@ class TrialLoop:
             # budget's end, and measured to it; the next ones to the search's deadline
             deadline=self._launch_deadline_s if self.budget is not None else None,
             twin_off_share=self.trial_twin.last_off_share() if predicted else None,
+            extra_deadline=self._extra_deadline_s(),
         )  # fmt: skip
         self._count_launch(trial.number, evaluation)
         clock = self._adapt_clock(evaluation)
@@ -534,6 +565,7 @@ class TrialLoop:
         self.setup = self.trial_twin.learn(
             trial.number, params, evaluation, predicted, setup=self.setup,
             complete=self.complete_trials(), last=not self._another_trial_fits(),
+            costs_trial=self._fit_costs_a_trial(),
         )  # fmt: skip
         record(trial, evaluation, role=role)
         line = self._line(trial.number, evaluation)
@@ -618,6 +650,41 @@ class TrialLoop:
 
     def _line(self, number: int, ev: Evaluation) -> str:
         return trial_line(self.study, number, ev, deadline_s=self.deadline_s)
+
+
+# Where the budget holds at most this many further trials, neither a fit of the twin nor
+# a level past a trial's first two is spent where it would cost one of them: each is a
+# setting measured, and the recommendation's confirmation measures the best again. With
+# more to come, a fit places all of their rates and a closed bracket ranks them. The
+# default 10-minute tune measured three trials where a fit after trial 1 (45 s, the twin
+# 7% off its levels before and after) and trial 1's third level left 16 s for a fourth
+# that needed 47 (`benchmarks/make_tune_wall.md`, wall-l).
+FEW_TRIALS_LEFT = 3
+
+
+def further_trials(left_s: float, need_s: float, wanted: int) -> int:
+    """How many trials of ``need_s`` each fit in ``left_s``, at most ``wanted``."""
+    if need_s <= 0.0:
+        return wanted
+    return max(0, min(wanted, math.floor(left_s / need_s)))
+
+
+def extra_deadline_s(deadline_s: float, now_s: float, need_s: float, wanted: int) -> float | None:
+    """When a trial launched at ``now_s`` must end its levels past its first two, so that
+    as many further trials of ``need_s`` fit before ``deadline_s`` as would after those
+    two, where that is at most ``FEW_TRIALS_LEFT`` (None: no further trial fits anyway,
+    or more than that many do)."""
+    further = further_trials(deadline_s - now_s - need_s, need_s, wanted)
+    if not 0 < further <= FEW_TRIALS_LEFT:
+        return None
+    return deadline_s - further * need_s
+
+
+def fit_costs_a_trial(left_s: float, fit_s: float, need_s: float, wanted: int) -> bool:
+    """Whether a fit of ``fit_s`` leaves fewer of at most ``FEW_TRIALS_LEFT`` further
+    trials of ``need_s`` fitting in ``left_s``."""
+    now = further_trials(left_s, need_s, wanted)
+    return 0 < now <= FEW_TRIALS_LEFT and further_trials(left_s - fit_s, need_s, wanted) < now
 
 
 def next_trial_levels_s(levels_estimate_s: float, level_estimate_s: float) -> float:

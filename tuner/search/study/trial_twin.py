@@ -23,6 +23,7 @@ from tuner.search.study.trial_lines import twin_line
 from tuner.serving.level_schedule import plan_level_schedule
 from tuner.sim.build import offloading_options
 from tuner.twin.fit import (
+    FIT_DONE_SHARE,
     FIT_WITHIN_SHARE,
     FITTED,
     MAX_LEVELS,
@@ -41,6 +42,14 @@ log = logging.getLogger(__name__)
 # A fit after a trial spends at most this share of the tune's budget (30 s of a 10-minute
 # one; a fit of 40 replays took 84 s on two cores after trial 1 of the default tune).
 FIT_BUDGET_SHARE = 0.05
+# What a fit costs the search: its replays and the pick's screen of the candidates with
+# the new factors after it (16-18 s after a 30-s fit on the default tune).
+FIT_PICK_FACTOR = 1.5
+
+
+def fit_cost_s(budget_min: float) -> float:
+    """The wall seconds a fit after a trial is counted to take from a tune's search."""
+    return FIT_PICK_FACTOR * FIT_BUDGET_SHARE * budget_min * 60.0
 
 
 class TrialTwin:
@@ -147,6 +156,7 @@ class TrialTwin:
         setup: StudySetup,
         complete: list[FrozenTrial],
         last: bool = False,
+        costs_trial: bool = False,
     ) -> StudySetup:
         """Fit the twin's step costs to the levels trial ``number`` measured (and the
         busiest held level of the latest ``complete`` trials before it;
@@ -155,7 +165,9 @@ class TrialTwin:
         costs where they were adopted, else ``setup`` unchanged. ``last``: no further
         trial fits the budget; after the first fit, none runs then (it would place the
         rates of trials that will not run, in the time of the OOM edge and the
-        confirmation)."""
+        confirmation). ``costs_trial``: its time would leave fewer further trials fitting
+        the budget; after the first fit, none runs then either (a trial more measures
+        what a fit predicts)."""
         ctx = self.ctx
         if not ctx.config.twin_fit or ctx.twin is None:
             return setup
@@ -166,15 +178,21 @@ class TrialTwin:
         # it, none runs where the twin's goodput prediction lies within the trial's own
         # capacity interval (the trial cannot tell the two apart: measurements decide, and
         # a fit to its percentiles alone moves no rate the search places), or where it is
-        # within FIT_WITHIN_SHARE of the levels' percentiles.
+        # within FIT_WITHIN_SHARE of the levels' percentiles. The first runs to its budget,
+        # and later ones stop within FIT_DONE_SHARE: the first runs while the twin's screen
+        # of the space finishes (the next pick waits for it: 146 s against trial 0's 113 s on
+        # the default tune), and its closeness carries to the next trial's levels (0.6% off
+        # trial 0's left the twin 3% off trial 1's, within their noise; 2.3% left it 5.4%
+        # off, and a second fit took 42 s).
         fitted_before = setup.timing.source == FITTED
         agrees = fitted_before and predicted_within(predicted, ev)
-        spared = fitted_before and last and not agrees
+        spared = fitted_before and (last or costs_trial) and not agrees
         within = FIT_WITHIN_SHARE if fitted_before else None
         result = fit(
             self.setup_for(params, setup), levels,
             max_seconds=FIT_BUDGET_SHARE * ctx.config.budget_min * 60.0,
             within_share=math.inf if agrees or spared else within,
+            done_share=FIT_DONE_SHARE if fitted_before else None,
         )  # fmt: skip
         measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
         before = predicted.rate_per_s if predicted else None
@@ -203,7 +221,8 @@ class TrialTwin:
             kept_because=None if result.fitted else (
                 f"its goodput prediction within trial {number}'s 90% capacity interval"
                 if agrees
-                else "no further trial fits the budget" if spared
+                else "no further trial fits the budget" if spared and last
+                else "its time would cost a further trial of the budget" if spared
                 else f"within {100 * FIT_WITHIN_SHARE:.0f}% of its levels"
             ),
         )  # fmt: skip
