@@ -40,25 +40,31 @@ from tuner.search.context import REQUEST_COST_EVENTS, clock_scale
 BUSIEST_MARGIN = 1.3
 
 
-def client_events_per_s(level: LevelRecord) -> float | None:
+def client_events_per_s(level: LevelRecord, chunks: float = 1.0) -> float | None:
     """What a level asked of its load generator, in events per second of the emulated GPU's
     clock: its processes' token events and ``REQUEST_COST_EVENTS`` per request sent, per
-    wall second, times the level's clock scale. None: not recorded."""
-    wall = client_wall_events_per_s(level)
+    wall second, times the level's clock scale (``chunks``: see
+    ``client_wall_events_per_s``). None: not recorded."""
+    wall = client_wall_events_per_s(level, chunks)
     return None if wall is None or level.client is None else wall * level.client.setup.time_scale
 
 
-def client_wall_events_per_s(level: LevelRecord) -> float | None:
+def client_wall_events_per_s(level: LevelRecord, chunks: float = 1.0) -> float | None:
     """What a level's load generator handled per wall second: its processes' token events
-    and ``REQUEST_COST_EVENTS`` per request sent. None: not recorded."""
+    and ``REQUEST_COST_EVENTS`` per request sent. ``chunks``: its token events after each
+    request's first (an event of its own) that many times over (the tokens an event it
+    ran with over another interval's). None: not recorded."""
     client = level.client
     if client is None or not client.lag.processes:
         return None
-    return sum(
-        p.token_events_per_s + REQUEST_COST_EVENTS * p.sent / p.wall_s
-        for p in client.lag.processes
-        if p.wall_s > 0
-    )
+    wall = 0.0
+    for p in client.lag.processes:
+        if p.wall_s <= 0:
+            continue
+        requests = p.sent / p.wall_s
+        first = min(requests, p.token_events_per_s)
+        wall += first + (p.token_events_per_s - first) * chunks + REQUEST_COST_EVENTS * requests
+    return wall
 
 
 def measured_time_scale(
@@ -115,7 +121,7 @@ def measured_clock(
         asked = max(
             events
             for lv in levels
-            if (events := _events_at(lv, stream_interval, interval)) is not None
+            if (events := client_events_per_s(lv, stream_interval / interval)) is not None
         )
         scale = clock_scale(asked * BUSIEST_MARGIN, budget, fastest)
         if lagged:
@@ -123,23 +129,6 @@ def measured_clock(
         if best is None or scale < best.time_scale:
             best = NextClock(scale, interval)
     return best
-
-
-def _events_at(level: LevelRecord, ran: int, interval: int) -> float | None:
-    """``client_events_per_s`` of ``level`` (streamed ``ran`` tokens an event) had its
-    chunks carried ``interval``: each request's first token stays an event of its own."""
-    client = level.client
-    if client is None or not client.lag.processes:
-        return None
-    wall = 0.0
-    for p in client.lag.processes:
-        if p.wall_s <= 0:
-            continue
-        requests = p.sent / p.wall_s
-        first = min(requests, p.token_events_per_s)
-        wall += first + (p.token_events_per_s - first) * ran / interval
-        wall += REQUEST_COST_EVENTS * requests
-    return wall * client.setup.time_scale
 
 
 def clock_text(scale: float) -> str:

@@ -314,7 +314,16 @@ def _done(accuracy: TwinAccuracy, before: TwinAccuracy, done_share: float) -> bo
         error is not None
         and error <= done_share
         and all(lv.predicted for lv in accuracy.levels)
-        and closest({(): accuracy}, before) is not None
+        and _closer(accuracy, before)
+    )
+
+
+def _closer(accuracy: TwinAccuracy, before: TwinAccuracy) -> bool:
+    """Replayed factors closer than ``before`` by the loss and no further off by the
+    median error (``closest``)."""
+    median, after = before.median_share, accuracy.median_share
+    return accuracy.loss < before.loss and (
+        median is None or (after is not None and after <= median)
     )
 
 
@@ -326,15 +335,7 @@ def closest(
     is). The loss (squared log errors) weighs the far-off percentiles, the median the
     typical one: on noisy levels (vLLM's CPU build) the least loss alone can leave the
     median further off, and a fit shown as "48% off, 53% after fitting" is no fit."""
-    median = before.median_share
-
-    def closer(accuracy: TwinAccuracy) -> bool:
-        after = accuracy.median_share
-        return accuracy.loss < before.loss and (
-            median is None or (after is not None and after <= median)
-        )
-
-    found = [(accuracy.loss, x) for x, accuracy in replayed.items() if closer(accuracy)]
+    found = [(accuracy.loss, x) for x, accuracy in replayed.items() if _closer(accuracy, before)]
     return min(found)[1] if found else None
 
 
