@@ -22,7 +22,7 @@ from tuner.search.budget import (
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.quality_gate import gate_need_s, may_gate
-from tuner.search.recommend import confirm, levels_that_fit
+from tuner.search.recommend import PRIOR_DRAW_LEVELS, confirm, levels_that_fit, pools_with_trial
 from tuner.search.tune import (
     RESERVE_SHARE,
     _full_reserve_s,
@@ -203,6 +203,34 @@ def _trial(levels_s: float, rates: list[float], time_scale: float) -> Evaluation
     )  # fmt: skip
 
 
+def test_a_confirmation_that_pools_its_trial_is_counted_at_two_levels(ctx: TuneContext) -> None:
+    """Where the best trial bracketed its goodput, the recommendation's confirmation
+    measures another draw at that bracket's two ends and pools the trial's levels: the
+    reserve counts those two levels, not three of its own and the two its edge draws add
+    (156 s of a 10-minute tune's 561 went to such a confirmation of five levels)."""
+    setup = StudySetup()
+    budget = _budget(ctx)
+    _launch(budget, 2.0)
+    held = _trial(120.0, [6.02, 6.32], time_scale=1.5)  # both held: a lower bound
+    bracketed = held.model_copy(
+        update={
+            "levels": [held.levels[0], held.levels[1].model_copy(update={"met": False})],
+            "rate_per_s": 6.02,
+        }
+    )
+    assert not pools_with_trial(ctx, held) and pools_with_trial(ctx, bracketed)
+    level_s = 60.0 / 1.5
+    pooled = confirm_reserve_s(ctx, setup, budget, bracketed, variants=False)
+    assert pooled == pytest.approx(2.0 + 1.0 + PRIOR_DRAW_LEVELS * level_s)
+    own = confirm_reserve_s(ctx, setup, budget, held, variants=False)
+    assert own == pytest.approx(2.0 + 1.0 + (3 + 2) * level_s)
+    # no edge draws asked for, or repeats: the confirmation brackets on its own
+    one_draw = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"edge_draws": 1}))
+    assert not pools_with_trial(one_draw, bracketed)
+    repeats = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"repeats": 3}))
+    assert not pools_with_trial(repeats, bracketed)
+
+
 def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_least(
     ctx: TuneContext,
 ) -> None:
@@ -210,9 +238,9 @@ def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_lea
     the confirmations (its first trial's two levels took 248 s) and ran that one trial.
     Now a short budget keeps at most ``RESERVE_SHARE`` of itself back, and never less
     than one edge probe and the recommendation's own confirmation over two rates. (Here
-    a trial whose two levels took 150 s, on a clock 1.5x slower than now's.)"""
+    a trial whose two levels took 120 s, on a clock 1.5x slower than now's.)"""
     setup = StudySetup()  # the clock of now at the GPU's pace; the trial ran 1.5x slower
-    best = _trial(150.0, [6.02, 6.32], time_scale=1.5)
+    best = _trial(120.0, [6.02, 6.32], time_scale=1.5)
     budget = _budget(ctx)  # 10 minutes
     _launch(budget, 2.0)
     full = _full_reserve_s(ctx, setup, budget, best)
@@ -223,10 +251,10 @@ def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_lea
     own_two = confirm_reserve_s(
         ctx, setup, budget, best, variants=False, levels=2, edge_draws=False
     )
-    assert own_two == pytest.approx(2.0 + 1.0 + 2 * 75.0 / 1.5)
+    assert own_two == pytest.approx(2.0 + 1.0 + 2 * 60.0 / 1.5)
     # the full one counts the two levels the confirmation's edge draws add
     with_draws = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=2)
-    assert with_draws == pytest.approx(own_two + 2 * 75.0 / 1.5)
+    assert with_draws == pytest.approx(own_two + 2 * 60.0 / 1.5)
     # slower measured trials: the least binds, whatever the share
     slow = _trial(2480.0, [6.02, 6.32], time_scale=1.5)
     assert reserve_s(ctx, setup, budget, slow) == pytest.approx(

@@ -5,24 +5,44 @@ where each level's wall time went (tuner.run.evaluation.LevelSeconds)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tuner.run.evaluation import Evaluation, LevelRecord, LevelSeconds, Verdict
-from tuner.search.clock import client_events_per_s, clock_text, measured_time_scale
+from tuner.search.clock import (
+    client_events_per_s,
+    clock_text,
+    measured_time_scale,
+    server_lag_scale,
+)
 from tuner.search.context import (
     MAX_STREAM_INTERVAL,
     REQUEST_COST_EVENTS,
+    StudySetup,
     auto_stream_fraction,
     auto_stream_interval,
     auto_time_scale,
     clock_scale,
 )
 from tuner.search.context import planned_events_per_s as load_events_per_s
-from tuner.serving.client_lag import ClientSetup, LevelClient
+from tuner.serving.client_lag import (
+    ClientAttempt,
+    ClientChange,
+    ClientRemedy,
+    ClientSetup,
+    LevelClient,
+)
 from tuner.serving.server import TrialOutcome
 from tuner.serving.window import WindowOpening
 from tuner.vllm.space import TrialParams
-from workloads.client_lag import ClientBounds, ClientLag, ClientVerdict, ProcessLag
+from workloads.client_lag import (
+    ClientBounds,
+    ClientLag,
+    ClientVerdict,
+    ProcessLag,
+    ServerClockLag,
+)
 from workloads.load_result import LoadResult, Percentiles
 
 
@@ -210,3 +230,45 @@ def test_a_busier_trial_keeps_the_clock_where_its_chunks_can_carry_more_tokens()
         max_stream_interval=MAX_STREAM_INTERVAL,
     )  # fmt: skip
     assert kept is not None and (kept.time_scale, kept.stream_interval) == (0.25, 10)
+
+
+def test_settings_whose_server_fell_behind_launch_again_on_the_clock_they_needed() -> None:
+    """wall-p (issue 34): the twin's pick's first level lagged at 4x (its simulated
+    server's steps 26.6 ms late at p99, bound 25) and was measured again at 2x; the later
+    trials of other settings went back to 4x, and the pick's confirmation, launched at 4x,
+    lagged again and spent 99 s on one level. Now the settings keep the clock their
+    server needed; other settings and a load generator's own lag do not."""
+    server = ServerClockLag(steps=4000, p99_ms=26.6, max_ms=80.0)
+    fell_behind = ClientLag(
+        verdict=ClientVerdict.LAGGED, reason="server", bounds=ClientBounds(), processes=(),
+        server=server,
+    )  # fmt: skip
+    first = _level(9.34, events_per_s=1100.0, sent=900, wall_s=30.0, scale=0.5)
+    assert first.client is not None
+    change = ClientChange(
+        remedy=ClientRemedy.SLOWER_CLOCK, before=ClientSetup(processes=1, time_scale=0.25),
+        after=ClientSetup(processes=1, time_scale=0.5),
+    )  # fmt: skip
+    attempt = ClientAttempt(
+        dir="level-0/lagged-0", setup=change.before, lag=fell_behind, then=change, wall_s=22.0
+    )
+    lagged = first.model_copy(
+        update={"client": first.client.model_copy(update={"attempts": (attempt,)})}
+    )
+    second = _level(8.48, events_per_s=1000.0, sent=900, wall_s=30.0, scale=0.5)
+    assert server_lag_scale([lagged, second]) == 0.5
+    assert server_lag_scale([second]) is None
+    # a load process's own lag (no server lag) is not the settings'
+    own = attempt.model_copy(update={"lag": fell_behind.model_copy(update={"server": None})})
+    by_client = first.model_copy(
+        update={"client": first.client.model_copy(update={"attempts": (own,)})}
+    )
+    assert server_lag_scale([by_client]) is None
+    pick = TrialParams(gpu_memory_utilization=0.97, max_num_seqs=1024, kv_cache_dtype="fp8")
+    other = TrialParams(gpu_memory_utilization=0.9, max_num_seqs=232)
+    setup = StudySetup(time_scale=0.25).with_slower_clock(pick, 0.5)
+    assert setup.time_scale_for(pick) == 0.5 and setup.time_scale_for(other) == 0.25
+    assert setup.with_slower_clock(pick, 1.0).time_scale_for(pick) == 1.0
+    assert len(setup.with_slower_clock(pick, 1.0).slower_clocks) == 1
+    # a study clock slower than the settings' own: the study's
+    assert replace(setup, time_scale=2.0).time_scale_for(pick) == 2.0

@@ -10,11 +10,19 @@ import pytest
 from tuner.serving.level_schedule import level_workload
 from tuner.sim.build import build_engine
 from tuner.sim.simulate import SimulationResult, run
-from tuner.twin.prediction import Setup, predict, simulate_schedule, steady_run, sustained_max_rate
+from tuner.twin.prediction import (
+    Setup,
+    predict,
+    simulate_schedule,
+    slo_met,
+    steady_run,
+    sustained_max_rate,
+)
 from tuner.vllm.gpus import get_gpu
 from tuner.vllm.memory import ServingParams
 from tuner.vllm.models import resolve_model
 from tuner.vllm.versions import VllmVersion
+from workloads.load_result import Percentiles
 from workloads.schedule import Api, ScheduledRequest
 from workloads.slo import Slo
 from workloads.spec import SessionStart, WorkloadSpec, load_workload
@@ -98,6 +106,33 @@ def test_the_measured_window_counts_only_its_arrivals() -> None:
     assert window.samples and all(
         b.t_s - a.t_s >= 0.25 for a, b in zip(window.samples, window.samples[1:], strict=False)
     )
+
+
+def test_requests_cut_before_their_first_token_break_a_ttft_objective() -> None:
+    """A run cut while its window's requests still wait for their first token has no TTFT
+    samples of them: their TTFT is past the cut, so a TTFT objective breaks (before, a run
+    so far past capacity that none got one passed, and the twin's prediction after a fit
+    climbed to 22,743 sessions/s)."""
+    many = [
+        TraceRecord(arrival_s=0.01 * i, prompt_tokens=3000, output_tokens=64) for i in range(400)
+    ]
+    cut = _run(many, stop_at_s=4.0, measure_from_s=0.0, measure_to_s=4.0)
+    assert cut.num_requests == 400 and cut.num_failed == 0
+    assert cut.num_without_first_token > 4  # more than 1% of the window's requests
+    spec = _single_turn()  # TTFT p99 <= 1 s
+    assert cut.ttft_ms.count + cut.num_without_first_token == 400
+    assert not slo_met(spec, cut)
+    # the timed requests alone within the limits: only those left waiting break it
+    fast = {"ttft_ms": Percentiles.from_values([100.0] * 50), "tpot_ms": Percentiles()}
+    assert not slo_met(spec, cut.model_copy(update=fast))
+    assert slo_met(spec, cut.model_copy(update={**fast, "num_without_first_token": 0}))
+    # no more left waiting than the p99 allows (1 of 151): as the timed ones say
+    many_fast = {"ttft_ms": Percentiles.from_values([100.0] * 150), "tpot_ms": Percentiles()}
+    assert slo_met(spec, cut.model_copy(update={**many_fast, "num_without_first_token": 1}))
+    assert not slo_met(spec, cut.model_copy(update={**fast, "num_without_first_token": 1}))
+    # a run that served every request in time has none waiting
+    light = _run(_records([32] * 10, [float(i) for i in range(10)]))
+    assert light.num_without_first_token == 0
 
 
 CHAT = load_workload("chat")

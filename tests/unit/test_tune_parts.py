@@ -13,9 +13,12 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.run.edge import EdgeResult, KnobEdge
+from tuner.run.evaluation import LevelRecord
 from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
+from tuner.search.capacity_interval import capacity_interval
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, auto_time_scale, resolve
+from tuner.search.evaluate import _summary
 from tuner.search.rate_search import (
     DRAW_SEED_STRIDE,
     HOLD_MIN,
@@ -25,9 +28,11 @@ from tuner.search.rate_search import (
     climb_step,
     descent_step,
     draw_seed,
+    ends_clean,
     goodput_text,
     hold_rule_miss,
     level_met,
+    pooled_verdicts,
     search_rate,
     stop_rule,
 )
@@ -663,6 +668,81 @@ def test_draws_that_agree_cost_two_levels_and_keep_the_goodput(tmp_path: Path) -
     # no edge draws without a bracket: a lower bound is measured once
     high = _drawn_search(_DrawnCapacity({7: 1000.0}), tmp_path / "high", 2)
     assert all(lv.draw == 0 for lv in high.levels)
+
+
+def _trial_records(server: _DrawnCapacity, tmp_path: Path) -> list[LevelRecord]:
+    """A trial's levels as its evaluation records them: its own draw (0), no edge draws."""
+    trial = _drawn_search(server, tmp_path, 1)
+    return [_summary(level, 1.0) for level in trial.levels]
+
+
+def _pooled_search(
+    server: _DrawnCapacity, records: list[LevelRecord], held: float, tmp_path: Path
+) -> RateSearch:
+    """A confirmation's search that pools ``records`` (its trial's levels, held at ``held``)."""
+    chat = load_workload("chat").model_copy(update={"seed": 7})
+    return search_rate(
+        server, chat, start_rate_per_s=held, out_dir=tmp_path / "confirm", level_duration_s=2.0,
+        warmup_s=1.0, max_levels=3, precision=0.05, edge_draws=2, prior=records,
+    )  # fmt: skip
+
+
+def test_a_confirmation_pools_its_trials_levels_with_another_draw(tmp_path: Path) -> None:
+    """The recommendation's confirmation measures the other draw at its trial's bracket's
+    ends on a launch of its own (two levels, not a bracket of its own and then its edge
+    draws), and states what the two draws pooled say."""
+    seed1 = 7 + DRAW_SEED_STRIDE
+    records = _trial_records(_DrawnCapacity({7: 10.0}), tmp_path / "trial")
+    held = max(r.rate_per_s for r in records if r.met)
+    broke = min(r.rate_per_s for r in records if not r.met and r.rate_per_s > held)
+    # the same settings, measured in one search with its edge draws: the same verdicts
+    both = _drawn_search(_DrawnCapacity({7: 10.0, seed1: 10.0}), tmp_path / "both", 2)
+    server = _DrawnCapacity({7: 10.0, seed1: 10.0})
+    result = _pooled_search(server, records, held, tmp_path)
+    assert server.rates == [held, broke] and set(server.seeds) == {seed1}
+    own = result.levels[len(records) :]
+    assert [(lv.rate_per_s, lv.draw, lv.index) for lv in own] == [(held, 1, 0), (broke, 1, 1)]
+    assert [Path(lv.measurement.out_dir).name for lv in own] == ["level-0", "level-1"]
+    assert result.best is not None and result.best.rate_per_s == held
+    assert result.best is own[0]  # of a rate both draws held, the confirmation's own level
+    assert result.broken_rate_per_s == broke and result.bound is GoodputBound.BRACKETED
+    assert both.best is not None and both.best.rate_per_s == held
+    assert capacity_interval([_summary(lv, 1.0) for lv in result.levels]) == capacity_interval(
+        [_summary(lv, 1.0) for lv in both.levels]
+    )
+
+
+def test_a_pooled_confirmation_whose_draw_breaks_the_trials_rate_measures_below(
+    tmp_path: Path,
+) -> None:
+    """Where the confirmation's draw breaks the rate its trial held (the trial's hold was
+    its draw's luck), the bracket moves down and the rates below are measured with both
+    draws on the confirmation's launch: its goodput is a rate both held."""
+    seed1 = 7 + DRAW_SEED_STRIDE
+    records = _trial_records(_DrawnCapacity({7: 10.0}), tmp_path / "trial")
+    held = max(r.rate_per_s for r in records if r.met)
+    server = _DrawnCapacity({7: 10.0, seed1: 9.0})
+    result = _pooled_search(server, records, held, tmp_path)
+    own = result.levels[len(records) :]
+    assert (own[0].rate_per_s, own[0].draw, own[0].met) == (held, 1, False)
+    assert result.best is not None and result.best.rate_per_s <= 9.0
+    assert {lv.draw for lv in own if lv.rate_per_s == result.best.rate_per_s} == {0, 1}
+    assert len(own) <= 6
+
+
+def test_a_level_from_its_record_reads_as_it_was_measured(tmp_path: Path) -> None:
+    """A trial's level read back from its record (``RateLevel.of_record``) pools as the
+    level did: its rate, draw, verdict, P(hold) and whether it ended clean."""
+    server = _DrawnCapacity({7: 10.0})
+    trial = _drawn_search(server, tmp_path, 1)
+    for index, level in enumerate(trial.levels):
+        again = RateLevel.of_record(_summary(level, 1.0), index)
+        assert (again.rate_per_s, again.draw, again.met) == (level.rate_per_s, 0, level.met)
+        assert again.hold == level.hold
+        assert ends_clean(again.measurement) == ends_clean(level.measurement)
+    assert pooled_verdicts(
+        [RateLevel.of_record(_summary(lv, 1.0), i) for i, lv in enumerate(trial.levels)]
+    ) == pooled_verdicts(list(trial.levels))
 
 
 def test_the_climb_follows_the_kv_usage_projected_a_conversation_ahead(tmp_path: Path) -> None:

@@ -1,13 +1,16 @@
 """A short `tuner tune --backend vllm` against vLLM's CPU build: three real launches, a report,
 and the twin learning the CPU build's step costs from them.
 
-Three trials over max-num-seqs (6 to 8, so whatever the sampler draws can preempt) and
-block-size with a KV cache of a few blocks; no OOM edge (no GPU) and no confirmation
-runs, to keep it within a few minutes. Each trial measures two rates: the workload's 8
-requests/s, above what 6 to 8 sequences of this model serve on two cores (about 6/s at
-14 ms a token, so its queue grows and the backlog guard fails it, and its small cache
-preempts), then the rate its miss allows, which holds: a tune whose every level was
-over capacity has no recommendation, as it should.
+Three trials over max-num-seqs (6 to 8) and block-size with a KV cache of a few blocks
+(about four sequences of this workload at once, so 6 to 8 preempt); no OOM edge (no GPU)
+and no confirmation runs, to keep it within a few minutes. Each trial measures at most
+two rates of a loose SLO: the first from the workload's 8 requests/s; once the twin has
+learned the CPU build's step costs from it, the twin places the next trials' first
+rates. What the tiny model serves depends on the machine (about 40 requests/s on the
+project's two cores, where the load generator may fall behind first and a level is
+"unmeasurable"), so the test asserts what the tune must do whatever the figures: real
+startup lines parsed, the small cache preempting, a recommendation and a report, and
+the twin's error falling as it learns.
 """
 
 from __future__ import annotations

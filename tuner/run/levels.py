@@ -35,8 +35,14 @@ log = logging.getLogger(__name__)
 
 
 def rebase(recorded: str, parent: Path) -> Path:
-    """A path recorded by the run, as it is now: its last component under ``parent``."""
-    return parent / Path(recorded).name
+    """A path recorded by the run, as it is now (the run directory may have moved): its
+    last component under ``parent``; where it was recorded under another directory of the
+    run at ``parent``'s depth (a confirmation that pools its trial's levels records them
+    as ``trials/<n>/level-<k>``), its last three components under ``parent``'s run."""
+    path = Path(recorded)
+    if path.parent.name == parent.name or len(parent.parents) < 2:
+        return parent / path.name
+    return parent.parents[1] / path.parent.parent.name / path.parent.name / path.name
 
 
 @dataclass(frozen=True)

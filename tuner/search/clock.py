@@ -131,6 +131,21 @@ def measured_clock(
     return best
 
 
+def server_lag_scale(levels: Sequence[LevelRecord]) -> float | None:
+    """The clock a trial's simulated server was measured on after it fell behind a faster
+    one (an attempt set aside because the server's own steps started late: more load
+    processes cannot help it), the slowest such level's; None where it kept up. The
+    settings' later launches start there (``StudySetup.slower_clocks``): a confirmation
+    of the twin's pick at the clock its trial lagged on spent 99 s on one level, a set-aside
+    attempt and the level again at half the pace."""
+    scales = [
+        lv.client.setup.time_scale
+        for lv in levels
+        if lv.client is not None and any(a.lag.server_lagged for a in lv.client.attempts)
+    ]
+    return max(scales, default=None)
+
+
 def clock_text(scale: float) -> str:
     """The clock as a line says it: "1.5x slower", "1.4x faster", "at the emulated GPU's pace"."""
     if scale > 1.0:

@@ -135,9 +135,26 @@ class StudySetup:
     calibration: Calibration | None = None  # the memory model's, from the first real startup
     # The twin's step costs: the paper's, a --twin-from run's, then fitted after each trial.
     timing: TimingFactors = field(default_factory=TimingFactors)
+    # Settings whose simulated server fell behind a faster clock (its own core, while its
+    # load generator kept up), with the clock they were measured on after it: their later
+    # launches (a confirmation, a tie's measurement) start there (``time_scale_for``).
+    # Pairs of the settings' JSON and a time scale; this run's, not recorded in the study.
+    slower_clocks: tuple[tuple[str, float], ...] = ()
 
     def calibrated(self, calibration: Calibration) -> StudySetup:
         return replace(self, calibration=calibration)
+
+    def time_scale_for(self, params: TrialParams) -> float:
+        """The clock a launch of ``params`` runs on: the study's, or the slower one its
+        simulated server needed before (``slower_clocks``)."""
+        own = dict(self.slower_clocks).get(params.model_dump_json())
+        return self.time_scale if own is None else max(self.time_scale, own)
+
+    def with_slower_clock(self, params: TrialParams, time_scale: float) -> StudySetup:
+        """This set-up with ``params``'s launches on ``time_scale`` (``slower_clocks``)."""
+        key = params.model_dump_json()
+        kept = tuple((k, scale) for k, scale in self.slower_clocks if k != key)
+        return replace(self, slower_clocks=(*kept, (key, time_scale)))
 
     def learned(self, timing: TimingFactors) -> StudySetup:
         return replace(self, timing=timing)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tuner.run.evaluation import Evaluation, LevelRecord, LevelSeconds, Verdict
@@ -53,7 +54,7 @@ def launch_spec(ctx: TuneContext, setup: StudySetup, params: TrialParams) -> Lau
         kv_cache_metrics=True,  # eviction evidence per level, where the target has it
         cache_dir=ctx.run_dir / "vllm-cache",
         sim_startup_delay_s=ctx.config.sim_startup_delay_s,
-        sim_time_scale=setup.time_scale,
+        sim_time_scale=setup.time_scale_for(params),
         sim_step_costs=ctx.config.sim_step_costs,
         sim_gpu_count=ctx.gpu_count if sim else None,
         host=ctx.config.load_generators().server_host,
@@ -88,7 +89,7 @@ def screened(
         outcome=None,
         failure=predicted.failure,
         predicted=predicted,
-        time_scale=setup.time_scale,
+        time_scale=setup.time_scale_for(params),
     )
     evaluation.write()
     return evaluation
@@ -129,6 +130,7 @@ def evaluate(
     deadline: float | None = None,
     twin_off_share: float | None = None,
     extra_deadline: float | None = None,
+    prior: Sequence[LevelRecord] = (),
 ) -> Evaluation:
     """Launch the candidate and measure its goodput (screened first when configured).
     ``start_held``: the settings held at ``start_rate_per_s`` before (``search_rate``).
@@ -137,7 +139,9 @@ def evaluate(
     (``time.monotonic()``): no level after the first starts that would end past it.
     ``twin_off_share``: how far the twin's goodput prediction for the last measured trial
     was off (``tuner.search.rate_search.twin_step``). ``extra_deadline``: levels past
-    the first two end before it too (``search_rate``)."""
+    the first two end before it too (``search_rate``). ``prior``: a trial's levels of these
+    settings that the search pools with the draws it measures (a confirmation,
+    ``search_rate``); the evaluation's levels hold them first, as recorded."""
     early = screened(ctx, setup, params, out_dir)
     if early is not None:
         return early
@@ -176,10 +180,12 @@ def evaluate(
                 predicted_answer_times=predicted_answer_times,
                 chain=live.chain if config.chain_levels else None, start_held=start_held,
                 edge_draws=edge_draws or config.trial_edge_draws, deadline=deadline,
-                twin_off_share=twin_off_share, extra_deadline=extra_deadline,
+                twin_off_share=twin_off_share, extra_deadline=extra_deadline, prior=prior,
             )  # fmt: skip
             measured = time.monotonic()
-    evaluation = _evaluation(ctx, setup, params, out_dir, startup, search, live, kv_fill)
+    evaluation = _evaluation(
+        ctx, setup, params, out_dir, startup, search, live, kv_fill, prior=prior
+    )
     evaluation = evaluation.model_copy(
         update={
             "launch_s": launched - began,
@@ -210,8 +216,14 @@ def _evaluation(
     search: RateSearch | None,
     live: TrialServer,
     kv_fill: KvFill | None,
+    *,
+    prior: Sequence[LevelRecord] = (),
 ) -> Evaluation:
-    levels = [_summary(level, live.time_scale) for level in search.levels] if search else []
+    levels = (
+        [*prior, *(_summary(level, live.time_scale) for level in search.levels[len(prior) :])]
+        if search
+        else []
+    )
     best = next((s for s in levels if search and search.best and s.dir == search.best.measurement.out_dir), None)  # fmt: skip
     counted = [level for level in levels if not level.unmeasurable]  # the client kept up
     failure = startup.failure

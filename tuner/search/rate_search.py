@@ -72,16 +72,16 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.run.evaluation import level_hold_probability
+from tuner.run.evaluation import LevelRecord, level_hold_probability
 from tuner.run.goodput import Goodput, GoodputBound, GoodputUnit
 from tuner.search.client_retry import measure_with_honest_client
 from tuner.search.level_evidence import write_level_evidence
 from tuner.serving.bracket import RateBracket
 from tuner.serving.level_schedule import CarryOn, drain_s, plan_level_schedule
 from tuner.serving.live_server import LevelChain, LoadMeasurement, StopFactory, StopRule
-from tuner.serving.load import percentile_shares
+from tuner.serving.load import SloVerdict, percentile_shares
 from tuner.serving.server import LaunchSpec, TrialOutcome
-from tuner.serving.window import LevelPlan
+from tuner.serving.window import WINDOW_FILE, LevelPlan, WindowOpening
 from workloads.chain import LoadChain
 from workloads.prompts import prompt_builder_for
 from workloads.replay import pass_s
@@ -167,6 +167,35 @@ class RateLevel(BaseModel):
         hold nor a break; the search treats it as missing."""
         client = self.measurement.client
         return client is not None and client.unmeasurable
+
+    @classmethod
+    def of_record(cls, record: LevelRecord, index: int) -> RateLevel:
+        """A level measured on an earlier launch of the same settings, from its record (a
+        confirmation's ``prior``): what the search's verdicts, pooling and interval read of
+        it (its rate, draw, verdict, P(hold), how it ended, its client and load, its window's
+        opening where its ``window.json`` reads). No wall seconds: a level's length on this
+        launch is estimated from this launch's own."""
+        m = LoadMeasurement(
+            out_dir=record.dir, outcome=TrialOutcome.READY, load=record.load,
+            slo=SloVerdict(
+                met=record.met if record.window_met is None else record.window_met,
+                violations=list(record.violations), hold_share=record.hold_share,
+            ),
+            client=record.client, stopped_early=record.stopped_early, backlog=record.backlog,
+            stopped_by_backlog=record.stopped_by_backlog, window=_window_of(Path(record.dir)),
+        )  # fmt: skip
+        return cls(
+            index=index, rate_per_s=record.rate_per_s, met=record.met, measurement=m,
+            draw=record.draw, seed=record.seed,
+        )  # fmt: skip
+
+
+def _window_of(level_dir: Path) -> WindowOpening | None:
+    """A level's window opening as its ``window.json`` holds it (None: none, or unreadable)."""
+    try:
+        return WindowOpening.model_validate_json((level_dir / WINDOW_FILE).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 class RateSearch(BaseModel):
@@ -554,6 +583,7 @@ def search_rate(
     deadline: float | None = None,
     twin_off_share: float | None = None,
     extra_deadline: float | None = None,
+    prior: Sequence[LevelRecord] = (),
 ) -> RateSearch:
     """Measure levels on a READY server until the goodput is bracketed to ``precision``
     or ``max_levels`` are spent (then ``RateSearch.bound`` says what it found).
@@ -593,8 +623,18 @@ def search_rate(
     level count rests on the levels' expected seconds, which a slower clock after a lag
     or a level measured again outgrows. ``extra_deadline``: levels past the first
     ``BRACKET_LEVELS`` (and the edge draws) end before it too (a tune's budget that holds
-    fewer trials than asked: ``TrialLoop._extra_deadline_s``)."""
-    levels: list[RateLevel] = []
+    fewer trials than asked: ``TrialLoop._extra_deadline_s``).
+
+    ``prior``: the levels a trial of the same settings measured on its own launch (a
+    confirmation that pools its trial's draws, ``tuner.search.recommend``). The search
+    then measures no levels of its own draw: it measures the edge draws its trial had not
+    (``edge_draws`` in all) at the trial's bracket, and where another draw breaks the rate
+    that held, the new bracket with every draw, on this launch; its verdicts, goodput and
+    interval pool the trial's levels with them. Its own levels are numbered from 0, and
+    of a rate held with several draws its best is its own level there where one held."""
+    levels: list[RateLevel] = [RateLevel.of_record(r, i) for i, r in enumerate(prior)]
+    if prior:
+        max_levels = 0
     later = deadline if extra_deadline is None else min(deadline or math.inf, extra_deadline)
     closed = spec.mean_rate_per_s is None
     rate: float | None = None
@@ -614,7 +654,7 @@ def search_rate(
         model_dir=model_dir, answer_times=predicted_answer_times,
     )  # fmt: skip
     try:
-        for index in range(1 if closed else max_levels):
+        for index in range(0 if prior else 1 if closed else max_levels):
             if not _ends_in_time(levels, deadline if index < BRACKET_LEVELS else later):
                 break
             began = time.monotonic()
@@ -650,11 +690,15 @@ def search_rate(
                 break
         if not died and not closed and pass_s(spec) is None:
             died = _measure_edge_draws(
-                live, spec, levels, runs, knobs, edge_draws, precision, later
-            )
+                live, spec, levels, runs, knobs, edge_draws, precision, later,
+                numbered_from=len(prior),
+            )  # fmt: skip
     finally:
         runs.close()
     low, high = bracket(levels)
+    if low is not None and prior:
+        own = [lv for lv in levels[len(prior) :] if lv.rate_per_s == low.rate_per_s and lv.met]
+        low = own[0] if own else low
     return RateSearch(
         levels=tuple(levels), best=low, broken_rate_per_s=high.rate_per_s if high else None,
         died=died,
@@ -670,9 +714,12 @@ def _measure_edge_draws(
     draws: int,
     precision: float,
     deadline: float | None = None,
+    *,
+    numbered_from: int = 0,
 ) -> bool:
     """Measure the edge draws (``next_edge_draw``) after the search's levels, each a level
-    of its own (numbered on from them) planned with its draw's seed; True when the engine
+    of its own (numbered on from them, less ``numbered_from``: the levels measured on an
+    earlier launch, ``search_rate``'s ``prior``) planned with its draw's seed; True when the engine
     died under one. The two ends' other draws; where the bracket moved, the new lower
     end's, and with every draw at most ``EDGE_MIDDLES`` rates between its new ends and
     ``EDGE_STEPS_DOWN`` below them (where no rate measured holds over the draws)."""
@@ -694,7 +741,7 @@ def _measure_edge_draws(
         elif draw == 0:
             middles += 1
         drawn = spec.model_copy(update={"seed": draw_seed(spec, draw)})
-        index = len(levels)
+        index = len(levels) - numbered_from
         began = time.monotonic()
         one = _OneLevel(live, drawn, rate, index=index, levels=levels, runs=runs, knobs=knobs)
         m = measure_with_honest_client(live, one.measure, runs.out_dir / f"level-{index}")

@@ -3,8 +3,12 @@
 Three variants are measured beside each other so a reviewer sees what headroom
 costs: ``recommended`` (the best trial's settings at the edge less the safety
 margin), ``conservative`` (more headroom, 3/4 of max-num-seqs) and ``aggressive``
-(the highest utilization that held). Each gets its own deployable configs; the
-recommended one's sit directly in ``recommendation/``:
+(the highest utilization that held). The recommended one is measured again on a launch
+of its own: where it is its best trial's own settings and that trial bracketed its
+goodput, with the workload's other draw at the trial's bracket, pooled with the trial's
+levels (``pools_with_trial``); otherwise over a bracket of its own and then its edge
+draws. Each gets its own deployable configs; the recommended one's sit directly in
+``recommendation/``:
 
     vllm-args.txt        a ready `vllm serve` command line
     vllm-config.yaml     for `vllm serve --config`
@@ -28,7 +32,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -49,7 +53,7 @@ from tuner.drain import drain_timing
 from tuner.run.budget import LaunchKind
 from tuner.run.cold_boot import ColdBootCheck
 from tuner.run.edge import EdgeResult
-from tuner.run.evaluation import Evaluation
+from tuner.run.evaluation import Evaluation, LevelRecord
 from tuner.run.goodput import Goodput, GoodputBound
 from tuner.run.layout import RECOMMENDATION_JSON, RunLayout
 from tuner.run.offloading import OffloadingVerdict
@@ -72,6 +76,7 @@ from tuner.vllm.memory import weights_bytes
 from tuner.vllm.space import Knob, TrialParams, clamp
 from tuner.warmup import DEFAULT_MAX_REQUESTS, WarmupPlan, warmup_plan, warmup_script
 from workloads.load_result import Percentiles
+from workloads.replay import pass_s
 from workloads.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -281,6 +286,7 @@ def confirm(
     deadline_s: float | None = None,
     level_s: float = 0.0,
     skipped: list[str] | None = None,
+    prior: Sequence[LevelRecord] = (),
 ) -> ConfirmationResult | None:
     """``repeats`` runs of ``params`` from ``start_rate_per_s``; ``start_held``: a trial of
     these settings held there or above (``search_rate``). ``bracket_middle_per_s``: the
@@ -292,7 +298,11 @@ def confirm(
     ``level_s`` (or ``max_levels``, where fewer) end before ``deadline_s``, and measures as
     many of its ``max_levels`` levels as end before it (``levels_that_fit``); what was not
     run is added to ``skipped``; no level starts that would end past the deadline
-    (``search_rate``'s, as long as the longest so far). None: no run was."""
+    (``search_rate``'s, as long as the longest so far). ``prior``: the levels of the trial
+    the run pools with (``pools_with_trial``; one run): it measures another draw of the
+    workload at that trial's bracket's ends on its own launch (``PRIOR_DRAW_LEVELS``
+    levels, more where that draw breaks the rate the trial held), and states what the
+    draws pooled say. None: no run was."""
     runs: list[Evaluation] = []
     least = min(max_levels, LEAST_LEVELS)
     for i in range(repeats):
@@ -300,14 +310,17 @@ def confirm(
         levels = max_levels
         # the capacity a review acts on: the bracket's ends with several draws, where they fit
         draws = ctx.config.edge_draws if max_levels > 1 else 1
+        if prior:  # one draw more than the trial measured, at its bracket's ends
+            levels, draws = PRIOR_DRAW_LEVELS, max(level.draw for level in prior) + 2
         if budget is not None:
             label = f"confirmation of {name}" + (f" (run {i + 1})" if repeats > 1 else "")
-            levels = levels_that_fit(budget, max_levels, level_s, deadline_s)
             launch_s = budget.launch_estimate_s()
-            with_draws_s = launch_s + (levels + edge_levels(draws, levels)) * level_s
-            if draws > 1 and with_draws_s > budget.left_s(deadline_s):
-                log.info("%s: its edge draws do not fit before its deadline", label)
-                draws = 1
+            if not prior:
+                levels = levels_that_fit(budget, max_levels, level_s, deadline_s)
+                with_draws_s = launch_s + (levels + edge_levels(draws, levels)) * level_s
+                if draws > 1 and with_draws_s > budget.left_s(deadline_s):
+                    log.info("%s: its edge draws do not fit before its deadline", label)
+                    draws = 1
             skip = budget.fits(
                 LaunchKind.CONFIRMATION, label,
                 launch_s + max(levels, least) * level_s,
@@ -318,7 +331,7 @@ def confirm(
                 if skipped is not None:
                     skipped.append(skip.text())
                 break
-            if levels < max_levels:
+            if levels < max_levels and not prior:
                 log.info("%s: %d of %d rates fit before its deadline", label, levels, max_levels)
         began = time.monotonic()
         runs.append(
@@ -335,6 +348,7 @@ def confirm(
                 edge_draws=draws,
                 # its levels may outgrow the plan's (a slower clock after a lag)
                 deadline=None if budget is None else began + budget.left_s(deadline_s),
+                prior=prior,
             )
         )
         ran = runs[-1]
@@ -367,6 +381,27 @@ def trial_bracket_middle(best: Evaluation) -> float | None:
         return None
     broke = [lv.rate_per_s for lv in best.levels if not lv.met and lv.rate_per_s > held]
     return math.sqrt(held * min(broke)) if broke else None
+
+
+# A confirmation that pools its trial's levels measures another draw at that trial's
+# bracket's two ends (and more rates only where that draw breaks the rate the trial held).
+PRIOR_DRAW_LEVELS = 2
+
+
+def pools_with_trial(ctx: TuneContext, best: Evaluation) -> bool:
+    """Whether the recommendation's confirmation pools ``best``'s levels (the trial of its
+    settings) with the draw it measures, rather than measuring a bracket of its own and
+    then its edge draws: one run (no ``--repeats``), edge draws asked for (``--edge-draws``
+    above 1), an open workload that is not a trace's replay (whose draws are all the
+    trace's), and a trial that bracketed its goodput (a rate held, a higher one broke).
+    The settings must be the trial's own: the caller checks (the edge's utilization may
+    change them)."""
+    c = ctx.config
+    spec = ctx.workload
+    return (
+        c.repeats == 1 and c.edge_draws > 1 and spec.mean_rate_per_s is not None
+        and pass_s(spec) is None and trial_bracket_middle(best) is not None
+    )  # fmt: skip
 
 
 # A confirmation of several rates runs only where two fit: one that breaks where its trial
@@ -520,7 +555,10 @@ def recommend(
     skipped: list[str] = []
     # a level as long as the best trial's took (its warm-up included), on the clock of now
     level_s = (
-        (best.levels_s or 0.0) / len(best.levels) * setup.time_scale / (best.time_scale or 1.0)
+        (best.levels_s or 0.0)
+        / len(best.levels)
+        * setup.time_scale_for(best.params)
+        / (best.time_scale or 1.0)
         if best.levels
         else 0.0
     )
@@ -560,6 +598,9 @@ def recommend(
                 name == "recommended" and start is not None
                 and best.rate_per_s is not None and start <= best.rate_per_s
             )  # fmt: skip
+            # The recommendation with its trial's own settings: another draw on its own
+            # launch at the trial's bracket, pooled with the trial's levels
+            pooled = held_before and params == best.params and pools_with_trial(ctx, best)
             before = len(skipped)
             measured = confirm(
                 ctx, setup, name, params, registry=registry, start_rate_per_s=start,
@@ -567,6 +608,7 @@ def recommend(
                 start_held=held_before, budget=budget, deadline_s=deadline_s, level_s=level_s,
                 skipped=skipped,
                 bracket_middle_per_s=trial_bracket_middle(best) if held_before else None,
+                prior=best.levels if pooled else (),
             )  # fmt: skip
             for line in skipped[before:]:
                 progress(f"confirm     {line}")

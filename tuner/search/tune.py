@@ -57,7 +57,7 @@ from tuner.search.optuna_store import FrozenTrial, Study, TrialState
 from tuner.search.parallelism import compare
 from tuner.search.quality_gate import gate_best, gate_need_s, may_gate
 from tuner.search.rate_search import edge_levels
-from tuner.search.recommend import LEAST_LEVELS, recommend
+from tuner.search.recommend import LEAST_LEVELS, PRIOR_DRAW_LEVELS, pools_with_trial, recommend
 from tuner.search.study import (
     Duty,
     OpenStudy,
@@ -144,7 +144,7 @@ def _write_atomic(path: Path, text: str) -> None:
 # A short budget keeps at most this share of itself from the trials for the edge search
 # and the confirmations (``reserve_s``), and never less than their least: one edge probe
 # and the recommendation's own confirmation over ``CONFIRM_LEAST_LEVELS`` rates.
-RESERVE_SHARE = 0.35
+RESERVE_SHARE = 0.25
 CONFIRM_LEAST_LEVELS = LEAST_LEVELS  # the least a confirmation of several rates runs
 CONFIRM_LEVELS = 3  # the recommendation's confirmation: up to three rates
 
@@ -175,7 +175,12 @@ def level_estimate_s(setup: StudySetup, best: Evaluation) -> float | None:
     trial did); None: the trial measured no level."""
     if best.levels_s is None or not best.levels:
         return None
-    return best.levels_s / len(best.levels) * setup.time_scale / (best.time_scale or 1.0)
+    return (
+        best.levels_s
+        / len(best.levels)
+        * setup.time_scale_for(best.params)
+        / (best.time_scale or 1.0)
+    )
 
 
 def confirm_reserve_s(
@@ -188,9 +193,11 @@ def confirm_reserve_s(
     levels: int = CONFIRM_LEVELS,
     edge_draws: bool = True,
 ) -> float:
-    """The confirmation runs: the recommendation's (``repeats``, up to ``levels`` rates each)
-    and, with ``variants``, the two variants' (one rate); a launch each (as measured, else
-    the prior) and its levels (a level as the best trial's took, else as planned)."""
+    """The confirmation runs: the recommendation's (``repeats``, up to ``levels`` rates each;
+    where it pools the best trial's levels, ``PRIOR_DRAW_LEVELS`` of another draw,
+    ``pools_with_trial``) and, with ``variants``, the two variants' (one rate); a launch
+    each (as measured, else the prior) and its levels (a level as the best trial's took,
+    else as planned)."""
     c = ctx.config
     if not c.confirm:
         return 0.0
@@ -210,6 +217,8 @@ def confirm_reserve_s(
     # (with ``edge_draws``, the two levels each of its edge draws adds: the bracket's ends
     # with another draw; the least confirmation goes without them where they do not fit)
     draws = edge_levels(c.edge_draws, levels) if edge_draws else 0
+    if best is not None and pools_with_trial(ctx, best):
+        levels, draws = PRIOR_DRAW_LEVELS, 0
     own = (launch + warm + (levels + draws) * level) * c.repeats
     return own + 2 * (launch + warm + level) if variants else own
 

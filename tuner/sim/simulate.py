@@ -112,6 +112,10 @@ class SimulationResult(BaseModel):
     engine_steps: int
     engine_died: str | None = None
     failures: tuple[FailedRequests, ...] = ()  # num_failed, by reason
+    # Of the requests counted, those sent that had no first token when the run was cut
+    # (still queued or in their prefill): their TTFT is past the cut, which no percentile
+    # of the timed ones shows (``tuner.twin.prediction.slo_met``).
+    num_without_first_token: int = 0
     # Of the prompt tokens later turns missed over the run, the share that was their own
     # conversation's history evicted while under way (tuner.sim.lost_history; None: no
     # later turn missed, or prefix caching off).
@@ -564,6 +568,12 @@ def _summarise(
     output_tokens = sum(len(r.output_token_ids) for r in finished)
     queries = engine.prefix_queries_tokens
     failed = failures.summary(counted)
+    sent = sum(
+        1
+        for j in range(len(records))
+        if counted(j) and (j >= len(arrivals) or arrivals[j] is not None)
+    )
+    without_first = max(0, sent - len(finished) - len(partial) - sum(f.count for f in failed))
     ms = 1000.0
     return SimulationResult(
         num_requests=sum(1 for j in range(len(records)) if counted(j)),
@@ -589,6 +599,7 @@ def _summarise(
         ),
         evictions=tuple(engine.pool.residency.drain()) if engine.pool.residency else None,
         failures=failed,
+        num_without_first_token=without_first,
         arrivals_s=tuple(arrivals),
         samples=tuple(samples),
     )

@@ -19,7 +19,7 @@ from tuner.run.layout import RunLayout
 from tuner.search import optuna_store
 from tuner.search.boot_calibration import adopt, wants
 from tuner.search.budget import RECENT_LAUNCHES, TimeBudget
-from tuner.search.clock import client_events_per_s, clock_text, measured_clock
+from tuner.search.clock import client_events_per_s, clock_text, measured_clock, server_lag_scale
 from tuner.search.compile_cache import CompileLaunches
 from tuner.search.context import (
     MAX_STREAM_INTERVAL,
@@ -296,6 +296,23 @@ class TrialLoop:
         log.info("%s", line.strip())
         return line
 
+    def _keep_slower_clock(self, params: TrialParams, ev: Evaluation) -> None:
+        """On the simulated engine with an automatic clock: where this trial's simulated
+        server fell behind its clock (``server_lag_scale``), the settings' later launches
+        start on the clock it was measured on after (``StudySetup.with_slower_clock``);
+        the next trials of other settings keep the clock their load generator allows."""
+        ctx = self.ctx
+        if ctx.backend is not Backend.SIM or ctx.config.time_scale is not None:
+            return
+        scale = server_lag_scale(ev.levels)
+        if scale is None or scale <= self.setup.time_scale_for(params):
+            return
+        self.setup = self.setup.with_slower_clock(params, scale)
+        log.info(
+            "clock: %s: its simulated server fell behind the clock; its later launches run "
+            "the simulated GPU's clock %s (time scale %g)", params.short(), clock_text(scale), scale,
+        )  # fmt: skip
+
     # -- the loop ---------------------------------------------------------------------------------
 
     def complete_trials(self) -> list[FrozenTrial]:
@@ -560,6 +577,7 @@ class TrialLoop:
         )  # fmt: skip
         self._count_launch(trial.number, evaluation)
         clock = self._adapt_clock(evaluation)
+        self._keep_slower_clock(params, evaluation)
         self._calibrate(evaluation)
         self._cross_check_version(evaluation)
         self.setup = self.trial_twin.learn(
