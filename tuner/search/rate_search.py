@@ -81,7 +81,7 @@ from tuner.serving.level_schedule import CarryOn, drain_s, plan_level_schedule
 from tuner.serving.live_server import LevelChain, LoadMeasurement, StopFactory, StopRule
 from tuner.serving.load import SloVerdict, percentile_shares
 from tuner.serving.server import LaunchSpec, TrialOutcome
-from tuner.serving.window import WINDOW_FILE, LevelPlan, WindowOpening
+from tuner.serving.window import LevelPlan, WindowOpening
 from workloads.chain import LoadChain
 from workloads.prompts import prompt_builder_for
 from workloads.replay import pass_s
@@ -182,20 +182,12 @@ class RateLevel(BaseModel):
                 violations=list(record.violations), hold_share=record.hold_share,
             ),
             client=record.client, stopped_early=record.stopped_early, backlog=record.backlog,
-            stopped_by_backlog=record.stopped_by_backlog, window=_window_of(Path(record.dir)),
+            stopped_by_backlog=record.stopped_by_backlog, window=WindowOpening.read(Path(record.dir)),
         )  # fmt: skip
         return cls(
             index=index, rate_per_s=record.rate_per_s, met=record.met, measurement=m,
             draw=record.draw, seed=record.seed,
         )  # fmt: skip
-
-
-def _window_of(level_dir: Path) -> WindowOpening | None:
-    """A level's window opening as its ``window.json`` holds it (None: none, or unreadable)."""
-    try:
-        return WindowOpening.model_validate_json((level_dir / WINDOW_FILE).read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 class RateSearch(BaseModel):
@@ -633,8 +625,6 @@ def search_rate(
     interval pool the trial's levels with them. Its own levels are numbered from 0, and
     of a rate held with several draws its best is its own level there where one held."""
     levels: list[RateLevel] = [RateLevel.of_record(r, i) for i, r in enumerate(prior)]
-    if prior:
-        max_levels = 0
     later = deadline if extra_deadline is None else min(deadline or math.inf, extra_deadline)
     closed = spec.mean_rate_per_s is None
     rate: float | None = None

@@ -383,6 +383,19 @@ def trial_bracket_middle(best: Evaluation) -> float | None:
     return math.sqrt(held * min(broke)) if broke else None
 
 
+def level_estimate_s(setup: StudySetup, best: Evaluation) -> float | None:
+    """A confirmation's level (wall seconds) as the best trial's levels took on average,
+    on the clock of now for its settings (``tuner.search.clock``: a later launch may run it
+    faster than the trial did; ``StudySetup.time_scale_for``); None: the trial measured no
+    level."""
+    if best.levels_s is None or not best.levels:
+        return None
+    return (
+        best.levels_s / len(best.levels) * setup.time_scale_for(best.params)
+        / (best.time_scale or 1.0)
+    )  # fmt: skip
+
+
 # A confirmation that pools its trial's levels measures another draw at that trial's
 # bracket's two ends (and more rates only where that draw breaks the rate the trial held).
 PRIOR_DRAW_LEVELS = 2
@@ -554,14 +567,7 @@ def recommend(
     variants: list[Variant] = []
     skipped: list[str] = []
     # a level as long as the best trial's took (its warm-up included), on the clock of now
-    level_s = (
-        (best.levels_s or 0.0)
-        / len(best.levels)
-        * setup.time_scale_for(best.params)
-        / (best.time_scale or 1.0)
-        if best.levels
-        else 0.0
-    )
+    level_s = level_estimate_s(setup, best) or 0.0
     held_rate: float | None = None  # the rate the recommendation held, for the other variants
     confirmed = False  # the recommendation's own confirmation ran
     for name, params in points.items():

@@ -57,7 +57,13 @@ from tuner.search.optuna_store import FrozenTrial, Study, TrialState
 from tuner.search.parallelism import compare
 from tuner.search.quality_gate import gate_best, gate_need_s, may_gate
 from tuner.search.rate_search import edge_levels
-from tuner.search.recommend import LEAST_LEVELS, PRIOR_DRAW_LEVELS, pools_with_trial, recommend
+from tuner.search.recommend import (
+    LEAST_LEVELS,
+    PRIOR_DRAW_LEVELS,
+    level_estimate_s,
+    pools_with_trial,
+    recommend,
+)
 from tuner.search.study import (
     Duty,
     OpenStudy,
@@ -167,20 +173,6 @@ def edge_reserve_s(
     case = worst_case(ctx, 1)  # (the hold's prior needs its output and its cap only)
     hold = c.load_generators().startup_lead_s + hold_prior_s(ctx, case, best) * setup.time_scale
     return min(c.max_edge_launches, probes) * (launch + hold)
-
-
-def level_estimate_s(setup: StudySetup, best: Evaluation) -> float | None:
-    """A confirmation's level (wall seconds) as the best trial's levels took on average,
-    on the clock of now (``tuner.search.clock``: a later launch may run it faster than the
-    trial did); None: the trial measured no level."""
-    if best.levels_s is None or not best.levels:
-        return None
-    return (
-        best.levels_s
-        / len(best.levels)
-        * setup.time_scale_for(best.params)
-        / (best.time_scale or 1.0)
-    )
 
 
 def confirm_reserve_s(

@@ -251,6 +251,15 @@ class WindowOpening(BaseModel):
         tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
         tmp.replace(path)
 
+    @classmethod
+    def read(cls, level_dir: Path) -> WindowOpening | None:
+        """The opening ``write`` left in ``level_dir`` (None: none, or unreadable: a level
+        that stopped before its window opened, a half-written or foreign file)."""
+        try:
+            return cls.model_validate_json((level_dir / WINDOW_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
 
 def trace_part(window_s: float, pass_s: float) -> str:
     """What of a trace replay's pass a window holds, in words."""

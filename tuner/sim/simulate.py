@@ -573,12 +573,13 @@ def _summarise(
         for j in range(len(records))
         if counted(j) and (j >= len(arrivals) or arrivals[j] is not None)
     )
-    without_first = max(0, sent - len(finished) - len(partial) - sum(f.count for f in failed))
+    num_failed = sum(f.count for f in failed)
+    without_first = max(0, sent - len(finished) - len(partial) - num_failed)
     ms = 1000.0
     return SimulationResult(
         num_requests=sum(1 for j in range(len(records)) if counted(j)),
         num_finished=len(finished),
-        num_failed=sum(f.count for f in failed),
+        num_failed=num_failed,
         duration_s=duration,
         request_throughput=len(finished) / duration,
         output_token_throughput=output_tokens / duration,

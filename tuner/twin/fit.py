@@ -143,10 +143,10 @@ def read_level(level_dir: Path, *, time_scale: float = 1.0) -> MeasuredLevel | N
     """A level's schedule, window and measured percentiles (emulated time), or None where
     any of them is missing or unreadable (a level that stopped before its window opened)."""
     paths = [level_dir / n for n in ("schedule.jsonl", WINDOW_JSON, "requests.jsonl")]
-    if not all(p.is_file() for p in paths):
+    window = WindowOpening.read(level_dir)
+    if window is None or not all(p.is_file() for p in paths):
         return None
     try:
-        window = WindowOpening.model_validate_json(paths[1].read_text(encoding="utf-8"))
         # written as the load generator sent it, on the level's clock: back to the
         # emulated GPU's seconds, which the twin replays and the window counts in
         schedule = scaled_schedule(read_schedule(paths[0]), 1.0 / time_scale)
