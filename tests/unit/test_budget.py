@@ -22,7 +22,14 @@ from tuner.search.budget import (
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.quality_gate import gate_need_s, may_gate
-from tuner.search.recommend import PRIOR_DRAW_LEVELS, confirm, levels_that_fit, pools_with_trial
+from tuner.search.recommend import (
+    PRIOR_DRAW_LEVELS,
+    confirm,
+    draws_that_fit,
+    levels_that_fit,
+    pools_with_trial,
+    prior_draw_levels,
+)
 from tuner.search.tune import (
     RESERVE_SHARE,
     _full_reserve_s,
@@ -203,11 +210,14 @@ def _trial(levels_s: float, rates: list[float], time_scale: float) -> Evaluation
     )  # fmt: skip
 
 
-def test_a_confirmation_that_pools_its_trial_is_counted_at_two_levels(ctx: TuneContext) -> None:
+def test_a_confirmation_that_pools_its_trial_is_counted_at_its_draws_levels(
+    ctx: TuneContext,
+) -> None:
     """Where the best trial bracketed its goodput, the recommendation's confirmation
-    measures another draw at that bracket's two ends and pools the trial's levels: the
-    reserve counts those two levels, not three of its own and the two its edge draws add
-    (156 s of a 10-minute tune's 561 went to such a confirmation of five levels)."""
+    measures the draws the trial lacks at that bracket's two ends and pools the trial's
+    levels: the reserve counts two levels a draw (two for the default two draws, four for
+    three; two at the least), not three of its own and the two its edge draws add (156 s
+    of a 10-minute tune's 561 went to such a confirmation of five levels)."""
     setup = StudySetup()
     budget = _budget(ctx)
     _launch(budget, 2.0)
@@ -220,10 +230,18 @@ def test_a_confirmation_that_pools_its_trial_is_counted_at_two_levels(ctx: TuneC
     )
     assert not pools_with_trial(ctx, held) and pools_with_trial(ctx, bracketed)
     level_s = 60.0 / 1.5
+    assert ctx.config.edge_draws == 2
     pooled = confirm_reserve_s(ctx, setup, budget, bracketed, variants=False)
     assert pooled == pytest.approx(2.0 + 1.0 + PRIOR_DRAW_LEVELS * level_s)
     own = confirm_reserve_s(ctx, setup, budget, held, variants=False)
     assert own == pytest.approx(2.0 + 1.0 + (3 + 2) * level_s)
+    # three draws asked for: the two the trial lacks, at both ends; one at the least
+    three = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"edge_draws": 3}))
+    assert prior_draw_levels(3) == 2 * PRIOR_DRAW_LEVELS
+    pooled = confirm_reserve_s(three, setup, budget, bracketed, variants=False)
+    assert pooled == pytest.approx(2.0 + 1.0 + 2 * PRIOR_DRAW_LEVELS * level_s)
+    least = confirm_reserve_s(three, setup, budget, bracketed, variants=False, edge_draws=False)
+    assert least == pytest.approx(2.0 + 1.0 + PRIOR_DRAW_LEVELS * level_s)
     # no edge draws asked for, or repeats: the confirmation brackets on its own
     one_draw = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"edge_draws": 1}))
     assert not pools_with_trial(one_draw, bracketed)
@@ -280,6 +298,26 @@ def test_a_confirmations_levels_follow_the_clock_of_now_and_fit_what_is_left(
     assert levels_that_fit(budget, 1, 100.0, None) == 1
     assert levels_that_fit(budget, 3, 300.0, None) == 0
     assert levels_that_fit(budget, 3, 0.0, None) == 3  # no estimate: all of them
+
+
+def test_a_confirmation_measures_as_many_of_its_draws_as_fit() -> None:
+    """``--edge-draws 3`` on a budget that holds two: two, not one (a confirmation fell
+    from the draws asked for to none where all did not fit); the least where none fits
+    (whether it runs at all is the budget's to say). A pooled confirmation measures two
+    levels a draw its trial lacks."""
+
+    assert prior_draw_levels(3) == 4 and prior_draw_levels(2) == 2  # 40-s levels: 160, 80
+    assert draws_that_fit(3, 2, 190.0, 40.0, prior_draw_levels) == 3
+    assert draws_that_fit(3, 2, 140.0, 40.0, prior_draw_levels) == 2
+    assert draws_that_fit(3, 2, 40.0, 40.0, prior_draw_levels) == 2  # the least
+    assert prior_draw_levels(3, trial_draws=2) == PRIOR_DRAW_LEVELS
+
+    def own_three(draws: int) -> int:  # three rates of its own and its edge draws
+        return 3 + 2 * (draws - 1)
+
+    assert draws_that_fit(4, 1, 90.0, 20.0, own_three) == 1
+    assert draws_that_fit(4, 1, 100.0, 20.0, own_three) == 2
+    assert draws_that_fit(4, 1, 180.0, 20.0, own_three) == 4
 
 
 def test_a_confirmation_runs_only_where_two_of_its_rates_fit(ctx: TuneContext) -> None:

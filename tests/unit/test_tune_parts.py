@@ -670,6 +670,21 @@ def test_draws_that_agree_cost_two_levels_and_keep_the_goodput(tmp_path: Path) -
     assert all(lv.draw == 0 for lv in high.levels)
 
 
+def test_three_draws_measure_one_draw_at_both_ends_before_the_next(tmp_path: Path) -> None:
+    """With ``--edge-draws 3``, draw 1 at the bracket's two ends, then draw 2: a deadline
+    that cuts the draws short leaves each measured draw at both ends (measured low end
+    first, draw 1 then draw 2 there, a cut after two levels left one end with three draws
+    and the other with one: no between-draw interval)."""
+    seeds = {7: 10.0, 7 + DRAW_SEED_STRIDE: 10.0, 7 + 2 * DRAW_SEED_STRIDE: 10.0}
+    one = _drawn_search(_DrawnCapacity({7: 10.0}), tmp_path / "one", 1)
+    three = _drawn_search(_DrawnCapacity(seeds), tmp_path / "three", 3)
+    assert one.best is not None and one.broken_rate_per_s is not None
+    low, high = one.best.rate_per_s, one.broken_rate_per_s
+    edge = three.levels[len(one.levels) :]
+    assert [(lv.rate_per_s, lv.draw) for lv in edge] == [(low, 1), (high, 1), (low, 2), (high, 2)]
+    assert three.best is not None and three.best.rate_per_s == low
+
+
 def _trial_records(server: _DrawnCapacity, tmp_path: Path) -> list[LevelRecord]:
     """A trial's levels as its evaluation records them: its own draw (0), no edge draws."""
     trial = _drawn_search(server, tmp_path, 1)

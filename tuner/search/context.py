@@ -20,9 +20,10 @@ import logging
 import math
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigError, TunerError, UnknownModelError
 from tuner.run.config import TuneConfig
@@ -138,7 +139,8 @@ class StudySetup:
     # Settings whose simulated server fell behind a faster clock (its own core, while its
     # load generator kept up), with the clock they were measured on after it: their later
     # launches (a confirmation, a tie's measurement) start there (``time_scale_for``).
-    # Pairs of the settings' JSON and a time scale; this run's, not recorded in the study.
+    # Pairs of the settings' JSON and a time scale; recorded with the clock of now in the
+    # study (``clock_record``), where a resumed run finds them.
     slower_clocks: tuple[tuple[str, float], ...] = ()
 
     def calibrated(self, calibration: Calibration) -> StudySetup:
@@ -158,6 +160,30 @@ class StudySetup:
 
     def learned(self, timing: TimingFactors) -> StudySetup:
         return replace(self, timing=timing)
+
+    def clock_record(self) -> dict[str, Any]:
+        """The clock the run measures on now, as the study records it for a run that
+        resumes it (``with_clock_record``): the time scale and tokens an event its trials
+        adapted to (``TrialLoop._adapt_clock``), and the settings' slower clocks."""
+        return {
+            "time_scale": self.time_scale,
+            "stream_interval": self.stream_interval,
+            "slower_clocks": [[key, scale] for key, scale in self.slower_clocks],
+        }
+
+    def with_clock_record(self, record: Mapping[str, Any]) -> StudySetup:
+        """This set-up on the clock ``clock_record`` recorded: a resumed run goes on where
+        the run before had adapted it (its clock, its tokens an event, the settings whose
+        server needed a slower one), not on the study's first clock, on which a level
+        whose load generator or server lags is measured again."""
+        return replace(
+            self,
+            time_scale=float(record["time_scale"]),
+            stream_interval=int(record["stream_interval"]),
+            slower_clocks=tuple(
+                (str(key), float(scale)) for key, scale in record.get("slower_clocks", ())
+            ),
+        )
 
 
 def _nvml_devices() -> tuple[VisibleGpu, ...]:

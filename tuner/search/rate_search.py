@@ -445,22 +445,23 @@ def next_edge_draw(
     levels: list[RateLevel], draws: int, precision: float, *, moved: bool
 ) -> tuple[float, int] | None:
     """The next edge draw to measure, (rate, draw), or None: each end of the bracket
-    (the best rate that held, the lowest above it that broke) with ``draws`` draws, the
-    lower end first; then, where another draw broke the rate that held (``moved``: the
-    bracket moved down, a new rate may be measured), the geometric middle of the new
-    bracket with all of them while it is wider than ``precision``, or where no rate
-    measured below holds over the draws, a rate ``1 + 2 * precision`` below the lowest
-    that broke. Nothing where the search's own levels had no bracket (a lower bound, or
+    (the best rate that held, the lowest above it that broke) with ``draws`` draws, one
+    draw at both ends (the lower first) before the next draw (a deadline that cuts the
+    draws short leaves each measured draw at both ends); then, where another draw broke
+    the rate that held (``moved``: the bracket moved down, a new rate may be measured),
+    the geometric middle of the new bracket with all of them while it is wider than
+    ``precision``, or where no rate measured below holds over the draws, a rate
+    ``1 + 2 * precision`` below the lowest that broke. Nothing where the search's own levels had no bracket (a lower bound, or
     no rate held: no edge to measure again)."""
     rates = _rates(levels, precision)
     low, high = rates.low, rates.high
     if high is None or draws < 2:
         return None
-    for rate in (low, high):
-        have = {lv.draw for lv in levels if lv.rate_per_s == rate and not lv.unmeasurable}
-        missing = [k for k in range(draws) if k not in have]
-        if rate is not None and missing:
-            return rate, missing[0]
+    for draw in range(draws):  # a draw at both ends before the next: a cut leaves pairs
+        for rate in (low, high):
+            have = {lv.draw for lv in levels if lv.rate_per_s == rate and not lv.unmeasurable}
+            if rate is not None and draw not in have:
+                return rate, draw
     if not moved:
         return None
     if low is None:

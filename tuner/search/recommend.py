@@ -33,6 +33,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -299,10 +300,12 @@ def confirm(
     many of its ``max_levels`` levels as end before it (``levels_that_fit``); what was not
     run is added to ``skipped``; no level starts that would end past the deadline
     (``search_rate``'s, as long as the longest so far). ``prior``: the levels of the trial
-    the run pools with (``pools_with_trial``; one run): it measures another draw of the
-    workload at that trial's bracket's ends on its own launch (``PRIOR_DRAW_LEVELS``
-    levels, more where that draw breaks the rate the trial held), and states what the
-    draws pooled say. None: no run was."""
+    the run pools with (``pools_with_trial``; one run): it measures the draws of the
+    workload that trial did not (``--edge-draws`` in all, as many as fit before the
+    deadline, one at the least) at that trial's bracket's ends on its own launch
+    (``prior_draw_levels``, more where a draw breaks the rate the trial held), and states
+    what the draws pooled say. A confirmation of its own measures as many edge draws as
+    fit too. None: no run was."""
     runs: list[Evaluation] = []
     least = min(max_levels, LEAST_LEVELS)
     for i in range(repeats):
@@ -310,17 +313,30 @@ def confirm(
         levels = max_levels
         # the capacity a review acts on: the bracket's ends with several draws, where they fit
         draws = ctx.config.edge_draws if max_levels > 1 else 1
-        if prior:  # one draw more than the trial measured, at its bracket's ends
-            levels, draws = PRIOR_DRAW_LEVELS, max(level.draw for level in prior) + 2
+        if prior:  # the draws the trial did not measure, at its bracket's ends: one at least
+            trial_draws = max(level.draw for level in prior) + 1
+            draws = max(draws, trial_draws + 1)
+            levels = prior_draw_levels(draws, trial_draws)
         if budget is not None:
             label = f"confirmation of {name}" + (f" (run {i + 1})" if repeats > 1 else "")
             launch_s = budget.launch_estimate_s()
-            if not prior:
+            left_s = budget.left_s(deadline_s)
+            if prior:  # as many draws as fit, one more than the trial's at the least
+                levels_of = partial(prior_draw_levels, trial_draws=trial_draws)
+                draws = draws_that_fit(
+                    draws, trial_draws + 1, left_s - launch_s, level_s, levels_of
+                )
+                levels = levels_of(draws)
+            else:
                 levels = levels_that_fit(budget, max_levels, level_s, deadline_s)
-                with_draws_s = launch_s + (levels + edge_levels(draws, levels)) * level_s
-                if draws > 1 and with_draws_s > budget.left_s(deadline_s):
-                    log.info("%s: its edge draws do not fit before its deadline", label)
-                    draws = 1
+                draws = draws_that_fit(
+                    draws, 1, left_s - launch_s, level_s, partial(_with_edge_levels, levels)
+                )
+            if draws < ctx.config.edge_draws and max_levels > 1:
+                log.info(
+                    "%s: %d of its %d draws fit before its deadline",
+                    label, draws, ctx.config.edge_draws,
+                )  # fmt: skip
             skip = budget.fits(
                 LaunchKind.CONFIRMATION, label,
                 launch_s + max(levels, least) * level_s,
@@ -396,9 +412,15 @@ def level_estimate_s(setup: StudySetup, best: Evaluation) -> float | None:
     )  # fmt: skip
 
 
-# A confirmation that pools its trial's levels measures another draw at that trial's
-# bracket's two ends (and more rates only where that draw breaks the rate the trial held).
+# A confirmation that pools its trial's levels measures each draw its trial did not at that
+# trial's bracket's two ends (and more rates only where one breaks the rate the trial held).
 PRIOR_DRAW_LEVELS = 2
+
+
+def prior_draw_levels(draws: int, trial_draws: int = 1) -> int:
+    """The levels a confirmation that pools its trial's levels usually measures: the
+    bracket's two ends with each of the ``draws`` (in all) its trial's ``trial_draws`` lack."""
+    return PRIOR_DRAW_LEVELS * max(1, draws - trial_draws)
 
 
 def pools_with_trial(ctx: TuneContext, best: Evaluation) -> bool:
@@ -446,6 +468,23 @@ def cold_boot_variants(
         if name == "recommended":
             check = found
     return out, check
+
+
+def draws_that_fit(
+    asked: int, least: int, left_s: float, level_s: float, levels_of: Callable[[int], int]
+) -> int:
+    """The most draws, from ``asked`` down to ``least``, whose confirmation's levels
+    (``levels_of(draws)``, each ``level_s`` wall seconds) end within ``left_s`` (after its
+    launch); ``least`` where none does (whether it runs at all is the budget's to say)."""
+    draws = asked
+    while draws > least and levels_of(draws) * level_s > left_s:
+        draws -= 1
+    return draws
+
+
+def _with_edge_levels(own: int, draws: int) -> int:
+    """A confirmation's ``own`` levels and those its ``draws`` add (``edge_levels``)."""
+    return own + edge_levels(draws, own)
 
 
 def levels_that_fit(

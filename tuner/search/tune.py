@@ -59,9 +59,9 @@ from tuner.search.quality_gate import gate_best, gate_need_s, may_gate
 from tuner.search.rate_search import edge_levels
 from tuner.search.recommend import (
     LEAST_LEVELS,
-    PRIOR_DRAW_LEVELS,
     level_estimate_s,
     pools_with_trial,
+    prior_draw_levels,
     recommend,
 )
 from tuner.search.study import (
@@ -186,10 +186,10 @@ def confirm_reserve_s(
     edge_draws: bool = True,
 ) -> float:
     """The confirmation runs: the recommendation's (``repeats``, up to ``levels`` rates each;
-    where it pools the best trial's levels, ``PRIOR_DRAW_LEVELS`` of another draw,
-    ``pools_with_trial``) and, with ``variants``, the two variants' (one rate); a launch
-    each (as measured, else the prior) and its levels (a level as the best trial's took,
-    else as planned)."""
+    where it pools the best trial's levels, the bracket's ends with each draw it lacks,
+    ``prior_draw_levels``; without ``edge_draws``, one draw: ``pools_with_trial``) and,
+    with ``variants``, the two variants' (one rate); a launch each (as measured, else the
+    prior) and its levels (a level as the best trial's took, else as planned)."""
     c = ctx.config
     if not c.confirm:
         return 0.0
@@ -210,7 +210,7 @@ def confirm_reserve_s(
     # with another draw; the least confirmation goes without them where they do not fit)
     draws = edge_levels(c.edge_draws, levels) if edge_draws else 0
     if best is not None and pools_with_trial(ctx, best):
-        levels, draws = PRIOR_DRAW_LEVELS, 0
+        levels, draws = prior_draw_levels(c.edge_draws if edge_draws else 2), 0
     own = (launch + warm + (levels + draws) * level) * c.repeats
     return own + 2 * (launch + warm + level) if variants else own
 

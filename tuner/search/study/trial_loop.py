@@ -70,6 +70,10 @@ log = logging.getLogger(__name__)
 
 
 PREPARE_WAIT_S = 600.0
+# The study's attribute holding the clock the run measures on now (``StudySetup.clock_record``):
+# a resumed run starts there. The study's ``time_scale`` stays the one it chose first (a
+# ``--time-scale`` given on resume is checked against it).
+CLOCK_ATTR = "clock_now"
 # A trial is started where its first levels fit before the search's deadline, the twin's
 # bracket of its rate (``tuner.search.rate_search``: a right prediction is bracketed in
 # two), and measures as many levels as end before it; not only where a whole trial, as the
@@ -174,7 +178,25 @@ class TrialLoop:
             calibration=calibration,
             timing=self.trial_twin.record().factors,
         )
+        if CLOCK_ATTR in attrs and self._clock_adapts():  # a resumed run: the clock of then
+            self.setup = self.setup.with_clock_record(attrs[CLOCK_ATTR])
+            log.info(
+                "clock: the simulated GPU's clock %s (time scale %g), %d tokens an event, "
+                "as the run before left it", clock_text(self.setup.time_scale),
+                self.setup.time_scale, self.setup.stream_interval,
+            )  # fmt: skip
         return self.setup
+
+    def _clock_adapts(self) -> bool:
+        """Whether the run chooses its clock as it goes: the simulated engine, no
+        ``--time-scale`` given."""
+        return self.ctx.backend is Backend.SIM and self.ctx.config.time_scale is None
+
+    def _record_clock(self, before: dict[str, object]) -> None:
+        """The clock of now in the study (``CLOCK_ATTR``) where it changed from ``before``."""
+        now = self.setup.clock_record()
+        if now != before:
+            self.study.set_user_attr(CLOCK_ATTR, now)
 
     def _choose_measurement(self) -> tuple[float, float, int]:
         """The simulator's time scale, the share of requests streamed and the tokens a
@@ -261,7 +283,7 @@ class TrialLoop:
         they are the harness's to choose (``tuner.search.clock.measured_clock``), said when
         it changes; what the next trial is estimated to measure changes with it."""
         ctx = self.ctx
-        if ctx.backend is not Backend.SIM or ctx.config.time_scale is not None or not ev.levels:
+        if not self._clock_adapts() or not ev.levels:
             return None
         before, interval = self.setup.time_scale, self.setup.stream_interval
         clock = measured_clock(
@@ -301,8 +323,7 @@ class TrialLoop:
         server fell behind its clock (``server_lag_scale``), the settings' later launches
         start on the clock it was measured on after (``StudySetup.with_slower_clock``);
         the next trials of other settings keep the clock their load generator allows."""
-        ctx = self.ctx
-        if ctx.backend is not Backend.SIM or ctx.config.time_scale is not None:
+        if not self._clock_adapts():
             return
         scale = server_lag_scale(ev.levels)
         if scale is None or scale <= self.setup.time_scale_for(params):
@@ -466,8 +487,8 @@ class TrialLoop:
     def _levels_measured_before(self) -> float:
         """What the study's last trials measured once launched (their levels), for a run
         that resumes a study: the longest of the last ``RECENT_LAUNCHES``; 0 where none."""
-        measured = [
-            ev.levels_s
+        measured = [  # on the clock of now (a trial ran on its own: ``Evaluation.time_scale``)
+            ev.levels_s * self.setup.time_scale / (ev.time_scale or self.setup.time_scale)
             for trial in self.complete_trials()
             if (ev := load_evaluation(trial)) is not None and ev.levels_s
         ]
@@ -576,8 +597,10 @@ class TrialLoop:
             extra_deadline=self._extra_deadline_s(),
         )  # fmt: skip
         self._count_launch(trial.number, evaluation)
+        before = self.setup.clock_record()
         clock = self._adapt_clock(evaluation)
         self._keep_slower_clock(params, evaluation)
+        self._record_clock(before)
         self._calibrate(evaluation)
         self._cross_check_version(evaluation)
         self.setup = self.trial_twin.learn(
