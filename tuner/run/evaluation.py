@@ -245,6 +245,13 @@ class Evaluation(BaseModel):
     # workload's own warm-up (each level's own are in ``LevelRecord.seconds``).
     warmup_s: float | None = None
 
+    def levels_s_at(self, time_scale: float) -> float | None:
+        """``levels_s`` on a simulated clock of ``time_scale`` (wall seconds scale with it:
+        a later launch may run faster or slower than this one did); None: not recorded."""
+        if self.levels_s is None:
+            return None
+        return self.levels_s * time_scale / (self.time_scale or 1.0)
+
     @property
     def stated_goodput(self) -> Goodput:
         """The goodput in the workload's unit and in requests/s and output tokens/s."""

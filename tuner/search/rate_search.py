@@ -451,8 +451,8 @@ def next_edge_draw(
     the rate that held (``moved``: the bracket moved down, a new rate may be measured),
     the geometric middle of the new bracket with all of them while it is wider than
     ``precision``, or where no rate measured below holds over the draws, a rate
-    ``1 + 2 * precision`` below the lowest that broke. Nothing where the search's own levels had no bracket (a lower bound, or
-    no rate held: no edge to measure again)."""
+    ``1 + 2 * precision`` below the lowest that broke. Nothing where the search's own
+    levels had no bracket (a lower bound, or no rate held: no edge to measure again)."""
     rates = _rates(levels, precision)
     low, high = rates.low, rates.high
     if high is None or draws < 2:
@@ -710,8 +710,8 @@ def _measure_edge_draws(
 ) -> bool:
     """Measure the edge draws (``next_edge_draw``) after the search's levels, each a level
     of its own (numbered on from them, less ``numbered_from``: the levels measured on an
-    earlier launch, ``search_rate``'s ``prior``) planned with its draw's seed; True when the engine
-    died under one. The two ends' other draws; where the bracket moved, the new lower
+    earlier launch, ``search_rate``'s ``prior``) planned with its draw's seed; True when
+    the engine died under one. The two ends' other draws; where the bracket moved, the new lower
     end's, and with every draw at most ``EDGE_MIDDLES`` rates between its new ends and
     ``EDGE_STEPS_DOWN`` below them (where no rate measured holds over the draws)."""
     held_before = _rates(levels, precision).low

@@ -5,8 +5,8 @@ costs: ``recommended`` (the best trial's settings at the edge less the safety
 margin), ``conservative`` (more headroom, 3/4 of max-num-seqs) and ``aggressive``
 (the highest utilization that held). The recommended one is measured again on a launch
 of its own: where it is its best trial's own settings and that trial bracketed its
-goodput, with the workload's other draw at the trial's bracket, pooled with the trial's
-levels (``pools_with_trial``); otherwise over a bracket of its own and then its edge
+goodput, with the workload's draws the trial lacks at the trial's bracket, pooled with
+the trial's levels (``pools_with_trial``); otherwise over a bracket of its own and then its edge
 draws. Each gets its own deployable configs; the recommended one's sit directly in
 ``recommendation/``:
 
@@ -314,15 +314,14 @@ def confirm(
         # the capacity a review acts on: the bracket's ends with several draws, where they fit
         draws = ctx.config.edge_draws if max_levels > 1 else 1
         if prior:  # the draws the trial did not measure, at its bracket's ends: one at least
-            trial_draws = max(level.draw for level in prior) + 1
-            draws = max(draws, trial_draws + 1)
-            levels = prior_draw_levels(draws, trial_draws)
+            draws, trial_draws = pooled_draws(draws, prior)
+            levels_of = partial(prior_draw_levels, trial_draws=trial_draws)
+            levels = levels_of(draws)
         if budget is not None:
             label = f"confirmation of {name}" + (f" (run {i + 1})" if repeats > 1 else "")
             launch_s = budget.launch_estimate_s()
             left_s = budget.left_s(deadline_s)
             if prior:  # as many draws as fit, one more than the trial's at the least
-                levels_of = partial(prior_draw_levels, trial_draws=trial_draws)
                 draws = draws_that_fit(
                     draws, trial_draws + 1, left_s - launch_s, level_s, levels_of
                 )
@@ -404,17 +403,22 @@ def level_estimate_s(setup: StudySetup, best: Evaluation) -> float | None:
     on the clock of now for its settings (``tuner.search.clock``: a later launch may run it
     faster than the trial did; ``StudySetup.time_scale_for``); None: the trial measured no
     level."""
-    if best.levels_s is None or not best.levels:
+    levels_s = best.levels_s_at(setup.time_scale_for(best.params))
+    if levels_s is None or not best.levels:
         return None
-    return (
-        best.levels_s / len(best.levels) * setup.time_scale_for(best.params)
-        / (best.time_scale or 1.0)
-    )  # fmt: skip
+    return levels_s / len(best.levels)
 
 
 # A confirmation that pools its trial's levels measures each draw its trial did not at that
 # trial's bracket's two ends (and more rates only where one breaks the rate the trial held).
 PRIOR_DRAW_LEVELS = 2
+
+
+def pooled_draws(asked: int, prior: Sequence[LevelRecord]) -> tuple[int, int]:
+    """A confirmation that pools ``prior`` (its trial's levels): the draws it measures up
+    to in all (``asked``, one more than the trial's at the least) and the trial's own."""
+    trial_draws = max(level.draw for level in prior) + 1
+    return max(asked, trial_draws + 1), trial_draws
 
 
 def prior_draw_levels(draws: int, trial_draws: int = 1) -> int:

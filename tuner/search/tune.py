@@ -60,6 +60,7 @@ from tuner.search.rate_search import edge_levels
 from tuner.search.recommend import (
     LEAST_LEVELS,
     level_estimate_s,
+    pooled_draws,
     pools_with_trial,
     prior_draw_levels,
     recommend,
@@ -210,7 +211,8 @@ def confirm_reserve_s(
     # with another draw; the least confirmation goes without them where they do not fit)
     draws = edge_levels(c.edge_draws, levels) if edge_draws else 0
     if best is not None and pools_with_trial(ctx, best):
-        levels, draws = prior_draw_levels(c.edge_draws if edge_draws else 2), 0
+        asked, trial_draws = pooled_draws(c.edge_draws if edge_draws else 1, best.levels)
+        levels, draws = prior_draw_levels(asked, trial_draws), 0
     own = (launch + warm + (levels + draws) * level) * c.repeats
     return own + 2 * (launch + warm + level) if variants else own
 

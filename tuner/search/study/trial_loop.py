@@ -488,9 +488,10 @@ class TrialLoop:
         """What the study's last trials measured once launched (their levels), for a run
         that resumes a study: the longest of the last ``RECENT_LAUNCHES``; 0 where none."""
         measured = [  # on the clock of now (a trial ran on its own: ``Evaluation.time_scale``)
-            ev.levels_s * self.setup.time_scale / (ev.time_scale or self.setup.time_scale)
+            levels_s
             for trial in self.complete_trials()
-            if (ev := load_evaluation(trial)) is not None and ev.levels_s
+            if (ev := load_evaluation(trial)) is not None
+            and (levels_s := ev.levels_s_at(self.setup.time_scale))
         ]
         return max(measured[-RECENT_LAUNCHES:], default=0.0)
 
