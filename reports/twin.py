@@ -149,7 +149,11 @@ def _fit_row(f: TrialFit) -> FitRow:
         before=_pct(f.error_before),
         after=_pct(f.error_after) if f.fitted else "not fitted",
         factors=f.after.describe()
-        + ("" if f.adopted else ": not adopted, its goodput prediction was further off")
+        + (
+            ""
+            if f.adopted or not f.fitted
+            else ": not adopted, its goodput prediction was further off"
+        )
         + ("" if f.fitted else f": {f.kept_because or f'within {_pct(FIT_WITHIN_SHARE)}'}, kept"),
         goodput=_share(f.predicted_rate_per_s, f.measured_rate_per_s)
         + (f" -> {_share(f.predicted_after_per_s, f.measured_rate_per_s)}" if f.fitted else ""),

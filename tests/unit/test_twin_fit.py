@@ -193,3 +193,33 @@ def test_a_fit_stops_once_the_twin_is_within_its_done_share(levels: list[Measure
     assert done.evaluations < full.evaluations
     never = fit(_setup(TimingFactors()), levels, done_share=0.0)
     assert never.evaluations == full.evaluations and never.after == full.after
+
+
+def test_a_trial_with_no_level_to_replay_has_its_line_all_the_same() -> None:
+    """A trial whose load generator lagged at every level (on a busy two-core host, vLLM's
+    CPU build at the rate the twin placed) leaves the twin nothing to replay: twin.json
+    still records it, says why, and takes nothing from it."""
+    from types import SimpleNamespace
+
+    from tuner.run.twin_record import TrialFit, TwinRecord
+    from tuner.search.study.trial_lines import twin_line
+    from tuner.search.study.trial_twin import no_levels_reason
+
+    lagged = SimpleNamespace(levels=[SimpleNamespace(unmeasurable=True)] * 2)
+    why = no_levels_reason(1, lagged)  # type: ignore[arg-type]
+    assert why == "no level of trial 1 measured the server (its load generator lagged at each)"
+    one_measured = SimpleNamespace(levels=[SimpleNamespace(unmeasurable=False)])
+    assert no_levels_reason(2, one_measured) == "no level of trial 2 has a window to replay"  # type: ignore[arg-type]
+
+    fitted = TimingFactors(mbu=0.6, mfu=0.4, step_overhead_s=0.002, source="fitted")
+    record = TwinRecord(factors=fitted)
+    none = TrialFit(
+        trial=1, levels=[], before=fitted, after=fitted, error_before=None, error_after=None,
+        evaluations=0, predicted_rate_per_s=44.9, predicted_after_per_s=44.9, adopted=False,
+        fitted=False, kept_because=why,
+    )  # fmt: skip
+    line = twin_line(none)
+    assert f"- off trial 1's measured percentiles, {why}: not fitted" in line
+    assert "not adopted" not in line  # nothing was fitted to adopt
+    after = record.with_fit(none)
+    assert after.factors == fitted and [f.trial for f in after.fits] == [1]

@@ -95,13 +95,21 @@ def test_short_tune_on_the_cpu_build(tmp_path: Path, tiny_model: TinyModel) -> N
 
     # The twin treats the CPU build as a device it has no rates for and learns its step
     # costs from the trials: its error on what was measured falls as they are measured.
+    # Every trial has its line; one whose load generator lagged at each level (the rate
+    # the twin placed, on a busy two-core host: it happened in CI) says so and gives the
+    # twin nothing to replay.
     fits = json.loads((run_dir / "twin.json").read_text())["fits"]
     assert [f["trial"] for f in fits] == list(range(TRIALS)), fits
     first = fits[0]
     assert first["before"]["source"] == "defaults"
     assert first["error_after"] < first["error_before"]
-    # The next trial (other settings) starts closer than the paper's factors were.
-    assert fits[1]["error_before"] < first["error_before"], fits
+    for f in fits:
+        assert f["levels"] or "no level of trial" in f["kept_because"], f
+    # The next trial that measured the server (other settings) starts closer than the
+    # paper's factors were.
+    replayed = [f for f in fits[1:] if f["levels"]]
+    assert replayed, fits
+    assert replayed[0]["error_before"] < first["error_before"], fits
     assert [f["trial"] for f in summary["twin_fits"]] == list(range(TRIALS))
     assert "off trial 0's measured percentiles" in (run_dir / "tune.log").read_text()
     assert 'id="twin-fits"' in report

@@ -141,7 +141,7 @@ def read_run(run_dir: Path) -> CalibrationRun:
     found = tune.get("config")
     config: dict[str, Any] = found if isinstance(found, dict) else {}
     workload = tune.get("workload")
-    fitted = twin is not None and any(f.adopted for f in twin.fits)
+    fitted = twin is not None and any(f.adopted and f.fitted for f in twin.fits)
     # A tune that searched the tensor-parallel size recommends one of its own
     searched = rec.recommended.params.tensor_parallel_size if rec is not None else None
     return CalibrationRun(

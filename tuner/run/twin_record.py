@@ -36,8 +36,9 @@ class TrialFit(BaseModel):
     adopted: bool = True
     # False: no fit ran and the factors stand: the twin was already within
     # ``tuner.twin.fit.FIT_WITHIN_SHARE`` of the levels (``error_before``), or its goodput
-    # prediction within the trial's own capacity interval; ``kept_because`` says which
-    # (None in records from before it was kept: the first).
+    # prediction within the trial's own capacity interval, or the trial left no level to
+    # replay (no ``levels``; ``adopted`` False: nothing was taken from it);
+    # ``kept_because`` says which (None in records from before it was kept: the first).
     fitted: bool = True
     kept_because: str | None = None
 

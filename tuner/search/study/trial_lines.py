@@ -102,7 +102,7 @@ def twin_line(one: TrialFit) -> str:
         after = TrialFit.share_off(one.predicted_after_per_s, one.measured_rate_per_s)
         text += f"; its goodput prediction {pct(before)}"
         text += f" -> {pct(after)}" if one.fitted else ""
-    if not one.adopted:
+    if one.fitted and not one.adopted:
         text += ": not adopted, the twin keeps its factors"
     return text
 

@@ -172,7 +172,18 @@ class TrialTwin:
         if not ctx.config.twin_fit or ctx.twin is None:
             return setup
         levels = self._fit_levels(number, params, ev, setup, complete)
-        if not levels:
+        measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
+        before = predicted.rate_per_s if predicted else None
+        if not levels:  # recorded all the same: every trial has its line in twin.json
+            self._record(
+                TrialFit(
+                    trial=number, levels=[], before=setup.timing, after=setup.timing,
+                    error_before=None, error_after=None, evaluations=0,
+                    measured_rate_per_s=measured, predicted_rate_per_s=before,
+                    predicted_after_per_s=before, adopted=False, fitted=False,
+                    kept_because=no_levels_reason(number, ev),
+                )
+            )  # fmt: skip
             return setup
         # The first fit always runs: it is what makes the factors the device's own. After
         # it, none runs where the twin's goodput prediction lies within the trial's own
@@ -194,8 +205,6 @@ class TrialTwin:
             within_share=math.inf if agrees or spared else within,
             done_share=FIT_DONE_SHARE if fitted_before else None,
         )  # fmt: skip
-        measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
-        before = predicted.rate_per_s if predicted else None
         after: float | None
         if result.fitted:
             learned = setup.learned(result.after)
@@ -226,11 +235,15 @@ class TrialTwin:
                 else f"within {100 * FIT_WITHIN_SHARE:.0f}% of its levels"
             ),
         )  # fmt: skip
-        self.record().with_fit(one).write(RunLayout(ctx.run_dir).twin_json)
+        self._record(one)
+        return learned
+
+    def _record(self, one: TrialFit) -> None:
+        """Add ``one`` to ``twin.json`` and say it on the terminal and in the log."""
+        self.record().with_fit(one).write(RunLayout(self.ctx.run_dir).twin_json)
         line = twin_line(one)
         log.info(line.strip())
         self.progress(line)
-        return learned
 
     def _held_levels(
         self, number: int, params: TrialParams, ev: Evaluation, setup: StudySetup
@@ -275,6 +288,14 @@ class TrialTwin:
                 earlier.append(theirs[-1])
         own = self._held_levels(number, params, ev, setup)
         return [*reversed(earlier), *own[-(MAX_LEVELS - len(earlier)) :]] if own else []
+
+
+def no_levels_reason(number: int, ev: Evaluation) -> str:
+    """Why a trial left the twin no level to replay: its load generator lagged at every
+    level (the levels measured the client, not the server), or no level's window opened."""
+    if ev.levels and all(lv.unmeasurable for lv in ev.levels):
+        return f"no level of trial {number} measured the server (its load generator lagged at each)"
+    return f"no level of trial {number} has a window to replay"
 
 
 def predicted_within(predicted: SustainedRate | None, ev: Evaluation) -> bool:
