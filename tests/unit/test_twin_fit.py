@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 import pytest
 
@@ -223,3 +224,36 @@ def test_a_trial_with_no_level_to_replay_has_its_line_all_the_same() -> None:
     assert "not adopted" not in line  # nothing was fitted to adopt
     after = record.with_fit(none)
     assert after.factors == fitted and [f.trial for f in after.fits] == [1]
+
+
+def test_only_a_trial_that_measured_levels_has_a_line_without_a_fit(tmp_path: Path) -> None:
+    """``TrialTwin.learn`` with no level to replay: a trial that measured levels, all of
+    them lagging, is written to twin.json with why; one that measured none (it did not
+    start: an OOM at launch) writes nothing and prints nothing."""
+    from types import SimpleNamespace
+
+    from tuner.run.evaluation import Verdict
+    from tuner.search.study.trial_twin import TrialTwin
+    from tuner.twin.fit import read_twin
+
+    lines: list[str] = []
+    ctx = SimpleNamespace(
+        config=SimpleNamespace(twin_fit=True, twin_from=None, budget_min=10.0),
+        twin=(None, None), run_dir=tmp_path, base=None,
+    )  # fmt: skip
+    twin = TrialTwin(ctx, lines.append)  # type: ignore[arg-type]
+    setup = SimpleNamespace(timing=HIDDEN)
+    params = SimpleNamespace(serving=lambda base: None)
+    unstarted = SimpleNamespace(levels=[], verdict=Verdict.STARTUP_FAILED)
+    kept = twin.learn(3, params, unstarted, None, setup=setup, complete=[])  # type: ignore[arg-type]
+    assert kept is setup and lines == [] and not (tmp_path / "twin.json").exists()
+    lagged = SimpleNamespace(
+        levels=[SimpleNamespace(unmeasurable=True, met=False, dir=str(tmp_path / "x"))],
+        verdict=Verdict.SLO_MISSED,
+    )  # fmt: skip
+    kept = twin.learn(4, params, lagged, None, setup=setup, complete=[])  # type: ignore[arg-type]
+    assert kept is setup
+    record = read_twin(tmp_path)
+    assert [f.trial for f in record.fits] == [4] and record.factors == TimingFactors()
+    assert "its load generator lagged at each" in (record.fits[0].kept_because or "")
+    assert len(lines) == 1 and "trial 4" in lines[0]

@@ -174,7 +174,7 @@ class TrialTwin:
         levels = self._fit_levels(number, params, ev, setup, complete)
         measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
         before = predicted.rate_per_s if predicted else None
-        if not levels:  # recorded all the same: every trial has its line in twin.json
+        if not levels and ev.levels:  # every measured trial has its line in twin.json
             self._record(
                 TrialFit(
                     trial=number, levels=[], before=setup.timing, after=setup.timing,
@@ -184,6 +184,7 @@ class TrialTwin:
                     kept_because=no_levels_reason(number, ev),
                 )
             )  # fmt: skip
+        if not levels:  # a trial that did not start, or measured nothing, says nothing
             return setup
         # The first fit always runs: it is what makes the factors the device's own. After
         # it, none runs where the twin's goodput prediction lies within the trial's own
@@ -291,8 +292,9 @@ class TrialTwin:
 
 
 def no_levels_reason(number: int, ev: Evaluation) -> str:
-    """Why a trial left the twin no level to replay: its load generator lagged at every
-    level (the levels measured the client, not the server), or no level's window opened."""
+    """Why a trial that measured levels left the twin none to replay: its load generator
+    lagged at every level (the levels measured the client, not the server), or no level's
+    window opened."""
     if ev.levels and all(lv.unmeasurable for lv in ev.levels):
         return f"no level of trial {number} measured the server (its load generator lagged at each)"
     return f"no level of trial {number} has a window to replay"
