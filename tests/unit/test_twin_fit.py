@@ -257,3 +257,34 @@ def test_only_a_trial_that_measured_levels_has_a_line_without_a_fit(tmp_path: Pa
     assert [f.trial for f in record.fits] == [4] and record.factors == TimingFactors()
     assert "its load generator lagged at each" in (record.fits[0].kept_because or "")
     assert len(lines) == 1 and "trial 4" in lines[0]
+
+
+def test_a_tune_read_for_capacity_counts_only_the_trials_the_twin_replayed(tmp_path: Path) -> None:
+    """``tuner capacity --from``: a trial that left the twin no level to replay (its line
+    in twin.json, first here) is no fit: the goodput error is the first real fit's own,
+    and a run whose twin kept factors it started from (``--twin-from``) still counts them."""
+    import json
+
+    from tuner.capacity.calibration import read_run
+    from tuner.run.twin_record import TrialFit, TwinRecord
+
+    (tmp_path / "tune.json").write_text(
+        json.dumps({"gpu": "H100-80GB", "model": "llama-3.1-8b", "backend": "sim"})
+    )
+    fitted = TimingFactors(mbu=0.6, mfu=0.4, step_overhead_s=0.002, source="fitted")
+    lagged = TrialFit(
+        trial=0, levels=[], before=fitted, after=fitted, error_before=None, error_after=None,
+        evaluations=0, predicted_rate_per_s=9.0, predicted_after_per_s=9.0,
+        measured_rate_per_s=6.0, adopted=False, fitted=False, kept_because="no level of trial 0",
+    )  # fmt: skip
+    kept = TrialFit(
+        trial=1, levels=["001/level-0"], before=fitted, after=fitted, error_before=0.03,
+        error_after=0.03, evaluations=1, predicted_rate_per_s=8.8, predicted_after_per_s=8.4,
+        measured_rate_per_s=8.0, fitted=False, kept_because="within 5% of its levels",
+    )  # fmt: skip
+    TwinRecord(factors=fitted).with_fit(lagged).with_fit(kept).write(tmp_path / "twin.json")
+    run = read_run(tmp_path)
+    assert [f.trial for f in run.fits] == [1]
+    assert run.factors == fitted  # the factors it kept count as the run's
+    # the one fit's own (8.4 against 8.0), not a prediction made before any fit (8.8)
+    assert run.goodput_error == pytest.approx(0.05)

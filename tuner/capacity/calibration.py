@@ -141,7 +141,7 @@ def read_run(run_dir: Path) -> CalibrationRun:
     found = tune.get("config")
     config: dict[str, Any] = found if isinstance(found, dict) else {}
     workload = tune.get("workload")
-    fitted = twin is not None and any(f.adopted and f.fitted for f in twin.fits)
+    fitted = twin is not None and any(f.adopted for f in twin.fits)
     # A tune that searched the tensor-parallel size recommends one of its own
     searched = rec.recommended.params.tensor_parallel_size if rec is not None else None
     return CalibrationRun(
@@ -150,7 +150,10 @@ def read_run(run_dir: Path) -> CalibrationRun:
         tensor_parallel_size=searched or int(config.get("tensor_parallel_size") or 1),
         workload=workload if isinstance(workload, dict) else {},
         factors=twin.factors if twin is not None and fitted else None,
-        fits=tuple(twin.fits) if twin is not None else (), recommendation=rec,
+        # the trials the twin replayed: one that left it no level (a lagging load
+        # generator) predicted nothing from a fit and says nothing of its error
+        fits=tuple(f for f in twin.fits if f.levels) if twin is not None else (),
+        recommendation=rec,
     )  # fmt: skip
 
 

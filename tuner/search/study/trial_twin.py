@@ -174,17 +174,17 @@ class TrialTwin:
         levels = self._fit_levels(number, params, ev, setup, complete)
         measured = ev.stated_goodput.arrival_rate_per_s if ev.verdict is Verdict.MET else None
         before = predicted.rate_per_s if predicted else None
-        if not levels and ev.levels:  # every measured trial has its line in twin.json
-            self._record(
-                TrialFit(
-                    trial=number, levels=[], before=setup.timing, after=setup.timing,
-                    error_before=None, error_after=None, evaluations=0,
-                    measured_rate_per_s=measured, predicted_rate_per_s=before,
-                    predicted_after_per_s=before, adopted=False, fitted=False,
-                    kept_because=no_levels_reason(number, ev),
-                )
-            )  # fmt: skip
         if not levels:  # a trial that did not start, or measured nothing, says nothing
+            if ev.levels:  # one that measured levels has its line in twin.json all the same
+                self._record(
+                    TrialFit(
+                        trial=number, levels=[], before=setup.timing, after=setup.timing,
+                        error_before=None, error_after=None, evaluations=0,
+                        measured_rate_per_s=measured, predicted_rate_per_s=before,
+                        predicted_after_per_s=before, adopted=False, fitted=False,
+                        kept_because=no_levels_reason(number, ev),
+                    )
+                )  # fmt: skip
             return setup
         # The first fit always runs: it is what makes the factors the device's own. After
         # it, none runs where the twin's goodput prediction lies within the trial's own
