@@ -42,6 +42,7 @@ from pathlib import Path
 from tuner.run.evaluation import Evaluation
 from tuner.run.layout import RunLayout, evaluation_json
 from tuner.search.capacity_interval import capacity_interval
+from tuner.search.rate_search import EDGE_DRAWS
 
 try:  # the repository root is on the path (the editable install, python -m)
     from benchmarks.virtual_trial import one_trial, workload_file
@@ -182,9 +183,10 @@ def main() -> int:
     parser.add_argument(
         "--edge-draws",
         type=int,
-        default=2,
-        help="draws each trial's bracket ends are measured with (default 2: as the "
-        "recommendation's confirmation measures the capacity it states; a tune's trials: 1)",
+        default=EDGE_DRAWS,
+        help=f"draws each trial's bracket ends are measured with (default {EDGE_DRAWS}: as "
+        "the recommendation's confirmation measures the capacity it states where they fit; "
+        "a tune's trials: 1)",
     )
     parser.add_argument(
         "--space", action="append", help="pin a knob (repeatable), e.g. max-num-seqs=64..64"

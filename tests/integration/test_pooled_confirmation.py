@@ -1,7 +1,7 @@
 """The recommendation's confirmation pools its trial's levels (issue 34): where the
 recommendation is its best trial's own settings (here no OOM edge moves its utilization)
-and that trial bracketed its goodput, the confirmation measures the workload's other draw
-at the trial's bracket's two ends on a launch of its own, and states what both draws say
+and that trial bracketed its goodput, the confirmation measures the workload's other draws
+at the trial's bracket's two ends on a launch of its own, and states what the draws say
 pooled, rather than bracketing on its own and then measuring its edge draws. On the
 virtual clock (tests/virtual.py)."""
 
@@ -43,10 +43,17 @@ def test_the_confirmation_measures_the_other_draw_at_its_trials_bracket(tmp_path
     assert [(lv.rate_per_s, lv.draw) for lv in own[:2]] == [(held, 1), (broke, 1)]
     assert [Path(lv.dir).name for lv in own] == [f"level-{i}" for i in range(len(own))]
     assert all(Path(lv.dir).parent == confirm_dir for lv in own)
-    if own[0].met:  # the other draw held where the trial did: two levels, as the trial's
-        assert len(own) == 2 and confirmed.rate_per_s == held
-    else:  # the bracket moved down, measured with both draws on the confirmation's launch
+    # the other draws (four in all by default), each at both ends before the next
+    assert {lv.draw for lv in own} >= {1, 2, 3}
+    if all(lv.met for lv in own if lv.rate_per_s == held):  # all held where the trial did
+        assert [(lv.rate_per_s, lv.draw) for lv in own] == [
+            (rate, draw) for draw in (1, 2, 3) for rate in (held, broke)
+        ]
+        assert confirmed.rate_per_s == held
+    else:  # the bracket moved down, measured with every draw on the confirmation's launch
         assert confirmed.rate_per_s is None or confirmed.rate_per_s < held
+        below = [lv for lv in own if lv.rate_per_s < held]
+        assert below and {lv.draw for lv in below} >= {1, 2, 3}
     # the stated interval pools both draws
     measured = rec.recommended.measured
     assert measured is not None and measured.capacity_interval is not None

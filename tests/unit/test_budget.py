@@ -22,6 +22,7 @@ from tuner.search.budget import (
 from tuner.search.config import load_config
 from tuner.search.context import StudySetup, TuneContext, resolve
 from tuner.search.quality_gate import gate_need_s, may_gate
+from tuner.search.rate_search import LEAST_EDGE_DRAWS
 from tuner.search.recommend import (
     PRIOR_DRAW_LEVELS,
     confirm,
@@ -123,11 +124,12 @@ def test_the_edge_yields_only_to_the_recommendations_own_confirmation(ctx: TuneC
     """The OOM edge is one of the tune's answers; the conservative and aggressive variants'
     confirmations run in what it leaves (a 4-minute tune on the GPU-host rehearsal skipped
     every edge probe for them and left a minute unused)."""
-    ctx = _longer(ctx, 120.0)  # where no share of the budget bounds the reserve
+    ctx = _longer(ctx, 240.0)  # where no share of the budget bounds the reserve
     budget = _budget(ctx)
     _launch(budget, 60.0)
     setup = StudySetup()
-    end_s = budget.deadline_s  # (the end of a 120-minute budget: room for all of it)
+    assert reserve_s(ctx, setup, budget) == _full_reserve_s(ctx, setup, budget, None)
+    end_s = budget.deadline_s  # (the end of a 240-minute budget: room for all of it)
     own = confirm_reserve_s(ctx, setup, budget, variants=False)
     every = confirm_reserve_s(ctx, setup, budget)
     assert own > 0 and every - own >= 2 * 61.0  # two variants, a measured launch each
@@ -230,7 +232,11 @@ def test_a_confirmation_that_pools_its_trial_is_counted_at_its_draws_levels(
     )
     assert not pools_with_trial(ctx, held) and pools_with_trial(ctx, bracketed)
     level_s = 60.0 / 1.5
-    assert ctx.config.edge_draws == 2
+    # the default four draws: the three the trial lacks, at both ends
+    assert ctx.config.edge_draws == 4
+    pooled = confirm_reserve_s(ctx, setup, budget, bracketed, variants=False)
+    assert pooled == pytest.approx(2.0 + 1.0 + 3 * PRIOR_DRAW_LEVELS * level_s)
+    ctx = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"edge_draws": 2}))
     pooled = confirm_reserve_s(ctx, setup, budget, bracketed, variants=False)
     assert pooled == pytest.approx(2.0 + 1.0 + PRIOR_DRAW_LEVELS * level_s)
     own = confirm_reserve_s(ctx, setup, budget, held, variants=False)
@@ -270,9 +276,19 @@ def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_lea
         ctx, setup, budget, best, variants=False, levels=2, edge_draws=False
     )
     assert own_two == pytest.approx(2.0 + 1.0 + 2 * 60.0 / 1.5)
-    # the full one counts the two levels the confirmation's edge draws add
+    # the full one counts the six levels the confirmation's three edge draws add
     with_draws = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=2)
-    assert with_draws == pytest.approx(own_two + 2 * 60.0 / 1.5)
+    assert with_draws == pytest.approx(own_two + 6 * 60.0 / 1.5)
+    # the edge yields to the least of it: two rates, two draws (its other draws where
+    # they fit after the edge)
+    end_s = budget.deadline_s
+    least_draws = confirm_reserve_s(
+        ctx, setup, budget, best, variants=False, levels=2, asked_draws=LEAST_EDGE_DRAWS
+    )
+    assert least_draws == pytest.approx(own_two + 2 * 60.0 / 1.5)
+    assert edge_deadline_s(ctx, setup, budget, best, end_s) == pytest.approx(
+        end_s - 1.25 * least_draws
+    )
     # slower measured trials: the least binds, whatever the share
     slow = _trial(2480.0, [6.02, 6.32], time_scale=1.5)
     assert reserve_s(ctx, setup, budget, slow) == pytest.approx(

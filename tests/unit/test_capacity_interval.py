@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from statistics import NormalDist
+import random
+import statistics
 
 import pytest
 
 from tuner.run.evaluation import LevelRecord
 from tuner.run.goodput import CapacityInterval
 from tuner.search.capacity_interval import capacity_gain, capacity_interval
+from tuner.search.edge_posterior import TAU_PRIOR
 from tuner.serving.backlog import BacklogCheck, BacklogVerdict, Signal, SignalTrend
 from workloads.load_result import LoadResult
 
@@ -92,33 +94,83 @@ def test_a_growing_queue_holds_nothing_and_old_levels_count_as_their_verdict() -
     assert capacity_interval([]) is None
 
 
-def test_the_interval_widens_with_the_variation_between_draws() -> None:
-    """Issue 34: where the bracket's ends were measured with two draws, the interval is
-    read from them: draws that agree place the edge within the bracket; a draw that held
-    where the other broke says the edge moves from draw to draw by more."""
-    below = [_level(5.0, 1.0)]  # the search's own levels below the edge
-    agree = [*below, _level(6.0, 1.0), _level(6.3, 0.0),
-             _level(6.0, 1.0, draw=1), _level(6.3, 0.0, draw=1)]  # fmt: skip
-    differ = [*below, _level(6.0, 1.0), _level(6.3, 0.0),
-              _level(6.0, 1.0, draw=1), _level(6.3, 1.0, draw=1)]  # fmt: skip
-    tight, wide = capacity_interval(agree), capacity_interval(differ)
-    assert tight is not None and wide is not None
-    assert tight.high_per_s is not None and wide.high_per_s is not None
-    assert wide.high_per_s - wide.low_per_s > 2 * (tight.high_per_s - tight.low_per_s)
-    # agreeing draws: shares smoothed to 2.5/3 and 0.5/3, the probit's fit through them
-    z = NormalDist().inv_cdf(2.5 / 3)
-    tau = math.log(6.3 / 6.0) / (2 * z)
+def _drawn(*brackets: tuple[float, float]) -> list[LevelRecord]:
+    """The search's own levels below and above the edge, then each draw's bracket: the
+    rate it held and the one above it that broke (draw 0 the search's own)."""
+    levels = [_level(2.5, 1.0), _level(5.0, 1.0), _level(10.0, 0.0)]
+    for draw, (held, broke) in enumerate(brackets):
+        levels += [_level(held, 1.0, draw=draw), _level(broke, 0.0, draw=draw)]
+    return levels
+
+
+def _half(interval: CapacityInterval | None) -> float:
+    assert interval is not None and interval.high_per_s is not None
+    return (interval.high_per_s - interval.low_per_s) / (interval.high_per_s + interval.low_per_s)
+
+
+def test_the_interval_narrows_with_draws_that_agree_and_widens_with_draws_that_differ() -> None:
+    """Issue 34: where the bracket's ends were measured with several draws, the interval is
+    where another trial with as many draws places its estimate: draws that agree narrow it
+    (four more than two), a draw whose edge lies far from the others' widens it."""
+    two, four = (
+        capacity_interval(_drawn(*[(6.0, 6.3)] * 2)),
+        capacity_interval(_drawn(*[(6.0, 6.3)] * 4)),
+    )
+    far = capacity_interval(_drawn((6.0, 6.3), (5.0, 5.3), (7.0, 7.3), (6.0, 6.3)))
+    assert two is not None and four is not None and far is not None
+    assert 0.02 < _half(four) < _half(two) < 0.09
+    assert _half(far) > 2 * _half(four)
+    # draws that agree around the bracket's geometric middle: an interval about it
     middle = math.sqrt(6.0 * 6.3)
-    half = NormalDist().inv_cdf(0.95) * tau  # sqrt(2 / n) = 1 with two draws
-    assert tight.low_per_s == pytest.approx(middle * math.exp(-half))
-    assert tight.high_per_s == pytest.approx(middle * math.exp(half))
+    for interval in (two, four):
+        assert interval.high_per_s is not None
+        assert interval.low_per_s < 6.0 and interval.high_per_s > 6.3
+        assert math.sqrt(interval.low_per_s * interval.high_per_s) == pytest.approx(
+            middle, rel=0.01
+        )
+    # a draw that held where the others broke places the edge higher, and less surely
+    higher = capacity_interval(_drawn((6.0, 6.3), (6.3, 6.6), (6.0, 6.3), (6.0, 6.3)))
+    assert higher is not None and higher.high_per_s is not None and four.high_per_s is not None
+    assert higher.high_per_s > four.high_per_s and _half(higher) > _half(four)
     # one draw: the window's noise alone (linear between the rates), narrower still
-    alone = capacity_interval([*below, _level(6.0, 1.0), _level(6.3, 0.0)])
-    assert alone is not None and alone.high_per_s is not None
-    assert alone.high_per_s - alone.low_per_s < tight.high_per_s - tight.low_per_s
+    alone = capacity_interval(_drawn((6.0, 6.3)))
+    assert alone is not None and _half(alone) < _half(four)
     # the same draw measured twice is one draw, not two
-    twice = [*below, _level(6.0, 1.0), _level(6.3, 0.0), _level(6.0, 1.0), _level(6.3, 0.0)]
+    twice = [*_drawn((6.0, 6.3)), _level(6.0, 1.0), _level(6.3, 0.0)]
     assert capacity_interval(twice) == alone
+    # no draw broke a rate (or none held one): not bounded on that side, the one-draw reading
+    held = [_level(6.0, 1.0), _level(6.3, 1.0), _level(6.0, 1.0, draw=1), _level(6.3, 1.0, draw=1)]
+    lower_bound = capacity_interval(held)
+    assert lower_bound is not None and lower_bound.high_per_s is None
+
+
+def test_the_interval_holds_another_trials_estimate_as_often_as_it_says() -> None:
+    """Simulated trials whose draws' edges move by the prior's spread (log-normal about
+    6/s), each draw bracketed on a 5% grid placed at random, four draws each as a
+    confirmation measures them: each trial's 90% interval holds the other trials'
+    estimates (the middle of their intervals) about 90% of the time, and is within 8%."""
+    rng = random.Random(7)
+    step = math.log(1.05)
+    intervals = []
+    for _ in range(40):
+        offset = rng.uniform(0.0, step)
+        brackets = []
+        for _ in range(4):
+            edge = math.log(6.0) + rng.gauss(0.0, TAU_PRIOR)
+            below = math.floor((edge - offset) / step) * step + offset
+            brackets.append((math.exp(below), math.exp(below + step)))
+        interval = capacity_interval(_drawn(*brackets))
+        assert interval is not None and interval.high_per_s is not None
+        intervals.append((interval.low_per_s, interval.high_per_s))
+    middles = [(low + high) / 2 for low, high in intervals]
+    held = [
+        low <= middles[j] <= high
+        for i, (low, high) in enumerate(intervals)
+        for j in range(len(intervals))
+        if i != j
+    ]
+    assert 0.8 <= sum(held) / len(held) <= 0.99
+    assert statistics.median((high - low) / (high + low) for low, high in intervals) < 0.08
 
 
 def test_a_record_written_before_draws_reads_as_the_searchs_own_draw() -> None:

@@ -648,6 +648,7 @@ def test_a_draw_that_breaks_the_lowest_rate_held_steps_down_with_both(tmp_path: 
     result = search_rate(
         server, chat, start_rate_per_s=None, out_dir=tmp_path, level_duration_s=2.0,
         warmup_s=1.0, max_levels=2, precision=0.05, predicted_rate_per_s=8.0 * math.sqrt(1.05),
+        edge_draws=2,
     )  # fmt: skip
     assert [(round(lv.rate_per_s, 2), lv.met, lv.draw) for lv in result.levels[:3]] == [
         (8.0, True, 0), (8.4, False, 0), (8.0, False, 1)

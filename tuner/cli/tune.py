@@ -68,7 +68,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-levels", type=int, help="measured rates per trial (default 4)")
     p.add_argument("--edge-draws", dest="edge_draws", type=int,
                    help="draws of the workload the recommendation's confirmation measures its "
-                        "bracket's two ends with, beyond its rates (default 2; as many as fit "
+                        "bracket's two ends with, beyond its rates (default 4; as many as fit "
                         "its budget; 1: none, see "
                         "docs/design/measurement.md)")  # fmt: skip
     p.add_argument("--trial-edge-draws", dest="trial_edge_draws", type=int,

@@ -95,7 +95,7 @@ class TuneConfig(BaseModel):
     # in the recommendation's confirmation, the capacity a review acts on;
     # ``trial_edge_draws`` in each trial, which the search ranks on one draw shared by all
     # trials (common random numbers: their difference is the settings', not the draw's).
-    edge_draws: int = Field(default=2, ge=1)
+    edge_draws: int = Field(default=4, ge=1)
     trial_edge_draws: int = Field(default=1, ge=1)
     # A trial's levels follow one another on one load run, the conversations under way
     # carrying on from each to the next (workloads.chain); False: each from an empty server

@@ -24,30 +24,21 @@ goodput (the last rate that held) may lie below it.
 
 **Between draws.** Where the edge falls also moves with the draw of the workload (its
 arrivals, its conversations' lengths) by more than one window's resamples see. Where the
-search measured its bracket's ends with several draws (``LevelRecord.draw``, the rate
-search's edge draws), the interval is read from the rates measured with several draws
-alone (``_between_draws``): at each the pooled share is the mean over draws of their
-P(hold), smoothed to ``(k + 1/2) / (n + 1)`` for ``n`` draws summing to ``k`` (two draws
-that agree are not certainty); its probit, taken as linear in the log of the rate, is
-drawn through the two neighbouring rates between which it falls most, which gives where
-a draw's edge lies, ``mu``, and how far it moves from draw to draw, ``tau`` (in log
-rate). A trial's estimate pools its ``n`` draws
-(standard error ``tau / sqrt(n)``), and so does another trial's: the interval is
-``mu +/- z * tau * sqrt(2 / n)``, ``z`` the normal quantile of the confidence's upper
-tail (1.645 at 90%): where another trial of the same settings, on other draws, places
-its estimate with that confidence. It does not hold the server's run-to-run variation
-beyond the workload's draw (a restart, a neighbour on the host), which repeated runs
-measure (``tuner tune --repeats``, ``tuner check``).
+levels hold two draws or more (``LevelRecord.draw``: the rate search's edge draws), the
+interval is where another trial of the same settings, with as many draws, places its
+estimate (``tuner.search.edge_posterior``: each draw's edge censored by the rates it held
+and broke, their spread with a prior from the repeatability runs). It does not hold the
+server's run-to-run variation beyond the workload's draw (a restart, a neighbour on the
+host), which repeated runs measure (``tuner tune --repeats``, ``tuner check``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from statistics import NormalDist
 
 from tuner.run.evaluation import LevelRecord
 from tuner.run.goodput import CapacityGain, CapacityInterval
+from tuner.search.edge_posterior import edge_posterior
 
 CONFIDENCE = 0.9
 
@@ -72,10 +63,13 @@ def capacity_interval(
             if best.rate_per_s in by_rate
             else best.hold_probability
         )
-    drawn = _between_draws(by_rate, tail)
+    drawn = edge_posterior(levels)
     if drawn is not None:
         return CapacityInterval(
-            low_per_s=drawn[0], high_per_s=drawn[1], confidence=confidence, hold_at_goodput=hold
+            low_per_s=drawn.quantile_per_s(tail),
+            high_per_s=drawn.quantile_per_s(1.0 - tail),
+            confidence=confidence,
+            hold_at_goodput=hold,
         )
     low = _falls_through(curve, 1.0 - tail)
     return CapacityInterval(
@@ -109,37 +103,6 @@ def _hold_curve(by_rate: dict[float, dict[int, list[float]]]) -> list[tuple[floa
         lowest = min(lowest, _pooled(by_rate[rate]))
         curve.append((rate, lowest))
     return curve
-
-
-def _between_draws(
-    by_rate: dict[float, dict[int, list[float]]], tail: float
-) -> tuple[float, float] | None:
-    """The interval from the rates measured with several draws (the module's docstring),
-    or None: fewer than two such rates, or no fall of the pooled share between them."""
-    drawn = sorted((rate, draws) for rate, draws in by_rate.items() if len(draws) >= 2)
-    if len(drawn) < 2:
-        return None
-    normal = NormalDist()
-    xs: list[float] = []
-    zs: list[float] = []
-    lowest = 1.0
-    for rate, draws in drawn:
-        n = len(draws)
-        smoothed = (_pooled(draws) * n + 0.5) / (n + 1)
-        lowest = min(lowest, smoothed)  # no rate holds more surely than a lower one
-        xs.append(math.log(rate))
-        zs.append(normal.inv_cdf(lowest))
-    # the edge lies where the pooled share falls most between two neighbouring rates: the
-    # probit through them (a rate below that all draws held says nothing of the fall's
-    # width but its smoothing, and would flatten a fit through every rate)
-    fall, i = max((zs[j] - zs[j + 1], j) for j in range(len(zs) - 1))
-    if fall <= 0.0:
-        return None
-    tau = (xs[i + 1] - xs[i]) / fall  # z = (mu - x) / tau
-    mu = xs[i] + zs[i] * tau
-    n_draws = min(len(draws) for _, draws in drawn)
-    half = normal.inv_cdf(1.0 - tail) * tau * math.sqrt(2.0 / n_draws)
-    return math.exp(mu - half), math.exp(mu + half)
 
 
 def _falls_through(curve: list[tuple[float, float]], share: float) -> float | None:

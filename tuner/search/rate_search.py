@@ -122,8 +122,14 @@ def twin_step(off_share: float | None, precision: float) -> float:
 # How many draws of the workload the bracket's ends are measured with (the edge draws):
 # where the capacity falls moves with the draw (arrivals, conversation lengths) by more
 # than one window's resamples see, so its ends are measured again with other draws and
-# their P(hold) pooled (``pooled_hold``). 1: no edge draws.
-EDGE_DRAWS = 2
+# their P(hold) pooled (``pooled_hold``). 1: no edge draws. Four: a trial's own draws
+# say how far its edge moves only with the prior of ``tuner.search.edge_posterior``, and
+# its interval is within 8% for the repeatability runs' settings from four draws, not two
+# (``benchmarks/repeatability.md``). A confirmation measures as many of them as fit.
+EDGE_DRAWS = 4
+# The draws a short budget keeps time for (``tuner.search.tune.edge_deadline_s``): the
+# least that say how far the edge moves; the confirmation measures more where they fit.
+LEAST_EDGE_DRAWS = 2
 # Draw k of a workload is planned with its seed plus k times this: far from the seeds a
 # user numbers repeats with (1, 2, 3...), so no two repeats share a draw.
 DRAW_SEED_STRIDE = 1_000_003

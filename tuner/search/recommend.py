@@ -647,7 +647,7 @@ def recommend(
                 name == "recommended" and start is not None
                 and best.rate_per_s is not None and start <= best.rate_per_s
             )  # fmt: skip
-            # The recommendation with its trial's own settings: another draw on its own
+            # The recommendation with its trial's own settings: other draws on its own
             # launch at the trial's bracket, pooled with the trial's levels
             pooled = held_before and params == best.params and pools_with_trial(ctx, best)
             before = len(skipped)

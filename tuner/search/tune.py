@@ -56,7 +56,7 @@ from tuner.search.offloading_verdict import offloading_verdict
 from tuner.search.optuna_store import FrozenTrial, Study, TrialState
 from tuner.search.parallelism import compare
 from tuner.search.quality_gate import gate_best, gate_need_s, may_gate
-from tuner.search.rate_search import edge_levels
+from tuner.search.rate_search import LEAST_EDGE_DRAWS, edge_levels
 from tuner.search.recommend import (
     LEAST_LEVELS,
     level_estimate_s,
@@ -185,10 +185,12 @@ def confirm_reserve_s(
     variants: bool = True,
     levels: int = CONFIRM_LEVELS,
     edge_draws: bool = True,
+    asked_draws: int | None = None,
 ) -> float:
     """The confirmation runs: the recommendation's (``repeats``, up to ``levels`` rates each;
     where it pools the best trial's levels, the bracket's ends with each draw it lacks,
-    ``prior_draw_levels``; without ``edge_draws``, one draw: ``pools_with_trial``) and,
+    ``prior_draw_levels``; without ``edge_draws``, one draw: ``pools_with_trial``; with
+    them, ``asked_draws`` in all, default ``--edge-draws``) and,
     with ``variants``, the two variants' (one rate); a launch each (as measured, else the
     prior) and its levels (a level as the best trial's took, else as planned)."""
     c = ctx.config
@@ -208,10 +210,11 @@ def confirm_reserve_s(
         level = (plan.warmup_min_s + plan.window_s + drain_s(ctx.workload)) * k + 4.0
         warm = ctx.workload.warmup.duration_s * k
     # (with ``edge_draws``, the two levels each of its edge draws adds: the bracket's ends
-    # with another draw; the least confirmation goes without them where they do not fit)
-    draws = edge_levels(c.edge_draws, levels) if edge_draws else 0
+    # with another draw each; the least confirmation goes without them where they do not fit)
+    asked = c.edge_draws if asked_draws is None else asked_draws
+    draws = edge_levels(asked, levels) if edge_draws else 0
     if best is not None and pools_with_trial(ctx, best):
-        asked, trial_draws = pooled_draws(c.edge_draws if edge_draws else 1, best.levels)
+        asked, trial_draws = pooled_draws(asked if edge_draws else 1, best.levels)
         levels, draws = prior_draw_levels(asked, trial_draws), 0
     own = (launch + warm + (levels + draws) * level) * c.repeats
     return own + 2 * (launch + warm + level) if variants else own
@@ -227,17 +230,21 @@ def edge_deadline_s(
     """When the edge's last probe must end: in time for the recommendation's own
     confirmation (a quarter more, as ``reserve_s``), not for the variants', which run in
     what the edge leaves; in a short budget (``RESERVE_SHARE``), for its least
-    (``CONFIRM_LEAST_LEVELS`` rates: the confirmation measures as many rates as fit).
-    Where even that least no longer fits before ``end_s``, the edge has the time to
-    itself: a 10-minute tune kept 141 s for a confirmation that needed 186 and probed
-    no edge either."""
-    levels = CONFIRM_LEVELS
+    (``CONFIRM_LEAST_LEVELS`` rates and ``LEAST_EDGE_DRAWS`` draws: the confirmation
+    measures as many rates and draws as fit). Where even that least no longer fits before
+    ``end_s``, the edge has the time to itself: a 10-minute tune kept 141 s for a
+    confirmation that needed 186 and probed no edge either."""
+    fewest = min(ctx.config.edge_draws, LEAST_EDGE_DRAWS)
+    levels, asked = CONFIRM_LEVELS, ctx.config.edge_draws
     if reserve_s(ctx, setup, budget, best) < _full_reserve_s(ctx, setup, budget, best):
-        levels = CONFIRM_LEAST_LEVELS
-    own = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=levels)
-    least = confirm_reserve_s(
-        ctx, setup, budget, best, variants=False, levels=min(levels, CONFIRM_LEAST_LEVELS)
+        levels, asked = CONFIRM_LEAST_LEVELS, fewest
+    own = confirm_reserve_s(
+        ctx, setup, budget, best, variants=False, levels=levels, asked_draws=asked
     )
+    least = confirm_reserve_s(
+        ctx, setup, budget, best, variants=False, levels=min(levels, CONFIRM_LEAST_LEVELS),
+        asked_draws=fewest,
+    )  # fmt: skip
     if least > budget.left_s(end_s):
         return end_s
     return end_s - 1.25 * own
