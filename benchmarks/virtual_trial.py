@@ -2,6 +2,9 @@
 one setting over workload seeds run it (``repeatability.py``, ``units_agreement.py``):
 one trial (vLLM's defaults, or the settings ``space`` pins), no edge, no confirmation,
 no twin search, every launch a ``VirtualServer``, its output kept out of the terminal.
+Its wall-clock budget is ``BUDGET_MIN``, not a tune's default 14 minutes: a repeat is
+measured in full, not cut where a busy host runs the virtual clock slowly (the twin's
+pick, seed 10, measured two of its four draws in 14 minutes at ``cef11b9``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from tuner.search.config import load_config
 from tuner.search.tune import run_tune
 from tuner.twin.virtual_server import VirtualServer
 from workloads.spec import load_workload
+
+BUDGET_MIN = 120.0
 
 
 def workload_file(name: str, seed: int, folder: Path) -> Path:
@@ -49,6 +54,7 @@ def one_trial(
     argv = [
         "tune", "--model", model, "--gpu", gpu, "--workload", str(workload),
         "--trials", "1", "--no-edge", "--no-confirm", "--no-twin-search",
+        "--budget-min", str(BUDGET_MIN),
         "--max-levels", str(max_levels), "--trial-edge-draws", str(edge_draws),
         "--run-dir", str(run_dir),
         *[a for pin in space for a in ("--space", pin)],
