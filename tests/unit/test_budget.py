@@ -246,7 +246,7 @@ def test_a_confirmation_that_pools_its_trial_is_counted_at_its_draws_levels(
     assert prior_draw_levels(3) == 2 * PRIOR_DRAW_LEVELS
     pooled = confirm_reserve_s(three, setup, budget, bracketed, variants=False)
     assert pooled == pytest.approx(2.0 + 1.0 + 2 * PRIOR_DRAW_LEVELS * level_s)
-    least = confirm_reserve_s(three, setup, budget, bracketed, variants=False, edge_draws=False)
+    least = confirm_reserve_s(three, setup, budget, bracketed, variants=False, draws=1)
     assert least == pytest.approx(2.0 + 1.0 + PRIOR_DRAW_LEVELS * level_s)
     # no edge draws asked for, or repeats: the confirmation brackets on its own
     one_draw = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"edge_draws": 1}))
@@ -272,9 +272,7 @@ def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_lea
     assert least < RESERVE_SHARE * budget.budget_s < full
     assert reserve_s(ctx, setup, budget, best) == pytest.approx(RESERVE_SHARE * 600.0)
     # a confirmation's level as the trial's took on average: least is one probe and two
-    own_two = confirm_reserve_s(
-        ctx, setup, budget, best, variants=False, levels=2, edge_draws=False
-    )
+    own_two = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=2, draws=1)
     assert own_two == pytest.approx(2.0 + 1.0 + 2 * 60.0 / 1.5)
     # the full one counts the six levels the confirmation's three edge draws add
     with_draws = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=2)
@@ -283,7 +281,7 @@ def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_lea
     # they fit after the edge)
     end_s = budget.deadline_s
     least_draws = confirm_reserve_s(
-        ctx, setup, budget, best, variants=False, levels=2, asked_draws=LEAST_EDGE_DRAWS
+        ctx, setup, budget, best, variants=False, levels=2, draws=LEAST_EDGE_DRAWS
     )
     assert least_draws == pytest.approx(own_two + 2 * 60.0 / 1.5)
     assert edge_deadline_s(ctx, setup, budget, best, end_s) == pytest.approx(

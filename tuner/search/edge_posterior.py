@@ -54,12 +54,9 @@ _MU_MARGIN = 0.3  # the grid reaches this far (log rate) past the rates measured
 
 @dataclass(frozen=True)
 class EdgePosterior:
-    """Where another trial with ``draws`` draws places its estimate of the edge: its
+    """Where another trial with as many draws places its estimate of the edge: its
     quantiles as rates (``quantile_per_s``)."""
 
-    draws: int
-    mu_per_s: float  # the posterior mean of mu, as a rate
-    tau: float  # the posterior mean of tau, log rate
     _log_cdf_grid: tuple[tuple[float, float], ...]
 
     def quantile_per_s(self, q: float) -> float:
@@ -107,12 +104,7 @@ def edge_posterior(levels: Sequence[LevelRecord]) -> EdgePosterior | None:
     spread = float(np.sqrt((weight * (sd**2 + (mean - mu) ** 2)).sum()))  # the mixture's
     grid = np.linspace(mu - 6 * spread, mu + 6 * spread, 1201)
     cdf = (weight[None, :] * ndtr((grid[:, None] - mean[None, :]) / sd[None, :])).sum(axis=1)
-    return EdgePosterior(
-        draws=n,
-        mu_per_s=math.exp(mu),
-        tau=float((weight * taus).sum()),
-        _log_cdf_grid=tuple(zip(grid.tolist(), cdf.tolist(), strict=True)),
-    )
+    return EdgePosterior(tuple(zip(grid.tolist(), cdf.tolist(), strict=True)))
 
 
 def _draw_likelihood(draw: list[tuple[float, float]], mus: np.ndarray) -> np.ndarray:

@@ -184,13 +184,12 @@ def confirm_reserve_s(
     *,
     variants: bool = True,
     levels: int = CONFIRM_LEVELS,
-    edge_draws: bool = True,
-    asked_draws: int | None = None,
+    draws: int | None = None,
 ) -> float:
-    """The confirmation runs: the recommendation's (``repeats``, up to ``levels`` rates each;
-    where it pools the best trial's levels, the bracket's ends with each draw it lacks,
-    ``prior_draw_levels``; without ``edge_draws``, one draw: ``pools_with_trial``; with
-    them, ``asked_draws`` in all, default ``--edge-draws``) and,
+    """The confirmation runs: the recommendation's (``repeats``, up to ``levels`` rates each,
+    its bracket's ends with ``draws`` draws of the workload in all, default ``--edge-draws``,
+    1: none; where it pools the best trial's levels, the bracket's ends with each draw it
+    lacks, ``prior_draw_levels``, one at the least: ``pools_with_trial``) and,
     with ``variants``, the two variants' (one rate); a launch each (as measured, else the
     prior) and its levels (a level as the best trial's took, else as planned)."""
     c = ctx.config
@@ -209,14 +208,14 @@ def confirm_reserve_s(
         )
         level = (plan.warmup_min_s + plan.window_s + drain_s(ctx.workload)) * k + 4.0
         warm = ctx.workload.warmup.duration_s * k
-    # (with ``edge_draws``, the two levels each of its edge draws adds: the bracket's ends
-    # with another draw each; the least confirmation goes without them where they do not fit)
-    asked = c.edge_draws if asked_draws is None else asked_draws
-    draws = edge_levels(asked, levels) if edge_draws else 0
+    # (the two levels each of its edge draws adds: the bracket's ends with another draw
+    # each; the least confirmation goes without them where they do not fit)
+    asked = c.edge_draws if draws is None else draws
+    edge = edge_levels(asked, levels)
     if best is not None and pools_with_trial(ctx, best):
-        asked, trial_draws = pooled_draws(asked if edge_draws else 1, best.levels)
-        levels, draws = prior_draw_levels(asked, trial_draws), 0
-    own = (launch + warm + (levels + draws) * level) * c.repeats
+        asked, trial_draws = pooled_draws(asked, best.levels)
+        levels, edge = prior_draw_levels(asked, trial_draws), 0
+    own = (launch + warm + (levels + edge) * level) * c.repeats
     return own + 2 * (launch + warm + level) if variants else own
 
 
@@ -238,12 +237,10 @@ def edge_deadline_s(
     levels, asked = CONFIRM_LEVELS, ctx.config.edge_draws
     if reserve_s(ctx, setup, budget, best) < _full_reserve_s(ctx, setup, budget, best):
         levels, asked = CONFIRM_LEAST_LEVELS, fewest
-    own = confirm_reserve_s(
-        ctx, setup, budget, best, variants=False, levels=levels, asked_draws=asked
-    )
+    own = confirm_reserve_s(ctx, setup, budget, best, variants=False, levels=levels, draws=asked)
     least = confirm_reserve_s(
         ctx, setup, budget, best, variants=False, levels=min(levels, CONFIRM_LEAST_LEVELS),
-        asked_draws=fewest,
+        draws=fewest,
     )  # fmt: skip
     if least > budget.left_s(end_s):
         return end_s
@@ -287,7 +284,7 @@ def _least_reserve_s(
     """One edge probe, the recommendation's own confirmation over ``CONFIRM_LEAST_LEVELS``
     rates (no variants) and the quality gate: what a tune states at the least."""
     parts = edge_reserve_s(ctx, setup, budget, best, probes=1) + confirm_reserve_s(
-        ctx, setup, budget, best, variants=False, levels=CONFIRM_LEAST_LEVELS, edge_draws=False
+        ctx, setup, budget, best, variants=False, levels=CONFIRM_LEAST_LEVELS, draws=1
     )
     if may_gate(ctx):
         parts += gate_need_s(ctx, budget)
