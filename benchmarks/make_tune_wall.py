@@ -17,6 +17,7 @@ Run (about ten minutes; the tune's own lines go to ``<run dir>.console.txt`` bes
 
     .venv/bin/python benchmarks/make_tune_wall.py
     .venv/bin/python benchmarks/make_tune_wall.py --budget-min 10 --trials 8 --keep /tmp/wall-1
+    .venv/bin/python benchmarks/make_tune_wall.py --busy-s 40   # a busy host at trial 1
 
 Timings on a shared machine are noisy: the load generator and the simulated engine
 share its cores with everything else running, and a level whose load generator lagged
@@ -32,6 +33,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -169,6 +171,21 @@ def report(run_dir: Path, wall_s: float, command: list[str]) -> str:
     return "\n".join(lines)
 
 
+def busy_host(start_at: Path, seconds: float) -> None:
+    """Once ``start_at`` exists, keep every core busy for ``seconds`` (a host where other
+    work runs beside the tune: the load generator and the simulated server lag)."""
+    while not start_at.exists():
+        time.sleep(0.5)
+    spin = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\n"
+    spin += "while time.monotonic() < end: pass\n"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", spin, str(seconds)])
+        for _ in range(os.cpu_count() or 1)
+    ]
+    for proc in procs:
+        proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=makefile_default("MODEL"))
@@ -179,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         "--keep", type=Path, help="the run directory (default: a fresh temporary one)"
     )
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument(
+        "--busy-s", type=float, default=0.0,
+        help="a busy host: keep every core busy this many seconds once trial --busy-trial's "
+        "first level starts (default 0: none)",
+    )  # fmt: skip
+    parser.add_argument("--busy-trial", type=int, default=1)
     args = parser.parse_args(argv)
     run_dir = args.keep or Path(tempfile.mkdtemp(prefix="make-tune-wall-")) / "run"
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -195,9 +218,18 @@ def main(argv: list[str] | None = None) -> int:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     began = time.monotonic()
+    busy = None
+    if args.busy_s > 0:
+        level = run_dir / "trials" / f"{args.busy_trial:03d}" / "level-0"
+        busy = threading.Thread(target=busy_host, args=(level, args.busy_s), daemon=True)
+        busy.start()
     with console_path.open("w", encoding="utf-8") as console:
         rc = subprocess.run(command, stdout=console, stderr=subprocess.STDOUT, env=env, check=False)
     wall_s = time.monotonic() - began
+    if busy is not None:
+        print(
+            f"busy host: every core busy for {args.busy_s:g} s from trial {args.busy_trial}'s first level"
+        )
     print(report(run_dir, wall_s, command))
     print(f"exit status {rc.returncode}; run directory {run_dir}")
     if args.json:

@@ -242,6 +242,11 @@ class ClientLag(BaseModel):
         return self.verdict is ClientVerdict.LAGGED
 
     @property
+    def generator_lagged(self) -> bool:
+        """A load process went past the bounds (the simulated server's own lag aside)."""
+        return any(p.past(self.bounds) for p in self.processes)
+
+    @property
     def server_lagged(self) -> bool:
         """The simulated server fell behind its clock (more load processes cannot help)."""
         return self.server is not None and bool(self.server.past(self.bounds))

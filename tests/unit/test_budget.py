@@ -14,6 +14,7 @@ import pytest
 from tuner.run.budget import LaunchKind
 from tuner.run.evaluation import Evaluation, LevelRecord, Verdict
 from tuner.search.budget import (
+    FINISH_S,
     SIM_LAUNCH_OVERHEAD_S,
     VLLM_LAUNCH_PRIOR_S,
     TimeBudget,
@@ -37,6 +38,7 @@ from tuner.search.tune import (
     _least_reserve_s,
     confirm_reserve_s,
     edge_deadline_s,
+    edge_reserve_s,
     level_estimate_s,
     reserve_s,
 )
@@ -288,7 +290,8 @@ def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_lea
         end_s - 1.25 * least_draws
     )
     # slower measured trials: the least binds, whatever the share
-    slow = _trial(2480.0, [6.02, 6.32], time_scale=1.5)
+    slow = _trial(500.0, [6.02, 6.32], time_scale=1.5)
+    assert RESERVE_SHARE * 600.0 < _least_reserve_s(ctx, setup, budget, slow) < 600.0
     assert reserve_s(ctx, setup, budget, slow) == pytest.approx(
         _least_reserve_s(ctx, setup, budget, slow)
     )
@@ -299,6 +302,29 @@ def test_a_short_budget_keeps_at_most_its_share_back_but_never_less_than_the_lea
     assert reserve_s(long_ctx, setup, long_budget, best) == pytest.approx(
         _full_reserve_s(long_ctx, setup, long_budget, best)
     )
+
+
+def test_no_time_is_kept_for_a_confirmation_that_no_longer_fits(ctx: TuneContext) -> None:
+    """A 10-minute default tune whose pick kept a slower clock (its server fell behind on a
+    busy host): its levels counted 102 s each, and the least the tune states (one edge
+    probe and two confirmation levels: 311 s) was kept back from the 191 s left after its
+    trial. No third trial started, the confirmation did not fit either, and the tune ended
+    163 s early. Where the least no longer fits in what is left, the trials have the
+    time the confirmation cannot use (the edge's probe is still kept)."""
+    setup = StudySetup()
+    slow = _trial(500.0, [6.02, 6.32], time_scale=1.5)  # 166 s a level now
+    roomy = _budget(ctx)
+    _launch(roomy, 2.0)
+    kept = reserve_s(ctx, setup, roomy, slow)
+    assert kept == pytest.approx(_least_reserve_s(ctx, setup, roomy, slow))
+    late = TimeBudget(began_s=time.monotonic() - 420.0, budget_s=600.0, launch_prior_s=2.0)
+    _launch(late, 2.0)
+    assert late.left_s() < _least_reserve_s(ctx, setup, late, slow)  # 180 s left
+    edge_only = reserve_s(ctx, setup, late, slow)
+    assert edge_only < late.left_s() and edge_only < kept
+    probe = edge_reserve_s(ctx, setup, late, slow, probes=1)
+    assert probe > 0.0
+    assert edge_only == pytest.approx(1.25 * probe + FINISH_S)
 
 
 def test_a_confirmations_levels_follow_the_clock_of_now_and_fit_what_is_left(

@@ -232,6 +232,17 @@ def test_a_busier_trial_keeps_the_clock_where_its_chunks_can_carry_more_tokens()
     assert kept is not None and (kept.time_scale, kept.stream_interval) == (0.25, 10)
 
 
+def _attempt_at_4x(lag: ClientLag, wall_s: float) -> ClientAttempt:
+    """An attempt at 4x set aside with ``lag``, the level measured again at 2x."""
+    change = ClientChange(
+        remedy=ClientRemedy.SLOWER_CLOCK, before=ClientSetup(processes=1, time_scale=0.25),
+        after=ClientSetup(processes=1, time_scale=0.5),
+    )  # fmt: skip
+    return ClientAttempt(
+        dir="level-0/lagged-0", setup=change.before, lag=lag, then=change, wall_s=wall_s
+    )
+
+
 def test_settings_whose_server_fell_behind_launch_again_on_the_clock_they_needed() -> None:
     """wall-p (issue 34): the twin's pick's first level lagged at 4x (its simulated
     server's steps 26.6 ms late at p99, bound 25) and was measured again at 2x; the later
@@ -245,18 +256,20 @@ def test_settings_whose_server_fell_behind_launch_again_on_the_clock_they_needed
     )  # fmt: skip
     first = _level(9.34, events_per_s=1100.0, sent=900, wall_s=30.0, scale=0.5)
     assert first.client is not None
-    change = ClientChange(
-        remedy=ClientRemedy.SLOWER_CLOCK, before=ClientSetup(processes=1, time_scale=0.25),
-        after=ClientSetup(processes=1, time_scale=0.5),
-    )  # fmt: skip
-    attempt = ClientAttempt(
-        dir="level-0/lagged-0", setup=change.before, lag=fell_behind, then=change, wall_s=22.0
-    )
+    attempt = _attempt_at_4x(fell_behind, 22.0)
     lagged = first.model_copy(
         update={"client": first.client.model_copy(update={"attempts": (attempt,)})}
     )
     second = _level(8.48, events_per_s=1000.0, sent=900, wall_s=30.0, scale=0.5)
     assert server_lag_scale([lagged, second]) == 0.5
+    ev = Evaluation(
+        dir="t", params=TrialParams(), flags={}, verdict=Verdict.MET,
+        outcome=TrialOutcome.READY, levels=[lagged, second],
+    )  # fmt: skip
+    assert ev.client_note == (
+        "measured again as its simulated server fell behind at 9.34/s (now 1 load process, "
+        "time scale 0.5)"
+    )
     assert server_lag_scale([second]) is None
     # a load process's own lag (no server lag) is not the settings'
     own = attempt.model_copy(update={"lag": fell_behind.model_copy(update={"server": None})})
@@ -272,3 +285,72 @@ def test_settings_whose_server_fell_behind_launch_again_on_the_clock_they_needed
     assert len(setup.with_slower_clock(pick, 1.0).slower_clocks) == 1
     # a study clock slower than the settings' own: the study's
     assert replace(setup, time_scale=2.0).time_scale_for(pick) == 2.0
+
+
+def _server_fell_behind(level: LevelRecord) -> LevelRecord:
+    """``level`` as one that held although its simulated server's steps started late
+    (every load process kept up)."""
+    assert level.client is not None
+    lag = level.client.lag.model_copy(
+        update={
+            "verdict": ClientVerdict.LAGGED,
+            "reason": "the simulated server's steps started 26.6 ms late at p99",
+            "server": ServerClockLag(steps=4000, p99_ms=26.6, max_ms=80.0),
+        }
+    )
+    client = level.client.model_copy(update={"lag": lag, "held_anyway": True})
+    return level.model_copy(update={"client": client})
+
+
+def test_a_server_that_fell_behind_slows_only_its_own_settings_clock() -> None:
+    """The twin's pick measured again at 2x after its server fell behind at 4x, its
+    second level held at 2x although its server's steps started late again: the load
+    generator kept up throughout, so the next trials (other settings) run the clock their
+    load allows, not the pick's (``server_lag_scale`` keeps the pick's own)."""
+    levels = [
+        _level(9.34, events_per_s=800.0, sent=900, wall_s=60.0, scale=0.5),
+        _server_fell_behind(_level(8.48, events_per_s=700.0, sent=900, wall_s=60.0, scale=0.5)),
+    ]
+    assert levels[1].client is not None and levels[1].client.lag.lagged
+    assert not levels[1].client.lag.generator_lagged
+    scale = measured_time_scale(levels, max_events_per_s=5000.0, fastest=0.25)
+    assert scale is not None and scale < 0.5
+    # a load process's own lag at 2x keeps the next trials at 2x at the fastest
+    own = _level(8.48, events_per_s=700.0, sent=900, wall_s=60.0, scale=0.5, lagged=True)
+    assert measured_time_scale([levels[0], own], max_events_per_s=5000.0, fastest=0.25) == 0.5
+
+
+def test_a_trials_levels_count_on_their_own_clocks_without_their_attempts_set_aside() -> None:
+    """A 10-minute default tune (cef11b9): the twin's pick's first level lagged at 4x
+    (a 40-s attempt set aside) and was measured again at 2x, which the trial's second
+    level kept: its levels took 138 s. The next trial, back at 4x, was counted to take
+    them all again on the clock it would run (a third trial of ~144 s did not fit): each
+    level counts on its own clock, without the attempt set aside."""
+    first = _level(9.34, events_per_s=800.0, sent=900, wall_s=60.0, scale=0.5)
+    assert first.client is not None
+    attempt = _attempt_at_4x(first.client.lag, 40.0)
+    first = first.model_copy(
+        update={
+            "client": first.client.model_copy(update={"attempts": (attempt,)}),
+            "seconds": LevelSeconds(wall_s=40.0 + 50.0, time_scale=0.5),
+        }
+    )
+    second = _level(8.48, events_per_s=700.0, sent=900, wall_s=40.0, scale=0.5).model_copy(
+        update={"seconds": LevelSeconds(wall_s=40.0, time_scale=0.5)}
+    )
+    ev = Evaluation(
+        dir="t", params=TrialParams(), flags={}, verdict=Verdict.MET,
+        outcome=TrialOutcome.READY, launch_s=1.8, levels_s=138.0, stop_s=0.1, warmup_s=8.0,
+        levels=[first, second], time_scale=0.5,
+    )  # fmt: skip
+    # 8 s before the levels at 2x, 50 + 40 s of levels at 2x: at 4x half of it
+    assert ev.levels_s_at(0.25) == pytest.approx((8.0 + 50.0 + 40.0) / 2)
+    assert ev.levels_s_at(0.5) == pytest.approx(8.0 + 50.0 + 40.0)
+    # levels measured on the launch's own clock throughout: as before, scaled whole
+    steady = ev.model_copy(
+        update={
+            "levels": [second, second.model_copy(update={"seconds": None})],
+            "levels_s": 100.0,
+        }
+    )
+    assert steady.levels_s_at(0.25) == pytest.approx(50.0)

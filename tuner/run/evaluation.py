@@ -247,10 +247,26 @@ class Evaluation(BaseModel):
 
     def levels_s_at(self, time_scale: float) -> float | None:
         """``levels_s`` on a simulated clock of ``time_scale`` (wall seconds scale with it:
-        a later launch may run faster or slower than this one did); None: not recorded."""
+        a later launch may run faster or slower than this one did); None: not recorded.
+        Each level counts on the clock it was measured on (``LevelSeconds.time_scale``: one
+        whose client lagged slows the clock for the levels after it), without its attempts
+        set aside (``LevelClient.attempts``): a later launch starts on the clock those
+        attempts led to. A trial whose pick lagged once at its first level read 138 s, of
+        which 69 at the clock it then kept, and a third trial of ~144 s did not fit."""
         if self.levels_s is None:
             return None
-        return self.levels_s * time_scale / (self.time_scale or 1.0)
+        ran = self.time_scale or 1.0
+        between = self.levels_s  # the warm-up, and what lies between levels
+        counted = 0.0
+        for level in self.levels:
+            seconds = level.seconds
+            if seconds is None:
+                continue
+            between -= seconds.wall_s
+            aside = level.client.set_aside_s if level.client is not None else 0.0
+            own = max(0.0, seconds.wall_s - aside)
+            counted += own * time_scale / (seconds.time_scale or ran)
+        return max(0.0, between) * time_scale / ran + counted
 
     @property
     def stated_goodput(self) -> Goodput:
@@ -282,7 +298,8 @@ class Evaluation(BaseModel):
     def client_note(self) -> str | None:
         """What the load generator did to the levels: those it could not keep up with,
         e.g. ``unmeasurable at 8.00/s: the client could not keep up: ...``, else how many
-        were measured again (None when it kept up everywhere the first time)."""
+        were measured again, and whether the client lagged or the simulated server fell
+        behind (None when it kept up everywhere the first time)."""
         lost = [lv for lv in self.levels if lv.unmeasurable and lv.client is not None]
         if lost:
             return "; ".join(
@@ -296,7 +313,10 @@ class Evaluation(BaseModel):
         last = again[-1].client
         assert last is not None
         rates = ", ".join(f"{lv.rate_per_s:.2f}/s" for lv in again)
-        return f"measured again as the client lagged at {rates} (now {last.setup.describe()})"
+        attempts = [a for lv in again if lv.client is not None for a in lv.client.attempts]
+        server = all(a.lag.server_lagged and not a.lag.generator_lagged for a in attempts)
+        cause = "its simulated server fell behind" if server else "the client lagged"
+        return f"measured again as {cause} at {rates} (now {last.setup.describe()})"
 
     def seconds_text(self) -> str | None:
         """Where the launch's wall time went, as a trial's line says it, e.g. ``launch 2 s,

@@ -24,7 +24,9 @@ K like everything else, so at K = 0.7 a 7 ms event-loop delay reads as 10 ms of 
 emulated GPU's; the client's bounds (``workloads.client_lag.ClientBounds``) are in wall
 milliseconds and a level whose client lagged past them is measured again with a
 slower clock (``tuner.search.client_retry``). A trial whose load generator lagged
-keeps its clock for the next one (no faster).
+keeps its clock for the next one (no faster). One whose simulated server fell behind
+(``server_lag_scale``) says nothing of the load generator: its settings' later launches
+keep the clock it needed, and the next trials' clock is chosen as before.
 """
 
 from __future__ import annotations
@@ -109,11 +111,15 @@ def measured_clock(
         wall
         for lv in levels
         if lv.client is not None
-        and not lv.client.lag.lagged
+        and not lv.client.lag.generator_lagged
         and (wall := client_wall_events_per_s(lv)) is not None
     ]
     budget = max([max_events_per_s, *kept_up])
-    lagged = [lv.client.setup.time_scale for lv in levels if lv.client and lv.client.lag.lagged]
+    # (a level where only the simulated server fell behind says nothing of the load
+    # generator: those settings keep their slower clock, ``server_lag_scale``)
+    lagged = [
+        lv.client.setup.time_scale for lv in levels if lv.client and lv.client.lag.generator_lagged
+    ]
     ran = [lv.client.setup.time_scale for lv in levels if lv.client is not None]
     top = max(stream_interval, max_stream_interval or stream_interval)
     best: NextClock | None = None

@@ -259,12 +259,20 @@ def reserve_s(
     stated prior of ``tuner.search.budget``), a quarter more (a busy machine runs them
     slower than planned), and ``FINISH_S``; with ``budget``, at most ``RESERVE_SHARE`` of
     it, but never less than their least (``_least_reserve_s``): a 10-minute tune kept 22
-    minutes back and ran one trial. What is kept then runs as much of them as fits (the
-    edge's probes one by one, a confirmation's rates as many as fit, the variants last)."""
+    minutes back and ran one trial. Where that least, as estimated, no longer fits in
+    what is left, nothing is kept for the confirmation (it will not run): a 10-minute tune
+    whose pick kept a slower clock kept 311 s of the 191 left, started no third trial,
+    skipped its confirmation and ended 163 s early. What is kept then runs as much of
+    them as fits (the edge's probes one by one, a confirmation's rates as many as fit,
+    the variants last)."""
     full = _full_reserve_s(ctx, setup, budget, best)
     if budget is None:
         return full
     least = _least_reserve_s(ctx, setup, budget, best)
+    if _least_parts_s(ctx, setup, budget, best) + FINISH_S > budget.left_s():
+        # not even the least fits in what is left: the confirmation will not run (the
+        # edge's probes have the time, ``edge_deadline_s``), so no time is kept for it
+        return 1.25 * _least_parts_s(ctx, setup, budget, best, confirm=False) + FINISH_S
     return min(full, max(least, RESERVE_SHARE * budget.budget_s))
 
 
@@ -283,12 +291,26 @@ def _least_reserve_s(
 ) -> float:
     """One edge probe, the recommendation's own confirmation over ``CONFIRM_LEAST_LEVELS``
     rates (no variants) and the quality gate: what a tune states at the least."""
-    parts = edge_reserve_s(ctx, setup, budget, best, probes=1) + confirm_reserve_s(
-        ctx, setup, budget, best, variants=False, levels=CONFIRM_LEAST_LEVELS, draws=1
-    )
+    return 1.25 * _least_parts_s(ctx, setup, budget, best) + FINISH_S
+
+
+def _least_parts_s(
+    ctx: TuneContext,
+    setup: StudySetup,
+    budget: TimeBudget | None,
+    best: Evaluation | None,
+    *,
+    confirm: bool = True,
+) -> float:
+    """``_least_reserve_s``'s parts as estimated (without ``confirm``: no confirmation)."""
+    parts = edge_reserve_s(ctx, setup, budget, best, probes=1)
+    if confirm:
+        parts += confirm_reserve_s(
+            ctx, setup, budget, best, variants=False, levels=CONFIRM_LEAST_LEVELS, draws=1
+        )
     if may_gate(ctx):
         parts += gate_need_s(ctx, budget)
-    return 1.25 * parts + FINISH_S
+    return parts
 
 
 def _best_evaluation(study: Study) -> Evaluation | None:
@@ -590,7 +612,7 @@ def _finalize(
     end = budget.deadline_s - FINISH_S if budget is not None else None
     # Trials within the noise of the best: the two that matter measured again where the
     # time is left after the edge and the confirmations, then the one to recommend.
-    level_s = (evaluation.levels_s or 0.0) / len(evaluation.levels) if evaluation.levels else 0.0
+    level_s = level_estimate_s(setup, evaluation) or 0.0
     best, tie = settle_ties(
         ctx, setup, study, best, registry=registry, progress=progress, budget=budget,
         deadline_s=(

@@ -500,14 +500,16 @@ class TrialLoop:
         self.last_evaluation = ev
         if ev.launch_s is None:
             return  # screened: nothing launched
-        levels = ev.levels_s or 0.0
+        # (on the clock the next launches start on, before ``_adapt_clock`` changes it;
+        # ``Evaluation.levels_s_at``: each level on its own clock, its lagged attempts not)
+        levels = ev.levels_s_at(self.setup.time_scale) or 0.0
         self.levels_estimate_s = max(self.levels_estimate_s * 0.5, levels)
         if ev.levels:
             self.level_estimate_s = max(self.level_estimate_s * 0.5, levels / len(ev.levels))
         if self.budget is not None:
             self.budget.record_evaluation(
                 LaunchKind.TRIAL, f"trial {number}", ev,
-                began_s=time.monotonic() - (ev.launch_s + levels + (ev.stop_s or 0.0)),
+                began_s=time.monotonic() - (ev.launch_s + (ev.levels_s or 0.0) + (ev.stop_s or 0.0)),
                 deadline_s=self._launch_deadline_s,
             )  # fmt: skip
         self._update_deadline()  # the reserve, with this launch measured
