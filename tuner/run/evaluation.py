@@ -251,8 +251,8 @@ class Evaluation(BaseModel):
         Each level counts on the clock it was measured on (``LevelSeconds.time_scale``: one
         whose client lagged slows the clock for the levels after it), without its attempts
         set aside (``LevelClient.attempts``): a later launch starts on the clock those
-        attempts led to. A trial whose pick lagged once at its first level read 138 s, of
-        which 69 at the clock it then kept, and a third trial of ~144 s did not fit."""
+        attempts led to: counted whole, the twin's pick's trial in a 10-minute tune (an
+        attempt set aside at 4x, its levels at 2x: 138 s) kept a third trial from starting."""
         if self.levels_s is None:
             return None
         ran = self.time_scale or 1.0
