@@ -268,11 +268,13 @@ def reserve_s(
     full = _full_reserve_s(ctx, setup, budget, best)
     if budget is None:
         return full
-    least = _least_reserve_s(ctx, setup, budget, best)
-    if _least_parts_s(ctx, setup, budget, best) + FINISH_S > budget.left_s():
+    rest = _least_rest_s(ctx, setup, budget, best)
+    confirm = _least_confirm_s(ctx, setup, budget, best)
+    if rest + confirm + FINISH_S > budget.left_s():
         # not even the least fits in what is left: the confirmation will not run (the
         # edge's probes have the time, ``edge_deadline_s``), so no time is kept for it
-        return 1.25 * _least_parts_s(ctx, setup, budget, best, confirm=False) + FINISH_S
+        return 1.25 * rest + FINISH_S
+    least = 1.25 * (rest + confirm) + FINISH_S  # ``_least_reserve_s``
     return min(full, max(least, RESERVE_SHARE * budget.budget_s))
 
 
@@ -291,23 +293,24 @@ def _least_reserve_s(
 ) -> float:
     """One edge probe, the recommendation's own confirmation over ``CONFIRM_LEAST_LEVELS``
     rates (no variants) and the quality gate: what a tune states at the least."""
-    return 1.25 * _least_parts_s(ctx, setup, budget, best) + FINISH_S
+    rest = _least_rest_s(ctx, setup, budget, best)
+    return 1.25 * (rest + _least_confirm_s(ctx, setup, budget, best)) + FINISH_S
 
 
-def _least_parts_s(
-    ctx: TuneContext,
-    setup: StudySetup,
-    budget: TimeBudget | None,
-    best: Evaluation | None,
-    *,
-    confirm: bool = True,
+def _least_confirm_s(
+    ctx: TuneContext, setup: StudySetup, budget: TimeBudget | None, best: Evaluation | None
 ) -> float:
-    """``_least_reserve_s``'s parts as estimated (without ``confirm``: no confirmation)."""
+    """The least of the recommendation's own confirmation, as estimated."""
+    return confirm_reserve_s(
+        ctx, setup, budget, best, variants=False, levels=CONFIRM_LEAST_LEVELS, draws=1
+    )
+
+
+def _least_rest_s(
+    ctx: TuneContext, setup: StudySetup, budget: TimeBudget | None, best: Evaluation | None
+) -> float:
+    """The rest of ``_least_reserve_s``, as estimated: one edge probe and the quality gate."""
     parts = edge_reserve_s(ctx, setup, budget, best, probes=1)
-    if confirm:
-        parts += confirm_reserve_s(
-            ctx, setup, budget, best, variants=False, levels=CONFIRM_LEAST_LEVELS, draws=1
-        )
     if may_gate(ctx):
         parts += gate_need_s(ctx, budget)
     return parts
