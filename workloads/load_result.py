@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from workloads.load_errors import ABORTED, was_sent
+from workloads.load_errors import ABORTED, STOPPED_BEFORE_SEND, was_sent
 from workloads.schedule import RequestRecord, read_records
 from workloads.slo import Slo, SloMetric, SloObjective
 
@@ -109,6 +109,10 @@ class LoadResult(BaseModel):
     num_completed: int
     num_errors: int  # failed, timed out, aborted or not sent
     num_not_sent: int  # of the errors: never sent (in-flight cap, run stopped)
+    # Of the errors: cut off by the load generator's own stop (a level stopped early, or
+    # at its window's end): sent and still without an answer, or not yet sent. Not the
+    # server's failures, though the server had not served them.
+    num_cut_by_stop: int = 0
     error_rate: float
     window_s: float | None
     duration_s: float
@@ -221,6 +225,7 @@ class LoadResult(BaseModel):
             num_completed=num_completed,
             num_errors=num_requests - num_completed - num_truncated,
             num_not_sent=int((~frame["sent"]).sum()),
+            num_cut_by_stop=int((frame["stopped"] & ~frame["truncated"]).sum()),
             error_rate=(num_requests - num_completed - num_truncated) / num_requests
             if num_requests
             else 0.0,
@@ -313,6 +318,7 @@ _COLUMNS = (
     "sent",
     "streamed",
     "truncated",
+    "stopped",
 )
 
 
@@ -394,6 +400,7 @@ def _frame(records: Sequence[RequestRecord], *, cut_short: bool = False) -> pd.D
                 cut_short and r.error == ABORTED and (r.first_token_s is not None or not r.streamed)
                 for r in records
             ],
+            "stopped": [r.error in (ABORTED, STOPPED_BEFORE_SEND) for r in records],
         },
         columns=list(_COLUMNS),
     )
@@ -401,7 +408,7 @@ def _frame(records: Sequence[RequestRecord], *, cut_short: bool = False) -> pd.D
         frame[column] = frame[column].astype("float64")
     for column in ("prompt_tokens", "output_tokens"):
         frame[column] = frame[column].astype("int64")
-    for column in ("ok", "sent", "streamed", "truncated"):
+    for column in ("ok", "sent", "streamed", "truncated", "stopped"):
         frame[column] = frame[column].astype(bool)
     return frame
 

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from tuner.serving.load import slo_verdict
+from workloads.load_errors import ABORTED, STOPPED_BEFORE_SEND
 from workloads.load_result import LoadResult, request_latencies
 from workloads.schedule import RequestRecord
 from workloads.slo import Slo
@@ -102,3 +103,29 @@ def test_the_limits_scale_with_a_slowed_clock() -> None:
     slow = _requests([1800.0] * 100, itl_ms=40.0)
     assert hold_share(slow, SLO) == 0.0
     assert hold_share(slow, SLO, time_scale=2.0) == 1.0
+
+
+def test_requests_the_load_generators_stop_cut_off_are_not_called_the_servers_failures() -> None:
+    """A level stopped early (its SLO already broken) leaves requests in flight and
+    unsent; its verdict counts them apart from the ones the server failed."""
+    served = _requests([200.0] * 90)
+
+    def cut(i: int, error: str, status: int) -> RequestRecord:
+        return RequestRecord(
+            request_id=f"c{i}", scheduled_s=1010.0 + i, sent_s=1010.0 + i, prompt_tokens=64,
+            output_tokens=0, status=status, error=error,
+        )  # fmt: skip
+
+    in_flight = [cut(i, ABORTED, 200) for i in range(6)]
+    unsent = [cut(6 + i, STOPPED_BEFORE_SEND, 0) for i in range(3)]
+    failed = [cut(9, "HTTP 500", 500)]
+    spec = load_workload("chat").model_copy(update={"slo": SLO})
+    result = LoadResult.from_records([*served, *in_flight, *unsent, *failed])
+    assert (result.num_errors, result.num_cut_by_stop) == (10, 9)
+    verdict = slo_verdict(spec, result)
+    assert not verdict.met
+    assert "1 of 100 requests failed" in verdict.violations
+    assert "9 of 100 requests unanswered when the load generator stopped" in verdict.violations
+    # only the cut ones: the level is still not met, and nothing is called a failure
+    alone = slo_verdict(spec, LoadResult.from_records([*served, *in_flight]))
+    assert not alone.met and not any("failed" in v for v in alone.violations)

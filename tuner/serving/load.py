@@ -148,8 +148,14 @@ def slo_verdict(spec: WorkloadSpec, result: LoadResult) -> SloVerdict:
             violations.append(
                 f"{objective.metric.value} p{objective.percentile} {value:.1f} ms > {objective.limit_ms:g} ms"
             )
-    if result.num_errors:
-        violations.append(f"{result.num_errors} of {result.num_requests} requests failed")
+    failed = result.num_errors - result.num_cut_by_stop
+    if failed:
+        violations.append(f"{failed} of {result.num_requests} requests failed")
+    if result.num_cut_by_stop:  # the harness's stop, not the server's failures
+        violations.append(
+            f"{result.num_cut_by_stop} of {result.num_requests} requests unanswered when "
+            "the load generator stopped"
+        )
     return SloVerdict(met=not violations, violations=violations)
 
 
