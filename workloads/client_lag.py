@@ -44,6 +44,10 @@ SLO_SHARE = 0.05
 # milliseconds at 1x as at 2x): its lag counts past this, or past ``slo_share`` of the
 # limits it adds to (``ClientBounds.for_slo``).
 SERVER_LAG_FLOOR_MS = 10.0
+# A lag while processes outside the harness took at least this share of the host's CPU
+# (a quarter: half a core of a 2-core host) is the host's, not the settings' or the load
+# generator's: it says nothing of the clock their next launches need.
+HOST_BUSY_SHARE = 0.25
 
 
 class SelfMeasured(Protocol):
@@ -98,6 +102,8 @@ class ClientBounds(BaseModel):
     server_lag_p99_ms: float = Field(default=SERVER_LAG_FLOOR_MS, gt=0)
     # ``for_slo`` widens the lag bounds to this share of the SLO limits (0: never)
     slo_share: float = Field(default=SLO_SHARE, ge=0, lt=1)
+    # the host was busy: other processes took this share of its CPU (1.0: every core)
+    host_busy_share: float = Field(default=HOST_BUSY_SHARE, gt=0, le=1)
 
     def for_slo(self, slo: Slo, *, time_scale: float = 1.0) -> ClientBounds:
         """These bounds, widened to ``slo_share`` of the limits the lag would be added to
@@ -236,10 +242,20 @@ class ClientLag(BaseModel):
     bounds: ClientBounds
     processes: tuple[ProcessLag, ...]
     server: ServerClockLag | None = None
+    # The share of the host's CPU (1.0: every core) that processes outside the harness
+    # took over the run (``tuner.serving.host_cpu``); None: not measured.
+    host_others_share: float | None = None
 
     @property
     def lagged(self) -> bool:
         return self.verdict is ClientVerdict.LAGGED
+
+    @property
+    def host_busy(self) -> bool:
+        """Other processes took at least ``bounds.host_busy_share`` of the host's CPU over
+        the run: a lag then is the host's, and says nothing of the next launches' clock."""
+        share = self.host_others_share
+        return share is not None and share >= self.bounds.host_busy_share
 
     @property
     def generator_lagged(self) -> bool:
@@ -261,18 +277,23 @@ def judge_client(
     workers: Sequence[SelfMeasured],
     bounds: ClientBounds | None = None,
     server: ServerClockLag | None = None,
+    host_others_share: float | None = None,
 ) -> ClientLag:
     """Every process's lag against ``bounds`` (default: the stated ones), and the simulated
-    server's where given; LAGGED when any went past any bound."""
+    server's where given; LAGGED when any went past any bound. ``host_others_share``: what
+    processes outside the harness took of the host's CPU meanwhile, said beside a lag."""
     bounds = bounds or ClientBounds()
     processes = tuple(ProcessLag.of(w) for w in sorted(workers, key=lambda w: w.index))
     reasons = [phrase for p in processes for phrase in p.past(bounds)]
     if server is not None:
         reasons += server.past(bounds)
+    if reasons and host_others_share is not None and host_others_share >= bounds.host_busy_share:
+        reasons.append(f"other processes took {100 * host_others_share:.0f}% of the host's CPU")
     return ClientLag(
         verdict=ClientVerdict.LAGGED if reasons else ClientVerdict.KEPT_UP,
         reason="; ".join(reasons) or None,
         bounds=bounds,
         processes=processes,
         server=server,
+        host_others_share=host_others_share,
     )

@@ -136,6 +136,9 @@ def test_with_no_process_to_add_the_simulated_clock_slows(tmp_path: Path) -> Non
     assert attempt.then.remedy is ClientRemedy.SLOWER_CLOCK
     assert attempt.setup.time_scale == 1.0 and client.setup.time_scale == 2.0 and clock == 2.0
     assert client.setup.processes == 1
+    # each attempt, chained or not, recorded what other processes took of the host meanwhile
+    for lag in (attempt.lag, client.lag):
+        assert lag.host_others_share is not None and 0.0 <= lag.host_others_share <= 1.0
     # the first attempt went on the chained run; the second is a run of its own
     assert (level_dir.parent / "chain-0").is_dir()
     records = read_records(level_dir / "requests.jsonl")

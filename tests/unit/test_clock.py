@@ -13,6 +13,7 @@ from tuner.run.evaluation import Evaluation, LevelRecord, LevelSeconds, Verdict
 from tuner.search.clock import (
     client_events_per_s,
     clock_text,
+    host_busy_lag,
     measured_time_scale,
     server_lag_scale,
 )
@@ -354,3 +355,60 @@ def test_a_trials_levels_count_on_their_own_clocks_without_their_attempts_set_as
         }
     )
     assert steady.levels_s_at(0.25) == pytest.approx(50.0)
+
+
+def test_a_lag_while_other_processes_took_the_host_says_nothing_of_the_next_clock() -> None:
+    """A 10-minute default tune with every core kept busy for 40 s from the twin's pick's
+    first level (make_tune_series.py busy40@1): the pick's server fell behind at 4x, was
+    measured again at 2x, and its confirmation then ran at 2x too (the least kept for it
+    doubled): three trials. Where other processes took the host's CPU meanwhile, the lag
+    is the host's: the level is measured again as before, and the settings' later launches
+    keep the study's clock; the trial's line says why it was measured again."""
+    busy = ClientLag(
+        verdict=ClientVerdict.LAGGED, reason="server", bounds=ClientBounds(), processes=(),
+        server=ServerClockLag(steps=4000, p99_ms=51.5, max_ms=120.0), host_others_share=0.48,
+    )  # fmt: skip
+    assert busy.host_busy and busy.server_lagged
+    first = _level(9.34, events_per_s=1100.0, sent=900, wall_s=30.0, scale=0.5)
+    assert first.client is not None
+    lagged = first.model_copy(
+        update={
+            "client": first.client.model_copy(update={"attempts": (_attempt_at_4x(busy, 25.0),)})
+        }
+    )
+    assert server_lag_scale([lagged]) is None
+    assert host_busy_lag([lagged]) == pytest.approx(0.48)
+    ev = Evaluation(
+        dir="t", params=TrialParams(), flags={}, verdict=Verdict.MET,
+        outcome=TrialOutcome.READY, levels=[lagged],
+    )  # fmt: skip
+    assert ev.client_note == (
+        "measured again as its simulated server fell behind at 9.34/s while other processes "
+        "took 48% of the host's CPU (now 1 load process, time scale 0.5)"
+    )
+    # a quiet host (others took 5%): the settings' own lag, kept as before
+    quiet = busy.model_copy(update={"host_others_share": 0.05})
+    assert not quiet.host_busy
+    own = lagged.model_copy(
+        update={
+            "client": first.client.model_copy(update={"attempts": (_attempt_at_4x(quiet, 25.0),)})
+        }
+    )
+    assert server_lag_scale([own]) == 0.5 and host_busy_lag([own]) is None
+    # not measured (an older record, or no /proc): as before
+    unknown = busy.model_copy(update={"host_others_share": None})
+    assert not unknown.host_busy
+    # a load process that lagged while the host was busy keeps no slower clock for the
+    # next trials either
+    slow = _level(8.48, events_per_s=700.0, sent=900, wall_s=60.0, scale=0.5, lagged=True)
+    assert measured_time_scale([slow], max_events_per_s=5000.0, fastest=0.25) == 0.5
+    assert slow.client is not None
+    on_busy_host = slow.model_copy(
+        update={
+            "client": slow.client.model_copy(
+                update={"lag": slow.client.lag.model_copy(update={"host_others_share": 0.5})}
+            )
+        }
+    )
+    scale = measured_time_scale([on_busy_host], max_events_per_s=5000.0, fastest=0.25)
+    assert scale is not None and scale < 0.5

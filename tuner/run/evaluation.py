@@ -316,7 +316,14 @@ class Evaluation(BaseModel):
         attempts = [a for lv in again if lv.client is not None for a in lv.client.attempts]
         server = all(a.lag.server_lagged and not a.lag.generator_lagged for a in attempts)
         cause = "its simulated server fell behind" if server else "the client lagged"
-        return f"measured again as {cause} at {rates} (now {last.setup.describe()})"
+        shares = [a.lag.host_others_share for a in attempts if a.lag.host_busy]
+        busy = (
+            f" while other processes took {100 * max(s for s in shares if s is not None):.0f}% "
+            "of the host's CPU"
+            if shares
+            else ""
+        )
+        return f"measured again as {cause} at {rates}{busy} (now {last.setup.describe()})"
 
     def seconds_text(self) -> str | None:
         """Where the launch's wall time went, as a trial's line says it, e.g. ``launch 2 s,

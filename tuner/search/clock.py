@@ -26,7 +26,12 @@ milliseconds and a level whose client lagged past them is measured again with a
 slower clock (``tuner.search.client_retry``). A trial whose load generator lagged
 keeps its clock for the next one (no faster). One whose simulated server fell behind
 (``server_lag_scale``) says nothing of the load generator: its settings' later launches
-keep the clock it needed, and the next trials' clock is chosen as before.
+keep the clock it needed, and the next trials' clock is chosen as before. A lag while
+other processes took the host's CPU (``ClientLag.host_busy``, ``tuner.serving.host_cpu``)
+says nothing of either: the level is measured again on a slower clock as any lagging
+one, and the next launches are not slowed for it (a 10-minute tune on a host busy for
+40 s kept the twin's pick at half the pace for its confirmation, and measured three
+trials where a quiet host measures four or five).
 """
 
 from __future__ import annotations
@@ -118,7 +123,9 @@ def measured_clock(
     # (a level where only the simulated server fell behind says nothing of the load
     # generator: those settings keep their slower clock, ``server_lag_scale``)
     lagged = [
-        lv.client.setup.time_scale for lv in levels if lv.client and lv.client.lag.generator_lagged
+        lv.client.setup.time_scale
+        for lv in levels
+        if lv.client and lv.client.lag.generator_lagged and not lv.client.lag.host_busy
     ]
     ran = [lv.client.setup.time_scale for lv in levels if lv.client is not None]
     top = max(stream_interval, max_stream_interval or stream_interval)
@@ -143,13 +150,29 @@ def server_lag_scale(levels: Sequence[LevelRecord]) -> float | None:
     processes cannot help it), the slowest such level's; None where it kept up. The
     settings' later launches start there (``StudySetup.slower_clocks``): a confirmation
     of the twin's pick at the clock its trial lagged on spent 99 s on one level, a set-aside
-    attempt and the level again at half the pace."""
+    attempt and the level again at half the pace. Attempts that lagged while the host was
+    busy with other processes (``ClientLag.host_busy``) do not count: the host's lag, not
+    the settings' (``host_busy_lag``)."""
     scales = [
         lv.client.setup.time_scale
         for lv in levels
-        if lv.client is not None and any(a.lag.server_lagged for a in lv.client.attempts)
+        if lv.client is not None
+        and any(a.lag.server_lagged and not a.lag.host_busy for a in lv.client.attempts)
     ]
     return max(scales, default=None)
+
+
+def host_busy_lag(levels: Sequence[LevelRecord]) -> float | None:
+    """The largest share of the host's CPU other processes took over an attempt set aside
+    because its simulated server fell behind while the host was busy; None where none did."""
+    shares = [
+        a.lag.host_others_share
+        for lv in levels
+        if lv.client is not None
+        for a in lv.client.attempts
+        if a.lag.server_lagged and a.lag.host_busy and a.lag.host_others_share is not None
+    ]
+    return max(shares, default=None)
 
 
 def clock_text(scale: float) -> str:

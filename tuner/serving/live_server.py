@@ -51,6 +51,7 @@ from tuner.serving.gpu_sampler import (
     make_source,
     release_watch,
 )
+from tuner.serving.host_cpu import HostCpuSample, host_cpu_sample, others_share
 from tuner.serving.load import (
     LOCAL_LOAD,
     LoadGenerators,
@@ -485,6 +486,7 @@ class LiveServer:
             )  # fmt: skip
         for stale in ("backlog-stop.json", WINDOW_FILE):  # an earlier run's
             (out_dir / stale).unlink(missing_ok=True)
+        host_before = host_cpu_sample()
         before = scrape(self.server.base_url)
         watcher = KvUsageWatcher(
             self.server.base_url,
@@ -527,6 +529,7 @@ class LiveServer:
                 stopped_by_caller=run.run.stopped_by_caller,
                 stop_text=getattr(rule, "text", None) if fired else None,
             ), before=before, watcher=watcher, peak_kv=peak_kv, window_rule=window_rule,
+            host_before=host_before,
         )  # fmt: skip
 
     def _window_rule(
@@ -607,6 +610,7 @@ class LiveServer:
             scaled_schedule(schedule, k), self.stream_fraction, self.stream_interval
         )
         write_schedule(out_dir / "schedule.jsonl", sent)  # offsets from the level's offset 0
+        host_before = host_cpu_sample()
         before = scrape(self.server.base_url)
         watcher = KvUsageWatcher(
             self.server.base_url,
@@ -658,6 +662,7 @@ class LiveServer:
                 fired=(str(rule.reason),), workers=snapshot.workers, stopped_by_caller=True,
                 stop_text=rule.text,
             ), before=before, watcher=watcher, peak_kv=peak_kv, window_rule=window_rule,
+            host_before=host_before,
         )  # fmt: skip
 
     def _conclude(
@@ -670,6 +675,7 @@ class LiveServer:
         watcher: KvUsageWatcher,
         peak_kv: float | None,
         window_rule: _BoundWindowRule | None,
+        host_before: HostCpuSample | None = None,
     ) -> LoadMeasurement:
         """A load run's measurement: its window's records against the SLO, the backlog
         guard's verdict (``backlog.json``), /metrics deltas, whether the engine died."""
@@ -708,8 +714,9 @@ class LiveServer:
             else None
         )
         lag = judge_client(
-            ended.workers, self.client_rule.bounds.for_slo(workload.slo, time_scale=k), server_lag
-        )
+            ended.workers, self.client_rule.bounds.for_slo(workload.slo, time_scale=k), server_lag,
+            host_others_share=others_share(host_before, host_cpu_sample()),
+        )  # fmt: skip
         self._server_lagged = lag.server_lagged
         return LoadMeasurement(
             out_dir=str(out_dir),

@@ -19,7 +19,13 @@ from tuner.run.layout import RunLayout
 from tuner.search import optuna_store
 from tuner.search.boot_calibration import adopt, wants
 from tuner.search.budget import RECENT_LAUNCHES, TimeBudget
-from tuner.search.clock import client_events_per_s, clock_text, measured_clock, server_lag_scale
+from tuner.search.clock import (
+    client_events_per_s,
+    clock_text,
+    host_busy_lag,
+    measured_clock,
+    server_lag_scale,
+)
 from tuner.search.compile_cache import CompileLaunches
 from tuner.search.context import (
     MAX_STREAM_INTERVAL,
@@ -326,6 +332,12 @@ class TrialLoop:
         if not self._clock_adapts():
             return
         scale = server_lag_scale(ev.levels)
+        if scale is None and (busy := host_busy_lag(ev.levels)) is not None:
+            log.info(
+                "clock: %s: its simulated server fell behind the clock while other processes "
+                "took %.0f%% of the host's CPU; its later launches keep the clock of the "
+                "study", params.short(), 100 * busy,
+            )  # fmt: skip
         if scale is None or scale <= self.setup.time_scale_for(params):
             return
         self.setup = self.setup.with_slower_clock(params, scale)
