@@ -463,6 +463,75 @@ def test_a_level_that_broke_by_more_than_the_simulated_servers_lag_counts() -> N
     assert both.client is not None and not both.client.broke_anyway
 
 
+def test_a_level_stopped_before_its_window_answered_broke_by_how_long_it_had_waited(
+    tmp_path: Path,
+) -> None:
+    """A quiet host's default tune (make_tune_series.py, 4eff461): the twin's pick at
+    9.34/s stopped early at 4x, 1.4 s of the emulated GPU's into its window, so its
+    window had no answer and no TTFT percentile; its simulated server's steps had started
+    up to 46 ms late (184 ms of the emulated GPU's), and its earlier requests waited
+    seconds for their first token. It was set aside and measured again at 2x, where it
+    broke the same way, and the pick's later launches kept 2x. How long its requests had
+    waited, counting those still waiting at the stop, is past what the lag can move."""
+    from tuner.search.client_retry import broke_anyway
+    from workloads.load_errors import ABORTED, STOPPED_BEFORE_SEND
+    from workloads.schedule import RequestRecord, write_records
+    from workloads.slo import Slo
+
+    def level(answered_wall_s: float, in_flight: int, *, stopped: bool) -> LoadMeasurement:
+        records = []
+        stop = 1000.0 + 20.0
+        for i in range(300):  # 15 requests a wall second for 20 s
+            at = 1000.0 + i / 15
+            if i < 300 - in_flight:
+                first = min(at + answered_wall_s, stop)
+                records.append(
+                    RequestRecord(
+                        request_id=f"r{i}", scheduled_s=at, sent_s=at, prompt_tokens=64,
+                        output_tokens=8, status=200, first_token_s=first, end_s=first + 0.1,
+                        token_times_s=[first],
+                    )
+                )  # fmt: skip
+            else:
+                records.append(
+                    RequestRecord(
+                        request_id=f"r{i}", scheduled_s=at, sent_s=at, prompt_tokens=64,
+                        output_tokens=0, status=200, end_s=stop, error=ABORTED,
+                    )
+                )  # fmt: skip
+        records.append(
+            RequestRecord(
+                request_id="later", scheduled_s=stop + 5, sent_s=stop + 5, prompt_tokens=64,
+                output_tokens=0, status=0, error=STOPPED_BEFORE_SEND,
+            )
+        )  # fmt: skip
+        out = tmp_path / f"level-{answered_wall_s}-{in_flight}-{stopped}"
+        out.mkdir()
+        write_records(out / "requests.jsonl", records)
+        server = ServerClockLag(steps=411, p99_ms=28.2, max_ms=46.0)
+        lag = judge_client([stats()], ClientBounds(), server=server)
+        window = _load(9.34).model_copy(
+            update={"slo": Slo.p99(ttft_ms=2000.0), "ttft_ms": Percentiles()}
+        )  # no answer in the window: no percentile
+        m = LoadMeasurement(
+            out_dir=str(out), outcome=TrialOutcome.READY, load=window,
+            slo=SloVerdict(met=False, violations=["stopped early"]), client_saturated=True,
+            client=LevelClient(lag=lag, setup=ClientSetup(processes=1, time_scale=0.25)),
+            stopped_early=stopped,
+        )  # fmt: skip
+        assert (
+            lag.server_lagged and m.load.measured_ms(Slo.p99(ttft_ms=1.0).objectives()[0]) is None
+        )
+        return m
+
+    # TTFT 2.1 s of the emulated GPU's answered (0.525 s wall at 4x), a third still waiting
+    assert broke_anyway(level(0.525, 100, stopped=True))
+    # every answer within the limit and the lag's 184 ms, none waiting: the lag's to make
+    assert not broke_anyway(level(0.54, 0, stopped=True))
+    # not stopped early: the window's percentiles judge it, and it has none
+    assert not broke_anyway(level(0.525, 100, stopped=False))
+
+
 def test_no_level_starts_that_would_end_past_the_searchs_deadline(tmp_path: Path) -> None:
     """A confirmation's level count is planned from the levels' expected seconds, which a
     slower clock after a lag outgrows: past its deadline no further level starts (the
