@@ -24,9 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
-# A lag when other processes took at least this share of the host's CPU (a quarter: half
-# a core of a 2-core host) is the host's, not the settings'.
-HOST_BUSY_SHARE = 0.25
+# (the share past which a lag is the host's: ``workloads.client_lag.HOST_BUSY_SHARE``)
 
 
 @dataclass(frozen=True)
