@@ -255,7 +255,7 @@ class ClientLag(BaseModel):
         """Other processes took at least ``bounds.host_busy_share`` of the host's CPU over
         the run: a lag then is the host's, and says nothing of the next launches' clock."""
         share = self.host_others_share
-        return share is not None and share >= self.bounds.host_busy_share
+        return share is not None and host_busy(share, self.bounds)
 
     @property
     def generator_lagged(self) -> bool:
@@ -273,6 +273,11 @@ class ClientLag(BaseModel):
         return sum(p.token_events_per_s for p in self.processes)
 
 
+def host_busy(host_others_share: float, bounds: ClientBounds) -> bool:
+    """Other processes took at least ``bounds.host_busy_share`` of the host's CPU."""
+    return host_others_share >= bounds.host_busy_share
+
+
 def judge_client(
     workers: Sequence[SelfMeasured],
     bounds: ClientBounds | None = None,
@@ -287,7 +292,7 @@ def judge_client(
     reasons = [phrase for p in processes for phrase in p.past(bounds)]
     if server is not None:
         reasons += server.past(bounds)
-    if reasons and host_others_share is not None and host_others_share >= bounds.host_busy_share:
+    if reasons and host_others_share is not None and host_busy(host_others_share, bounds):
         reasons.append(f"other processes took {100 * host_others_share:.0f}% of the host's CPU")
     return ClientLag(
         verdict=ClientVerdict.LAGGED if reasons else ClientVerdict.KEPT_UP,
