@@ -288,3 +288,47 @@ def test_a_tune_read_for_capacity_counts_only_the_trials_the_twin_replayed(tmp_p
     assert run.factors == fitted  # the factors it kept count as the run's
     # the one fit's own (8.4 against 8.0), not a prediction made before any fit (8.8)
     assert run.goodput_error == pytest.approx(0.05)
+
+
+def test_a_pick_is_predicted_from_the_rate_its_screen_held_in_fewer_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TrialTwin.prediction`` near a rate that held (the twin's screen of the pick with
+    the step costs of now, ``twin_rate_per_s``) closes its bracket on the first runs:
+    fewer simulations before the trial than bracketing from the best goodput by doubling,
+    to the same rate within the precision of the search's bisection."""
+    import tuner.twin.prediction as prediction
+    from tuner.run.config import TuneConfig
+    from tuner.search.context import StudySetup, resolve
+    from tuner.search.study.trial_twin import TrialTwin
+    from tuner.twin.landscape import screen_setting
+    from tuner.twin.screen import screen_job
+    from tuner.vllm.space import TrialParams
+
+    ctx = resolve(
+        TuneConfig(model="llama-3.1-8b", gpu="H100-80GB", workload="chat", run_dir=tmp_path,
+                   dry_run=True, level_duration_s=20.0, level_warmup_s=10.0)
+    )  # fmt: skip
+    pick = TrialParams(
+        gpu_memory_utilization=0.97, max_num_seqs=512, block_size=16, kv_cache_dtype="fp8"
+    )
+    job = screen_job(ctx, TimingFactors(), 5.5)
+    assert job is not None
+    screened = screen_setting(job, pick, 0).rate_per_s
+    assert screened > 0.0
+    runs: list[float] = []
+    steady_run = prediction.steady_run
+
+    def counted(*args: object, **kwargs: object) -> object:
+        runs.append(float(args[2]))  # type: ignore[arg-type]
+        return steady_run(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prediction, "steady_run", counted)
+    setup = StudySetup()
+    far = TrialTwin(ctx, lambda _: None).prediction(pick, setup, 5.5)
+    far_runs, runs[:] = list(runs), []
+    near = TrialTwin(ctx, lambda _: None).prediction(pick, setup, 5.5, screened)
+    assert far is not None and near is not None
+    assert len(runs) <= 3 < len(far_runs), (runs, far_runs)
+    assert runs[0] == screened  # the rate that held, the next planned with its answer times
+    assert near.rate_per_s == pytest.approx(far.rate_per_s, rel=0.10)

@@ -314,12 +314,15 @@ def sustained_rate(
     precision: float = 0.05,
     max_runs: int = 10,
     step: float = 2.0,
+    first_step: float | None = None,
 ) -> SustainedRate:
     """The highest arrival rate ``steady_run`` says is sustained (0: none is; closed: 0).
 
     Brackets from ``start_rate_per_s`` (default: the workload's) by multiplying or
-    dividing by ``step``, then bisects to ``precision`` (relative); at most ``max_runs``
-    runs, the best rate met so far when they run out. Each run's session population is
+    dividing by ``step`` (the first move by ``first_step`` where given: a start known to
+    be near the rate closes the bracket in two runs, ``tuner.serving.bracket.search``),
+    then bisects to ``precision`` (relative); at most ``max_runs`` runs, the best rate met
+    so far when they run out. Each run's session population is
     planned with the answer times of the run that held nearest in rate so far (the
     spec's expected ones until one has held), as a live search plans its levels
     (``tuner.search.rate_search.nearest_answer_times``).
@@ -337,7 +340,9 @@ def sustained_rate(
             held[r] = measured
         return run.met
 
-    best = search(met, rate, precision=precision, max_runs=max_runs, step=step)
+    best = search(
+        met, rate, precision=precision, max_runs=max_runs, step=step, first_step=first_step
+    )
     return SustainedRate(best, held.get(best))
 
 

@@ -598,8 +598,10 @@ class TrialLoop:
                 "accepted: another --run-dir"
             )
         fallback = self.fallback_rate()  # reads the study's trials: once per trial
-        start = self.trial_twin.start_rate(params, self.setup, fallback)
-        predicted = self.trial_twin.prediction(params, self.setup, fallback)
+        # a twin's pick was screened with the step costs of now: its prediction starts there
+        near = trial.user_attrs.get("twin_rate_per_s")
+        start = self.trial_twin.start_rate(params, self.setup, fallback, near)
+        predicted = self.trial_twin.prediction(params, self.setup, fallback, near)
         compiled_before = self.compile_launches.entries()
         evaluation = evaluate(
             ctx, self.setup, params, out_dir=out_dir, registry=self.registry, start_rate_per_s=start,

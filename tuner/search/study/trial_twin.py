@@ -34,6 +34,7 @@ from tuner.twin.fit import (
     read_twin,
 )
 from tuner.twin.prediction import Setup, SustainedRate, sustained_rate
+from tuner.twin.screen import SCREEN_LADDER_STEP
 from tuner.vllm.space import TrialParams
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,21 @@ FIT_BUDGET_SHARE = 0.05
 # What a fit costs the search: its replays and the pick's screen of the candidates with
 # the new factors after it (16-18 s after a 30-s fit on the default tune).
 FIT_PICK_FACTOR = 1.5
+
+
+# A prediction near a rate that held (the twin's screen of the same settings with the same
+# step costs: the highest of its rungs, SCREEN_LADDER_STEP apart, that held; or the goodput
+# a fit was made to) starts there and moves by a rung first: the bracket closes on the
+# first two runs where the rate lies within the rung above. It starts at the rate that
+# held, not above it: a first run that holds plans the next ones with its own answer times
+# (``sustained_rate``), where one above it, planned with the workload's expected ones,
+# can open with too many conversations under way and tip into a backlog the server would
+# not build (the pick of ``test_a_pick_is_predicted_from_the_rate_its_screen_held``).
+# Twelve settings of the default tune's space (util 0.9 and 0.97, 64 to 512 sequences,
+# auto and fp8 KV), each from its screen: 56 runs in 86 s on one core, against 72 in
+# 108 s from the defaults' goodput by doubling; the four fp8 ones at 256 and 512
+# sequences, the twin's picks, 35 s against 48 s.
+NEAR_FIRST_STEP = SCREEN_LADDER_STEP
 
 
 def fit_cost_s(budget_min: float) -> float:
@@ -81,24 +97,34 @@ class TrialTwin:
         return self.ctx.gpu is not None or setup.timing.source == FITTED
 
     def start_rate(
-        self, params: TrialParams, setup: StudySetup, fallback: float | None
+        self,
+        params: TrialParams,
+        setup: StudySetup,
+        fallback: float | None,
+        near_rate_per_s: float | None = None,
     ) -> float | None:
         """The first rate to measure: 10% below the simulator's prediction for these
         settings (so the first level usually holds and the next one brackets the edge),
-        else ``fallback`` (the best goodput so far, else the workload's own rate)."""
+        else ``fallback`` (the best goodput so far, else the workload's own rate).
+        ``near_rate_per_s``: the twin's screen of these settings, where it has one
+        (``predicted_max_rate``)."""
         if not self.places(setup):
             return fallback
-        predicted = self.predicted_max_rate(params, setup, fallback)
+        predicted = self.predicted_max_rate(params, setup, fallback, near_rate_per_s)
         return predicted * 0.9 if predicted > 0 else fallback
 
     def prediction(
-        self, params: TrialParams, setup: StudySetup, fallback: float | None
+        self,
+        params: TrialParams,
+        setup: StudySetup,
+        fallback: float | None,
+        near_rate_per_s: float | None = None,
     ) -> SustainedRate | None:
         """The twin's sustained rate for these settings and its answer times there, where
         it can place one (``places``)."""
         if not self.places(setup):
             return None
-        return self._sustained(params, setup, fallback)
+        return self._sustained(params, setup, fallback, near_rate_per_s)
 
     def setup_for(self, params: TrialParams, setup: StudySetup) -> Setup:
         """The twin's server for ``params`` with the step costs of ``setup``."""
@@ -111,18 +137,31 @@ class TrialTwin:
         )  # fmt: skip
 
     def predicted_max_rate(
-        self, params: TrialParams, setup: StudySetup, start: float | None
+        self,
+        params: TrialParams,
+        setup: StudySetup,
+        start: float | None,
+        near_rate_per_s: float | None = None,
     ) -> float:
         """The simulator's highest arrival rate it sustains in the steady state, a level's
-        warm-up and window long (``tuner.twin.prediction.sustained_rate``; cached per settings)."""
-        return self._sustained(params, setup, start).rate_per_s
+        warm-up and window long (``tuner.twin.prediction.sustained_rate``; cached per
+        settings). It brackets from ``start`` by doubling or halving, or near
+        ``near_rate_per_s`` (a rate that held, the rate within a rung above it) by
+        ``NEAR_FIRST_STEP`` first."""
+        return self._sustained(params, setup, start, near_rate_per_s).rate_per_s
 
     def _sustained(
-        self, params: TrialParams, setup: StudySetup, start: float | None
+        self,
+        params: TrialParams,
+        setup: StudySetup,
+        start: float | None,
+        near_rate_per_s: float | None = None,
     ) -> SustainedRate:
         ctx = self.ctx
         key = params.model_dump_json()
         if key not in self._predicted:
+            near = near_rate_per_s if near_rate_per_s and near_rate_per_s > 0 else None
+            start = near or start
             rate = start or ctx.workload.mean_rate_per_s
             _, plan, _ = plan_level_schedule(
                 ctx.workload, rate, window_s=ctx.config.level_duration_s,
@@ -131,6 +170,7 @@ class TrialTwin:
             self._predicted[key] = sustained_rate(
                 self.setup_for(params, setup), ctx.workload, warmup_s=plan.warmup_max_s,
                 window_s=plan.window_s, start_rate_per_s=start, precision=0.05, max_runs=10,
+                first_step=NEAR_FIRST_STEP if near else None,
             )  # fmt: skip
         return self._predicted[key]
 
@@ -210,7 +250,8 @@ class TrialTwin:
         if result.fitted:
             learned = setup.learned(result.after)
             self._predicted.clear()  # every prediction so far was made with the old factors
-            after = self._sustained(params, learned, measured or None).rate_per_s
+            # (from the goodput measured, which factors fitted to its levels predict nearly)
+            after = self._sustained(params, learned, measured or None, measured).rate_per_s
             # Measurements decide: factors that fit the percentiles but put the goodput the
             # trial measured further off are not taken (the levels measured something the
             # step costs do not explain, e.g. a load generator that fell behind).
