@@ -268,6 +268,15 @@ class ClientLag(BaseModel):
         return self.server is not None and bool(self.server.past(self.bounds))
 
     @property
+    def who(self) -> str:
+        """What lagged, for a line: the load generator, the simulated server, or both."""
+        if self.server_lagged and not self.generator_lagged:
+            return "the simulated server"
+        if self.server_lagged:
+            return "the load generator and the simulated server"
+        return "the load generator"
+
+    @property
     def token_events_per_s(self) -> float:
         """Token events/s of every process together."""
         return sum(p.token_events_per_s for p in self.processes)

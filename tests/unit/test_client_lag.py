@@ -132,6 +132,10 @@ def test_a_simulated_server_behind_its_clock_lagged_and_slows_its_clock_at_once(
     lag = judge_client([stats()], server=behind)
     assert lag.lagged and lag.server_lagged
     assert lag.reason is not None and "simulated server's steps started 35.0 ms late" in lag.reason
+    assert lag.who == "the simulated server"  # its load generator kept up
+    both = judge_client([stats(send_lag_p99_ms=12.5)], server=behind)
+    assert both.who == "the load generator and the simulated server"
+    assert judge_client([stats(send_lag_p99_ms=12.5)]).who == "the load generator"
     kept = judge_client([stats()], server=ServerClockLag(steps=2000, p99_ms=3.0, max_ms=9.0))
     assert not kept.lagged and not kept.server_lagged
     wide = judge_client([stats()], ClientBounds(server_lag_p99_ms=50.0), server=behind)

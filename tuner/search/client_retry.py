@@ -59,13 +59,13 @@ def measure_with_honest_client(
             change = server.client_remedy()
             if change is None:
                 log.warning(
-                    "%s: the load generator lagged and nothing is left to give it room: %s",
-                    level_dir, m.client.lag.reason,
+                    "%s: %s lagged and nothing is left to give it room: %s",
+                    level_dir, m.client.lag.who, m.client.lag.reason,
                 )  # fmt: skip
                 break
             log.info(
-                "%s: the load generator lagged (%s); measuring the level again with %s",
-                level_dir, m.client.lag.reason, change.describe(),
+                "%s: %s lagged (%s); measuring the level again with %s",
+                level_dir, m.client.lag.who, m.client.lag.reason, change.describe(),
             )  # fmt: skip
             aside = set_aside(level_dir, len(attempts))
             attempts.append(

@@ -574,7 +574,11 @@ class LiveServer:
             self.time_scale = after.time_scale
         if after.processes != self.generators.processes:
             self.generators = dataclasses.replace(self.generators, processes=after.processes)
-        log.info("%s: the load generator lagged; from now on %s", self.trial_dir, change.describe())
+        log.info(
+            "%s: more room for the level's client; from now on %s",
+            self.trial_dir,
+            change.describe(),
+        )
 
     def chain(self, out_dir: Path) -> LoadChain | None:
         """A chained run for a rate search's levels on this server (``workloads.chain``), or
