@@ -403,6 +403,18 @@ def test_a_trial_is_started_where_its_first_two_levels_fit() -> None:
     assert next_trial_levels_s(149.0, 0.0) == pytest.approx(149.0)
 
 
+def test_what_comes_before_a_trials_launch_is_counted_in_it() -> None:
+    """The 10-minute tune's fourth trial (series 4, quiet): 48 s before the search's
+    deadline at its launch, its first two levels counted at 54 s after a 2-s launch; its
+    settings drawn and the twin's prediction for them had taken 10 s before. Counted, it
+    is not started (it measured one level, and its lower bound became the best)."""
+    from tuner.search.study.trial_loop import next_trial_need_s
+
+    need = next_trial_need_s(10.0, 2.0, 54.1, 27.1)
+    assert need == pytest.approx(66.1)
+    assert need > 58.0 > next_trial_need_s(0.0, 2.0, 54.1, 27.1)  # left at the check
+
+
 def test_a_budget_that_holds_few_trials_spends_no_fit_or_extra_level_that_costs_one() -> None:
     """The default 10-minute tune (wall-l): 202 s before the search's deadline at trial
     1's launch, a trial of its first two levels counted at 47 s, six trials still wanted.

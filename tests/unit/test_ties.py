@@ -194,3 +194,46 @@ def test_offloading_within_the_noise_of_no_offloading_is_not_recommended() -> No
         rival.model_copy(update={"pooled": CapacityInterval(low_per_s=6.0, high_per_s=6.5)}),
     ]
     assert decide(apart, measured=True) == (TieOutcome.SEPARATED, TieChoice.SERVES_MORE, 1)
+
+
+def _bounded_trial(goodput: float, low: float, high: float | None) -> FrozenTrial:
+    """A feasible fp8 trial; ``high`` None: no rate it was measured at broke (a lower bound)."""
+    trial = _gated_trial(goodput, low, high or 0.0, kv="fp8")
+    trial.set_user_attr("capacity_high_per_s", high)
+    trial.set_user_attr("goodput_bound", "bracketed" if high is not None else "lower_bound")
+    return trial
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_a_lower_bound_within_the_noise_of_a_bracketed_capacity_is_not_recommended() -> None:
+    """The 10-minute tune's last trial, cut to one level by the search's deadline, held
+    8.11 and nothing above it broke: "at least 8.11", the best, within the noise of 7.62
+    [7.66, 8.36]. Not measured again, the bracketed one is recommended: a capacity review
+    acts on a rate with both ends (and its confirmation pools its trial's levels)."""
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(_bounded_trial(5.69, 5.71, 6.00))  # 0: below both, no tie
+    study.add_trial(_bounded_trial(7.62, 7.66, 8.36))  # 1: bracketed
+    study.add_trial(_bounded_trial(5.74, 5.75, 6.01))  # 2
+    study.add_trial(_bounded_trial(8.11, 8.11, None))  # 3: the best, a lower bound
+    chosen, tie, _ = _settle(study)
+    assert tie is not None and (tie.best, tie.tied) == (3, [1])
+    assert chosen == 1 and tie.choice is TieChoice.BRACKETED
+    assert [t.lower_bound for t in tie.compared] == [True, False]
+    assert "recommended trial 1: its capacity was bracketed" in tie.text()
+    # two lower bounds, or two brackets: the highest goodput, as before
+    both = optuna.create_study(direction="maximize")
+    both.add_trial(_bounded_trial(7.9, 7.9, None))
+    both.add_trial(_bounded_trial(8.11, 8.11, None))
+    chosen, tie, _ = _settle(both)
+    assert chosen == 1 and tie is not None and tie.choice is TieChoice.HIGHEST_GOODPUT
+    # measured again, a pooled interval with an upper end is no longer a bound
+    best, rival = (
+        TiedTrial(trial=n, settings="", changes_numerics=True, goodput_per_s=g, interval=None,
+                  lower_bound=n == 3, pooled=CapacityInterval(low_per_s=lo, high_per_s=hi))
+        for n, g, lo, hi in ((3, 8.11, 7.9, 8.6), (1, 7.62, 7.7, 8.3))
+    )  # fmt: skip
+    assert decide([best, rival], measured=True)[1:] == (TieChoice.HIGHEST_GOODPUT, 3)
+    still_open = best.model_copy(
+        update={"pooled": CapacityInterval(low_per_s=7.9, high_per_s=None)}
+    )
+    assert decide([still_open, rival], measured=True)[1:] == (TieChoice.BRACKETED, 1)

@@ -33,6 +33,7 @@ class TieChoice(StrEnum):
     SERVES_MORE = "serves_more"  # its pooled capacity lies above the other's
     MODEL_NUMERICS = "model_numerics"  # tied, and it keeps the model's own numerics
     NO_HOST_MEMORY = "no_host_memory"  # tied, and it keeps no KV cache in host memory
+    BRACKETED = "bracketed"  # tied, and a rate above its goodput broke: the other's is a bound
     HIGHEST_GOODPUT = "highest_goodput"  # tied: the highest goodput measured, as before
 
 
@@ -46,6 +47,7 @@ class TiedTrial(BaseModel):
     settings: str  # its flags, short
     changes_numerics: bool
     offloads_kv: bool = False  # keeps KV blocks in pinned host memory (--kv-offloading-size)
+    lower_bound: bool = False  # no measured rate broke: its goodput is only a lower bound
     goodput_per_s: float  # the trial's, in the workload's unit
     interval: CapacityInterval | None  # the trial's own
     again_goodput_per_s: float | None = None  # measured again (None: not)
@@ -89,6 +91,10 @@ class TieBreak(BaseModel):
             TieChoice.MODEL_NUMERICS: "it keeps the model's own numerics at no measurable loss",
             TieChoice.NO_HOST_MEMORY: (
                 "it pins no host memory for KV offloading, at no measurable loss"
+            ),
+            TieChoice.BRACKETED: (
+                "its capacity was bracketed (a higher rate broke), where the other's is only "
+                "bounded from below, and the noise cannot rank them"
             ),
             TieChoice.HIGHEST_GOODPUT: "the highest goodput measured; the noise cannot rank them",
         }[self.choice]

@@ -9,7 +9,9 @@ capacity interval overlaps its own the measurement cannot rank the two
    them is the rival: that is the choice that matters (a speed-up within the noise is
    not worth different answers); and where the best offloads KV to host memory
    (``--kv-offloading-size``) the best tied trial that does not (a speed-up within the
-   noise is not worth tens of GiB of pinned memory on every node).
+   noise is not worth tens of GiB of pinned memory on every node); and where the best's
+   goodput is only a lower bound (no rate it was measured at broke: a trial the search's
+   deadline cut short), the best tied trial whose goodput was bracketed.
 2. **Measured again**, where the budget leaves the time after what the edge search and
    the confirmations need (``deadline_s``): the best and the rival, each launched once
    more on one new draw of the workload (the same draw for both: their difference is
@@ -21,6 +23,11 @@ capacity interval overlaps its own the measurement cannot rank the two
    more (``TieChoice.SERVES_MORE``). Still tied, or not measured again: the one that
    keeps the model's numerics where the other changes them (``MODEL_NUMERICS``), else
    the one that pins no host memory where the other does (``NO_HOST_MEMORY``), else the
+   one whose capacity was bracketed where the other's is a lower bound (``BRACKETED``:
+   a capacity review acts on a rate with both ends, and its confirmation pools the
+   trial's levels, where a bound's measures a bracket of its own: the 10-minute tune
+   whose last trial, cut to one level by the search's deadline, became the best at
+   "at least 8.11" over 7.62 [7.66, 8.36] had no time left for the OOM edge), else the
    best as before (``HIGHEST_GOODPUT``).
 
     <run>/ties/<nnn>/   trial nnn's settings measured again (evaluation.json, levels)
@@ -35,6 +42,7 @@ from dataclasses import replace
 
 from tuner.run.budget import LaunchKind
 from tuner.run.evaluation import Evaluation, Verdict
+from tuner.run.goodput import GoodputBound
 from tuner.run.layout import RunLayout
 from tuner.run.ties import TieBreak, TieChoice, TiedTrial, TieOutcome
 from tuner.search.budget import TimeBudget
@@ -68,7 +76,14 @@ def rival_of(best: FrozenTrial, ties: list[FrozenTrial]) -> FrozenTrial | None:
                 ev = load_evaluation(t)
                 if ev is not None and not costlier(ev.params):
                     return t
+    if _lower_bound(best):
+        return next((t for t in ranked if not _lower_bound(t)), ranked[0])
     return ranked[0]
+
+
+def _lower_bound(trial: FrozenTrial) -> bool:
+    """The trial's goodput is only a lower bound: no rate it was measured at broke."""
+    return trial.user_attrs.get("goodput_bound") == GoodputBound.LOWER_BOUND.value
 
 
 def _offloads_kv(params: TrialParams) -> bool:
@@ -173,6 +188,7 @@ def _tied(trial: FrozenTrial, ev: Evaluation, again: Evaluation | None, *, pool:
         settings=ev.params.short(),
         changes_numerics=changes_numerics(ev.params),
         offloads_kv=ev.params.offloads_kv,
+        lower_bound=_lower_bound(trial),
         goodput_per_s=arrival_goodput(trial),
         interval=capacity_of(trial),
         again_goodput_per_s=again.stated_goodput.arrival_rate_per_s if again is not None else None,
@@ -200,7 +216,22 @@ def decide(compared: list[TiedTrial], *, measured: bool) -> tuple[TieOutcome, Ti
         and rival.changes_numerics <= best.changes_numerics
     ):
         return outcome, TieChoice.NO_HOST_MEMORY, rival.trial
+    if (
+        _open(best)
+        and not _open(rival)
+        and rival.changes_numerics <= best.changes_numerics
+        and rival.offloads_kv <= best.offloads_kv
+    ):
+        return outcome, TieChoice.BRACKETED, rival.trial
     return outcome, TieChoice.HIGHEST_GOODPUT, best.trial
+
+
+def _open(t: TiedTrial) -> bool:
+    """Its capacity has no upper end: its trial's goodput a lower bound, and where it was
+    measured again, no rate of the pooled levels fell far enough either."""
+    if t.pooled is not None:
+        return t.pooled.high_per_s is None
+    return t.lower_bound
 
 
 def _high(t: TiedTrial) -> float:
