@@ -9,6 +9,7 @@ at that p90 leaves the verdict unclear, one ten times above it leaves it clear.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,11 +58,12 @@ def _with_limit(limit_ms: float) -> WorkloadSpec:
 def _one_level(
     live: LiveServer, spec: WorkloadSpec, out: Path, *, level_duration_s: float | None = None,
     warmup_s: float | None = None, level_max_duration_s: float | None = None,
+    deadline: float | None = None,
 ) -> tuple[WindowOpening, LoadMeasurement]:  # fmt: skip
     search = search_rate(
         live, spec, start_rate_per_s=RATE, out_dir=out, max_levels=1,
         level_duration_s=level_duration_s, warmup_s=warmup_s,
-        level_max_duration_s=level_max_duration_s,
+        level_max_duration_s=level_max_duration_s, deadline=deadline,
     )  # fmt: skip
     (only,) = search.levels
     window = only.measurement.window
@@ -109,3 +111,25 @@ def test_a_verdict_far_from_the_limit_closes_on_the_servers_own_evidence(
         assert window.correlations_wanted == FAR_CORRELATIONS  # far from the limit: fewer
         assert window.window_s >= FAR_CORRELATIONS * window.correlation_s - 1e-6
     assert window.window_s <= LONGEST_S
+
+
+def test_a_window_held_on_near_the_limit_ends_by_its_searchs_deadline(
+    live: LiveServer, p90_ms: float, tmp_path: Path
+) -> None:
+    """A level whose verdict sits at its limit is held on to its longest window, unless
+    its search's deadline comes first (a trial's, or the budget's end for a confirmation):
+    then its window is cut to end the level by it (``held_until``), never below its
+    shortest, and says so. Uncut, a 10-minute tune's confirmation held its last level on
+    135 s and ended 73 s past the budget."""
+    longest_s = 120.0
+    deadline = time.monotonic() + 40.0
+    window, _ = _one_level(
+        live, _with_limit(p90_ms), tmp_path, level_max_duration_s=longest_s, deadline=deadline
+    )
+    ended = time.monotonic()
+    assert window.window_max_s is not None and window.window_max_s < longest_s - 60.0
+    assert window.window_min_s is not None and window.window_max_s >= window.window_min_s
+    assert window.closed in (WindowClose.DEADLINE, WindowClose.HELD), window
+    if window.closed is WindowClose.DEADLINE:
+        assert window.window_s == window.window_max_s
+    assert ended <= deadline + 2.0

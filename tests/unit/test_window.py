@@ -23,6 +23,7 @@ from tuner.serving.window import (
     LevelPlan,
     WindowClose,
     WindowOpening,
+    held_until,
     kv_verdict_clear,
     needed_requests,
     steady_opening,
@@ -366,3 +367,25 @@ def test_a_kv_cache_that_may_or_may_not_fill_within_a_conversation_holds_the_win
 def chat_plan_horizon() -> float:
     _, plan, _ = plan_level_schedule(load_workload("chat"), 5.0)
     return plan.kv_horizon_s
+
+
+def test_a_window_held_on_is_cut_to_end_its_level_by_the_searchs_deadline() -> None:
+    """The 10-minute tune's confirmation level at 4x (time scale 0.25): its longest window
+    10 emulated minutes, held on near the limit; with 100 wall seconds left it is cut so
+    that its longest warm-up, the window, the drain and a level's overhead end by then,
+    never below its shortest window, and a window closed there says why."""
+    from tuner.serving.window import LEVEL_OVERHEAD_S
+
+    left_s, drain_s = 100.0, 12.0
+    cut = held_until(AUTO, left_s, 0.25, drain_s)
+    room_s = (left_s - LEVEL_OVERHEAD_S) / 0.25 - AUTO.warmup_max_s - drain_s
+    assert cut.window_max_s == pytest.approx(room_s) and cut.cut_to_deadline
+    assert cut.window_s == AUTO.window_s  # the shortest stands
+    assert held_until(AUTO, 1000.0, 0.25, drain_s) == AUTO  # the longest ends in time
+    shortest = held_until(AUTO, 10.0, 0.25, drain_s)
+    assert shortest.window_max_s == AUTO.window_s
+    assert held_until(PLAN, 10.0, 0.25, drain_s) == PLAN  # a fixed window: --level-duration
+    at_limit = _first_close(cut, _ar1_samples(0.5, 700.0, seed=5), lambda t: [1.0])
+    assert at_limit is not None and at_limit.closed is WindowClose.DEADLINE
+    assert at_limit.window_s == pytest.approx(room_s) and at_limit.cut
+    assert "cut to end by its search's deadline" in at_limit.summary()

@@ -81,7 +81,7 @@ from tuner.serving.level_schedule import CarryOn, drain_s, plan_level_schedule
 from tuner.serving.live_server import LevelChain, LoadMeasurement, StopFactory, StopRule
 from tuner.serving.load import SloVerdict, percentile_shares
 from tuner.serving.server import LaunchSpec, TrialOutcome
-from tuner.serving.window import LevelPlan, WindowOpening
+from tuner.serving.window import LevelPlan, WindowOpening, held_until
 from workloads.chain import LoadChain
 from workloads.prompts import prompt_builder_for
 from workloads.replay import pass_s
@@ -652,10 +652,14 @@ def search_rate(
     )  # fmt: skip
     try:
         for index in range(0 if prior else 1 if closed else max_levels):
-            if not _ends_in_time(levels, deadline if index < BRACKET_LEVELS else later):
+            ends_by = deadline if index < BRACKET_LEVELS else later
+            if not _ends_in_time(levels, ends_by):
                 break
             began = time.monotonic()
-            one = _OneLevel(live, spec, rate, index=index, levels=levels, runs=runs, knobs=knobs)
+            one = _OneLevel(
+                live, spec, rate, index=index, levels=levels, runs=runs, knobs=knobs,
+                deadline=ends_by,
+            )  # fmt: skip
             m = measure_with_honest_client(live, one.measure, out_dir / f"level-{index}")
             level_spec, schedule = one.level_spec, one.schedule
             runs.sent(schedule, clean=ends_clean(m))
@@ -740,7 +744,10 @@ def _measure_edge_draws(
         drawn = spec.model_copy(update={"seed": draw_seed(spec, draw)})
         index = len(levels) - numbered_from
         began = time.monotonic()
-        one = _OneLevel(live, drawn, rate, index=index, levels=levels, runs=runs, knobs=knobs)
+        one = _OneLevel(
+            live, drawn, rate, index=index, levels=levels, runs=runs, knobs=knobs,
+            deadline=deadline,
+        )  # fmt: skip
         m = measure_with_honest_client(live, one.measure, runs.out_dir / f"level-{index}")
         runs.sent(one.schedule, clean=ends_clean(m))
         level = _record_level(
@@ -795,9 +802,11 @@ class _OneLevel:
     def __init__(
         self, live: LevelServer, spec: WorkloadSpec, rate: float | None, *, index: int,
         levels: list[RateLevel], runs: _ChainedRuns, knobs: _LevelKnobs,
+        deadline: float | None = None,
     ) -> None:  # fmt: skip
         self.live, self.spec, self.rate, self.index = live, spec, rate, index
         self.levels, self.runs, self.knobs = levels, runs, knobs
+        self.deadline = deadline  # its window is held on no later (``held_until``)
         self.level_spec = spec
         self.schedule: list[ScheduledRequest] = []
 
@@ -816,6 +825,9 @@ class _OneLevel:
         )  # fmt: skip
         if level_chain is not None and carry_on is not None and rate:
             level_chain.keep_under_way = carry_on.keep_under_way(rate)
+        if self.deadline is not None and not getattr(live, "virtual_clock", False):
+            left_s = self.deadline - time.monotonic()
+            plan = held_until(plan, left_s, live.time_scale, drain_s(level_spec))
         self.level_spec, self.schedule = level_spec, schedule
         return live.measure(
             level_spec, schedule, out_dir=self.runs.out_dir / f"level-{self.index}",

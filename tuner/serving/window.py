@@ -137,6 +137,7 @@ class WindowClose(StrEnum):
     SHORTEST = "shortest"  # its shortest length already held enough correlation times
     HELD = "held"  # held on until it did, and its verdict was clear of the SLO's limits
     LONGEST = "longest"  # the longest window was spent first: fewer than wanted
+    DEADLINE = "deadline"  # held on to the search's deadline, which came first (``held_until``)
     FIXED = "fixed"  # --level-duration
     TRACE = "trace"  # a trace replay's pass, or its busiest stretch (workloads.replay)
     STOPPED = "stopped"  # the level stopped early (a backlog, the SLO already broken)
@@ -167,6 +168,9 @@ class LevelPlan(BaseModel):
     # ``workloads.stationary.lookback_s``); a held window goes on until that projection's
     # verdict is clear (``kv_verdict_clear``). 0: not projected (no sessions).
     kv_horizon_s: float = 0.0
+    # The longest window was cut so that the level ends before its search's deadline
+    # (``held_until``): a window closed there says so (``WindowClose.DEADLINE``).
+    cut_to_deadline: bool = False
 
     @property
     def longest_window_s(self) -> float:
@@ -219,9 +223,10 @@ class WindowOpening(BaseModel):
         held = ""
         if self.correlation_s is not None:
             held = f", {self.correlation_s:.1f} s correlation time"
-            if self.closed is WindowClose.LONGEST:
+            if self.closed in (WindowClose.LONGEST, WindowClose.DEADLINE):
                 held += f" (held {self.window_s / max(self.correlation_s, 1e-9):.0f} of "
-                held += f"{self.correlations_wanted:.0f} wanted)"
+                held += f"{self.correlations_wanted:.0f} wanted"
+                held += ", cut to end by its search's deadline)" if self.cut else ")"
         if self.slo_share is not None and self.closed is not WindowClose.FIXED:
             held += f", worst percentile {100 * self.slo_share:.0f} % of its limit"
         if self.trace_pass_s is not None:
@@ -230,6 +235,11 @@ class WindowOpening(BaseModel):
             f"window opened {self.opened_at_s:.1f} s in, {state}; {self.window_s:.0f} s"
             f"{held}, {self.requests} requests (needed {self.needed_requests})"
         )
+
+    @property
+    def cut(self) -> bool:
+        """Closed at its search's deadline before its verdict was clear (``held_until``)."""
+        return self.closed is WindowClose.DEADLINE
 
     def closed_at(
         self, window_s: float, closed: WindowClose, correlation_s: float | None,
@@ -495,12 +505,37 @@ def window_closes(
         plan, samples, opened_unix_s=opened_unix_s, now_unix_s=now_unix_s, time_scale=time_scale
     )
     if not enough and elapsed_s >= plan.window_max_s:
-        return opening.closed_at(plan.window_max_s, WindowClose.LONGEST, tau, worst, band, wanted)
+        cut = WindowClose.DEADLINE if plan.cut_to_deadline else WindowClose.LONGEST
+        return opening.closed_at(plan.window_max_s, cut, tau, worst, band, wanted)
     if not enough:
         return None
     length_s = min(elapsed_s, plan.window_max_s)
     kind = WindowClose.SHORTEST if elapsed_s < plan.window_s + 1.0 else WindowClose.HELD
     return opening.closed_at(length_s, kind, tau, worst, band, wanted)
+
+
+# Wall seconds a level spends outside its schedule (planning it, starting the load
+# generator, writing its evidence: "other" in a trial's line, 2 to 6 s on the default tune).
+LEVEL_OVERHEAD_S = 6.0
+
+
+def held_until(plan: LevelPlan, left_s: float, time_scale: float, drain_s: float) -> LevelPlan:
+    """``plan`` with its window held on no longer than ends the level within ``left_s``
+    wall seconds (its search's deadline, ``time_scale`` wall seconds an emulated one): its
+    longest warm-up, the window, ``drain_s`` (emulated) and ``LEVEL_OVERHEAD_S``. Never
+    shorter than its shortest window (the search starts no level that cannot end in time,
+    as long as its longest so far), and unchanged where the deadline allows the longest.
+    A level near its limit is held on until its verdict is clear, up to ``MAX_WINDOW_S``:
+    uncut, a 10-minute tune's confirmation held its last level on 135 s at 4x and ended
+    73 s past the budget."""
+    if plan.window_max_s is None or plan.trace_pass_s is not None:
+        return plan
+    room_s = (left_s - LEVEL_OVERHEAD_S) / (time_scale or 1.0) - plan.warmup_max_s - drain_s
+    if room_s >= plan.window_max_s:
+        return plan
+    return plan.model_copy(
+        update={"window_max_s": max(plan.window_s, room_s), "cut_to_deadline": True}
+    )
 
 
 def kv_verdict_clear(

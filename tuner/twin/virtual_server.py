@@ -219,6 +219,9 @@ class VirtualServer:
         # events, which the virtual clock does not spend
         self.stream_interval = stream_interval
         self.time_scale = launch.sim_time_scale
+        # its levels take no wall time of their own: no deadline cuts their windows
+        # (``tuner.search.rate_search``'s ``held_until``)
+        self.virtual_clock = True
         self.source_kind = GpuSourceKind.requested(gpu_source, simulated=True)
         self.server = NoProcess()
         self.startup: StartupResult | None = None
