@@ -57,9 +57,9 @@ FIT_PICK_FACTOR = 1.5
 # can open with too many conversations under way and tip into a backlog the server would
 # not build (the pick of ``test_a_pick_is_predicted_from_the_rate_its_screen_held``).
 # Twelve settings of the default tune's space (util 0.9 and 0.97, 64 to 512 sequences,
-# auto and fp8 KV), each from its screen: 56 runs in 86 s on one core, against 72 in
-# 108 s from the defaults' goodput by doubling; the four fp8 ones at 256 and 512
-# sequences, the twin's picks, 35 s against 48 s.
+# auto and fp8 KV), each from its screen: 56 runs in 74 s on one core, against 72 in
+# 95 s from the defaults' goodput by doubling; the four fp8 ones at 256 and 512
+# sequences, the twin's picks, 32 s against 44 s (``benchmarks/twin_prediction_start.py``).
 NEAR_FIRST_STEP = SCREEN_LADDER_STEP
 
 
