@@ -24,6 +24,9 @@ all twelve                            72 runs, 94.5 s   56 runs, 73.6 s
 fp8 at 256 and 512 sequences (picks)  24 runs, 44.3 s   16 runs, 31.9 s
 ====================================  ================  ================
 
+A second run gave the same rates and simulations in 99.6 s and 78.0 s (the VM's speed
+drifts from one minute to the next).
+
 Where the rate lies within the rung above the screen's (seven of the twelve), three runs
 against six; where it lies further (the 64-sequence ones and fp8 at 0.9 and 512: their
 screen, on a shorter window, held a rung or more lower), seven. The rate each way differs
@@ -38,25 +41,38 @@ import itertools
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import tuner.twin.prediction as prediction
 from tuner.run.config import TuneConfig
 from tuner.search.context import resolve
 from tuner.search.study.trial_twin import NEAR_FIRST_STEP
-from tuner.serving.bracket import search
 from tuner.serving.level_schedule import plan_level_schedule
 from tuner.sim.build import offloading_options
 from tuner.sim.timing import TimingFactors
 from tuner.twin.landscape import screen_setting
-from tuner.twin.prediction import Setup, answer_times_of, steady_run
+from tuner.twin.prediction import Setup, sustained_rate
 from tuner.twin.screen import screen_job
 from tuner.vllm.space import TrialParams
-from workloads.stationary import AnswerTimes, nearest_in_rate
+from workloads.spec import WorkloadSpec
 
 BEST_GOODPUT = 5.7  # vLLM's defaults' goodput on the default tune (conversations/s)
 BASE_RATE = 5.5  # the screen's base rate: the defaults' prediction
+STEADY_RUN = prediction.steady_run
+
+
+RUNS: list[float] = []  # the rate of each steady run simulated
+
+
+def _counted(
+    setup: Setup, spec: WorkloadSpec, rate_per_s: float | None, **kwargs: Any
+) -> prediction.Prediction:
+    RUNS.append(rate_per_s or 0.0)
+    return STEADY_RUN(setup, spec, rate_per_s, **kwargs)
 
 
 def main() -> int:
+    prediction.steady_run = _counted  # sustained_rate's runs, counted
     with tempfile.TemporaryDirectory() as run_dir:
         ctx = resolve(
             TuneConfig(model="llama-3.1-8b", workload="chat", run_dir=Path(run_dir), dry_run=True)
@@ -78,23 +94,13 @@ def main() -> int:
                 ctx.model, device, ctx.version, params.serving(base),
                 options=offloading_options(params), timing=TimingFactors(),
             )  # fmt: skip
-            held: dict[float, AnswerTimes] = {}
-            runs = 0
-
-            def met(r: float) -> bool:
-                nonlocal runs
-                runs += 1
-                run = steady_run(
-                    setup, spec, r, warmup_s=plan.warmup_max_s, window_s=plan.window_s,
-                    answer_times=nearest_in_rate(held, r),
-                )  # fmt: skip
-                measured = answer_times_of(run.result)
-                if run.met and measured is not None:
-                    held[r] = measured
-                return run.met
-
+            before = len(RUNS)
             began = time.perf_counter()
-            best = search(met, start, precision=0.05, max_runs=10, step=2.0, first_step=first_step)
+            best = sustained_rate(
+                setup, spec, warmup_s=plan.warmup_max_s, window_s=plan.window_s,
+                start_rate_per_s=start, precision=0.05, max_runs=10, first_step=first_step,
+            ).rate_per_s  # fmt: skip
+            runs = len(RUNS) - before
             return best, runs, time.perf_counter() - began
 
         print(f"{'setting':<36} {'screen':>7}  {'by doubling':>22}  {'from the screen':>22}")
