@@ -25,11 +25,13 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -121,6 +123,21 @@ class Landscape(BaseModel):
     def point(self, params: TrialParams) -> ScreenedPoint | None:
         key = params.model_dump_json()
         return next((p for p in self.points if p.params.model_dump_json() == key), None)
+
+    def rate_at_least_per_s(self, params: TrialParams) -> float:
+        """The twin's goodput for ``params``; where it was not screened (a first pass's
+        landscape has the ends of each group), the highest of its group's at a lower
+        utilization (along utilization the goodput does not fall); 0 without either."""
+        point = self.point(params)
+        if point is not None:
+            return point.rate_per_s
+        key, util = group_of(params), params.gpu_memory_utilization or 0.0
+        below = [
+            p.rate_per_s
+            for p in self.points
+            if group_of(p.params) == key and (p.params.gpu_memory_utilization or 0.0) <= util
+        ]
+        return max(below, default=0.0)
 
     def with_points(self, points: Sequence[ScreenedPoint]) -> Landscape:
         """The landscape with ``points`` replacing the settings they name."""
@@ -254,10 +271,22 @@ def group_of(params: TrialParams) -> str:
     return params.model_copy(update={"gpu_memory_utilization": None}).model_dump_json()
 
 
-def screen_group(job: ScreenJob, group: Sequence[TrialParams], hint: int) -> list[ScreenedPoint]:
+def screen_group(
+    job: ScreenJob,
+    group: Sequence[TrialParams],
+    hint: int,
+    *,
+    known: Sequence[ScreenedPoint] = (),
+    middles: bool = True,
+) -> list[ScreenedPoint]:
     """A group of settings that differ only in utilization (lowest first): the ends
-    computed, a middle one wherever the ends disagree, the rest ``BETWEEN``."""
-    out: dict[int, ScreenedPoint] = {}
+    computed, a middle one wherever the ends disagree, the rest ``BETWEEN``.
+
+    ``middles=False`` is a first pass: the ends, and the settings between them only where
+    the ends agree (the settings a later pass would not compute); ``known``: points of
+    the group screened before (a first pass's), kept as they are."""
+    index = {p.model_dump_json(): i for i, p in enumerate(group)}
+    out: dict[int, ScreenedPoint] = {index[p.params.model_dump_json()]: p for p in known}
 
     def compute(i: int, near: int) -> ScreenedPoint:
         if i not in out:
@@ -280,6 +309,8 @@ def screen_group(job: ScreenJob, group: Sequence[TrialParams], hint: int) -> lis
                     tpot_ms_mean=low.tpot_ms_mean,
                 )  # fmt: skip
             return
+        if not middles:
+            return
         middle = (lo + hi) // 2
         compute(middle, hint)
         fill(lo, middle)
@@ -291,7 +322,7 @@ def screen_group(job: ScreenJob, group: Sequence[TrialParams], hint: int) -> lis
     hint = rung(top) if top.rate_per_s > 0 else hint
     compute(0, hint)
     fill(0, len(group) - 1)
-    return [out[i] for i in range(len(group))]
+    return [out[i] for i in sorted(out)]
 
 
 def groups_of(space: SearchSpace) -> list[list[TrialParams]]:
@@ -307,13 +338,24 @@ def groups_of(space: SearchSpace) -> list[list[TrialParams]]:
 
 
 def screen_groups(
-    job: ScreenJob, groups: Sequence[Sequence[TrialParams]], hint: int = 0
+    job: ScreenJob,
+    groups: Sequence[Sequence[TrialParams]],
+    hint: int = 0,
+    *,
+    known: Sequence[ScreenedPoint] = (),
+    middles: bool = True,
 ) -> list[ScreenedPoint]:
     """Groups in order, each started from the rung its predecessor's top reached (the
-    grid's neighbouring groups differ in one knob)."""
+    grid's neighbouring groups differ in one knob); ``known`` and ``middles`` as in
+    ``screen_group``."""
+    by_group: dict[str, list[ScreenedPoint]] = defaultdict(list)
+    for p in known:
+        by_group[group_of(p.params)].append(p)
     points: list[ScreenedPoint] = []
     for group in groups:
-        out = screen_group(job, group, hint)
+        out = screen_group(
+            job, group, hint, known=by_group.get(group_of(group[0]), []), middles=middles
+        )
         top = max(out, key=lambda p: p.rate_per_s)
         if top.rate_per_s > 0:
             hint = job.rung_of(top.rate_per_s)
@@ -322,19 +364,23 @@ def screen_groups(
 
 
 def _runs_of(groups: Sequence[list[TrialParams]]) -> list[list[list[TrialParams]]]:
-    """Consecutive groups with the same max-num-seqs together."""
+    """Consecutive groups with the same max-num-seqs together, the largest batches first
+    (they cost most to run: handed out first, they keep the workers' shares even)."""
     runs: list[list[list[TrialParams]]] = []
     for group in groups:
         if runs and runs[-1][0][0].max_num_seqs == group[0].max_num_seqs:
             runs[-1].append(group)
         else:
             runs.append([group])
-    return runs
+    return sorted(runs, key=lambda run: -(run[0][0].max_num_seqs or 0))
 
 
-def _screen_groups_job(args: tuple[ScreenJob, list[list[TrialParams]]]) -> list[ScreenedPoint]:
-    job, groups = args
-    return screen_groups(job, groups)
+ScreenTask = tuple[ScreenJob, list[list[TrialParams]], list[ScreenedPoint], bool]
+
+
+def _screen_groups_job(task: ScreenTask) -> list[ScreenedPoint]:
+    job, groups, known, middles = task
+    return screen_groups(job, groups, known=known, middles=middles)
 
 
 def _screen_worker(tune_pid: int) -> None:
@@ -364,34 +410,90 @@ def _landscape(
 class ScreenRun:
     """A screen under way in worker processes (spawned, lowest CPU priority), so the
     first trial is measured meanwhile; ``stop`` ends them, and they die with the tune if it
-    is killed (no process outlives the tune)."""
+    is killed (no process outlives the tune).
+
+    It screens in two passes: first the ends of every group (and the settings between
+    them where the ends agree: ``first``), then the middles where they disagree. The
+    twin's first pick needs only the first (``candidates``: one setting per group, the
+    utilization is the OOM-edge search's to place), so it is not kept waiting for the
+    second. Each pass hands out one run of groups (one max-num-seqs) at a time, the
+    costliest first, to whichever worker is free."""
 
     def __init__(self, job: ScreenJob, space: SearchSpace, *, jobs: int = 1) -> None:
         self.job = job
         self.space = space
         self.began = time.monotonic()
-        runs = _runs_of(groups_of(space))
-        jobs = max(1, min(jobs, len(runs)))
-        chunks = [[g for run in runs[i::jobs] for g in run] for i in range(jobs)]
+        self.first_wall_s: float | None = None  # the first pass's seconds, once it is done
+        self._runs = _runs_of(groups_of(space))
+        self._second: AsyncResult[list[list[ScreenedPoint]]] | None = None
+        self._second_error: BaseException | None = None
+        self._second_started = threading.Event()
         context = multiprocessing.get_context("spawn")  # the tune's threads stay out of it
-        self._pool = context.Pool(len(chunks), initializer=_screen_worker, initargs=(os.getpid(),))
-        self._async = self._pool.map_async(_screen_groups_job, [(job, c) for c in chunks])
-        self._pool.close()
+        workers = max(1, min(jobs, len(self._runs)))
+        self._pool = context.Pool(workers, initializer=_screen_worker, initargs=(os.getpid(),))
+        tasks: list[ScreenTask] = [(job, run, [], False) for run in self._runs]
+        self._first = self._pool.map_async(
+            _screen_groups_job, tasks, chunksize=1, callback=self._start_second,
+            error_callback=lambda _: self._second_started.set(),
+        )  # fmt: skip
+
+    def _start_second(self, chunks: list[list[ScreenedPoint]]) -> None:
+        """The first pass's callback (the pool's result thread): the second pass, over
+        the runs with a group whose ends disagree."""
+        self.first_wall_s = time.monotonic() - self.began
+        tasks: list[ScreenTask] = []
+        for run, known in zip(self._runs, chunks, strict=True):
+            open_groups = [g for g in run if sum(1 for p in known if p.params in g) < len(g)]
+            if open_groups:
+                tasks.append((self.job, open_groups, known, True))
+        try:
+            self._second = self._pool.map_async(_screen_groups_job, tasks, chunksize=1)
+            self._pool.close()
+        except Exception as exc:  # the pool was stopped meanwhile
+            self._second_error = exc
+        finally:
+            self._second_started.set()
+
+    def first_ready(self) -> bool:
+        return self._first.ready()
 
     def ready(self) -> bool:
-        return self._async.ready()
+        return self._second_started.is_set() and (
+            self._second is None or self._second.ready()
+        )  # fmt: skip
+
+    def first(self, timeout_s: float | None = None) -> Landscape:
+        """The first pass's landscape: every group's ends, and the settings between them
+        where the ends agree (waits up to ``timeout_s``; ``multiprocessing.TimeoutError``
+        after)."""
+        return _landscape(self.job, self.space, self._get(self._first, timeout_s), self.began)
 
     def result(self, timeout_s: float | None = None) -> Landscape:
-        """The landscape (waits up to ``timeout_s``; ``multiprocessing.TimeoutError`` after)."""
+        """The whole landscape (waits up to ``timeout_s`` for each pass;
+        ``multiprocessing.TimeoutError`` after)."""
+        first = self._get(self._first, timeout_s)
+        self._second_started.wait(timeout_s)
+        if self._second_error is not None:
+            raise self._second_error
+        if self._second is None:
+            raise multiprocessing.TimeoutError
+        second = self._get(self._second, timeout_s)
+        self._pool.join()
+        points = {p.params.model_dump_json(): p for p in first}
+        points.update({p.params.model_dump_json(): p for p in second})
+        return _landscape(self.job, self.space, list(points.values()), self.began)
+
+    def _get(
+        self, result: AsyncResult[list[list[ScreenedPoint]]], timeout_s: float | None
+    ) -> list[ScreenedPoint]:
         try:
-            chunks = self._async.get(timeout_s)
+            chunks = result.get(timeout_s)
         except multiprocessing.TimeoutError:
             raise  # still under way: the caller may wait again
         except BaseException:
             self.stop()
             raise
-        self._pool.join()
-        return _landscape(self.job, self.space, [p for c in chunks for p in c], self.began)
+        return [p for c in chunks for p in c]
 
     def stop(self) -> None:
         self._pool.terminate()
@@ -399,9 +501,8 @@ class ScreenRun:
 
 
 def screen(job: ScreenJob, space: SearchSpace, *, jobs: int = 1) -> Landscape:
-    """Every setting of ``space`` on the twin, in ``jobs`` processes, waited for (each
-    process a share of the grid's runs of groups with one max-num-seqs: the larger
-    batches cost more to run)."""
+    """Every setting of ``space`` on the twin, in ``jobs`` processes (``ScreenRun``),
+    waited for."""
     if jobs <= 1:
         began = time.monotonic()
         return _landscape(job, space, screen_groups(job, groups_of(space)), began)
@@ -421,8 +522,7 @@ def candidates(
     tried_keys = {p.model_dump_json() for p in tried}
     measured: dict[str, float] = {}
     for p in tried:
-        point = landscape.point(p)
-        rate = point.rate_per_s if point is not None else 0.0
+        rate = landscape.rate_at_least_per_s(p)
         measured[group_of(p)] = max(measured.get(group_of(p), 0.0), rate)
     out: list[ScreenedPoint] = []
     taken: set[str] = set()

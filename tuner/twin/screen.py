@@ -2,11 +2,14 @@
 
 Before the first launch the twin screens the whole space (``tuner.twin.landscape``),
 in worker processes at the lowest CPU priority while vLLM's defaults are measured.
-After that, before each trial: the most promising untried settings of the landscape
-(one per group of settings that differ only in utilization, ``landscape.candidates``)
-are screened again with the twin's step costs as fitted so far, and the best of them
-is launched when the twin puts it above the best setting measured, screened the same
-way (both predicted: a twin that is off by a constant share ranks the same).
+Its first pass (every group's ends) is all the first pick needs: where the rest is
+still under way then, that pick is made from the first pass, and the rest is waited
+for at the next pick or the tune's end. Before each trial: the most promising untried
+settings of the landscape (one per group of settings that differ only in utilization,
+``landscape.candidates``) are screened again with the twin's step costs as fitted so
+far, and the best of them is launched when the twin puts it above the best setting
+measured, screened the same way (both predicted: a twin that is off by a constant
+share ranks the same).
 When no untried setting beats it, the sampler draws the rest, with every measured
 trial of the twin's choosing in its history.
 
@@ -125,6 +128,7 @@ class TwinSearch:
         # a setting's rate screened again, per setting and step costs: a pick screens the
         # same candidates before each trial, again only after a fit changed the costs
         self._rescreened: dict[tuple[str, str], float] = {}
+        self._picked_from_first = False  # a pick was made before the screen was whole
 
     @property
     def started(self) -> bool:
@@ -165,6 +169,34 @@ class TwinSearch:
         self.progress(line)
         return landscape
 
+    def _for_pick(self) -> Landscape | None:
+        """The landscape a pick is made from: the whole one where the screen is done,
+        else its first pass (waited for)."""
+        running = self._running
+        if running is None or running.ready():
+            return self.wait()
+        if not running.first_ready():
+            self.progress("twin: waiting for the screen's first pass")
+        first = running.first()
+        if not self._picked_from_first:
+            self._picked_from_first = True
+            line = (
+                f"twin: the first pass screened {len(first.points)} settings in "
+                f"{running.first_wall_s or first.wall_s:.0f} s (each group's lowest and highest "
+                "utilization, and those between where the two agree); the pick is made from "
+                "it while the rest is screened"
+            )
+            log.info(line)
+            self.progress(line)
+        return first
+
+    def finish(self) -> Landscape | None:
+        """At the tune's end: where a pick was made from the first pass, the rest waited
+        for (the report draws the whole landscape; a resumed run starts from it)."""
+        if self._running is not None and self._picked_from_first:
+            return self.wait()
+        return self.landscape
+
     def _job(self, landscape: Landscape, factors: TimingFactors) -> ScreenJob:
         """The landscape's screen with ``factors``."""
         job = screen_job(self.ctx, factors, landscape.base_rate_per_s)
@@ -189,7 +221,7 @@ class TwinSearch:
         ``factors`` (its step costs now), predicts none untried above the best measured."""
         if self.done:
             return None
-        landscape = self.wait()
+        landscape = self._for_pick()
         if landscape is None:
             self.done = True
             return None
@@ -198,8 +230,7 @@ class TwinSearch:
         def predict(params: TrialParams) -> float:
             key = (params.model_dump_json(), factors.model_dump_json())
             if key not in self._rescreened:
-                point = landscape.point(params)
-                rate = point.rate_per_s if point is not None else None
+                rate = landscape.rate_at_least_per_s(params)
                 hint = job.rung_of(rate) if rate else 0
                 self._rescreened[key] = screen_setting(job, params, hint).rate_per_s
             return self._rescreened[key]

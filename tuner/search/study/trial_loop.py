@@ -358,9 +358,11 @@ class TrialLoop:
         return optuna_store.trials_in(self.study, TrialState.RUNNING)
 
     def run(self) -> None:
-        """``_run_trials``; the twin's screen, where one is still under way, is stopped."""
+        """``_run_trials``; the twin's screen, where one is still under way, is stopped (where
+        a pick was made from its first pass, the rest is waited for first)."""
         try:
             self._run_trials()
+            self.twin.finish()
         finally:
             self.twin.stop()
 
@@ -540,7 +542,7 @@ class TrialLoop:
         if ctx.twin is None:
             self.twin.done = True
             return
-        if self.twin.landscape is None and ctx.config.trials - len(self.complete_trials()) < 2:
+        if not self.twin.started and ctx.config.trials - len(self.complete_trials()) < 2:
             self.twin.done = True  # no trial after this one for the twin to choose
             return
         if not self.twin.started:  # (the prediction it starts from is a simulation of its own)
