@@ -21,14 +21,48 @@ import pytest
 
 from tests.integration.tune_run import SMALL_TUNE_ARGS
 from tests.virtual import tune_args, tune_cli, tuner_cli, virtual_tune
-from tuner.twin.landscape import Landscape, ScreenMethod, candidates
-from tuner.twin.screen import RERANK
+from tuner.run.config import TuneConfig
+from tuner.run.layout import RunLayout
+from tuner.search.context import TuneContext, resolve
+from tuner.sim.timing import TimingFactors
+from tuner.twin.landscape import (
+    Landscape,
+    ScreenedPoint,
+    ScreenJob,
+    ScreenMethod,
+    ScreenRun,
+    candidates,
+    group_of,
+    groups_of,
+)
+from tuner.twin.screen import RERANK, TwinSearch, screen_job
 from tuner.vllm.space import TrialParams
 
 pytestmark = pytest.mark.integration
 
 # 2 block sizes x 2 KV dtypes x 4 max-num-seqs x 6 utilizations: 96 settings.
 SPACE = ("--space", "gpu-memory-utilization=0.8..0.95/0.03")
+TINY = Path(__file__).resolve().parents[1] / "fixtures" / "workloads" / "tiny.yaml"
+
+
+def _first_pass(landscape: Landscape) -> Landscape:
+    """What the first pass of ``landscape``'s screen held (``ScreenRun``; the second pass
+    keeps it as it was): each group's ends, and the settings between them where the two
+    agreed (then every one between is ``BETWEEN``; otherwise the second pass computed
+    one at least)."""
+    groups: dict[str, list[ScreenedPoint]] = {}
+    for p in landscape.points:
+        groups.setdefault(group_of(p.params), []).append(p)
+    kept: list[ScreenedPoint] = []
+    for group in groups.values():
+        group.sort(key=lambda p: p.params.gpu_memory_utilization or 0.0)
+        agreed = all(p.method is ScreenMethod.BETWEEN for p in group[1:-1])
+        kept += group if agreed else [group[0], group[-1]]
+    return landscape.model_copy(update={"points": kept})
+
+
+def _keys(landscape: Landscape) -> set[str]:
+    return {p.model_dump_json() for p in landscape.points}
 
 
 def test_the_twin_screens_the_space_and_picks_the_next_trial(tmp_path: Path) -> None:
@@ -54,7 +88,9 @@ def test_the_twin_screens_the_space_and_picks_the_next_trial(tmp_path: Path) -> 
     # none above vLLM's defaults as measured (this tiny workload saturates every
     # setting with the most sequences), the sampler's draw, and it says so.
     if "twin: next " in done.output:
-        top = candidates(landscape, [defaults], count=RERANK)
+        # (from the first pass, where the pick was made before the screen was whole)
+        source = _first_pass(landscape) if "the first pass screened" in done.output else landscape
+        top = candidates(source, [defaults], count=RERANK)
         assert second in [p.params for p in top], (second, [p.params for p in top])
         assert "twin: next " + second.short() in done.output
     else:
@@ -65,6 +101,72 @@ def test_the_twin_screens_the_space_and_picks_the_next_trial(tmp_path: Path) -> 
         "twin: next " in done.output
     )
     assert html.count('<tr><td class="num">', html.index('id="twin-points"')) >= 2
+
+
+def _small_context(tmp_path: Path, utilizations: str) -> TuneContext:
+    return resolve(
+        TuneConfig(
+            model="llama-3.1-8b", gpu="L4", workload=str(TINY), level_duration_s=3,
+            level_warmup_s=1, space={"max-num-seqs": "4,16,64", "gpu-memory-utilization": utilizations,
+                                     "block-size": "16", "kv-cache-dtype": "auto"},
+            run_dir=tmp_path / "run",
+        )
+    )  # fmt: skip
+
+
+def test_the_screens_first_pass_holds_each_groups_ends_and_the_second_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """Two worker processes: the first pass (what the first pick is made from) has every
+    group's lowest and highest utilization screened, and the whole landscape keeps those
+    points as they were, with every setting between."""
+    ctx = _small_context(tmp_path, "0.8..0.95/0.03")
+    job = screen_job(ctx, TimingFactors(), 4.0)
+    assert isinstance(job, ScreenJob)
+    run = ScreenRun(job, ctx.space, jobs=2)
+    try:
+        first = run.first(timeout_s=120)
+        whole = run.result(timeout_s=120)
+    finally:
+        run.stop()
+    assert len(whole.points) == 18
+    ends = (ScreenMethod.COMPUTED, ScreenMethod.NOT_STARTING)
+    for group in groups_of(ctx.space):
+        for end in (group[0], group[-1]):
+            point = first.point(end)
+            assert point is not None and point.method in ends, (end.short(), point)
+    for point in first.points:
+        assert whole.point(point.params) == point
+    assert _keys(_first_pass(whole)) == _keys(first)
+    assert run.first_wall_s is not None and run.first_wall_s <= whole.wall_s
+
+
+def test_a_pick_made_from_the_first_pass_leaves_the_whole_landscape(tmp_path: Path) -> None:
+    """The twin's first pick waits only for the first pass; at the tune's end
+    (``finish``) the rest of the screen is waited for and landscape.json has every
+    setting."""
+    # (an L4: below about 0.75 the weights leave no room, so each group's lowest
+    # utilization does not start where its highest does, and the second pass has the
+    # settings between to screen)
+    ctx = _small_context(tmp_path, "0.6..0.97/0.01")
+    lines: list[str] = []
+    search = TwinSearch(ctx, lines.append)
+    search.start(TimingFactors(), 4.0)
+    try:
+        pick = search.pick([], None, TimingFactors())
+        # the pick waited for the first pass only: the second has middles to compute
+        # here (groups whose ends disagree), and only the next pick or the end waits
+        assert search.landscape is None
+        assert any("the first pass screened" in line for line in lines), lines
+        whole = search.finish()
+    finally:
+        search.stop()
+    assert pick is not None
+    assert whole is not None and len(whole.points) == 3 * 38
+    written = RunLayout(ctx.run_dir).landscape_json
+    assert Landscape.model_validate_json(written.read_text()) == whole
+    assert len(_first_pass(whole).points) < len(whole.points)
+    assert pick.params in [p.params for p in candidates(_first_pass(whole), [], count=RERANK)]
 
 
 def test_dry_run_plans_without_launching(tmp_path: Path) -> None:

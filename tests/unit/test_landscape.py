@@ -96,6 +96,22 @@ def test_candidates_skip_what_was_measured_unless_the_twin_puts_it_a_rung_higher
     assert candidates(landscape, [*tried, picks[0].params], count=3) == []
 
 
+def test_a_setting_the_first_pass_left_out_is_bounded_by_its_group_below() -> None:
+    """A first pass screens each group's ends: vLLM's defaults (utilization 0.9) may not
+    be in it. Measured, their group is not proposed again unless an end is a rung above
+    what the twin puts below 0.9 (goodput does not fall with utilization)."""
+    landscape = _landscape(
+        [_point(0.8, 128, 7.0), _point(0.97, 128, 7.5), _point(0.8, 256, 6.0),
+         _point(0.97, 256, 6.2)]
+    )  # fmt: skip
+    defaults = TrialParams(gpu_memory_utilization=0.9, max_num_seqs=128)
+    assert landscape.rate_at_least_per_s(defaults) == 7.0
+    assert landscape.rate_at_least_per_s(TrialParams(gpu_memory_utilization=0.7)) == 0.0
+    picks = candidates(landscape, [defaults], count=3)
+    # 7.5 is within a rung (10 %) of the 7.0 below the defaults: the other group first.
+    assert [p.params.max_num_seqs for p in picks] == [256]
+
+
 def test_a_small_space_screened_on_the_twin(tmp_path: Path) -> None:
     """The tiny workload on an L4 over a few settings: every setting has a goodput, the
     utilizations between two computed ones on the same rung are bounded by them, more

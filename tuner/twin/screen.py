@@ -178,6 +178,8 @@ class TwinSearch:
         if not running.first_ready():
             self.progress("twin: waiting for the screen's first pass")
         first = running.first()
+        if running.ready():  # nothing left for the second pass, or done meanwhile
+            return self.wait()
         if not self._picked_from_first:
             self._picked_from_first = True
             line = (
