@@ -395,7 +395,7 @@ def _screen_worker(tune_pid: int) -> None:
 
 
 def _landscape(
-    job: ScreenJob, space: SearchSpace, points: list[ScreenedPoint], began: float
+    job: ScreenJob, space: SearchSpace, points: list[ScreenedPoint], wall_s: float
 ) -> Landscape:
     """The screened points in the grid's order, as ``landscape.json`` holds them."""
     order = {p.model_dump_json(): i for i, p in enumerate(space.grid())}
@@ -403,7 +403,7 @@ def _landscape(
     return Landscape(
         factors=job.factors, warmup_s=job.warmup_s, window_s=job.window_s,
         base_rate_per_s=job.base_rate_per_s, ladder_step=job.ladder_step,
-        wall_s=time.monotonic() - began, points=points,
+        wall_s=wall_s, points=points,
     )  # fmt: skip
 
 
@@ -423,7 +423,9 @@ class ScreenRun:
         self.job = job
         self.space = space
         self.began = time.monotonic()
-        self.first_wall_s: float | None = None  # the first pass's seconds, once it is done
+        # each pass's seconds from the start, once it is done (not when it is asked for)
+        self.first_wall_s: float | None = None
+        self.wall_s: float | None = None
         self._runs = _runs_of(groups_of(space))
         self._second: AsyncResult[list[list[ScreenedPoint]]] | None = None
         self._second_error: BaseException | None = None
@@ -447,12 +449,20 @@ class ScreenRun:
             if open_groups:
                 tasks.append((self.job, open_groups, known, True))
         try:
-            self._second = self._pool.map_async(_screen_groups_job, tasks, chunksize=1)
+            if tasks:
+                self._second = self._pool.map_async(
+                    _screen_groups_job, tasks, chunksize=1, callback=self._second_done
+                )
+            else:  # every group's ends agreed: the first pass was the whole
+                self.wall_s = self.first_wall_s
             self._pool.close()
         except Exception as exc:  # the pool was stopped meanwhile
             self._second_error = exc
         finally:
             self._second_started.set()
+
+    def _second_done(self, _: list[list[ScreenedPoint]]) -> None:
+        self.wall_s = time.monotonic() - self.began
 
     def first_ready(self) -> bool:
         return self._first.ready()
@@ -466,22 +476,24 @@ class ScreenRun:
         """The first pass's landscape: every group's ends, and the settings between them
         where the ends agree (waits up to ``timeout_s``; ``multiprocessing.TimeoutError``
         after)."""
-        return _landscape(self.job, self.space, self._get(self._first, timeout_s), self.began)
+        points = self._get(self._first, timeout_s)
+        assert self.first_wall_s is not None  # set by the pass's callback before it is ready
+        return _landscape(self.job, self.space, points, self.first_wall_s)
 
     def result(self, timeout_s: float | None = None) -> Landscape:
         """The whole landscape (waits up to ``timeout_s`` for each pass;
         ``multiprocessing.TimeoutError`` after)."""
         first = self._get(self._first, timeout_s)
-        self._second_started.wait(timeout_s)
+        if not self._second_started.wait(timeout_s):
+            raise multiprocessing.TimeoutError
         if self._second_error is not None:
             raise self._second_error
-        if self._second is None:
-            raise multiprocessing.TimeoutError
-        second = self._get(self._second, timeout_s)
+        second = self._get(self._second, timeout_s) if self._second is not None else []
         self._pool.join()
         points = {p.params.model_dump_json(): p for p in first}
         points.update({p.params.model_dump_json(): p for p in second})
-        return _landscape(self.job, self.space, list(points.values()), self.began)
+        assert self.wall_s is not None  # set by the pass's callback before it is ready
+        return _landscape(self.job, self.space, list(points.values()), self.wall_s)
 
     def _get(
         self, result: AsyncResult[list[list[ScreenedPoint]]], timeout_s: float | None
@@ -505,7 +517,8 @@ def screen(job: ScreenJob, space: SearchSpace, *, jobs: int = 1) -> Landscape:
     waited for."""
     if jobs <= 1:
         began = time.monotonic()
-        return _landscape(job, space, screen_groups(job, groups_of(space)), began)
+        points = screen_groups(job, groups_of(space))
+        return _landscape(job, space, points, time.monotonic() - began)
     run = ScreenRun(job, space, jobs=jobs)
     try:
         return run.result()

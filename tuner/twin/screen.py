@@ -184,7 +184,7 @@ class TwinSearch:
             self._picked_from_first = True
             line = (
                 f"twin: the first pass screened {len(first.points)} settings in "
-                f"{running.first_wall_s or first.wall_s:.0f} s (each group's lowest and highest "
+                f"{first.wall_s:.0f} s (each group's lowest and highest "
                 "utilization, and those between where the two agree); the pick is made from "
                 "it while the rest is screened"
             )
