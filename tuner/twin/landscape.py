@@ -27,7 +27,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -445,7 +445,8 @@ class ScreenRun:
         self.first_wall_s = time.monotonic() - self.began
         tasks: list[ScreenTask] = []
         for run, known in zip(self._runs, chunks, strict=True):
-            open_groups = [g for g in run if sum(1 for p in known if p.params in g) < len(g)]
+            screened = Counter(group_of(p.params) for p in known)
+            open_groups = [g for g in run if screened[group_of(g[0])] < len(g)]
             if open_groups:
                 tasks.append((self.job, open_groups, known, True))
         try:

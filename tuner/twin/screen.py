@@ -173,12 +173,12 @@ class TwinSearch:
         """The landscape a pick is made from: the whole one where the screen is done,
         else its first pass (waited for)."""
         running = self._running
-        if running is None or running.ready():
-            return self.wait()
+        if running is None:
+            return self.landscape
         if not running.first_ready():
             self.progress("twin: waiting for the screen's first pass")
         first = running.first()
-        if running.ready():  # nothing left for the second pass, or done meanwhile
+        if running.ready():  # nothing left for the second pass, or done by now
             return self.wait()
         if not self._picked_from_first:
             self._picked_from_first = True
